@@ -1,0 +1,50 @@
+//! # gmem-core: one memory manager for the CPU and every device MMU
+//!
+//! This crate is the GMEM kernel programming interface (KPI) as a `no_std` + `alloc`
+//! library. A kernel embeds it once; every driver then writes only its MMU functions
+//! (the [`Mmu`] trait) and a data mover ([`DeviceMemory`]) and lets the core do the
+//! virtual-memory work: address spaces, virtual-range allocation, the logical page
+//! table, page faults, placement, migration, oversubscription and TLB coherence.
+//!
+//! ## Vocabulary
+//! - A **device** is anything with an MMU: the host CPU (predefined, the swap space of
+//!   every device memory), an IOMMU, a GPU. It has capabilities ([`DevCaps`]) and may
+//!   register local physical memory.
+//! - An **address space** is a virtual range `[begin, end)` with an allocation policy.
+//!   Devices **attach** to it in shared, coherent or replicate mode ([`MmuMode`]); each
+//!   device is **active** in one space at a time.
+//! - A **region** is an allocated virtual range of a space. Its pages are backed
+//!   lazily: a fault allocates, zero-fills or migrates a frame according to the region's
+//!   placement policy, and installs the mapping through the faulting device's MMU.
+//! - The **logical page table** records, per virtual page, where the data lives and
+//!   which page tables currently map it; it is the single source of truth that keeps
+//!   the devices' page tables coherent.
+//!
+//! ## Layers inside the crate
+//! | module | owns |
+//! |---|---|
+//! | [`addr`] | addresses, page numbers, page sizes |
+//! | [`flags`] | protections, capabilities, policies (bitflags) |
+//! | [`vmem`] | vmem arenas: virtual ranges and physical frames |
+//! | [`mmu`] | the driver-facing MMU and memory traits |
+//! | [`device`] | devices and their registered physical memory |
+//! | [`space`] | address spaces, regions, attachment, the KPI entry points |
+//! | [`stats`] | counters a caller can read |
+//!
+//! The entry point is [`Gmem`], one instance per kernel.
+
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+pub mod addr;
+pub mod flags;
+pub mod platform;
+pub mod sync;
+
+pub use addr::{AddrError, PageSize, PhysAddr, Pfn, VaRange, VirtAddr, Vpn, PAGE_SIZE};
+pub use flags::{AllocPolicy, DevCaps, PageSizes, Prot};
+pub use platform::{FrameSource, Platform, SingleCpu};

@@ -1,0 +1,40 @@
+//! The platform trait: the few hooks the embedding kernel gives the core.
+//!
+//! The core never asks the OS for anything except through [`Platform`]: which CPU is
+//! running (to pick a per-CPU magazine in the vmem arenas) and how many CPUs there are.
+//! Memory for page-table pages is the drivers' business (an [`crate::Mmu`] gets it from
+//! wherever its hardware wants it); a kernel typically gives its drivers the same
+//! [`FrameSource`] it uses itself.
+
+use crate::addr::PhysAddr;
+
+/// Hooks the embedding kernel implements once.
+pub trait Platform: Send + Sync {
+    /// The index of the CPU running the caller, in `0..cpu_count()`.
+    fn current_cpu(&self) -> usize;
+    /// The number of CPUs; per-CPU structures are sized by it.
+    fn cpu_count(&self) -> usize;
+}
+
+/// A source of 4 KiB frames for page-table pages, as a kernel hands them to its MMU
+/// drivers.
+pub trait FrameSource: Send + Sync {
+    /// A zeroed 4 KiB frame, or `None` when memory is exhausted.
+    fn alloc_frame(&self) -> Option<PhysAddr>;
+    /// Give back a frame obtained from [`FrameSource::alloc_frame`].
+    fn free_frame(&self, frame: PhysAddr);
+}
+
+/// A uniprocessor platform: always CPU 0 of 1. Good for single-threaded kernels and
+/// tests.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleCpu;
+
+impl Platform for SingleCpu {
+    fn current_cpu(&self) -> usize {
+        0
+    }
+    fn cpu_count(&self) -> usize {
+        1
+    }
+}

@@ -1,0 +1,114 @@
+//! The sync facade: every lock and atomic the core uses comes from here.
+//!
+//! In normal builds the locks are `spin`'s (the core runs in kernels without an OS
+//! scheduler underneath) and the atomics are `core`'s. Built with
+//! `RUSTFLAGS="--cfg gmem_loom"`, the same names resolve to `loom`'s types so that the
+//! models in `loom-tests/` explore every interleaving of the real code. The cfg is
+//! crate-specific (declared in the workspace's `check-cfg`) so that a dependant who uses
+//! loom for its own code does not switch the core into loom mode by accident.
+//!
+//! Lock order, outermost first: the device table, the space table, one address space's
+//! state, one device's attachment list, one device's physical memory, the arena inside
+//! it. Cross-space work (evicting a page of another space) uses `try_lock` and skips
+//! what it cannot lock, so no path waits for an address space while holding another.
+
+#[cfg(not(gmem_loom))]
+mod imp {
+    pub use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+    /// A mutual-exclusion spin lock.
+    pub struct Mutex<T>(spin::Mutex<T>);
+    /// Guard of a [`Mutex`].
+    pub type MutexGuard<'a, T> = spin::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        /// A new unlocked mutex.
+        pub const fn new(value: T) -> Self {
+            Self(spin::Mutex::new(value))
+        }
+        /// Lock, spinning until the lock is free.
+        #[inline]
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+        /// Lock if free.
+        #[inline]
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock()
+        }
+    }
+
+    /// A reader-writer spin lock.
+    pub struct RwLock<T>(spin::RwLock<T>);
+    /// Shared guard of an [`RwLock`].
+    pub type RwLockReadGuard<'a, T> = spin::RwLockReadGuard<'a, T>;
+    /// Exclusive guard of an [`RwLock`].
+    pub type RwLockWriteGuard<'a, T> = spin::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        /// A new unlocked reader-writer lock.
+        pub const fn new(value: T) -> Self {
+            Self(spin::RwLock::new(value))
+        }
+        /// Shared lock.
+        #[inline]
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read()
+        }
+        /// Exclusive lock.
+        #[inline]
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write()
+        }
+    }
+}
+
+#[cfg(gmem_loom)]
+mod imp {
+    pub use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+    /// A mutual-exclusion lock (loom model).
+    pub struct Mutex<T>(loom::sync::Mutex<T>);
+    /// Guard of a [`Mutex`].
+    pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        /// A new unlocked mutex.
+        pub fn new(value: T) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+        /// Lock.
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().expect("loom mutex poisoned")
+        }
+        /// Lock if free.
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock().ok()
+        }
+    }
+
+    /// A reader-writer lock (loom model).
+    pub struct RwLock<T>(loom::sync::RwLock<T>);
+    /// Shared guard of an [`RwLock`].
+    pub type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+    /// Exclusive guard of an [`RwLock`].
+    pub type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        /// A new unlocked reader-writer lock.
+        pub fn new(value: T) -> Self {
+            Self(loom::sync::RwLock::new(value))
+        }
+        /// Shared lock.
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read().expect("loom rwlock poisoned")
+        }
+        /// Exclusive lock.
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write().expect("loom rwlock poisoned")
+        }
+    }
+}
+
+pub use imp::*;
+pub use alloc::sync::Arc;
