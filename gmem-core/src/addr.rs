@@ -179,8 +179,12 @@ pub enum PageSize {
 
 impl PageSize {
     /// Every page size, smallest first.
-    pub const ALL: [PageSize; 4] =
-        [PageSize::Size4K, PageSize::Size64K, PageSize::Size2M, PageSize::Size1G];
+    pub const ALL: [PageSize; 4] = [
+        PageSize::Size4K,
+        PageSize::Size64K,
+        PageSize::Size2M,
+        PageSize::Size1G,
+    ];
 
     /// The size in bytes.
     pub const fn bytes(self) -> u64 {
@@ -223,13 +227,22 @@ impl VaRange {
     /// the top of the 64-bit space (the range may end exactly at 2^64).
     pub fn new(start: VirtAddr, len: u64) -> Result<Self, AddrError> {
         if !start.is_page_aligned() {
-            return Err(AddrError::Unaligned { addr: start.0, align: PAGE_SIZE });
+            return Err(AddrError::Unaligned {
+                addr: start.0,
+                align: PAGE_SIZE,
+            });
         }
         if len % PAGE_SIZE != 0 {
-            return Err(AddrError::Unaligned { addr: len, align: PAGE_SIZE });
+            return Err(AddrError::Unaligned {
+                addr: len,
+                align: PAGE_SIZE,
+            });
         }
         if len == 0 || start.0.checked_add(len - 1).is_none() {
-            return Err(AddrError::BadRange { start: start.0, len });
+            return Err(AddrError::BadRange {
+                start: start.0,
+                len,
+            });
         }
         Ok(Self { start, len })
     }
@@ -263,7 +276,10 @@ mod tests {
     fn page_aligned_constructor_rejects_unaligned_addresses() {
         assert_eq!(
             VirtAddr::new_page_aligned(0x1001),
-            Err(AddrError::Unaligned { addr: 0x1001, align: PAGE_SIZE })
+            Err(AddrError::Unaligned {
+                addr: 0x1001,
+                align: PAGE_SIZE
+            })
         );
         assert_eq!(PhysAddr::new_page_aligned(0x2000).unwrap().pfn(), Pfn(2));
     }

@@ -114,3 +114,14 @@ impl AllocPolicy {
         self.intersection(AllocPolicy::FITS).bits().count_ones() <= 1
     }
 }
+
+bitflags! {
+    /// Options of `region_map`, `region_unmap`, `region_dealloc` and
+    /// `mapping_set_unmap`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct MapFlags: u32 {
+        /// Queue the page-table work on the space's asynchronous MMU queue; completion
+        /// is reported through the callback or `as_synchronize`.
+        const ASYNC = 1 << 0;
+    }
+}

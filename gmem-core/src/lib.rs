@@ -41,10 +41,38 @@
 extern crate alloc;
 
 pub mod addr;
+pub mod check;
+pub mod device;
+pub mod error;
+pub mod fault;
 pub mod flags;
+pub mod gmem;
+pub mod handle;
+mod lpt;
+pub mod mmu;
+pub mod physmem;
 pub mod platform;
+mod queue;
+pub mod space;
+pub mod stats;
 pub mod sync;
+#[cfg(feature = "test-util")]
+pub mod testing;
+pub mod vmem;
 
-pub use addr::{AddrError, PageSize, PhysAddr, Pfn, VaRange, VirtAddr, Vpn, PAGE_SIZE};
-pub use flags::{AllocPolicy, DevCaps, PageSizes, Prot};
+pub use addr::{AddrError, PageSize, Pfn, PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
+pub use check::Violation;
+pub use device::DeviceDesc;
+pub use error::{AllocError, AttachError, DeviceError, FaultError, RegionError, SpaceError};
+pub use fault::{FaultKind, FaultResolution};
+pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
+pub use gmem::Gmem;
+pub use handle::{DeviceId, MappingSetId, SpaceId};
+pub use mmu::{DeviceMemory, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot};
+pub use physmem::FrameCounts;
 pub use platform::{FrameSource, Platform, SingleCpu};
+pub use queue::Callback;
+pub use space::{
+    AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region, RegionInfo,
+};
+pub use stats::Stats;

@@ -38,6 +38,12 @@ mod imp {
         }
     }
 
+    impl<T: Default> Default for Mutex<T> {
+        fn default() -> Self {
+            Self::new(T::default())
+        }
+    }
+
     /// A reader-writer spin lock.
     pub struct RwLock<T>(spin::RwLock<T>);
     /// Shared guard of an [`RwLock`].
@@ -87,6 +93,12 @@ mod imp {
         }
     }
 
+    impl<T: Default> Default for Mutex<T> {
+        fn default() -> Self {
+            Self::new(T::default())
+        }
+    }
+
     /// A reader-writer lock (loom model).
     pub struct RwLock<T>(loom::sync::RwLock<T>);
     /// Shared guard of an [`RwLock`].
@@ -110,5 +122,5 @@ mod imp {
     }
 }
 
-pub use imp::*;
 pub use alloc::sync::Arc;
+pub use imp::*;

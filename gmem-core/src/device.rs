@@ -1,0 +1,63 @@
+//! Devices: an MMU, a data mover, capabilities, registered memory, attachments.
+//!
+//! A device (`gm_dev_t`) is created from a [`DeviceDesc`]: the driver's [`Mmu`], its
+//! [`DeviceMemory`] if it has local memory, its [`DevCaps`] and opaque driver data the
+//! driver can fetch back with [`crate::Gmem::dev_data`]. The core keeps, per device, its
+//! physical memory ([`crate::physmem`]) and which address spaces it is attached to and
+//! active in. One device, the host CPU, is created with the [`crate::Gmem`] instance:
+//! its memory is the swap space of every device memory.
+
+use crate::flags::{DevCaps, PageSizes};
+use crate::handle::{DeviceId, SpaceId};
+use crate::mmu::{DeviceMemory, Mmu};
+use crate::physmem::PhysMem;
+use crate::space::SpaceInner;
+use crate::sync::{Arc, Mutex};
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::any::Any;
+
+/// Everything the core needs to create a device (`gm_dev_create`).
+pub struct DeviceDesc {
+    /// A name for statistics and errors.
+    pub name: String,
+    /// The MMU functions.
+    pub mmu: Arc<dyn Mmu>,
+    /// The data mover of the device's local memory; `None` for a device without memory
+    /// of its own (an integrated GPU, an IOMMU-translated NIC).
+    pub memory: Option<Arc<dyn DeviceMemory>>,
+    /// Capabilities.
+    pub caps: DevCaps,
+    /// Opaque driver data, handed back by [`crate::Gmem::dev_data`].
+    pub data: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+/// Which spaces a device is attached to and where it is active.
+#[derive(Default)]
+pub(crate) struct Binding {
+    pub attached: Vec<SpaceId>,
+    pub active: Option<Arc<SpaceInner>>,
+}
+
+pub(crate) struct DeviceInner {
+    pub id: DeviceId,
+    pub name: String,
+    pub mmu: Arc<dyn Mmu>,
+    pub memory: Option<Arc<dyn DeviceMemory>>,
+    pub caps: DevCaps,
+    pub page_sizes: PageSizes,
+    pub data: Option<Arc<dyn Any + Send + Sync>>,
+    pub phys: Mutex<PhysMem>,
+    pub binding: Mutex<Binding>,
+}
+
+impl DeviceInner {
+    pub fn faultable(&self) -> bool {
+        self.caps.contains(DevCaps::FAULTABLE)
+    }
+
+    /// Whether the device has registered memory frames can be placed in.
+    pub fn has_memory(&self) -> bool {
+        self.memory.is_some() && self.phys.lock().counts().registered > 0
+    }
+}

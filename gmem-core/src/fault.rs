@@ -1,0 +1,524 @@
+//! The fault path: `dev_fault(dev, va, access)` and what it may set in motion —
+//! allocation, bulk zero-fill, migration, remote mapping, eviction to host memory.
+//!
+//! ## Theory
+//! A device whose MMU found no valid translation reports the faulting address and the
+//! access. The core, holding the lock of the space the device is active in:
+//! 1. finds the region holding the address (or answers `NotAllocated`) and checks the
+//!    access against the region's protection (`ProtectionViolation`);
+//! 2. reads the page's logical entry. A pending asynchronous request on the page drains
+//!    the queue first, so a fault never races an invalidation;
+//! 3. decides by the region's placement policy:
+//!    - **no frame yet**: allocate in the target memory (the faulter's local memory by
+//!      default, host memory if it has none, or a named device), zero-fill and map. The
+//!      region's *preparation granularity* (by default the faulter's largest page size,
+//!      at most 2 MiB) makes one fault allocate a naturally aligned block at once, zero
+//!      it with one call and map it with one run: bulk zeroing;
+//!    - **unique**: the page must be mapped by one page table at a time. Tear down every
+//!      other mapping (unmap + TLB invalidation on every device using those tables),
+//!      migrate the bytes to the target memory if they live elsewhere, map for the
+//!      faulter;
+//!    - **remote access**: map the frame where it lives. If the faulter already maps the
+//!      page remotely, the repeated fault is the hint that the locality is false:
+//!      migrate it as under unique;
+//!    - **wired** pages never move: they are mapped where they are;
+//! 4. if the target memory is full, evicts its oldest pages (inactive queue first) to
+//!    host memory — host memory is every device memory's swap space — and retries. Pages
+//!    of other spaces are evicted only if their space's lock can be taken without waiting;
+//! 5. returns a [`FaultResolution`]: the driver retries the access.
+//!
+//! Every step before the first change is a check, so an error leaves the logical state
+//! as it was (evictions done on the way are logically invisible: the bytes moved, the
+//! pages are still there).
+
+use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::device::DeviceInner;
+use crate::error::FaultError;
+use crate::flags::{DevCaps, Prot};
+use crate::gmem::Gmem;
+use crate::lpt::{PageEntry, PENDING};
+use crate::mmu::MemError;
+use crate::space::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
+use crate::stats::Counters;
+use crate::sync::Arc;
+
+/// What a fault did. In every case the driver retries the faulting access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Fresh memory was allocated and zero-filled (`pages` of it: bulk zeroing).
+    ZeroFill,
+    /// The page was migrated to the placement target.
+    Migrated,
+    /// A frame in another device's memory was mapped (remote access).
+    Remote,
+    /// A frame already at its place was mapped for the faulter.
+    MappedExisting,
+    /// The faulter's table already mapped the page (stale TLB entry, invalidated).
+    Spurious,
+}
+
+/// The answer to a successful fault: retry the access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "the driver must retry the faulting access"]
+pub struct FaultResolution {
+    /// What the core did.
+    pub kind: FaultKind,
+    /// Pages prepared or moved.
+    pub pages: u64,
+}
+
+/// Pages of eviction candidates fetched at a time.
+const EVICT_BATCH: usize = 16;
+
+impl SpaceState {
+    /// Serve a fault of the device in attachment `slot`.
+    pub(crate) fn fault(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        slot: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let stats = &gm.counters;
+        let (rstart, prot, placement, granularity, explicit, rlen) =
+            match self.region_at(va.as_u64()) {
+                Some((s, r)) => (s, r.prot, r.placement, r.granularity, r.explicit, r.len),
+                None => return Err(FaultError::NotAllocated(va)),
+            };
+        if !prot.contains(access) {
+            return Err(FaultError::ProtectionViolation {
+                va,
+                access,
+                allowed: prot,
+            });
+        }
+        let vpn = va.vpn().0;
+        if self.lpt.get(vpn).has(PENDING) {
+            self.drain(stats, &space.arena);
+        }
+        let att = self.attached[slot]
+            .as_ref()
+            .expect("faulting device is attached");
+        let dev = att.dev.clone();
+        let t = att.table;
+        let target = self.target_of(gm, &dev, placement.target);
+        let e = self.lpt.get(vpn);
+
+        if !e.is_populated() {
+            if explicit {
+                return Err(FaultError::NotMapped(va));
+            }
+            let g = if granularity != 0 {
+                granularity >> PAGE_SHIFT
+            } else {
+                dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
+            };
+            let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
+            return self.zero_fill(gm, space, t, &target, vpn, g, rfirst, rfirst + rpages, prot);
+        }
+
+        let here = self.memories[e.mem as usize].clone();
+        let mine = e.mapped & (1 << t) != 0;
+        if SpaceState::is_wired(&e) {
+            if mine {
+                return self.spurious(stats, t, vpn);
+            }
+            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+            let kind = if here.id == dev.id {
+                FaultKind::MappedExisting
+            } else {
+                FaultKind::Remote
+            };
+            Counters::add(
+                if kind == FaultKind::Remote {
+                    &stats.faults_remote
+                } else {
+                    &stats.faults_map_existing
+                },
+                1,
+            );
+            return Ok(FaultResolution { kind, pages: 1 });
+        }
+        match placement.mode {
+            PlacementMode::Unique => {
+                if mine && e.mapped & !(1 << t) & !self.replica_mask() == 0 {
+                    return self.spurious(stats, t, vpn);
+                }
+                if here.id == target.id {
+                    let others = !(1u32 << t) & !self.replica_mask();
+                    self.unmap_pages(stats, vpn, 1, others, false);
+                    if !mine {
+                        self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+                    }
+                    here.phys.lock().touch(e.pfn);
+                    Counters::add(&stats.faults_map_existing, 1);
+                    Ok(FaultResolution {
+                        kind: FaultKind::MappedExisting,
+                        pages: 1,
+                    })
+                } else {
+                    self.migrate_page(gm, space, vpn, &target)?;
+                    self.map_run(
+                        stats,
+                        t,
+                        vpn,
+                        1,
+                        self.lpt.get(vpn).pfn,
+                        self.lpt.get(vpn).mem,
+                        prot,
+                    )?;
+                    Counters::add(&stats.faults_migrate, 1);
+                    Ok(FaultResolution {
+                        kind: FaultKind::Migrated,
+                        pages: 1,
+                    })
+                }
+            }
+            PlacementMode::RemoteAccess => {
+                let hinted = e.hint as usize == slot + 1;
+                if here.id == target.id {
+                    if mine {
+                        return self.spurious(stats, t, vpn);
+                    }
+                    self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+                    here.phys.lock().touch(e.pfn);
+                    Counters::add(&stats.faults_map_existing, 1);
+                    Ok(FaultResolution {
+                        kind: FaultKind::MappedExisting,
+                        pages: 1,
+                    })
+                } else if mine && hinted {
+                    self.migrate_page(gm, space, vpn, &target)?;
+                    self.lpt.update(vpn, |e| e.hint = 0);
+                    let n = self.lpt.get(vpn);
+                    self.map_run(stats, t, vpn, 1, n.pfn, n.mem, prot)?;
+                    Counters::add(&stats.faults_migrate, 1);
+                    Ok(FaultResolution {
+                        kind: FaultKind::Migrated,
+                        pages: 1,
+                    })
+                } else {
+                    if !mine {
+                        self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+                    }
+                    self.lpt.update(vpn, |e| e.hint = (slot + 1) as u8);
+                    here.phys.lock().touch(e.pfn);
+                    Counters::add(&stats.faults_remote, 1);
+                    Ok(FaultResolution {
+                        kind: FaultKind::Remote,
+                        pages: 1,
+                    })
+                }
+            }
+        }
+    }
+
+    fn spurious(
+        &mut self,
+        stats: &Counters,
+        t: usize,
+        vpn: u64,
+    ) -> Result<FaultResolution, FaultError> {
+        let runs = [crate::space::TableRun {
+            table: t,
+            range: crate::addr::VaRange {
+                start: VirtAddr::new(vpn << PAGE_SHIFT),
+                len: PAGE_SIZE,
+            },
+        }];
+        self.invalidate(stats, &runs);
+        Counters::add(&stats.faults_spurious, 1);
+        Ok(FaultResolution {
+            kind: FaultKind::Spurious,
+            pages: 0,
+        })
+    }
+
+    /// The memory a placement target names for a faulting device.
+    pub(crate) fn target_of(
+        &self,
+        gm: &Gmem,
+        dev: &Arc<DeviceInner>,
+        target: PlacementTarget,
+    ) -> Arc<DeviceInner> {
+        match target {
+            PlacementTarget::Host => gm.host.clone(),
+            PlacementTarget::Device(id) => match gm.device(id) {
+                Some(d) if d.has_memory() => d,
+                _ => gm.host.clone(),
+            },
+            PlacementTarget::Faulting => {
+                if dev.has_memory() {
+                    dev.clone()
+                } else {
+                    gm.host.clone()
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn zero_fill(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        t: usize,
+        target: &Arc<DeviceInner>,
+        vpn: u64,
+        g: u64,
+        rfirst: u64,
+        rend: u64,
+        prot: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let stats = &gm.counters;
+        let g = g.max(1);
+        let b0 = vpn & !(g - 1);
+        let whole =
+            g > 1 && b0 >= rfirst && b0 + g <= rend && self.lpt.entries_in(b0, g).next().is_none();
+        let mem = self.mem_index(target);
+        let (first, pages, pfn) = match whole
+            .then(|| target.phys.lock().alloc_run(g, g, space.id, b0, false))
+            .flatten()
+        {
+            Some(pfn) => (b0, g, pfn),
+            None => (vpn, 1, self.alloc_frame(gm, space, target, vpn)?),
+        };
+        let memory = target
+            .memory
+            .as_ref()
+            .ok_or(FaultError::OutOfMemory(target.id))?;
+        if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), pages << PAGE_SHIFT) {
+            let mut phys = target.phys.lock();
+            (0..pages).for_each(|k| phys.free(pfn + k));
+            return Err(e.into());
+        }
+        for k in 0..pages {
+            self.lpt.set(
+                first + k,
+                PageEntry {
+                    pfn: pfn + k,
+                    mem,
+                    ..PageEntry::EMPTY
+                },
+            );
+        }
+        if let Err(e) = self.map_run(stats, t, first, pages, pfn, mem, prot) {
+            let mut phys = target.phys.lock();
+            for k in 0..pages {
+                self.lpt.take(first + k);
+                phys.free(pfn + k);
+            }
+            return Err(e.into());
+        }
+        let replicas = self.replica_mask();
+        self.mirror(stats, first, pages, replicas)?;
+        Counters::add(&stats.pages_zeroed, pages);
+        Counters::add(&stats.faults_zero_fill, 1);
+        Ok(FaultResolution {
+            kind: FaultKind::ZeroFill,
+            pages,
+        })
+    }
+
+    /// One frame in `target` for page `vpn`, evicting to host memory if `target` is a
+    /// full device memory.
+    fn alloc_frame(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        target: &Arc<DeviceInner>,
+        vpn: u64,
+    ) -> Result<u64, FaultError> {
+        loop {
+            if let Some(pfn) = target.phys.lock().alloc_run(1, 1, space.id, vpn, false) {
+                return Ok(pfn);
+            }
+            if target.caps.contains(DevCaps::HOST) || !self.evict_from(gm, space, target, vpn)? {
+                return Err(FaultError::OutOfMemory(target.id));
+            }
+        }
+    }
+
+    /// Evict a batch of the oldest pages of `dev`'s memory to host memory. Returns
+    /// whether anything was evicted.
+    fn evict_from(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        dev: &Arc<DeviceInner>,
+        keep_vpn: u64,
+    ) -> Result<bool, FaultError> {
+        let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
+        let mut evicted = false;
+        for (pfn, owner) in candidates {
+            if owner.space == space.id {
+                if owner.vpn != keep_vpn && self.evict_page(gm, owner.vpn, dev, pfn)? {
+                    evicted = true;
+                }
+            } else if let Some(other) = gm.space(owner.space) {
+                if let Some(mut st) = other.state.try_lock() {
+                    if st.evict_page(gm, owner.vpn, dev, pfn)? {
+                        evicted = true;
+                    }
+                }
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Move page `vpn` (frame `pfn` of `dev`) to host memory.
+    pub(crate) fn evict_page(
+        &mut self,
+        gm: &Gmem,
+        vpn: u64,
+        dev: &Arc<DeviceInner>,
+        pfn: u64,
+    ) -> Result<bool, FaultError> {
+        let e = self.lpt.get(vpn);
+        if !e.is_populated()
+            || e.pfn != pfn
+            || self.memories[e.mem as usize].id != dev.id
+            || e.has(PENDING)
+            || SpaceState::is_wired(&e)
+        {
+            return Ok(false);
+        }
+        let owner = dev.phys.lock().owner(pfn).map(|o| o.space);
+        let Some(space_id) = owner else {
+            return Ok(false);
+        };
+        let host = gm.host.clone();
+        let Some(new) = host.phys.lock().alloc_run(1, 1, space_id, vpn, false) else {
+            return Err(FaultError::OutOfMemory(host.id));
+        };
+        self.move_page(gm, vpn, &host, new)?;
+        Counters::add(&gm.counters.evictions, 1);
+        Ok(true)
+    }
+
+    /// Move page `vpn` to `target` (migration under unique or on the remote hint).
+    fn migrate_page(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        vpn: u64,
+        target: &Arc<DeviceInner>,
+    ) -> Result<(), FaultError> {
+        let new = self.alloc_frame(gm, space, target, vpn)?;
+        self.move_page(gm, vpn, target, new)
+    }
+
+    /// Tear down every mapping of `vpn`, copy its bytes into frame `new` of `to`, free the
+    /// old frame, re-mirror. `new` is already allocated and owned by this page.
+    pub(crate) fn move_page(
+        &mut self,
+        gm: &Gmem,
+        vpn: u64,
+        to: &Arc<DeviceInner>,
+        new: u64,
+    ) -> Result<(), FaultError> {
+        let stats = &gm.counters;
+        let e = self.lpt.get(vpn);
+        let from = self.memories[e.mem as usize].clone();
+        if let Err(err) = self.copy_page(&from, e.pfn, to, new) {
+            to.phys.lock().free(new);
+            return Err(err.into());
+        }
+        self.unmap_pages(stats, vpn, 1, u32::MAX, false);
+        let mem = self.mem_index(to);
+        self.release_frame(&e, false);
+        self.lpt.update(vpn, |x| {
+            x.mem = mem;
+            x.pfn = new;
+        });
+        let bytes = PAGE_SIZE;
+        let from_host = from.caps.contains(DevCaps::HOST);
+        let to_host = to.caps.contains(DevCaps::HOST);
+        let counter = match (from_host, to_host) {
+            (true, false) => &stats.bytes_host_to_dev,
+            (false, true) => &stats.bytes_dev_to_host,
+            _ => &stats.bytes_dev_to_dev,
+        };
+        Counters::add(counter, bytes);
+        let replicas = self.replica_mask();
+        self.mirror(stats, vpn, 1, replicas)?;
+        Ok(())
+    }
+
+    fn copy_page(
+        &mut self,
+        from: &Arc<DeviceInner>,
+        src: u64,
+        to: &Arc<DeviceInner>,
+        dst: u64,
+    ) -> Result<(), MemError> {
+        let src_mem = from.memory.as_ref().ok_or(MemError::OutOfRange {
+            pa: PhysAddr::new(src << PAGE_SHIFT),
+        })?;
+        let dst_mem = to.memory.as_ref().ok_or(MemError::OutOfRange {
+            pa: PhysAddr::new(dst << PAGE_SHIFT),
+        })?;
+        let mut buf = core::mem::take(&mut self.bounce);
+        let r = src_mem
+            .read(PhysAddr::new(src << PAGE_SHIFT), &mut buf)
+            .and_then(|()| dst_mem.write(PhysAddr::new(dst << PAGE_SHIFT), &buf));
+        self.bounce = buf;
+        r
+    }
+
+    /// Migrate (or prefetch) every page of `[first, first+pages)` to `target`: pages with
+    /// frames elsewhere move, pages without frames are allocated and zero-filled there
+    /// (no mapping is installed; the next fault maps). Wired pages stay. Returns pages
+    /// moved or prepared.
+    pub(crate) fn migrate_range(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        first: u64,
+        pages: u64,
+        target: &Arc<DeviceInner>,
+        prefetch: bool,
+    ) -> Result<u64, FaultError> {
+        if self.any_pending(first, pages) {
+            self.drain(&gm.counters, &space.arena);
+        }
+        let mut done = 0;
+        for vpn in first..first + pages {
+            let e = self.lpt.get(vpn);
+            if e.is_populated() {
+                if SpaceState::is_wired(&e) || self.memories[e.mem as usize].id == target.id {
+                    continue;
+                }
+                self.migrate_page(gm, space, vpn, target)?;
+                done += 1;
+            } else if prefetch {
+                let pfn = self.alloc_frame(gm, space, target, vpn)?;
+                let memory = target
+                    .memory
+                    .as_ref()
+                    .ok_or(FaultError::OutOfMemory(target.id))?;
+                if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE) {
+                    target.phys.lock().free(pfn);
+                    return Err(e.into());
+                }
+                let mem = self.mem_index(target);
+                self.lpt.set(
+                    vpn,
+                    PageEntry {
+                        pfn,
+                        mem,
+                        ..PageEntry::EMPTY
+                    },
+                );
+                Counters::add(&gm.counters.pages_zeroed, 1);
+                let replicas = self.replica_mask();
+                self.mirror(&gm.counters, vpn, 1, replicas)?;
+                done += 1;
+            }
+        }
+        Ok(done)
+    }
+}
+
+const _: () = assert!(MAX_TABLES <= 32);

@@ -1,0 +1,148 @@
+//! The driver-facing interface: what a device driver implements.
+//!
+//! A driver implements [`Mmu`] (its page-table format and its TLB) and, if the device
+//! has local memory, [`DeviceMemory`] (how to zero, read and write its frames). That is
+//! all: the core decides what is mapped where and calls these functions.
+//!
+//! ## Contracts
+//! - The core serialises every call that touches one page table (it holds the owning
+//!   address space's lock), so an implementation needs no locking of its own for page
+//!   table updates; TLB invalidation of one device may race with updates of another
+//!   device's tables and must be safe for that.
+//! - [`Mmu::map`] receives a whole physically contiguous run; a driver may use large
+//!   pages or contiguity hints (MESC subregion bits) when the run's alignment allows.
+//!   [`Mmu::unmap`] and [`Mmu::protect`] receive whole virtual ranges, never split by the
+//!   core; ranges handed to one call never cross the boundary of a region.
+//! - After [`Mmu::unmap`] or [`Mmu::protect`] the core calls [`Mmu::invalidate`] on every
+//!   device using that table before it reuses the virtual range or the frames; a driver
+//!   must not rely on its own invalidation inside `unmap` (it may do one — the core's is
+//!   then redundant, never missing).
+//! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
+//!   the core then edits the table through the MMU of the device that created it and
+//!   invalidates the TLB of every sharer through its own MMU.
+
+use crate::addr::{PageSize, PhysAddr, VaRange, VirtAddr};
+use crate::flags::{PageSizes, Prot};
+use crate::handle::DeviceId;
+use core::fmt;
+
+/// Identifies a page-table format. Devices whose formats are equal can share one page
+/// table; the value is chosen by the driver author (a constant per hardware format).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PageTableFormat(pub u32);
+
+/// A page table created by a driver, opaque to the core (typically the physical address
+/// of its root page).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PageTableRoot(pub u64);
+
+/// One physically contiguous run to map: `len` bytes from `va` onto `pa`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapRun {
+    /// First virtual address, page aligned.
+    pub va: VirtAddr,
+    /// First physical address, page aligned.
+    pub pa: PhysAddr,
+    /// Length in bytes, a multiple of `page_size`.
+    pub len: u64,
+    /// The protection of every page of the run.
+    pub prot: Prot,
+    /// The page size the core asks for (always one the MMU reported).
+    pub page_size: PageSize,
+    /// The device whose local memory holds the frames; a driver compares it with its own
+    /// id to pick an aperture (local vs system memory) in its PTEs.
+    pub memory: DeviceId,
+}
+
+impl MapRun {
+    /// The virtual range of the run.
+    pub fn range(&self) -> VaRange {
+        VaRange {
+            start: self.va,
+            len: self.len,
+        }
+    }
+}
+
+/// Why an MMU operation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmuError {
+    /// No memory for page-table pages.
+    OutOfTableMemory,
+    /// The request is outside what the hardware can translate (address width, page size).
+    Unsupported {
+        /// The virtual address concerned.
+        va: VirtAddr,
+    },
+    /// A hardware-specific failure, with the driver's code.
+    Hardware(u32),
+}
+
+impl fmt::Display for MmuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MmuError::OutOfTableMemory => write!(f, "out of page-table memory"),
+            MmuError::Unsupported { va } => write!(f, "unsupported translation at {va}"),
+            MmuError::Hardware(code) => write!(f, "hardware error {code}"),
+        }
+    }
+}
+
+/// The MMU functions of a device (`gm_mmu_t`).
+pub trait Mmu: Send + Sync {
+    /// The page-table format; equal formats may share one table.
+    fn format(&self) -> PageTableFormat;
+    /// The page sizes the hardware translates (4 KiB must be among them).
+    fn page_sizes(&self) -> PageSizes;
+    /// Create an empty page table.
+    fn create_page_table(&self) -> Result<PageTableRoot, MmuError>;
+    /// Destroy a page table the core no longer uses (all its mappings were unmapped and
+    /// invalidated before).
+    fn destroy_page_table(&self, root: PageTableRoot);
+    /// Install a run of mappings. On error nothing of the run may remain mapped.
+    fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError>;
+    /// Remove every mapping in `range` (pages that are not mapped are skipped).
+    fn unmap(&self, root: PageTableRoot, range: VaRange);
+    /// Change the protection of every mapping in `range`.
+    fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError>;
+    /// Invalidate this device's TLB entries for every range in `ranges` (one coalesced
+    /// batch; the driver may turn it into a full flush).
+    fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]);
+    /// Invalidate every TLB entry of this device for `root`.
+    fn invalidate_all(&self, root: PageTableRoot);
+    /// Point the device's translation at `root` (the device is activated in the owning
+    /// space), or at nothing.
+    fn activate(&self, root: Option<PageTableRoot>);
+}
+
+/// Why a memory operation of a driver failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemError {
+    /// The physical range is not memory of this device.
+    OutOfRange {
+        /// The physical address concerned.
+        pa: PhysAddr,
+    },
+    /// A hardware-specific failure, with the driver's code.
+    Hardware(u32),
+}
+
+impl fmt::Display for MemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemError::OutOfRange { pa } => write!(f, "{pa} is not memory of this device"),
+            MemError::Hardware(code) => write!(f, "hardware error {code}"),
+        }
+    }
+}
+
+/// How the core moves bytes in a device's local memory (the data mover).
+pub trait DeviceMemory: Send + Sync {
+    /// Fill `len` bytes from `pa` with zeros (bulk zeroing: `len` may be a whole 2 MiB
+    /// block).
+    fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError>;
+    /// Read `buf.len()` bytes from `pa`.
+    fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError>;
+    /// Write `buf` at `pa`.
+    fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError>;
+}

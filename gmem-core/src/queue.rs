@@ -1,0 +1,235 @@
+//! The asynchronous MMU queue of an address space.
+//!
+//! ## Theory
+//! Unmapping is two steps of very different cost: clearing page-table entries (memory
+//! writes by the CPU) and invalidating the TLBs of the devices that may cache them (an
+//! IOTLB invalidation command, a GPU TLB shootdown: microseconds each). Strict unmap does
+//! both at once. Asynchronous unmap clears the entries at once — new translations fault
+//! immediately — and queues the invalidation, so that one invalidation per device covers
+//! a whole batch of unmaps (Peleg et al., "Utilizing the IOMMU scalably", the `[18]` of
+//! GMEM).
+//!
+//! The safety rule that makes deferral sound: **nothing an unmap released is reused
+//! before its invalidation completed.** A queued unmap keeps its frames quarantined
+//! (physical memory state *pending*), keeps its virtual range out of the arena and marks
+//! its pages *pending* in the logical page table; any fault, map or unmap that touches
+//! a pending page drains the queue first. Completion callbacks run after the batch's
+//! invalidation, outside the space lock, so they may call the KPI again.
+//!
+//! Asynchronous maps are queued the same way: the logical mapping exists at once (a
+//! faultable device that touches the page gets it through its fault), the page-table
+//! updates for devices that cannot fault happen when the queue drains, and the callback
+//! says when they are visible.
+//!
+//! The queue drains on `as_synchronize`, when it holds `batch_limit` requests, and
+//! before any operation that touches a pending page.
+
+use crate::lpt::{PageEntry, PENDING};
+use crate::mmu::MmuError;
+use crate::space::{SpaceState, TableRun};
+use crate::stats::Counters;
+use crate::vmem::Arena;
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+
+/// A completion callback of an asynchronous request: it receives the request's outcome.
+pub type Callback = Box<dyn FnOnce(Result<(), MmuError>) + Send>;
+
+/// Requests a queue holds before it drains by itself.
+pub const DEFAULT_BATCH_LIMIT: usize = 64;
+
+/// What discarding pages left to do later.
+pub(crate) struct Discard {
+    pub runs: Vec<TableRun>,
+    pub frames: Vec<(u8, u64)>,
+    pub first: u64,
+    pub pages: u64,
+}
+
+enum Op {
+    Unmap {
+        discard: Discard,
+        va: Option<(u64, u64)>,
+    },
+    Map {
+        first: u64,
+        pages: u64,
+        mask: u32,
+    },
+}
+
+struct Request {
+    op: Op,
+    callback: Option<Callback>,
+}
+
+/// The queue itself (lives inside the space state).
+pub(crate) struct MmuQueue {
+    requests: Vec<Request>,
+    ready: Vec<(Callback, Result<(), MmuError>)>,
+    pub batch_limit: usize,
+}
+
+impl Default for MmuQueue {
+    fn default() -> Self {
+        MmuQueue {
+            requests: Vec::new(),
+            ready: Vec::new(),
+            batch_limit: DEFAULT_BATCH_LIMIT,
+        }
+    }
+}
+
+/// Callbacks ready to run once the space lock is dropped.
+#[must_use = "completion callbacks must be run after the lock is dropped"]
+pub(crate) struct Ready(Vec<(Callback, Result<(), MmuError>)>);
+
+impl Ready {
+    pub fn run(self) {
+        for (cb, r) in self.0 {
+            cb(r);
+        }
+    }
+}
+
+impl MmuQueue {
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Take the callbacks whose requests completed.
+    pub fn take_ready(&mut self) -> Ready {
+        Ready(core::mem::take(&mut self.ready))
+    }
+
+    /// Run a callback as soon as the lock is dropped (a synchronous request's
+    /// completion).
+    pub fn complete_now(&mut self, cb: Option<Callback>, r: Result<(), MmuError>) {
+        if let Some(cb) = cb {
+            self.ready.push((cb, r));
+        }
+    }
+}
+
+impl SpaceState {
+    /// Queue an unmap whose entries are already cleared (`discard` came from
+    /// `discard_pages(.., defer = true)`); `va` is a reservation to release afterwards.
+    pub fn enqueue_unmap(
+        &mut self,
+        stats: &Counters,
+        arena: &Arena,
+        discard: Discard,
+        va: Option<(u64, u64)>,
+        callback: Option<Callback>,
+    ) {
+        Counters::add(&stats.async_requests, 1);
+        self.queue.requests.push(Request {
+            op: Op::Unmap { discard, va },
+            callback,
+        });
+        if self.queue.requests.len() >= self.queue.batch_limit {
+            self.drain(stats, arena);
+        }
+    }
+
+    /// Queue the page-table updates of a map whose logical entries exist (marked
+    /// pending) for the tables in `mask`.
+    pub fn enqueue_map(
+        &mut self,
+        stats: &Counters,
+        arena: &Arena,
+        first: u64,
+        pages: u64,
+        mask: u32,
+        callback: Option<Callback>,
+    ) {
+        Counters::add(&stats.async_requests, 1);
+        self.queue.requests.push(Request {
+            op: Op::Map { first, pages, mask },
+            callback,
+        });
+        if self.queue.requests.len() >= self.queue.batch_limit {
+            self.drain(stats, arena);
+        }
+    }
+
+    /// Complete every queued request: page-table updates of maps, one coalesced TLB
+    /// invalidation per device for all unmaps, then release frames and ranges, then
+    /// make the callbacks ready.
+    pub fn drain(&mut self, stats: &Counters, arena: &Arena) {
+        let requests = core::mem::take(&mut self.queue.requests);
+        if requests.is_empty() {
+            return;
+        }
+        Counters::add(&stats.async_batches, 1);
+        let mut runs: Vec<TableRun> = Vec::new();
+        let mut unmaps = 0u64;
+        let mut results: Vec<Result<(), MmuError>> = Vec::with_capacity(requests.len());
+        for req in &requests {
+            match &req.op {
+                Op::Unmap { discard, .. } => {
+                    runs.extend_from_slice(&discard.runs);
+                    unmaps += 1;
+                    results.push(Ok(()));
+                }
+                Op::Map { first, pages, mask } => {
+                    let (first, pages, mask) = (*first, *pages, *mask);
+                    let pending: Vec<u64> = self
+                        .lpt
+                        .entries_in(first, pages)
+                        .filter(|(_, e)| e.has(PENDING))
+                        .map(|(v, _)| v)
+                        .collect();
+                    for v in pending {
+                        self.lpt.update(v, |e| e.flags &= !PENDING);
+                    }
+                    let live = mask
+                        & self
+                            .tables
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, t)| t.is_some())
+                            .fold(0, |m, (i, _)| m | 1 << i);
+                    results.push(self.mirror(stats, first, pages, live));
+                }
+            }
+        }
+        // One invalidation per device for the whole batch.
+        if !runs.is_empty() {
+            let before = stats.invalidations.load(crate::sync::Ordering::Relaxed);
+            self.invalidate(stats, &runs);
+            let issued = stats.invalidations.load(crate::sync::Ordering::Relaxed) - before;
+            if unmaps > 1 && issued > 0 {
+                Counters::add(&stats.invalidations_coalesced, unmaps - 1);
+            }
+        }
+        for (req, result) in requests.into_iter().zip(results) {
+            if let Op::Unmap { discard, va } = req.op {
+                for (mem, pfn) in discard.frames {
+                    self.memories[mem as usize].phys.lock().free(pfn);
+                }
+                let pending: Vec<u64> = self
+                    .lpt
+                    .entries_in(discard.first, discard.pages)
+                    .filter(|(_, e)| e.has(PENDING))
+                    .map(|(v, _)| v)
+                    .collect();
+                for v in pending {
+                    self.lpt.update(v, |e| {
+                        e.flags &= !PENDING;
+                        if !e.is_populated() {
+                            *e = PageEntry::EMPTY;
+                        }
+                    });
+                }
+                if let Some((start, len)) = va {
+                    let freed = arena.free(start, len);
+                    debug_assert!(freed.is_ok(), "queued range release failed: {freed:?}");
+                }
+            }
+            if let Some(cb) = req.callback {
+                self.queue.ready.push((cb, result));
+            }
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! Address spaces: regions, attached devices, page tables, coherence.
+//!
+//! An address space (`gm_as_t`) owns
+//! - a vmem arena over `[begin, end)` that hands out regions (with the space's fit
+//!   policy, guard pages and quantum caches as asked);
+//! - the regions, by start address, each with its protection, placement policy and
+//!   preparation granularity;
+//! - the logical page table ([`crate::lpt`]);
+//! - up to 32 page tables, each created by a driver and used by one device (coherent or
+//!   replicate mode) or several devices of the same format (shared mode);
+//! - the attachments (which device uses which table);
+//! - the asynchronous MMU queue ([`crate::queue`]).
+//!
+//! All of it sits behind one lock per space. The KPI functions in [`crate::Gmem`] take
+//! the lock, call into the methods here, drop the lock and then run whatever completion
+//! callbacks became ready, so callbacks may call the KPI again.
+//!
+//! ## Coherence
+//! The logical page table records which page tables map each page. Every change of
+//! where a page lives goes through [`SpaceState::unmap_pages`]: remove the mappings from
+//! every table that has them, invalidate the TLB of every device using those tables
+//! (one call per device with the whole list of ranges), and only then release frames or
+//! virtual ranges. Replicate-mode tables mirror every populated page, and tables of
+//! devices that cannot fault get every wired page; both are refreshed whenever a page
+//! moves ([`SpaceState::mirror`]).
+
+use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::device::DeviceInner;
+use crate::flags::{AllocPolicy, Prot};
+use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
+use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
+use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::queue::MmuQueue;
+use crate::stats::Counters;
+use crate::sync::{Arc, Mutex};
+use crate::vmem::Arena;
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+
+/// Maximum page tables and attachments per space (one bit each in a page entry).
+pub const MAX_TABLES: usize = 32;
+
+/// How a device's page table relates to the others of the space (`gm_mmu_mode_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmuMode {
+    /// Use the same page table as an attached device of the same format; falls back to
+    /// [`MmuMode::Coherent`] when there is none.
+    Shared,
+    /// A page table of its own, kept coherent by the core; filled by faults (or, for a
+    /// device that cannot fault, with every wired page).
+    Coherent,
+    /// A page table of its own that mirrors every populated page eagerly, for devices
+    /// that must see all memory without faulting.
+    Replicate,
+}
+
+/// Where a fault places a page that has no frame yet (`gm_region_placement_t`'s device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementTarget {
+    /// The faulting device's local memory, or host memory when it has none.
+    Faulting,
+    /// This device's memory.
+    Device(DeviceId),
+    /// Host memory.
+    Host,
+}
+
+/// What a fault does with a page that lives elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementMode {
+    /// One mapping at a time: tear down every other mapping, migrate the page to the
+    /// target, map it for the faulter.
+    Unique,
+    /// Map the frame where it is (remote access); a fault from a device that already
+    /// maps the page remotely is the hint to migrate it.
+    RemoteAccess,
+}
+
+/// A region's placement policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Where new pages go.
+    pub target: PlacementTarget,
+    /// Migration or remote access.
+    pub mode: PlacementMode,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            target: PlacementTarget::Faulting,
+            mode: PlacementMode::Unique,
+        }
+    }
+}
+
+/// A region handle: an allocated virtual range of a space (`gm_region_t`). `Copy`; a
+/// handle that outlived its region is answered with [`crate::RegionError::StaleRegion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    /// The space.
+    pub space: SpaceId,
+    /// First address.
+    pub start: VirtAddr,
+    pub(crate) id: u64,
+}
+
+/// A public description of a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The handle.
+    pub region: Region,
+    /// The range.
+    pub range: VaRange,
+    /// Permitted accesses.
+    pub prot: Prot,
+    /// Placement policy.
+    pub placement: Placement,
+    /// Preparation granularity in bytes (0 = the faulting device's largest page size up
+    /// to 2 MiB).
+    pub granularity: u64,
+    /// Whether `region_map` gave it wired frames.
+    pub mapped: bool,
+}
+
+/// A constrained region request (`gm_as_alloc`'s arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// Where to look first (0 = anywhere).
+    pub hint: VirtAddr,
+    /// Size in bytes, a multiple of 4 KiB.
+    pub size: u64,
+    /// Alignment (0 = page).
+    pub align: u64,
+    /// The region must not cross a multiple of this (0 = no constraint).
+    pub nocross: u64,
+    /// The last address the region may cover (`u64::MAX` = no limit).
+    pub max: VirtAddr,
+}
+
+impl AllocRequest {
+    /// `size` bytes anywhere.
+    pub const fn new(size: u64) -> AllocRequest {
+        AllocRequest {
+            hint: VirtAddr::new(0),
+            size,
+            align: 0,
+            nocross: 0,
+            max: VirtAddr::new(u64::MAX),
+        }
+    }
+}
+
+pub(crate) struct RegionRec {
+    pub id: u64,
+    pub len: u64,
+    pub reserve_start: u64,
+    pub reserve_len: u64,
+    pub prot: Prot,
+    pub placement: Placement,
+    pub granularity: u64,
+    /// `region_map` gave frames: an absent page is "nowhere", not "zero-fill".
+    pub explicit: bool,
+    pub mapped: bool,
+    pub set: Option<MappingSetId>,
+}
+
+pub(crate) struct PageTable {
+    pub root: PageTableRoot,
+    pub mmu: Arc<dyn Mmu>,
+    pub format: PageTableFormat,
+    pub mode: MmuMode,
+    /// Attachment slots using this table.
+    pub users: u32,
+    /// Whether any user can fault (tables of non-faultable users get wired pages eagerly).
+    pub faultable: bool,
+}
+
+pub(crate) struct Attachment {
+    pub dev: Arc<DeviceInner>,
+    pub table: usize,
+    /// The mode asked for.
+    pub mode: MmuMode,
+}
+
+pub(crate) struct MappingSet {
+    pub regions: Vec<Region>,
+}
+
+pub(crate) struct SpaceInner {
+    pub id: SpaceId,
+    pub range: VaRange,
+    pub policy: AllocPolicy,
+    pub arena: Arena,
+    pub state: Mutex<SpaceState>,
+}
+
+pub(crate) struct SpaceState {
+    pub alive: bool,
+    pub regions: BTreeMap<u64, RegionRec>,
+    pub lpt: LogicalPageTable,
+    pub tables: Vec<Option<PageTable>>,
+    pub attached: Vec<Option<Attachment>>,
+    /// Memories frames of this space live in; an entry's `mem` indexes this list.
+    pub memories: Vec<Arc<DeviceInner>>,
+    pub queue: MmuQueue,
+    pub sets: Slots<MappingSet>,
+    pub next_region_id: u64,
+    pub bounce: Vec<u8>,
+}
+
+/// One contiguous run of pages of one table, collected for unmapping.
+#[derive(Clone, Copy)]
+pub(crate) struct TableRun {
+    pub table: usize,
+    pub range: VaRange,
+}
+
+impl SpaceState {
+    pub fn new(host: Arc<DeviceInner>) -> SpaceState {
+        SpaceState {
+            alive: true,
+            regions: BTreeMap::new(),
+            lpt: LogicalPageTable::default(),
+            tables: Vec::new(),
+            attached: Vec::new(),
+            memories: alloc::vec![host],
+            queue: MmuQueue::default(),
+            sets: Slots::default(),
+            next_region_id: 1,
+            bounce: alloc::vec![0; PAGE_SIZE as usize],
+        }
+    }
+
+    /// The region holding `va`, with its start.
+    pub fn region_at(&self, va: u64) -> Option<(u64, &RegionRec)> {
+        let (start, r) = self.regions.range(..=va).next_back()?;
+        (va - start < r.len).then_some((*start, r))
+    }
+
+    /// The region a handle names, if it is still allocated.
+    pub fn region(&self, region: Region) -> Option<&RegionRec> {
+        self.regions
+            .get(&region.start.as_u64())
+            .filter(|r| r.id == region.id)
+    }
+
+    pub fn region_mut(&mut self, region: Region) -> Option<&mut RegionRec> {
+        self.regions
+            .get_mut(&region.start.as_u64())
+            .filter(|r| r.id == region.id)
+    }
+
+    /// The attachment slot of a device.
+    pub fn slot_of(&self, dev: DeviceId) -> Option<usize> {
+        self.attached
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.dev.id == dev))
+    }
+
+    /// Index of `dev` in the memory list, adding it if needed.
+    pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> u8 {
+        if let Some(i) = self.memories.iter().position(|d| d.id == dev.id) {
+            return i as u8;
+        }
+        self.memories.push(dev.clone());
+        (self.memories.len() - 1) as u8
+    }
+
+    /// Mask of tables that must hold every populated page (replicate mode).
+    pub fn replica_mask(&self) -> u32 {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.as_ref().is_some_and(|t| t.mode == MmuMode::Replicate))
+            .fold(0, |m, (i, _)| m | 1 << i)
+    }
+
+    /// Mask of tables that must hold every wired page (users cannot fault).
+    pub fn wired_mask(&self) -> u32 {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.as_ref().is_some_and(|t| !t.faultable))
+            .fold(0, |m, (i, _)| m | 1 << i)
+            | self.replica_mask()
+    }
+
+    /// Install a contiguous run of pages (`first` .. `first + pages`, frames `pfn..` in
+    /// memory `mem`) into table `t`, then record the mapping bits.
+    pub fn map_run(
+        &mut self,
+        stats: &Counters,
+        t: usize,
+        first: u64,
+        pages: u64,
+        pfn: u64,
+        mem: u8,
+        prot: Prot,
+    ) -> Result<(), MmuError> {
+        let table = self.tables[t].as_ref().expect("mapping into a live table");
+        let run = MapRun {
+            va: VirtAddr::new(first << PAGE_SHIFT),
+            pa: crate::addr::PhysAddr::new(pfn << PAGE_SHIFT),
+            len: pages << PAGE_SHIFT,
+            prot,
+            page_size: crate::addr::PageSize::Size4K,
+            memory: self.memories[mem as usize].id,
+        };
+        table.mmu.map(table.root, &run)?;
+        Counters::add(&stats.mmu_maps, 1);
+        for v in first..first + pages {
+            self.lpt.update(v, |e| e.mapped |= 1 << t);
+        }
+        Ok(())
+    }
+
+    /// Map populated pages of `[first, first+pages)` into every table in `mask` that does
+    /// not have them yet, in physically contiguous runs.
+    pub fn mirror(
+        &mut self,
+        stats: &Counters,
+        first: u64,
+        pages: u64,
+        mask: u32,
+    ) -> Result<(), MmuError> {
+        if mask == 0 {
+            return Ok(());
+        }
+        let entries: Vec<(u64, PageEntry)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.is_populated())
+            .collect();
+        for t in 0..self.tables.len() {
+            if mask & (1 << t) == 0 || self.tables[t].is_none() {
+                continue;
+            }
+            let mut i = 0;
+            while i < entries.len() {
+                let (v0, e0) = entries[i];
+                if e0.mapped & (1 << t) != 0 {
+                    i += 1;
+                    continue;
+                }
+                let mut n = 1;
+                while i + (n as usize) < entries.len() {
+                    let (v, e) = entries[i + n as usize];
+                    if v != v0 + n
+                        || e.mem != e0.mem
+                        || e.pfn != e0.pfn + n
+                        || e.mapped & (1 << t) != 0
+                    {
+                        break;
+                    }
+                    n += 1;
+                }
+                let prot = self
+                    .region_at(v0 << PAGE_SHIFT)
+                    .map(|(_, r)| r.prot)
+                    .unwrap_or(Prot::READ);
+                self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
+                i += n as usize;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove the mappings of `[first, first+pages)` from every table in `mask`: one
+    /// `unmap` per contiguous run and table, then one `invalidate` per device of each
+    /// table with all its runs (unless `defer` is set, in which case the runs are
+    /// returned for a later coalesced invalidation).
+    pub fn unmap_pages(
+        &mut self,
+        stats: &Counters,
+        first: u64,
+        pages: u64,
+        mask: u32,
+        defer: bool,
+    ) -> Vec<TableRun> {
+        let touched: Vec<(u64, u32)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.mapped & mask != 0)
+            .map(|(v, e)| (v, e.mapped & mask))
+            .collect();
+        self.unmap_entries(stats, &touched, defer)
+    }
+
+    /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
+    pub fn unmap_entries(
+        &mut self,
+        stats: &Counters,
+        touched: &[(u64, u32)],
+        defer: bool,
+    ) -> Vec<TableRun> {
+        let runs = table_runs(touched);
+        for &(v, bits) in touched {
+            self.lpt.update(v, |e| e.mapped &= !bits);
+        }
+        for run in &runs {
+            if let Some(table) = &self.tables[run.table] {
+                table.mmu.unmap(table.root, run.range);
+                Counters::add(&stats.mmu_unmaps, 1);
+            }
+        }
+        if !defer {
+            self.invalidate(stats, &runs);
+        }
+        runs
+    }
+
+    /// Invalidate, for each table touched by `runs`, the TLB of every device using it:
+    /// one call per device with the table's whole list of ranges.
+    pub fn invalidate(&self, stats: &Counters, runs: &[TableRun]) {
+        let mut ranges: Vec<VaRange> = Vec::new();
+        for (t, table) in self.tables.iter().enumerate() {
+            let Some(table) = table else { continue };
+            ranges.clear();
+            ranges.extend(runs.iter().filter(|r| r.table == t).map(|r| r.range));
+            if ranges.is_empty() {
+                continue;
+            }
+            for a in self.attached.iter().flatten().filter(|a| a.table == t) {
+                a.dev.mmu.invalidate(table.root, &ranges);
+                Counters::add(&stats.invalidations, 1);
+            }
+        }
+    }
+
+    /// Give a frame back to its memory (or quarantine it until its invalidation).
+    pub fn release_frame(&self, e: &PageEntry, pending: bool) {
+        if e.mem == NO_MEM || e.has(EXTERNAL) {
+            return;
+        }
+        let mut phys = self.memories[e.mem as usize].phys.lock();
+        if pending {
+            phys.quarantine(e.pfn)
+        } else {
+            phys.free(e.pfn)
+        }
+    }
+
+    /// Whether any page of `[first, first+pages)` has a queued unmap or map.
+    pub fn any_pending(&self, first: u64, pages: u64) -> bool {
+        self.lpt
+            .entries_in(first, pages)
+            .any(|(_, e)| e.has(PENDING))
+    }
+
+    /// Remove every page of `[first, first+pages)`: unmap everywhere, release frames.
+    /// With `defer`, the invalidation, the frame release and `va_release` wait in the
+    /// queue; otherwise all happens now and the caller releases the range.
+    pub fn discard_pages(
+        &mut self,
+        stats: &Counters,
+        first: u64,
+        pages: u64,
+        defer: bool,
+    ) -> crate::queue::Discard {
+        let runs = self.unmap_pages(stats, first, pages, u32::MAX, defer);
+        let entries: Vec<(u64, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+        let mut frames = Vec::new();
+        for (v, e) in entries {
+            if defer && e.is_populated() && !e.has(EXTERNAL) {
+                self.release_frame(&e, true);
+                frames.push((e.mem, e.pfn));
+                self.lpt.set(
+                    v,
+                    PageEntry {
+                        flags: PENDING,
+                        ..PageEntry::EMPTY
+                    },
+                );
+            } else {
+                self.release_frame(&e, false);
+                if defer {
+                    self.lpt.set(
+                        v,
+                        PageEntry {
+                            flags: PENDING,
+                            ..PageEntry::EMPTY
+                        },
+                    );
+                } else {
+                    self.lpt.take(v);
+                }
+            }
+        }
+        crate::queue::Discard {
+            runs,
+            frames,
+            first,
+            pages,
+        }
+    }
+
+    /// Pages a region covers: `(first vpn, count)`.
+    pub fn pages_of(start: u64, len: u64) -> (u64, u64) {
+        (start >> PAGE_SHIFT, len >> PAGE_SHIFT)
+    }
+
+    /// Whether a page is wired.
+    pub fn is_wired(e: &PageEntry) -> bool {
+        e.has(WIRED)
+    }
+}
+
+/// Group an address-ordered list of `(vpn, table bits)` into contiguous runs per table.
+pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
+    let mut runs: Vec<TableRun> = Vec::new();
+    let mut open: [Option<(u64, u64)>; MAX_TABLES] = [None; MAX_TABLES];
+    let close = |t: usize, s: u64, n: u64, runs: &mut Vec<TableRun>| {
+        runs.push(TableRun {
+            table: t,
+            range: VaRange {
+                start: VirtAddr::new(s << PAGE_SHIFT),
+                len: n << PAGE_SHIFT,
+            },
+        });
+    };
+    for &(v, bits) in touched {
+        for (t, slot) in open.iter_mut().enumerate() {
+            let has = bits & (1 << t) != 0;
+            match slot {
+                Some((s, n)) if has && *s + *n == v => *n += 1,
+                _ => {
+                    if let Some((s, n)) = slot.take() {
+                        close(t, s, n, &mut runs);
+                    }
+                    if has {
+                        *slot = Some((v, 1));
+                    }
+                }
+            }
+        }
+    }
+    for (t, slot) in open.iter_mut().enumerate() {
+        if let Some((s, n)) = slot.take() {
+            close(t, s, n, &mut runs);
+        }
+    }
+    runs
+}

@@ -1,0 +1,664 @@
+//! A test MMU and test memory that record everything (feature `test-util`).
+//!
+//! [`TestMmu`] keeps its page tables in a [`TableStore`] (which two MMUs of the same
+//! format may share, as shared mode needs) and a TLB of its own that caches translations
+//! until the core invalidates them — so a missing invalidation shows up as a stale
+//! translation in a test. Every call is recorded as an [`MmuEvent`], in order, in a log
+//! that may be shared by several MMUs, so tests can assert which mappings and
+//! invalidations happened and in which order relative to frame and range reuse.
+//!
+//! [`TestMemory`] stores real bytes, sparse and page-granular.
+//!
+//! [`TestSystem`] puts a [`Gmem`] together with a host and any number of test devices
+//! and performs device loads and stores the way hardware would: translate through the
+//! device's TLB and page table, on a miss call `dev_fault` and retry, then move bytes in
+//! the memory the translation points to.
+
+use crate::addr::{PhysAddr, VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::device::DeviceDesc;
+use crate::error::FaultError;
+use crate::flags::{DevCaps, PageSizes, Prot};
+use crate::gmem::Gmem;
+use crate::handle::DeviceId;
+use crate::mmu::{DeviceMemory, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::platform::SingleCpu;
+use crate::sync::{Arc, Mutex};
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec::Vec;
+use hashbrown::HashMap;
+
+/// One recorded MMU call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MmuEvent {
+    /// `create_page_table` returned this root.
+    Create { mmu: u32, root: PageTableRoot },
+    /// `destroy_page_table`.
+    Destroy { mmu: u32, root: PageTableRoot },
+    /// `map`.
+    Map {
+        mmu: u32,
+        root: PageTableRoot,
+        run: MapRun,
+    },
+    /// `unmap`.
+    Unmap {
+        mmu: u32,
+        root: PageTableRoot,
+        range: VaRange,
+    },
+    /// `protect`.
+    Protect {
+        mmu: u32,
+        root: PageTableRoot,
+        range: VaRange,
+        prot: Prot,
+    },
+    /// `invalidate` with its batch of ranges.
+    Invalidate {
+        mmu: u32,
+        root: PageTableRoot,
+        ranges: Vec<VaRange>,
+    },
+    /// `invalidate_all`.
+    InvalidateAll { mmu: u32, root: PageTableRoot },
+    /// `activate`.
+    Activate {
+        mmu: u32,
+        root: Option<PageTableRoot>,
+    },
+}
+
+/// A leaf translation: frame, protection, and the device whose memory holds the frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pte {
+    /// Frame number.
+    pub pfn: u64,
+    /// Permitted accesses.
+    pub prot: Prot,
+    /// Whose memory.
+    pub memory: DeviceId,
+}
+
+/// Page tables of one format: root → (vpn → PTE). Shared by MMUs that share tables.
+#[derive(Default)]
+pub struct TableStore {
+    tables: Mutex<(u64, BTreeMap<u64, BTreeMap<u64, Pte>>)>,
+}
+
+impl TableStore {
+    /// A new empty store.
+    pub fn new() -> Arc<TableStore> {
+        Arc::new(TableStore::default())
+    }
+
+    /// The PTE of `vpn` in `root`.
+    pub fn lookup(&self, root: PageTableRoot, vpn: u64) -> Option<Pte> {
+        self.tables
+            .lock()
+            .1
+            .get(&root.0)
+            .and_then(|t| t.get(&vpn))
+            .copied()
+    }
+
+    /// Every PTE of `root`.
+    pub fn entries(&self, root: PageTableRoot) -> Vec<(u64, Pte)> {
+        self.tables
+            .lock()
+            .1
+            .get(&root.0)
+            .map(|t| t.iter().map(|(v, p)| (*v, *p)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Number of live tables.
+    pub fn tables(&self) -> usize {
+        self.tables.lock().1.len()
+    }
+}
+
+/// A shared, ordered log of MMU events.
+pub type EventLog = Arc<Mutex<Vec<MmuEvent>>>;
+
+struct TlbState {
+    root: Option<PageTableRoot>,
+    entries: HashMap<(u64, u64), Pte>,
+    hits: u64,
+    misses: u64,
+}
+
+/// An MMU whose page tables and TLB live in ordinary memory, recording every call.
+pub struct TestMmu {
+    id: u32,
+    format: PageTableFormat,
+    sizes: PageSizes,
+    store: Arc<TableStore>,
+    log: EventLog,
+    record: bool,
+    tlb: Mutex<TlbState>,
+    fail_next_maps: Mutex<u32>,
+}
+
+impl TestMmu {
+    /// A test MMU numbered `id` (used in its events), of `format`, keeping tables in
+    /// `store` and recording into `log`.
+    pub fn new(id: u32, format: u32, store: Arc<TableStore>, log: EventLog) -> TestMmu {
+        TestMmu {
+            id,
+            format: PageTableFormat(format),
+            sizes: PageSizes::S4K,
+            store,
+            log,
+            record: true,
+            tlb: Mutex::new(TlbState {
+                root: None,
+                entries: HashMap::new(),
+                hits: 0,
+                misses: 0,
+            }),
+            fail_next_maps: Mutex::new(0),
+        }
+    }
+
+    /// Report these page sizes instead of 4 KiB only.
+    pub fn with_page_sizes(mut self, sizes: PageSizes) -> TestMmu {
+        self.sizes = sizes;
+        self
+    }
+
+    /// Do not record events (benchmarks).
+    pub fn without_log(mut self) -> TestMmu {
+        self.record = false;
+        self
+    }
+
+    /// Make the next `n` calls to `map` fail with `OutOfTableMemory`.
+    pub fn fail_next_maps(&self, n: u32) {
+        *self.fail_next_maps.lock() = n;
+    }
+
+    /// The table store.
+    pub fn store(&self) -> &Arc<TableStore> {
+        &self.store
+    }
+
+    /// The root the device translates with.
+    pub fn active_root(&self) -> Option<PageTableRoot> {
+        self.tlb.lock().root
+    }
+
+    /// TLB hits and misses so far.
+    pub fn tlb_counts(&self) -> (u64, u64) {
+        let t = self.tlb.lock();
+        (t.hits, t.misses)
+    }
+
+    /// What the device would use to translate `va`: its TLB first, then a walk of the
+    /// active table (filling the TLB). `None` when nothing translates it.
+    pub fn translate(&self, va: VirtAddr) -> Option<Pte> {
+        let mut tlb = self.tlb.lock();
+        let root = tlb.root?;
+        let key = (root.0, va.vpn().0);
+        if let Some(p) = tlb.entries.get(&key).copied() {
+            tlb.hits += 1;
+            return Some(p);
+        }
+        tlb.misses += 1;
+        let p = self.store.lookup(root, va.vpn().0)?;
+        tlb.entries.insert(key, p);
+        Some(p)
+    }
+
+    /// Whether the TLB holds an entry for `va` in `root` (stale or not).
+    pub fn tlb_holds(&self, root: PageTableRoot, va: VirtAddr) -> bool {
+        self.tlb.lock().entries.contains_key(&(root.0, va.vpn().0))
+    }
+
+    fn log(&self, e: MmuEvent) {
+        if self.record {
+            self.log.lock().push(e);
+        }
+    }
+}
+
+impl Mmu for TestMmu {
+    fn format(&self) -> PageTableFormat {
+        self.format
+    }
+    fn page_sizes(&self) -> PageSizes {
+        self.sizes
+    }
+    fn create_page_table(&self) -> Result<PageTableRoot, MmuError> {
+        let root = {
+            let mut t = self.store.tables.lock();
+            t.0 += 1;
+            let root = t.0;
+            t.1.insert(root, BTreeMap::new());
+            PageTableRoot(root)
+        };
+        self.log(MmuEvent::Create { mmu: self.id, root });
+        Ok(root)
+    }
+    fn destroy_page_table(&self, root: PageTableRoot) {
+        self.store.tables.lock().1.remove(&root.0);
+        self.log(MmuEvent::Destroy { mmu: self.id, root });
+    }
+    fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
+        {
+            let mut f = self.fail_next_maps.lock();
+            if *f > 0 {
+                *f -= 1;
+                return Err(MmuError::OutOfTableMemory);
+            }
+        }
+        {
+            let mut t = self.store.tables.lock();
+            let table = t.1.get_mut(&root.0).ok_or(MmuError::Hardware(1))?;
+            for k in 0..run.len >> PAGE_SHIFT {
+                table.insert(
+                    run.va.vpn().0 + k,
+                    Pte {
+                        pfn: run.pa.pfn().0 + k,
+                        prot: run.prot,
+                        memory: run.memory,
+                    },
+                );
+            }
+        }
+        self.log(MmuEvent::Map {
+            mmu: self.id,
+            root,
+            run: *run,
+        });
+        Ok(())
+    }
+    fn unmap(&self, root: PageTableRoot, range: VaRange) {
+        {
+            let mut t = self.store.tables.lock();
+            if let Some(table) = t.1.get_mut(&root.0) {
+                let first = range.first_vpn().0;
+                for v in first..first + range.pages() {
+                    table.remove(&v);
+                }
+            }
+        }
+        self.log(MmuEvent::Unmap {
+            mmu: self.id,
+            root,
+            range,
+        });
+    }
+    fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError> {
+        {
+            let mut t = self.store.tables.lock();
+            if let Some(table) = t.1.get_mut(&root.0) {
+                let first = range.first_vpn().0;
+                for v in first..first + range.pages() {
+                    if let Some(p) = table.get_mut(&v) {
+                        p.prot = prot;
+                    }
+                }
+            }
+        }
+        self.log(MmuEvent::Protect {
+            mmu: self.id,
+            root,
+            range,
+            prot,
+        });
+        Ok(())
+    }
+    fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]) {
+        {
+            let mut tlb = self.tlb.lock();
+            for r in ranges {
+                let first = r.first_vpn().0;
+                if r.pages() as usize > tlb.entries.len() {
+                    tlb.entries.retain(|(rt, v), _| {
+                        !(*rt == root.0 && *v >= first && *v < first + r.pages())
+                    });
+                } else {
+                    for v in first..first + r.pages() {
+                        tlb.entries.remove(&(root.0, v));
+                    }
+                }
+            }
+        }
+        self.log(MmuEvent::Invalidate {
+            mmu: self.id,
+            root,
+            ranges: ranges.to_vec(),
+        });
+    }
+    fn invalidate_all(&self, root: PageTableRoot) {
+        self.tlb.lock().entries.retain(|(r, _), _| *r != root.0);
+        self.log(MmuEvent::InvalidateAll { mmu: self.id, root });
+    }
+    fn activate(&self, root: Option<PageTableRoot>) {
+        self.tlb.lock().root = root;
+        self.log(MmuEvent::Activate { mmu: self.id, root });
+    }
+}
+
+/// Sparse byte-holding memory: absent pages read as zeros.
+#[derive(Default)]
+pub struct TestMemory {
+    pages: Mutex<HashMap<u64, Box<[u8; PAGE_SIZE as usize]>>>,
+    /// `[base, end)` of addresses this memory answers for (`None` = any).
+    bounds: Option<(u64, u64)>,
+    counts: Mutex<MemCounts>,
+}
+
+/// What a [`TestMemory`] was asked to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemCounts {
+    /// Bytes zeroed.
+    pub zeroed: u64,
+    /// Bytes read.
+    pub read: u64,
+    /// Bytes written.
+    pub written: u64,
+}
+
+impl TestMemory {
+    /// Memory answering for `[base, end)`.
+    pub fn with_bounds(base: u64, end: u64) -> TestMemory {
+        TestMemory {
+            bounds: Some((base, end)),
+            ..TestMemory::default()
+        }
+    }
+
+    /// What it was asked to do.
+    pub fn counts(&self) -> MemCounts {
+        *self.counts.lock()
+    }
+
+    fn check(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
+        match self.bounds {
+            Some((b, e)) if pa.as_u64() < b || pa.as_u64().saturating_add(len) > e => {
+                Err(MemError::OutOfRange { pa })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn each_page(pa: PhysAddr, len: u64, mut f: impl FnMut(u64, usize, usize, usize)) {
+        let mut done = 0u64;
+        while done < len {
+            let a = pa.as_u64() + done;
+            let off = (a & (PAGE_SIZE - 1)) as usize;
+            let n = ((PAGE_SIZE as usize - off) as u64).min(len - done) as usize;
+            f(a >> PAGE_SHIFT, off, n, done as usize);
+            done += n as u64;
+        }
+    }
+}
+
+impl DeviceMemory for TestMemory {
+    fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
+        self.check(pa, len)?;
+        let mut pages = self.pages.lock();
+        TestMemory::each_page(pa, len, |pfn, off, n, _| {
+            if n == PAGE_SIZE as usize {
+                pages.remove(&pfn);
+            } else if let Some(p) = pages.get_mut(&pfn) {
+                p[off..off + n].fill(0);
+            }
+        });
+        self.counts.lock().zeroed += len;
+        Ok(())
+    }
+    fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError> {
+        self.check(pa, buf.len() as u64)?;
+        let pages = self.pages.lock();
+        TestMemory::each_page(pa, buf.len() as u64, |pfn, off, n, at| {
+            match pages.get(&pfn) {
+                Some(p) => buf[at..at + n].copy_from_slice(&p[off..off + n]),
+                None => buf[at..at + n].fill(0),
+            }
+        });
+        self.counts.lock().read += buf.len() as u64;
+        Ok(())
+    }
+    fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError> {
+        self.check(pa, buf.len() as u64)?;
+        let mut pages = self.pages.lock();
+        TestMemory::each_page(pa, buf.len() as u64, |pfn, off, n, at| {
+            let p = pages
+                .entry(pfn)
+                .or_insert_with(|| Box::new([0; PAGE_SIZE as usize]));
+            p[off..off + n].copy_from_slice(&buf[at..at + n]);
+        });
+        self.counts.lock().written += buf.len() as u64;
+        Ok(())
+    }
+}
+
+/// One device of a [`TestSystem`].
+pub struct TestDevice {
+    /// Its handle.
+    pub id: DeviceId,
+    /// Its MMU.
+    pub mmu: Arc<TestMmu>,
+    /// Its memory, if it has any.
+    pub memory: Option<Arc<TestMemory>>,
+}
+
+/// Why a test access failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessError {
+    /// The fault could not be served.
+    Fault(FaultError),
+    /// The device cannot fault and nothing translates the address.
+    Unmapped(VirtAddr),
+    /// The translation points at memory no device of the system has.
+    NoMemory(DeviceId),
+    /// A fault was answered with a retry, but the retry faulted again too often.
+    Livelock(VirtAddr),
+}
+
+/// A GMEM instance with a host and test devices, and hardware-like accesses.
+pub struct TestSystem {
+    /// The instance.
+    pub gm: Gmem,
+    /// The host CPU (index 0) and the devices added, in order.
+    pub devices: Vec<TestDevice>,
+    /// The shared event log.
+    pub log: EventLog,
+    /// Table store of format 1 (the host's format, shared-mode capable).
+    pub host_store: Arc<TableStore>,
+}
+
+/// Base of the host memory of a [`TestSystem`].
+pub const HOST_BASE: u64 = 0x1000_0000;
+
+impl TestSystem {
+    /// A system whose host has `host_pages` pages of memory, recording events.
+    pub fn new(host_pages: u64) -> TestSystem {
+        TestSystem::build(host_pages, true)
+    }
+
+    /// The same without an event log (benchmarks).
+    pub fn without_log(host_pages: u64) -> TestSystem {
+        TestSystem::build(host_pages, false)
+    }
+
+    fn build(host_pages: u64, record: bool) -> TestSystem {
+        let log: EventLog = Arc::new(Mutex::new(Vec::new()));
+        let host_store = TableStore::new();
+        let mut mmu = TestMmu::new(0, 1, host_store.clone(), log.clone());
+        if !record {
+            mmu = mmu.without_log();
+        }
+        let mmu = Arc::new(mmu);
+        let memory = Arc::new(TestMemory::default());
+        let gm = Gmem::new(
+            Arc::new(SingleCpu),
+            DeviceDesc {
+                name: String::from("cpu"),
+                mmu: mmu.clone(),
+                memory: Some(memory.clone()),
+                caps: DevCaps::FAULTABLE,
+                data: None,
+            },
+        )
+        .expect("the test MMU supports 4 KiB pages");
+        let host = gm.host();
+        gm.dev_register_physmem(
+            host,
+            PhysAddr::new(HOST_BASE),
+            PhysAddr::new(HOST_BASE + host_pages * PAGE_SIZE),
+        )
+        .expect("fresh host memory registers");
+        TestSystem {
+            gm,
+            devices: alloc::vec![TestDevice {
+                id: host,
+                mmu,
+                memory: Some(memory)
+            }],
+            log,
+            host_store,
+        }
+    }
+
+    /// The host device.
+    pub fn host(&self) -> &TestDevice {
+        &self.devices[0]
+    }
+
+    /// Add a device with MMU `format` (1 = the host's, so it can share tables),
+    /// capabilities, and `mem_pages` pages of local memory at `mem_base` (0 pages = none).
+    /// Returns its index in [`TestSystem::devices`].
+    pub fn add_device(
+        &mut self,
+        format: u32,
+        caps: DevCaps,
+        mem_base: u64,
+        mem_pages: u64,
+    ) -> usize {
+        let n = self.devices.len() as u32;
+        let store = if format == 1 {
+            self.host_store.clone()
+        } else {
+            TableStore::new()
+        };
+        let mut mmu = TestMmu::new(n, format, store, self.log.clone());
+        if self.log.lock().is_empty() && !self.devices[0].mmu.record {
+            mmu = mmu.without_log();
+        }
+        let mmu = Arc::new(mmu);
+        let memory = (mem_pages > 0).then(|| {
+            Arc::new(TestMemory::with_bounds(
+                mem_base,
+                mem_base + mem_pages * PAGE_SIZE,
+            ))
+        });
+        let id = self
+            .gm
+            .dev_create(DeviceDesc {
+                name: alloc::format!("dev{n}"),
+                mmu: mmu.clone(),
+                memory: memory.clone().map(|m| m as Arc<dyn DeviceMemory>),
+                caps,
+                data: None,
+            })
+            .expect("the test MMU supports 4 KiB pages");
+        if let Some(_) = &memory {
+            self.gm
+                .dev_register_physmem(
+                    id,
+                    PhysAddr::new(mem_base),
+                    PhysAddr::new(mem_base + mem_pages * PAGE_SIZE),
+                )
+                .expect("fresh device memory registers");
+        }
+        self.devices.push(TestDevice { id, mmu, memory });
+        self.devices.len() - 1
+    }
+
+    fn memory_of(&self, id: DeviceId) -> Option<&Arc<TestMemory>> {
+        self.devices
+            .iter()
+            .find(|d| d.id == id)
+            .and_then(|d| d.memory.as_ref())
+    }
+
+    /// Translate `va` for device `dev` (an index), faulting as hardware would.
+    pub fn translate(&self, dev: usize, va: VirtAddr, access: Prot) -> Result<Pte, AccessError> {
+        let d = &self.devices[dev];
+        for _ in 0..4 {
+            if let Some(p) = d.mmu.translate(va) {
+                if p.prot.contains(access) {
+                    return Ok(p);
+                }
+            }
+            if !self
+                .gm
+                .dev_caps(d.id)
+                .map(|c| c.contains(DevCaps::FAULTABLE))
+                .unwrap_or(false)
+            {
+                return Err(AccessError::Unmapped(va));
+            }
+            // A real MMU reports the fault and drops its cached translation.
+            if let Some(root) = d.mmu.active_root() {
+                d.mmu.tlb.lock().entries.remove(&(root.0, va.vpn().0));
+            }
+            let _retry = self
+                .gm
+                .dev_fault(d.id, va, access)
+                .map_err(AccessError::Fault)?;
+        }
+        Err(AccessError::Livelock(va))
+    }
+
+    /// Store `data` at `va` through device `dev`.
+    pub fn write(&self, dev: usize, va: VirtAddr, data: &[u8]) -> Result<(), AccessError> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let a = VirtAddr::new(va.as_u64() + done as u64);
+            let n = ((PAGE_SIZE - a.page_offset()) as usize).min(data.len() - done);
+            let p = self.translate(dev, a, Prot::WRITE)?;
+            let mem = self
+                .memory_of(p.memory)
+                .ok_or(AccessError::NoMemory(p.memory))?;
+            mem.write(
+                PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
+                &data[done..done + n],
+            )
+            .map_err(|e| AccessError::Fault(FaultError::Memory(e)))?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Load `len` bytes at `va` through device `dev`.
+    pub fn read(&self, dev: usize, va: VirtAddr, len: usize) -> Result<Vec<u8>, AccessError> {
+        let mut out = alloc::vec![0u8; len];
+        let mut done = 0usize;
+        while done < len {
+            let a = VirtAddr::new(va.as_u64() + done as u64);
+            let n = ((PAGE_SIZE - a.page_offset()) as usize).min(len - done);
+            let p = self.translate(dev, a, Prot::READ)?;
+            let mem = self
+                .memory_of(p.memory)
+                .ok_or(AccessError::NoMemory(p.memory))?;
+            mem.read(
+                PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
+                &mut out[done..done + n],
+            )
+            .map_err(|e| AccessError::Fault(FaultError::Memory(e)))?;
+            done += n;
+        }
+        Ok(out)
+    }
+
+    /// Take and clear the event log.
+    pub fn take_events(&self) -> Vec<MmuEvent> {
+        core::mem::take(&mut *self.log.lock())
+    }
+}

@@ -1,0 +1,850 @@
+//! The segment allocator: everything that runs under the arena lock.
+//!
+//! It owns the segment table ([`super::seglist`]), the freelists
+//! ([`super::freelist`]), the hash of allocated segments and the sorted span table,
+//! and implements adding spans, the four fit policies for plain and constrained
+//! requests, splitting a free segment into up to three parts, and freeing with
+//! coalescing. Callers (the [`super::Arena`]) validate their input and hold the lock.
+
+use alloc::vec::Vec;
+
+use hashbrown::HashMap;
+
+use super::config::FitPolicy;
+use super::constraint::Placement;
+use super::error::{FreeError, SpanError};
+use super::freelist::{list_of, FreeLists};
+use super::seglist::{Kind, Seg, SegTable, SENTINEL};
+
+/// One span, for overlap checks and ordered insertion.
+#[derive(Clone, Copy, Debug)]
+struct SpanRec {
+    base: u64,
+    last: u64,
+    marker: u32,
+}
+
+/// Counters of the segment layer, read by [`super::Arena::stats`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SegmentCounts {
+    pub spans: u64,
+    pub total: u64,
+    pub free: u64,
+    pub segments: u64,
+    pub free_segments: u64,
+    pub allocs: u64,
+    pub frees: u64,
+}
+
+/// The boundary-tag allocator of one arena.
+pub(super) struct SegmentAllocator {
+    quantum: u64,
+    table: SegTable,
+    lists: FreeLists,
+    /// Start address -> index of every `Alloc` and `Cached` segment.
+    hash: HashMap<u64, u32>,
+    /// Sorted by base.
+    spans: Vec<SpanRec>,
+    /// Next-fit rotor: the node to resume at and, when that node is a segment, the
+    /// address inside it to resume from.
+    rotor: (u32, u64),
+    total: u64,
+    free_bytes: u64,
+    free_segs: u64,
+    /// Caller allocations and frees served here (not cache imports).
+    pub allocs: u64,
+    /// See `allocs`.
+    pub frees: u64,
+}
+
+impl SegmentAllocator {
+    /// An empty allocator for the given quantum (a power of two).
+    pub fn new(quantum: u64) -> Self {
+        Self {
+            quantum,
+            table: SegTable::new(),
+            lists: FreeLists::new(),
+            hash: HashMap::new(),
+            spans: Vec::new(),
+            rotor: (SENTINEL, 0),
+            total: 0,
+            free_bytes: 0,
+            free_segs: 0,
+            allocs: 0,
+            frees: 0,
+        }
+    }
+
+    /// The counters.
+    pub fn counts(&self) -> SegmentCounts {
+        SegmentCounts {
+            spans: self.spans.len() as u64,
+            total: self.total,
+            free: self.free_bytes,
+            segments: self.free_segs + self.hash.len() as u64,
+            free_segments: self.free_segs,
+            allocs: self.allocs,
+            frees: self.frees,
+        }
+    }
+
+    /// Add `[base, base + size)` as a new span holding one free segment.
+    pub fn add_span(&mut self, base: u64, size: u64) -> Result<(), SpanError> {
+        if size == 0 {
+            return Err(SpanError::Empty);
+        }
+        let q = self.quantum;
+        if base & (q - 1) != 0 || size & (q - 1) != 0 {
+            return Err(SpanError::Unaligned {
+                base,
+                size,
+                quantum: q,
+            });
+        }
+        let overflow = SpanError::Overflow { base, size };
+        let last = base.checked_add(size - 1).ok_or(overflow)?;
+        let total = self.total.checked_add(size).ok_or(overflow)?;
+        let pos = self.spans.partition_point(|s| s.base < base);
+        let after_prev = pos == 0 || self.spans[pos - 1].last < base;
+        let before_next = self.spans.get(pos).map_or(true, |s| s.base > last);
+        if !after_prev || !before_next {
+            return Err(SpanError::Overlaps { base, size });
+        }
+        if !self.table.can_take(2) {
+            return Err(overflow);
+        }
+        let before = self.spans.get(pos).map_or(SENTINEL, |s| s.marker);
+        let marker = self.table.take(Seg::new(base, size, Kind::Span));
+        self.table.insert_before(before, marker);
+        let seg = self.table.take(Seg::new(base, size, Kind::Free));
+        self.table.insert_before(before, seg);
+        self.lists.insert(&mut self.table, seg);
+        self.spans.insert(pos, SpanRec { base, last, marker });
+        self.total = total;
+        self.free_bytes += size;
+        self.free_segs += 1;
+        Ok(())
+    }
+
+    /// Allocate a segment for `p` with policy `fit`, marking it `kind` (`Alloc` or
+    /// `Cached`). `None` when nothing fits; the state is then unchanged.
+    pub fn alloc(&mut self, p: &Placement, fit: FitPolicy, kind: Kind) -> Option<u64> {
+        if !self.table.can_take(2) {
+            return None;
+        }
+        let (i, addr) = match fit {
+            FitPolicy::InstantFit => self.find_instant(p),
+            FitPolicy::BestFit => self.find_best(p),
+            FitPolicy::FirstFit => self.find_first(p),
+            FitPolicy::NextFit => self.find_next(p),
+        }?;
+        debug_assert!(p.satisfied_by(addr), "placement postcondition");
+        self.carve(i, addr, p.size, kind);
+        if fit == FitPolicy::NextFit {
+            let after = self.table.get(i).anext;
+            self.rotor = (after, addr.wrapping_add(p.size));
+        }
+        Some(addr)
+    }
+
+    /// Import up to `n` plain segments of `size` bytes for a quantum cache, appending
+    /// their addresses to `out`; stops early when the arena is full.
+    pub fn import(&mut self, size: u64, n: usize, out: &mut Vec<u64>) {
+        let p = Placement::plain(size, self.quantum);
+        for _ in 0..n {
+            match self.alloc(&p, FitPolicy::InstantFit, Kind::Cached) {
+                Some(a) => out.push(a),
+                None => break,
+            }
+        }
+    }
+
+    /// Turn the caller's allocation `[addr, addr + size)` into `size / piece`
+    /// allocations of `piece` bytes each, so that its parts can be freed one by one (a
+    /// run of frames allocated at once and released page by page). State is unchanged
+    /// on error.
+    pub fn split(&mut self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
+        let Some(&i) = self.hash.get(&addr) else {
+            return Err(FreeError::NotAllocated { addr });
+        };
+        let seg = *self.table.get(i);
+        if seg.kind != Kind::Alloc {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        if seg.size != size {
+            return Err(FreeError::SizeMismatch {
+                addr,
+                allocated: seg.size,
+                given: size,
+            });
+        }
+        if piece == 0 || piece & (self.quantum - 1) != 0 || size % piece != 0 {
+            return Err(FreeError::Unaligned { addr, size: piece });
+        }
+        let n = size / piece;
+        if n > u32::MAX as u64 || !self.table.can_take(n as usize) {
+            return Err(FreeError::Unaligned { addr, size: piece });
+        }
+        self.table.get_mut(i).size = piece;
+        let mut prev = i;
+        for k in 1..n {
+            let a = addr + k * piece;
+            let j = self.table.take(Seg::new(a, piece, Kind::Alloc));
+            self.table.insert_after(prev, j);
+            self.hash.insert(a, j);
+            prev = j;
+        }
+        self.allocs += n - 1;
+        Ok(())
+    }
+
+    /// Free a caller's allocation of `size` bytes at `addr`, validated against the
+    /// hash. A cached segment with the right size is in a cache: freeing it again is
+    /// a double free.
+    pub fn free(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
+        let Some(&i) = self.hash.get(&addr) else {
+            return Err(FreeError::NotAllocated { addr });
+        };
+        let seg = *self.table.get(i);
+        if seg.size != size {
+            return Err(FreeError::SizeMismatch {
+                addr,
+                allocated: seg.size,
+                given: size,
+            });
+        }
+        if seg.kind != Kind::Alloc {
+            return Err(FreeError::NotAllocated { addr });
+        }
+        self.hash.remove(&addr);
+        self.free_segment(i);
+        self.frees += 1;
+        Ok(())
+    }
+
+    /// Give back an object a quantum cache held (imported, or freed into the cache by
+    /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
+    pub fn release_cached(&mut self, addr: u64) -> bool {
+        match self.hash.get(&addr) {
+            Some(&i) => {
+                self.hash.remove(&addr);
+                self.free_segment(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// True when `addr` lies inside an allocated or cached segment. Costs a walk of
+    /// the containing span's segments.
+    pub fn contains_allocated(&self, addr: u64) -> bool {
+        let pos = self.spans.partition_point(|s| s.base <= addr);
+        let Some(span) = pos.checked_sub(1).map(|p| self.spans[p]) else {
+            return false;
+        };
+        if addr > span.last {
+            return false;
+        }
+        let mut i = self.table.get(span.marker).anext;
+        loop {
+            let s = self.table.get(i);
+            if !s.is_segment() || s.start > addr {
+                return false;
+            }
+            if addr <= s.last() {
+                return matches!(s.kind, Kind::Alloc | Kind::Cached);
+            }
+            i = s.anext;
+        }
+    }
+
+    /// First fitting segment of freelist `k`, with the address to allocate at.
+    #[inline]
+    fn scan_first(&self, k: u32, p: &Placement) -> Option<(u32, u64)> {
+        let mut i = self.lists.head(k);
+        while i != super::seglist::NIL {
+            let s = self.table.get(i);
+            if let Some(a) = p.fit_in(s.start, s.size, 0) {
+                return Some((i, a));
+            }
+            i = s.fnext;
+        }
+        None
+    }
+
+    /// Instant-fit: lists whose every segment is large enough (from the next power of
+    /// two up, or the size's own list when the size is a power of two) in O(1) for
+    /// plain requests, then the size's own list as a fallback.
+    fn find_instant(&self, p: &Placement) -> Option<(u32, u64)> {
+        let k = list_of(p.size);
+        let first = if p.size.is_power_of_two() { k } else { k + 1 };
+        if first < 64 {
+            let mut map = self.lists.bitmap() & (u64::MAX << first);
+            while map != 0 {
+                if let Some(hit) = self.scan_first(map.trailing_zeros(), p) {
+                    return Some(hit);
+                }
+                map &= map - 1;
+            }
+        }
+        if first != k {
+            return self.scan_first(k, p);
+        }
+        None
+    }
+
+    /// Best-fit: the smallest fitting segment of the lowest list holding one (every
+    /// segment of a higher list is larger).
+    fn find_best(&self, p: &Placement) -> Option<(u32, u64)> {
+        let mut map = self.lists.bitmap() & (u64::MAX << list_of(p.size));
+        while map != 0 {
+            let mut best: Option<(u32, u64, u64)> = None;
+            let mut i = self.lists.head(map.trailing_zeros());
+            while i != super::seglist::NIL {
+                let s = self.table.get(i);
+                if best.map_or(true, |(_, _, size)| s.size < size) {
+                    if let Some(a) = p.fit_in(s.start, s.size, 0) {
+                        best = Some((i, a, s.size));
+                    }
+                }
+                i = s.fnext;
+            }
+            if let Some((i, a, _)) = best {
+                return Some((i, a));
+            }
+            map &= map - 1;
+        }
+        None
+    }
+
+    /// First-fit: the lowest fitting address over every free segment that could hold
+    /// the size.
+    fn find_first(&self, p: &Placement) -> Option<(u32, u64)> {
+        let mut map = self.lists.bitmap() & (u64::MAX << list_of(p.size));
+        let mut best: Option<(u32, u64)> = None;
+        while map != 0 {
+            let mut i = self.lists.head(map.trailing_zeros());
+            while i != super::seglist::NIL {
+                let s = self.table.get(i);
+                if best.map_or(true, |(_, a)| s.start < a) {
+                    if let Some(a) = p.fit_in(s.start, s.size, 0) {
+                        if best.map_or(true, |(_, b)| a < b) {
+                            best = Some((i, a));
+                        }
+                    }
+                }
+                i = s.fnext;
+            }
+            map &= map - 1;
+        }
+        best
+    }
+
+    /// Next-fit: walk the address list from the rotor, wrapping around once; in the
+    /// rotor's own segment start at the rotor address, and try the part before it last.
+    fn find_next(&self, p: &Placement) -> Option<(u32, u64)> {
+        let (start, bound) = self.rotor_start();
+        let mut i = start;
+        loop {
+            let s = self.table.get(i);
+            if s.kind == Kind::Free {
+                let lower = if i == start { bound } else { 0 };
+                if let Some(a) = p.fit_in(s.start, s.size, lower) {
+                    return Some((i, a));
+                }
+            }
+            i = s.anext;
+            if i == start {
+                break;
+            }
+        }
+        let s = self.table.get(start);
+        if s.kind == Kind::Free && bound > s.start {
+            if let Some(a) = p.fit_in(s.start, s.size, 0) {
+                return Some((start, a));
+            }
+        }
+        None
+    }
+
+    /// The rotor, or the list head if it went stale (cannot happen while the carve and
+    /// coalesce paths keep it up to date; kept as a cheap defence).
+    fn rotor_start(&self) -> (u32, u64) {
+        let (i, bound) = self.rotor;
+        let s = self.table.get(i);
+        let valid = match s.kind {
+            Kind::Sentinel | Kind::Span => true,
+            Kind::Free | Kind::Alloc | Kind::Cached => s.start <= bound && bound <= s.last(),
+            Kind::Unused => false,
+        };
+        if valid {
+            (i, bound)
+        } else {
+            (SENTINEL, 0)
+        }
+    }
+
+    /// Point the rotor at `to` if it was at `from` (which is changing identity).
+    #[inline]
+    fn retarget_rotor(&mut self, from: u32, to: u32) {
+        if self.rotor.0 == from {
+            self.rotor.0 = to;
+        }
+    }
+
+    /// Split free segment `i` into [free left][allocated `size` at `addr`][free right];
+    /// `i` keeps the allocated part.
+    fn carve(&mut self, i: u32, addr: u64, size: u64, kind: Kind) {
+        self.lists.remove(&mut self.table, i);
+        let seg = *self.table.get(i);
+        let seg_last = seg.last();
+        let alloc_last = addr + (size - 1);
+        let (rotor_node, rotor_bound) = self.rotor;
+        if addr > seg.start {
+            let left = self
+                .table
+                .take(Seg::new(seg.start, addr - seg.start, Kind::Free));
+            self.table.insert_before(i, left);
+            self.lists.insert(&mut self.table, left);
+            self.free_segs += 1;
+            if rotor_node == i && rotor_bound < addr {
+                self.rotor.0 = left;
+            }
+        }
+        if alloc_last < seg_last {
+            let right =
+                self.table
+                    .take(Seg::new(alloc_last + 1, seg_last - alloc_last, Kind::Free));
+            self.table.insert_after(i, right);
+            self.lists.insert(&mut self.table, right);
+            self.free_segs += 1;
+            if rotor_node == i && rotor_bound > alloc_last {
+                self.rotor.0 = right;
+            }
+        }
+        let s = self.table.get_mut(i);
+        s.start = addr;
+        s.size = size;
+        s.kind = kind;
+        self.free_segs -= 1;
+        self.free_bytes -= size;
+        self.hash.insert(addr, i);
+    }
+
+    /// Turn the allocated segment `i` (already out of the hash) free, coalescing with
+    /// free neighbours of the same span, and put it on its freelist.
+    fn free_segment(&mut self, i: u32) {
+        let size = self.table.get(i).size;
+        self.free_bytes += size;
+        self.table.get_mut(i).kind = Kind::Free;
+        let prev = self.table.get(i).aprev;
+        if self.table.get(prev).kind == Kind::Free {
+            self.lists.remove(&mut self.table, prev);
+            let p = *self.table.get(prev);
+            let s = self.table.get_mut(i);
+            s.start = p.start;
+            // Both lie in one span: the sum is at most the span's size.
+            s.size += p.size;
+            self.table.unlink(prev);
+            self.table.release(prev);
+            self.free_segs -= 1;
+            self.retarget_rotor(prev, i);
+        }
+        let next = self.table.get(i).anext;
+        if self.table.get(next).kind == Kind::Free {
+            self.lists.remove(&mut self.table, next);
+            let n_size = self.table.get(next).size;
+            self.table.get_mut(i).size += n_size;
+            self.table.unlink(next);
+            self.table.release(next);
+            self.free_segs -= 1;
+            self.retarget_rotor(next, i);
+        }
+        self.lists.insert(&mut self.table, i);
+        self.free_segs += 1;
+    }
+
+    /// Check every structural invariant; the first violation found is returned.
+    #[cfg(test)]
+    pub fn check(&self) -> Result<(), &'static str> {
+        use super::seglist::NIL;
+        let mut span_idx = 0;
+        let mut i = self.table.get(SENTINEL).anext;
+        let (mut free_bytes, mut free_segs, mut allocated) = (0u64, 0u64, 0u64);
+        let mut on_lists = 0u64;
+        while i != SENTINEL {
+            let s = *self.table.get(i);
+            if s.kind != Kind::Span {
+                return Err("segment outside a span");
+            }
+            let span = self.spans.get(span_idx).ok_or("more markers than spans")?;
+            if span.marker != i || span.base != s.start || span.last != s.last() {
+                return Err("span table disagrees with marker");
+            }
+            span_idx += 1;
+            let mut expect = s.start;
+            let mut prev_free = false;
+            let mut j = s.anext;
+            let mut end_reached = false;
+            while self.table.get(j).is_segment() {
+                let g = *self.table.get(j);
+                if end_reached || g.start != expect || g.size == 0 || g.last() > s.last() {
+                    return Err("segments do not tile their span");
+                }
+                if g.size & (self.quantum - 1) != 0 || g.start & (self.quantum - 1) != 0 {
+                    return Err("unaligned segment");
+                }
+                if g.last() == s.last() {
+                    end_reached = true;
+                } else {
+                    expect = g.last() + 1;
+                }
+                match g.kind {
+                    Kind::Free => {
+                        if prev_free {
+                            return Err("adjacent free segments not coalesced");
+                        }
+                        free_bytes += g.size;
+                        free_segs += 1;
+                    }
+                    _ => {
+                        if self.hash.get(&g.start) != Some(&j) {
+                            return Err("allocated segment missing from hash");
+                        }
+                        allocated += 1;
+                    }
+                }
+                prev_free = g.kind == Kind::Free;
+                j = g.anext;
+            }
+            if !end_reached {
+                return Err("span not fully tiled");
+            }
+            i = j;
+        }
+        if span_idx != self.spans.len() {
+            return Err("fewer markers than spans");
+        }
+        for k in 0..64u32 {
+            let mut j = self.lists.head(k);
+            if (j != NIL) != (self.lists.bitmap() & (1 << k) != 0) {
+                return Err("bitmap disagrees with lists");
+            }
+            let mut prev = NIL;
+            while j != NIL {
+                let g = self.table.get(j);
+                if g.kind != Kind::Free || list_of(g.size) != k || g.fprev != prev {
+                    return Err("freelist corrupt");
+                }
+                on_lists += 1;
+                prev = j;
+                j = g.fnext;
+            }
+        }
+        if on_lists != free_segs || free_segs != self.free_segs {
+            return Err("free segment count");
+        }
+        if free_bytes != self.free_bytes {
+            return Err("free byte count");
+        }
+        if allocated != self.hash.len() as u64 {
+            return Err("hash holds stale entries");
+        }
+        if self.rotor_start() != self.rotor {
+            return Err("stale rotor");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::constraint::Constraint;
+    use super::*;
+
+    const Q: u64 = 0x1000;
+
+    fn arena(spans: &[(u64, u64)]) -> SegmentAllocator {
+        let mut a = SegmentAllocator::new(Q);
+        for &(b, s) in spans {
+            a.add_span(b, s).unwrap();
+        }
+        a.check().unwrap();
+        a
+    }
+
+    fn plain(size: u64) -> Placement {
+        Placement::plain(size, Q)
+    }
+
+    fn alloc(a: &mut SegmentAllocator, size: u64, fit: FitPolicy) -> Option<u64> {
+        let r = a.alloc(&plain(size), fit, Kind::Alloc);
+        a.check().unwrap();
+        r
+    }
+
+    fn free(a: &mut SegmentAllocator, addr: u64, size: u64) {
+        a.free(addr, size).unwrap();
+        a.check().unwrap();
+    }
+
+    /// Allocate `[0, 0x30000)` first-fit in six pieces and free three of them: free
+    /// holes of 2 q at 0x0, 5 q at 0x10000 and 3 q at 0x20000 (freed in that order),
+    /// allocated fillers between them, and the free tail from 0x30000.
+    fn holes(a: &mut SegmentAllocator) {
+        let layout = [
+            (2 * Q, true),
+            (0x10000 - 2 * Q, false),
+            (5 * Q, true),
+            (0x10000 - 5 * Q, false),
+            (3 * Q, true),
+            (0x10000 - 3 * Q, false),
+        ];
+        let mut at = 0;
+        let mut freed = Vec::new();
+        for (size, hole) in layout {
+            assert_eq!(alloc(a, size, FitPolicy::FirstFit), Some(at));
+            if hole {
+                freed.push((at, size));
+            }
+            at += size;
+        }
+        for (addr, size) in freed {
+            free(a, addr, size);
+        }
+    }
+
+    fn constrained(f: impl FnOnce(&mut Constraint)) -> Placement {
+        let mut c = Constraint::new(Q);
+        f(&mut c);
+        Placement::from_constraint(&c, Q).unwrap()
+    }
+
+    #[test]
+    fn instant_fit_takes_a_segment_from_the_next_power_of_two_list() {
+        let mut a = arena(&[(0, 0x100000)]);
+        holes(&mut a);
+        // 3 quanta: next power of two is 4 q -> list of 4..8 q holds the 5 q hole.
+        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::InstantFit), Some(0x10000));
+        // 2 quanta, a power of two: the head of its own list (2..4 q), which is LIFO:
+        // the 2 q remainder of the 5 q hole, put there by the carve just above.
+        assert_eq!(alloc(&mut a, 2 * Q, FitPolicy::InstantFit), Some(0x13000));
+    }
+
+    #[test]
+    fn instant_fit_falls_back_to_the_sizes_own_list() {
+        let mut a = arena(&[(0, 3 * Q)]);
+        // The only free segment (3 q) is on list 2..4 q. A 3 q request rounds up to
+        // 4 q, finds nothing from there up, and falls back to scanning 2..4 q.
+        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::InstantFit), Some(0));
+        assert_eq!(alloc(&mut a, Q, FitPolicy::InstantFit), None);
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_segment_that_fits() {
+        let mut a = arena(&[(0, 0x100000)]);
+        holes(&mut a);
+        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::BestFit), Some(0x20000));
+        assert_eq!(alloc(&mut a, 4 * Q, FitPolicy::BestFit), Some(0x10000));
+        assert_eq!(alloc(&mut a, 2 * Q, FitPolicy::BestFit), Some(0));
+    }
+
+    #[test]
+    fn first_fit_takes_the_lowest_address_that_fits() {
+        let mut a = arena(&[(0, 0x100000)]);
+        holes(&mut a);
+        assert_eq!(alloc(&mut a, Q, FitPolicy::FirstFit), Some(0));
+        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::FirstFit), Some(0x10000));
+        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::FirstFit), Some(0x20000));
+        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::FirstFit), Some(0x30000));
+    }
+
+    #[test]
+    fn next_fit_resumes_after_the_previous_allocation_and_wraps() {
+        let mut a = arena(&[(0, 8 * Q)]);
+        let x = alloc(&mut a, Q, FitPolicy::NextFit).unwrap();
+        let y = alloc(&mut a, Q, FitPolicy::NextFit).unwrap();
+        assert_eq!((x, y), (0, Q));
+        free(&mut a, x, Q);
+        // The freed quantum at 0 is behind the rotor: not reused yet.
+        assert_eq!(alloc(&mut a, 2 * Q, FitPolicy::NextFit), Some(2 * Q));
+        free(&mut a, y, Q);
+        assert_eq!(alloc(&mut a, 4 * Q, FitPolicy::NextFit), Some(4 * Q));
+        // Wrap around to the coalesced [0, 2q).
+        assert_eq!(alloc(&mut a, 2 * Q, FitPolicy::NextFit), Some(0));
+        assert_eq!(alloc(&mut a, Q, FitPolicy::NextFit), None);
+    }
+
+    #[test]
+    fn next_fit_rotor_survives_coalescing_and_carving_of_its_segment() {
+        let mut a = arena(&[(0, 16 * Q)]);
+        let x = alloc(&mut a, 2 * Q, FitPolicy::NextFit).unwrap();
+        // The rotor is in the free remainder [2q, 16q); freeing x merges it away.
+        free(&mut a, x, 2 * Q);
+        assert_eq!(alloc(&mut a, Q, FitPolicy::NextFit), Some(2 * Q));
+        // The rotor (3q) is in [3q, 16q); a first-fit carve at 5q splits that segment
+        // and the rotor moves to the part that still contains 3q.
+        let p = constrained(|c| c.min = 5 * Q);
+        assert_eq!(a.alloc(&p, FitPolicy::FirstFit, Kind::Alloc), Some(5 * Q));
+        a.check().unwrap();
+        assert_eq!(alloc(&mut a, Q, FitPolicy::NextFit), Some(3 * Q));
+        assert_eq!(alloc(&mut a, 2 * Q, FitPolicy::NextFit), Some(6 * Q));
+    }
+
+    #[test]
+    fn freeing_coalesces_with_both_neighbours_but_never_across_spans() {
+        let mut a = arena(&[(0, 4 * Q), (4 * Q, 4 * Q)]);
+        let addrs: Vec<u64> = (0..8)
+            .map(|_| alloc(&mut a, Q, FitPolicy::FirstFit).unwrap())
+            .collect();
+        assert_eq!(addrs, (0..8).map(|i| i * Q).collect::<Vec<_>>());
+        for &x in &[0, 2 * Q, Q, 4 * Q, 3 * Q] {
+            free(&mut a, x, Q);
+        }
+        // [0,4q) is one free segment; [4q,5q) another: spans never coalesce.
+        assert_eq!(a.counts().free_segments, 2);
+        assert_eq!(alloc(&mut a, 5 * Q, FitPolicy::FirstFit), None);
+        assert_eq!(alloc(&mut a, 4 * Q, FitPolicy::FirstFit), Some(0));
+    }
+
+    #[test]
+    fn spans_reject_overlap_and_insert_in_address_order() {
+        let mut a = arena(&[(0x10000, 0x10000)]);
+        assert_eq!(
+            a.add_span(0x8000, 0x9000),
+            Err(SpanError::Overlaps {
+                base: 0x8000,
+                size: 0x9000
+            })
+        );
+        assert_eq!(
+            a.add_span(0x1f000, Q),
+            Err(SpanError::Overlaps {
+                base: 0x1f000,
+                size: Q
+            })
+        );
+        assert_eq!(a.add_span(0, 0), Err(SpanError::Empty));
+        assert_eq!(
+            a.add_span(0x800, Q),
+            Err(SpanError::Unaligned {
+                base: 0x800,
+                size: Q,
+                quantum: Q
+            })
+        );
+        assert_eq!(
+            a.add_span(u64::MAX - 0xfff, 0x2000),
+            Err(SpanError::Overflow {
+                base: u64::MAX - 0xfff,
+                size: 0x2000
+            })
+        );
+        a.add_span(0, 0x10000).unwrap();
+        a.add_span(0x20000, Q).unwrap();
+        a.add_span(u64::MAX - 0xfff, Q).unwrap();
+        a.check().unwrap();
+        assert_eq!(a.counts().spans, 4);
+        assert_eq!(alloc(&mut a, Q, FitPolicy::FirstFit), Some(0));
+    }
+
+    #[test]
+    fn a_span_ending_at_two_to_the_64_allocates_its_last_quantum() {
+        let top = u64::MAX - 0xfff;
+        let mut a = arena(&[(top - 3 * Q, 4 * Q)]);
+        assert_eq!(
+            alloc(&mut a, 4 * Q, FitPolicy::InstantFit),
+            Some(top - 3 * Q)
+        );
+        free(&mut a, top - 3 * Q, 4 * Q);
+        let p = constrained(|c| c.min = top);
+        assert_eq!(a.alloc(&p, FitPolicy::InstantFit, Kind::Alloc), Some(top));
+        a.check().unwrap();
+        assert_eq!(alloc(&mut a, Q, FitPolicy::NextFit), Some(top - 3 * Q));
+        assert!(a.contains_allocated(u64::MAX));
+        assert!(!a.contains_allocated(top - 1));
+        free(&mut a, top, Q);
+    }
+
+    #[test]
+    fn the_total_of_all_spans_must_stay_below_two_to_the_64() {
+        let mut a = arena(&[(0, 1 << 63)]);
+        assert_eq!(
+            a.add_span(1 << 63, 1 << 63),
+            Err(SpanError::Overflow {
+                base: 1 << 63,
+                size: 1 << 63
+            })
+        );
+        a.add_span(1 << 63, (1 << 63) - Q).unwrap();
+    }
+
+    #[test]
+    fn xalloc_splits_a_segment_into_three_parts() {
+        let mut a = arena(&[(0, 16 * Q)]);
+        let p = constrained(|c| {
+            c.size = 2 * Q;
+            c.align = 8 * Q;
+            c.phase = 3 * Q;
+        });
+        assert_eq!(a.alloc(&p, FitPolicy::InstantFit, Kind::Alloc), Some(3 * Q));
+        a.check().unwrap();
+        assert_eq!(a.counts().free_segments, 2);
+        assert_eq!(a.counts().segments, 3);
+        free(&mut a, 3 * Q, 2 * Q);
+        assert_eq!(a.counts().segments, 1);
+    }
+
+    #[test]
+    fn each_fit_policy_honours_constraints() {
+        for fit in [
+            FitPolicy::InstantFit,
+            FitPolicy::BestFit,
+            FitPolicy::FirstFit,
+            FitPolicy::NextFit,
+        ] {
+            let mut a = arena(&[(0, 0x100000)]);
+            holes(&mut a);
+            let p = constrained(|c| {
+                c.size = 2 * Q;
+                c.nocross = 4 * Q;
+                c.min = 0x11000;
+            });
+            let addr = a.alloc(&p, fit, Kind::Alloc).unwrap();
+            a.check().unwrap();
+            assert!(p.satisfied_by(addr), "{fit:?} gave {addr:#x}");
+            assert!(addr >= 0x11000);
+        }
+    }
+
+    #[test]
+    fn free_validates_address_size_and_kind_without_changing_state() {
+        let mut a = arena(&[(0, 16 * Q)]);
+        let x = alloc(&mut a, 2 * Q, FitPolicy::InstantFit).unwrap();
+        let before = a.counts();
+        assert_eq!(
+            a.free(x + Q, Q),
+            Err(FreeError::NotAllocated { addr: x + Q })
+        );
+        assert_eq!(
+            a.free(x, Q),
+            Err(FreeError::SizeMismatch {
+                addr: x,
+                allocated: 2 * Q,
+                given: Q
+            })
+        );
+        let mut cached = Vec::new();
+        a.import(Q, 1, &mut cached);
+        assert_eq!(
+            a.free(cached[0], Q),
+            Err(FreeError::NotAllocated { addr: cached[0] })
+        );
+        assert!(a.release_cached(cached[0]));
+        assert!(!a.release_cached(cached[0]));
+        assert_eq!(a.counts().free, before.free);
+        a.check().unwrap();
+        free(&mut a, x, 2 * Q);
+        assert_eq!(a.free(x, 2 * Q), Err(FreeError::NotAllocated { addr: x }));
+    }
+}

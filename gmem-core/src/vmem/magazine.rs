@@ -1,0 +1,320 @@
+//! Per-CPU magazines and the depot (Bonwick & Adams 2001, sections 3.1-3.3), for one
+//! quantum-cache size class.
+//!
+//! A magazine is a stack of at most [`MAGAZINE_ROUNDS`] cached addresses ("rounds").
+//! Each CPU owns a *loaded* and a *previous* magazine under its own lock, which only
+//! that CPU takes in the common case, so an allocation or a free is a pop or a push
+//! under an uncontended lock. Only when both of a CPU's magazines are empty (on alloc)
+//! or full (on free) does it visit the depot, which trades a whole magazine at once
+//! (an "exchange"): the depot lock is taken at most once per [`MAGAZINE_ROUNDS`]
+//! operations in one direction, and the loaded/previous swap guarantees that a CPU
+//! oscillating around a magazine boundary never thrashes the depot.
+//!
+//! The previous magazine is always either full or empty. The depot keeps at most
+//! [`DEPOT_MAX_FULL`] full magazines; a free that would exceed that hands the oldest
+//! full magazine back to the caller, who returns its rounds to the arena (Linux's IOVA
+//! rcache bounds its depot the same way; kmem instead trims the depot's working set
+//! from a timer, which an embedded core does not have). Empty magazines are kept for
+//! reuse until the next reap.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use crate::sync::Mutex;
+
+/// Rounds per magazine. 32 rounds (256 bytes of addresses) makes a depot visit at most
+/// one operation in 32 in a steady stream of allocs or frees, while bounding what one
+/// CPU can strand in one size class to two magazines (64 objects, 8 MiB of address
+/// space for 32-page IOVA ranges). Linux's IOVA rcache uses 127 rounds per magazine;
+/// kmem starts small and grows its magazines under depot contention. 32 sits between:
+/// big enough to amortise the depot lock, small enough that per-CPU caches do not hide
+/// much of a small device aperture.
+pub(super) const MAGAZINE_ROUNDS: usize = 32;
+
+/// Full magazines the depot keeps per size class before flushing the oldest to the
+/// arena.
+pub(super) const DEPOT_MAX_FULL: usize = 8;
+
+/// Keeps a per-CPU lock on its own cache line.
+#[repr(align(64))]
+pub(super) struct Padded<T>(pub T);
+
+/// The counters of a cache layer, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct CacheCounts {
+    /// Objects held (in magazines and the depot, or in the stack).
+    pub objects: u64,
+    /// Allocations served from the cache.
+    pub hits: u64,
+    /// Allocations that found the cache empty.
+    pub misses: u64,
+    /// Magazines traded with the depot.
+    pub exchanges: u64,
+    /// Caller allocations through the cache (hits plus served misses).
+    pub allocs: u64,
+    /// Caller frees into the cache.
+    pub frees: u64,
+}
+
+/// One CPU's pair of magazines and its counters.
+struct CpuCache {
+    loaded: Vec<u64>,
+    previous: Vec<u64>,
+    hits: u64,
+    misses: u64,
+    allocs: u64,
+    frees: u64,
+}
+
+/// Full and empty magazines shared by all CPUs.
+struct Depot {
+    full: VecDeque<Vec<u64>>,
+    empty: Vec<Vec<u64>>,
+    exchanges: u64,
+}
+
+/// The magazine layer of one size class.
+pub(super) struct MagazineLayer {
+    cpus: Vec<Padded<Mutex<CpuCache>>>,
+    depot: Mutex<Depot>,
+}
+
+impl MagazineLayer {
+    /// Empty magazines for `ncpus` CPUs (at least one).
+    pub fn new(ncpus: usize) -> Self {
+        let cpus = (0..ncpus.max(1))
+            .map(|_| {
+                Padded(Mutex::new(CpuCache {
+                    loaded: Vec::with_capacity(MAGAZINE_ROUNDS),
+                    previous: Vec::with_capacity(MAGAZINE_ROUNDS),
+                    hits: 0,
+                    misses: 0,
+                    allocs: 0,
+                    frees: 0,
+                }))
+            })
+            .collect();
+        Self {
+            cpus,
+            depot: Mutex::new(Depot {
+                full: VecDeque::new(),
+                empty: Vec::new(),
+                exchanges: 0,
+            }),
+        }
+    }
+
+    #[inline]
+    fn cpu(&self, cpu: usize) -> &Mutex<CpuCache> {
+        &self.cpus[cpu % self.cpus.len()].0
+    }
+
+    /// Pop a round for CPU `cpu`: loaded, then previous, then a full magazine from the
+    /// depot. `None` (a miss) when all are empty.
+    #[inline]
+    pub fn alloc(&self, cpu: usize) -> Option<u64> {
+        let mut c = self.cpu(cpu).lock();
+        let c = &mut *c;
+        let addr = match c.loaded.pop() {
+            Some(a) => a,
+            None if !c.previous.is_empty() => {
+                core::mem::swap(&mut c.loaded, &mut c.previous);
+                c.loaded.pop()?
+            }
+            None => {
+                let mut d = self.depot.lock();
+                match d.full.pop_back() {
+                    Some(full) => {
+                        // Both CPU magazines are empty: the loaded one goes to the
+                        // depot's empties, the full one is loaded.
+                        let empty = core::mem::replace(&mut c.loaded, full);
+                        d.empty.push(empty);
+                        d.exchanges += 1;
+                        drop(d);
+                        c.loaded.pop()?
+                    }
+                    None => {
+                        c.misses += 1;
+                        return None;
+                    }
+                }
+            }
+        };
+        c.hits += 1;
+        c.allocs += 1;
+        Some(addr)
+    }
+
+    /// Push a freed round for CPU `cpu`. Returns a magazine the depot could not keep:
+    /// its rounds must go back to the arena.
+    #[inline]
+    pub fn free(&self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
+        let mut c = self.cpu(cpu).lock();
+        c.frees += 1;
+        self.put(&mut c, addr)
+    }
+
+    /// Load the rounds of an import (after a miss that was then served) for CPU
+    /// `cpu`. Returns rounds that did not fit.
+    pub fn fill(&self, cpu: usize, rounds: Vec<u64>) -> Option<Vec<u64>> {
+        let mut c = self.cpu(cpu).lock();
+        c.allocs += 1;
+        let mut spill: Option<Vec<u64>> = None;
+        for addr in rounds {
+            if let Some(m) = self.put(&mut c, addr) {
+                match &mut spill {
+                    Some(s) => s.extend(m),
+                    None => spill = Some(m),
+                }
+            }
+        }
+        spill
+    }
+
+    /// The free algorithm: loaded, then previous (when empty, swapped in), then trade
+    /// the full previous magazine for an empty one at the depot.
+    fn put(&self, c: &mut CpuCache, addr: u64) -> Option<Vec<u64>> {
+        if c.loaded.len() < MAGAZINE_ROUNDS {
+            c.loaded.push(addr);
+            return None;
+        }
+        if c.previous.is_empty() {
+            core::mem::swap(&mut c.loaded, &mut c.previous);
+            c.loaded.push(addr);
+            return None;
+        }
+        let mut d = self.depot.lock();
+        let empty = d
+            .empty
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(MAGAZINE_ROUNDS));
+        let full_loaded = core::mem::replace(&mut c.loaded, empty);
+        let full_previous = core::mem::replace(&mut c.previous, full_loaded);
+        d.full.push_back(full_previous);
+        d.exchanges += 1;
+        c.loaded.push(addr);
+        if d.full.len() > DEPOT_MAX_FULL {
+            d.full.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// Take every round (both magazines of every CPU and the depot's full magazines)
+    /// into `out`, and drop the depot's empty magazines.
+    pub fn drain(&self, out: &mut Vec<u64>) {
+        for c in &self.cpus {
+            let mut c = c.0.lock();
+            out.append(&mut c.loaded);
+            out.append(&mut c.previous);
+        }
+        let mut d = self.depot.lock();
+        for m in d.full.drain(..) {
+            out.extend(m);
+        }
+        d.empty.clear();
+    }
+
+    /// A consistent count: every CPU lock (ascending) and then the depot lock are held
+    /// together, so no magazine is seen twice or missed while it moves.
+    pub fn counts(&self) -> CacheCounts {
+        let guards: Vec<_> = self.cpus.iter().map(|c| c.0.lock()).collect();
+        let d = self.depot.lock();
+        let mut n = CacheCounts {
+            exchanges: d.exchanges,
+            ..CacheCounts::default()
+        };
+        n.objects = d.full.iter().map(|m| m.len() as u64).sum();
+        for c in &guards {
+            n.objects += (c.loaded.len() + c.previous.len()) as u64;
+            n.hits += c.hits;
+            n.misses += c.misses;
+            n.allocs += c.allocs;
+            n.frees += c.frees;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: usize = MAGAZINE_ROUNDS;
+
+    #[test]
+    fn a_miss_on_an_empty_layer_then_hits_after_frees_in_lifo_order() {
+        let l = MagazineLayer::new(2);
+        assert_eq!(l.alloc(0), None);
+        assert!(l.free(0, 1).is_none());
+        assert!(l.free(0, 2).is_none());
+        assert_eq!(l.alloc(0), Some(2));
+        assert_eq!(l.alloc(0), Some(1));
+        let n = l.counts();
+        assert_eq!((n.hits, n.misses, n.objects, n.exchanges), (2, 1, 0, 0));
+    }
+
+    #[test]
+    fn two_full_magazines_are_kept_per_cpu_before_the_depot_is_used() {
+        let l = MagazineLayer::new(1);
+        for a in 0..(2 * M) as u64 {
+            assert!(l.free(0, a).is_none());
+        }
+        assert_eq!(l.counts().exchanges, 0);
+        assert!(l.free(0, 1000).is_none());
+        let n = l.counts();
+        assert_eq!((n.exchanges, n.objects), (1, 2 * M as u64 + 1));
+    }
+
+    #[test]
+    fn a_cpu_gets_a_full_magazine_from_the_depot_that_another_cpu_filled() {
+        let l = MagazineLayer::new(2);
+        for a in 0..(2 * M + 1) as u64 {
+            l.free(0, a);
+        }
+        // CPU 1 has nothing of its own: its first alloc trades with the depot.
+        assert!(l.alloc(1).is_some());
+        let n = l.counts();
+        assert_eq!((n.exchanges, n.misses), (2, 0));
+        for _ in 1..M {
+            assert!(l.alloc(1).is_some());
+        }
+        assert_eq!(l.alloc(1), None, "depot is empty again");
+    }
+
+    #[test]
+    fn the_depot_flushes_its_oldest_full_magazine_beyond_its_bound() {
+        let l = MagazineLayer::new(1);
+        let mut flushed = Vec::new();
+        let n = (2 + DEPOT_MAX_FULL) * M + 1;
+        for a in 0..n as u64 {
+            if let Some(m) = l.free(0, a) {
+                flushed.extend(m);
+            }
+        }
+        assert_eq!(flushed, (0..M as u64).collect::<Vec<_>>());
+        assert_eq!(l.counts().objects as usize, n - M);
+    }
+
+    #[test]
+    fn drain_takes_every_round_and_leaves_the_layer_empty() {
+        let l = MagazineLayer::new(3);
+        for a in 0..200u64 {
+            l.free((a % 3) as usize, a);
+        }
+        let mut out = Vec::new();
+        l.drain(&mut out);
+        out.sort_unstable();
+        assert_eq!(out, (0..200).collect::<Vec<_>>());
+        assert_eq!(l.counts().objects, 0);
+        assert_eq!(l.alloc(0), None);
+    }
+
+    #[test]
+    fn fill_loads_an_import_and_spills_what_does_not_fit() {
+        let l = MagazineLayer::new(1);
+        assert!(l.fill(0, (0..M as u64).collect()).is_none());
+        assert_eq!(l.counts().objects, M as u64);
+        assert_eq!(l.counts().allocs, 1);
+    }
+}

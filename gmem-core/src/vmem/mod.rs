@@ -1,0 +1,447 @@
+//! # vmem: resource arenas for virtual ranges and physical frames
+//!
+//! The general-purpose resource allocator of Bonwick & Adams, "Magazines and Vmem"
+//! (USENIX 2001), as illumos `vmem.c` implements it, in safe Rust. The same [`Arena`]
+//! type hands out the virtual ranges of an address space, the IOVA ranges of an IOMMU
+//! domain and the physical frames of each device's registered memory.
+//!
+//! ## Big theory statement
+//!
+//! **1. Vocabulary.** An *arena* manages a set of integers (addresses). The integers
+//! come in *spans*: ranges the owner adds with [`Arena::add_span`]. Every allocation
+//! is a *segment*: a range inside one span. The *quantum* (a power of two) is the unit
+//! of everything: span bases and sizes, allocation sizes and addresses are multiples of
+//! it. Spans are disjoint and never merge with each other, even when adjacent, so a
+//! segment never straddles two spans (two device memories registered back to back are
+//! still two memories).
+//!
+//! **2. Boundary tags.** Every span and every segment, free or allocated, is a record
+//! (a *boundary tag*) in a slab ([`seglist`]), named by a `u32` index. All of them are
+//! on one circular doubly linked list in address order, where each span's *marker*
+//! precedes the segments tiling that span. A segment's list neighbours are therefore
+//! the segments physically adjacent to it, and a neighbour that is a marker means "span
+//! boundary here": freeing a segment merges it with a free predecessor and a free
+//! successor in O(1), and never across a marker. After every operation no two free
+//! segments are adjacent.
+//!
+//! **3. The allocated-segment hash.** Allocated segments are found by start address in
+//! a hash table, so a free is O(1): look the address up, check the size (a wrong size
+//! or an address that is not allocated is a typed [`FreeError`] and changes nothing),
+//! coalesce, and put the result on a freelist. The hash is what makes a free of the
+//! arena path always validated, whatever `check_frees` says.
+//!
+//! **4. Power-of-two freelists, and why instant-fit is O(1).** Free segments are on 64
+//! freelists ([`freelist`]): list `k` holds sizes in `[2^k, 2^(k+1))`. A bitmap has
+//! bit `k` set when list `k` is non-empty. For a request of `size` bytes, round up to
+//! the next power of two `2^n`: *every* segment on list `n` or above is at least
+//! `2^n >= size`, so the head of the lowest non-empty list at or above `n` fits without
+//! looking at any other segment. That list is `trailing_zeros(bitmap & !(2^n - 1))`,
+//! one instruction; removing the head and inserting the remainder are O(1) list
+//! operations; so an instant-fit allocation costs the same with ten segments or ten
+//! million. If `size` is itself a power of two (`n = floor(log2 size)`), its own list
+//! also qualifies and is tried first. Only when no list at or above `n` is occupied
+//! does instant-fit fall back to searching the size's own list, whose segments may or
+//! may not be large enough. The price of the constant time is fit quality: the chosen
+//! segment may be up to twice the size of the best one, which for address space
+//! (where fragmentation costs little) is the right trade. The other policies
+//! ([`FitPolicy`]) search: *best-fit* scans lists from the size's own upward and takes
+//! the smallest fitting segment of the first list that has one; *first-fit* takes the
+//! fitting segment at the lowest address; *next-fit* keeps a *rotor* in the address
+//! list just after its previous allocation and walks forward from it, wrapping around
+//! once, so freed addresses are reused as late as possible (good for IDs, and for
+//! IOVAs whose stale IOTLB entries must not be hit by a new mapping).
+//!
+//! **5. The constrained allocator.** [`Arena::xalloc`] is the one constrained entry
+//! point (`vmem_xalloc`): size, `align` and `phase` (the address is `phase` modulo
+//! `align`), `nocross` (the allocation does not cross a multiple of it), and a window
+//! `[min, max]` (`max` is the inclusive last byte, so a window reaching 2^64 needs no
+//! 65-bit value). The constraint is validated first; a constraint no arena could ever
+//! satisfy is [`AllocError::BadConstraint`] with a [`ConstraintProblem`]. The search
+//! then visits free segments from the size's list upward in the order of the chosen
+//! policy and, per segment, computes the lowest address inside it satisfying
+//! everything ([`constraint`]): clamp to the window, round up to the phase, and if
+//! that crosses a `nocross` boundary round up to the boundary and to the phase again.
+//! The chosen segment is split into up to three parts (free, allocated, free). In
+//! debug builds the result is asserted against every constraint. Constrained
+//! allocations never come from the quantum caches (their objects are not aligned or
+//! placed on request).
+//!
+//! **6. Quantum caches.** Most requests are a few quanta. For sizes up to
+//! `qcache_max` the arena keeps one object cache per size ([`qcache`]) of segments
+//! already carved out of the arena: an allocation pops one, a free pushes it back, and
+//! the arena lock, the freelists and the hash are not touched. A cache that runs dry
+//! imports a batch of segments under one arena lock; a cache that overflows returns
+//! the excess. When the arena itself runs out of space, every cache is reaped (all
+//! cached objects returned and coalesced) and the allocation retried once before it
+//! fails with [`AllocError::NoSpace`]. Cached segments are allocated as far as the
+//! segment layer is concerned ([`ArenaStats::cached`] counts them apart from what
+//! callers hold). With `check_frees`, each cache remembers the objects it handed out,
+//! so a double free of a cached size is a typed error; without it, frees of cached
+//! sizes are trusted (an address space checks its own region map before it frees).
+//!
+//! **7. Magazines and the depot.** With `magazines`, a cache is per-CPU
+//! ([`magazine`]): each CPU has a *loaded* and a *previous* magazine (stacks of up to
+//! 32 objects) under its own lock, so the common alloc/free is a pop/push under a lock
+//! no other CPU takes. An alloc pops the loaded magazine; if it is empty and the
+//! previous is full, the two swap; if both are empty, the CPU trades its empty
+//! magazine for a full one at the shared *depot*; if the depot has none, the CPU
+//! imports a magazine's worth of objects from the arena. A free is the mirror image
+//! (push; swap with an empty previous; trade the full previous for an empty magazine
+//! at the depot). The swap makes a CPU that oscillates around a magazine boundary stay
+//! local; the depot balances CPUs that mostly allocate against CPUs that mostly free.
+//!
+//! **8. Locking.** The segment layer has one lock (the arena lock). Each per-CPU cache,
+//! each depot, each stack cache and each outstanding set has its own. The order,
+//! outermost first, is: arena lock, then a class's per-CPU locks in ascending CPU
+//! order, then its depot lock; outstanding sets are leaves. Only [`Arena::stats`]
+//! nests cache locks inside the arena lock (to take a snapshot in which `total ==
+//! allocated + cached + free` holds exactly); every other path takes the arena lock
+//! while holding no cache lock (imports, flushes and reaps move objects with the cache
+//! locks dropped), so the reap on exhaustion cannot deadlock against itself. All locks
+//! and atomics come from [`crate::sync`], so loom models exercise the real code.
+//!
+//! **9. Failure injection and counters.** [`Arena::set_fail_every`] makes every n-th
+//! allocation attempt fail with [`AllocError::Injected`] (illumos `vmem_mtbf`), to test
+//! callers' error paths. [`Arena::stats`] reports spans, bytes (total, allocated,
+//! cached, free), operations, failures, cache hits and misses, depot exchanges and
+//! segment counts.
+//!
+//! **10. Errors and overflow.** Every operation validates its input before it changes
+//! anything; an error leaves the arena as it was. All address arithmetic is checked or
+//! provably in range: segments are described by their start and size and bounds are
+//! inclusive, so a span may end exactly at 2^64 and be allocated up to its last byte.
+
+mod allocator;
+mod config;
+mod constraint;
+mod error;
+mod freelist;
+mod magazine;
+mod qcache;
+mod seglist;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+
+pub use config::{ArenaConfig, FitPolicy};
+pub use constraint::Constraint;
+pub use error::{AllocError, ArenaError, ConstraintProblem, FreeError, SpanError};
+pub use stats::ArenaStats;
+
+use allocator::SegmentAllocator;
+use constraint::Placement;
+use qcache::{QuantumCaches, SizeClass};
+use seglist::Kind;
+
+use crate::platform::Platform;
+use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
+
+/// The most quantum-cache size classes an arena may have (`qcache_max / quantum`).
+pub const MAX_QCACHE_CLASSES: u64 = 64;
+
+/// Per-CPU structures are sized by the platform's CPU count, capped at this.
+const MAX_CPUS: usize = 4096;
+
+/// A vmem arena: a set of spans from which segments are allocated. `Send + Sync`;
+/// every method takes `&self`.
+pub struct Arena {
+    config: ArenaConfig,
+    segments: Mutex<SegmentAllocator>,
+    caches: QuantumCaches,
+    platform: Option<Arc<dyn Platform>>,
+    ncpus: usize,
+    fail_every: AtomicU32,
+    attempts: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl fmt::Debug for Arena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arena")
+            .field("config", &self.config)
+            .field("ncpus", &self.ncpus)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Arena {
+    /// An empty arena. `platform` picks the per-CPU magazines (`None`: one CPU).
+    pub fn new(
+        config: ArenaConfig,
+        platform: Option<Arc<dyn Platform>>,
+    ) -> Result<Arena, ArenaError> {
+        let quantum = config.quantum;
+        if !quantum.is_power_of_two() {
+            return Err(ArenaError::BadQuantum { quantum });
+        }
+        let qcache_max = config.qcache_max;
+        if qcache_max % quantum != 0 || qcache_max / quantum > MAX_QCACHE_CLASSES {
+            return Err(ArenaError::BadQcacheMax { qcache_max });
+        }
+        let ncpus = platform
+            .as_ref()
+            .map_or(1, |p| p.cpu_count().clamp(1, MAX_CPUS));
+        let caches = QuantumCaches::new(
+            quantum,
+            qcache_max,
+            config.magazines,
+            config.check_frees,
+            if config.magazines { ncpus } else { 1 },
+        );
+        Ok(Arena {
+            config,
+            segments: Mutex::new(SegmentAllocator::new(quantum)),
+            caches,
+            platform,
+            ncpus,
+            fail_every: AtomicU32::new(0),
+            attempts: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        })
+    }
+
+    /// The configuration the arena was created with.
+    pub fn config(&self) -> &ArenaConfig {
+        &self.config
+    }
+
+    /// Add the span `[base, base + size)`. It may end exactly at 2^64; it must not
+    /// overlap an existing span; it never coalesces with its neighbours.
+    pub fn add_span(&self, base: u64, size: u64) -> Result<(), SpanError> {
+        self.segments.lock().add_span(base, size)
+    }
+
+    /// Allocate `size` bytes with the configured fit policy, through the quantum caches
+    /// when `size <= qcache_max` (see [`Arena::alloc_fit`]).
+    #[inline]
+    pub fn alloc(&self, size: u64) -> Result<u64, AllocError> {
+        self.alloc_fit(size, self.config.fit)
+    }
+
+    /// Allocate `size` bytes with policy `fit`. Sizes up to `qcache_max` come from the
+    /// quantum caches unless `fit` is [`FitPolicy::NextFit`] (as in illumos: a next-fit
+    /// caller wants late reuse, which a LIFO cache would defeat).
+    #[inline]
+    pub fn alloc_fit(&self, size: u64, fit: FitPolicy) -> Result<u64, AllocError> {
+        let r = self.alloc_unchecked_count(size, fit);
+        if r.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    #[inline]
+    fn alloc_unchecked_count(&self, size: u64, fit: FitPolicy) -> Result<u64, AllocError> {
+        Placement::check_size(size, self.config.quantum)?;
+        self.inject()?;
+        if fit != FitPolicy::NextFit {
+            if let Some(class) = self.caches.class_of(size) {
+                return self.cache_alloc(class);
+            }
+        }
+        self.arena_alloc(&Placement::plain(size, self.config.quantum), fit)
+    }
+
+    /// Allocate under a constraint (`vmem_xalloc`). Never served from the caches. The
+    /// result satisfies every part of `c` (asserted in debug builds).
+    pub fn xalloc(&self, c: &Constraint) -> Result<u64, AllocError> {
+        let r = Placement::from_constraint(c, self.config.quantum).and_then(|p| {
+            self.inject()?;
+            let addr = self.arena_alloc(&p, c.fit)?;
+            debug_assert!(p.satisfied_by(addr), "xalloc postcondition at {addr:#x}");
+            Ok(addr)
+        });
+        if r.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Split an allocation of `size` bytes at `addr` (from [`Arena::xalloc`] or an
+    /// uncached [`Arena::alloc`]) into allocations of `piece` bytes each, freed one by
+    /// one afterwards. Used by physical memory: a 2 MiB run of frames allocated for bulk
+    /// zeroing is released page by page as pages migrate or are evicted.
+    pub fn split(&self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
+        let q = self.config.quantum;
+        if size == 0 || (addr | size) & (q - 1) != 0 {
+            return Err(FreeError::Unaligned { addr, size });
+        }
+        self.segments.lock().split(addr, size, piece)
+    }
+
+    /// Free `size` bytes at `addr`, allocated by [`Arena::alloc`], [`Arena::alloc_fit`]
+    /// or [`Arena::xalloc`]. A free of a cached size goes to its quantum cache after
+    /// validation (or trusted, without `check_frees`); any other free is validated
+    /// through the allocated-segment hash. On error nothing changes.
+    pub fn free(&self, addr: u64, size: u64) -> Result<(), FreeError> {
+        let q = self.config.quantum;
+        if size == 0 || (addr | size) & (q - 1) != 0 {
+            return Err(FreeError::Unaligned { addr, size });
+        }
+        if let Some(class) = self.caches.class_of(size) {
+            if class.untrack(addr) {
+                if let Some(flush) = class.free(self.cpu(), addr) {
+                    self.release(&flush);
+                }
+                return Ok(());
+            }
+        }
+        self.segments.lock().free(addr, size)
+    }
+
+    /// Return every cached object (magazines, depots, stacks) to the arena, where it
+    /// coalesces with its free neighbours.
+    pub fn reap(&self) {
+        self.reap_count();
+    }
+
+    /// A consistent snapshot of the counters.
+    pub fn stats(&self) -> ArenaStats {
+        let seg = self.segments.lock();
+        let s = seg.counts();
+        let mut st = ArenaStats {
+            spans: s.spans,
+            total: s.total,
+            free: s.free,
+            segments: s.segments,
+            free_segments: s.free_segments,
+            allocs: s.allocs,
+            frees: s.frees,
+            failures: self.failures.load(Ordering::Relaxed),
+            ..ArenaStats::default()
+        };
+        for class in self.caches.classes() {
+            let n = class.counts();
+            st.cached = st
+                .cached
+                .saturating_add(n.objects.saturating_mul(class.size()));
+            st.cache_hits += n.hits;
+            st.cache_misses += n.misses;
+            st.depot_exchanges += n.exchanges;
+            st.allocs += n.allocs;
+            st.frees += n.frees;
+        }
+        drop(seg);
+        st.allocated = st.total.saturating_sub(st.free).saturating_sub(st.cached);
+        st
+    }
+
+    /// Failure injection (illumos `vmem_mtbf`): from now on every `n`-th allocation
+    /// attempt (alloc, alloc_fit, xalloc with valid input) fails with
+    /// [`AllocError::Injected`]; `0` turns injection off.
+    pub fn set_fail_every(&self, n: u32) {
+        self.attempts.store(0, Ordering::Relaxed);
+        self.fail_every.store(n, Ordering::Relaxed);
+    }
+
+    /// True when `addr` lies inside a segment handed out, to a caller or to a quantum
+    /// cache. For invariant checks: it walks the segments of the containing span.
+    pub fn contains_allocated(&self, addr: u64) -> bool {
+        self.segments.lock().contains_allocated(addr)
+    }
+
+    /// The CPU whose magazines serve the caller.
+    #[inline]
+    fn cpu(&self) -> usize {
+        match &self.platform {
+            Some(p) if self.ncpus > 1 => p.current_cpu() % self.ncpus,
+            _ => 0,
+        }
+    }
+
+    #[inline]
+    fn inject(&self) -> Result<(), AllocError> {
+        let n = self.fail_every.load(Ordering::Relaxed);
+        if n == 0 {
+            return Ok(());
+        }
+        let k = self
+            .attempts
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1);
+        if k % u64::from(n) == 0 {
+            Err(AllocError::Injected)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Allocate from the segment layer; on failure reap the caches and retry once.
+    fn arena_alloc(&self, p: &Placement, fit: FitPolicy) -> Result<u64, AllocError> {
+        loop {
+            {
+                let mut seg = self.segments.lock();
+                if let Some(addr) = seg.alloc(p, fit, Kind::Alloc) {
+                    seg.allocs += 1;
+                    return Ok(addr);
+                }
+            }
+            if self.reap_count() == 0 {
+                return Err(AllocError::NoSpace { size: p.size });
+            }
+        }
+    }
+
+    /// Allocate from a quantum cache; on a miss import a batch (reaping and retrying
+    /// once if the arena is full).
+    #[inline]
+    fn cache_alloc(&self, class: &SizeClass) -> Result<u64, AllocError> {
+        let cpu = self.cpu();
+        if let Some(addr) = class.alloc(cpu) {
+            class.track(addr);
+            return Ok(addr);
+        }
+        let mut batch = Vec::with_capacity(class.import_count());
+        loop {
+            self.segments
+                .lock()
+                .import(class.size(), class.import_count(), &mut batch);
+            if !batch.is_empty() || self.reap_count() == 0 {
+                break;
+            }
+        }
+        let Some(addr) = batch.pop() else {
+            return Err(AllocError::NoSpace { size: class.size() });
+        };
+        if let Some(spill) = class.fill(cpu, batch) {
+            self.release(&spill);
+        }
+        class.track(addr);
+        Ok(addr)
+    }
+
+    /// Give cached objects back to the segment layer.
+    fn release(&self, objs: &[u64]) {
+        if objs.is_empty() {
+            return;
+        }
+        let mut seg = self.segments.lock();
+        for &a in objs {
+            let known = seg.release_cached(a);
+            debug_assert!(known || !self.config.check_frees, "unknown cached {a:#x}");
+        }
+    }
+
+    /// Reap every cache; returns the number of objects returned.
+    fn reap_count(&self) -> usize {
+        if self.caches.is_empty() {
+            return 0;
+        }
+        let mut objs = Vec::new();
+        for class in self.caches.classes() {
+            class.drain(&mut objs);
+        }
+        self.release(&objs);
+        objs.len()
+    }
+
+    /// Check the segment layer's structural invariants (tests only).
+    #[cfg(test)]
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        self.segments.lock().check()
+    }
+}

@@ -1,0 +1,216 @@
+//! The segment table: boundary tags in a slab, linked in address order.
+//!
+//! Every span marker and every segment (free, allocated to a caller, or imported by a
+//! quantum cache) is one [`Seg`] in a `Vec`, named by its `u32` index; released slots
+//! are recycled through a stack. Index [`SENTINEL`] is the head of a circular,
+//! address-ordered, doubly linked list of all of them (`anext`/`aprev`): a span marker
+//! precedes the segments that tile its span, so a segment's neighbours tell at once
+//! whether they can coalesce with it (both free and not separated by a marker). The
+//! `fnext`/`fprev` links are for the freelist a free segment is on
+//! ([`super::freelist`]).
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+/// "No segment" in a link.
+pub(super) const NIL: u32 = u32::MAX;
+/// Index of the list head; never released.
+pub(super) const SENTINEL: u32 = 0;
+
+/// What a table slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// The head of the address list.
+    Sentinel,
+    /// A span marker: `start`/`size` are the span's.
+    Span,
+    /// A free segment, on a freelist.
+    Free,
+    /// A segment allocated to a caller through the arena.
+    Alloc,
+    /// A segment imported by a quantum cache (held by a cache or handed out by it).
+    Cached,
+    /// A released slot waiting for reuse.
+    Unused,
+}
+
+/// One boundary tag.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Seg {
+    /// First byte.
+    pub start: u64,
+    /// Length in bytes, non-zero for segments and span markers.
+    pub size: u64,
+    /// Next in address order.
+    pub anext: u32,
+    /// Previous in address order.
+    pub aprev: u32,
+    /// Next on the freelist (free segments only).
+    pub fnext: u32,
+    /// Previous on the freelist (free segments only).
+    pub fprev: u32,
+    /// What the slot holds.
+    pub kind: Kind,
+}
+
+impl Seg {
+    /// A detached record.
+    pub fn new(start: u64, size: u64, kind: Kind) -> Self {
+        Self {
+            start,
+            size,
+            anext: NIL,
+            aprev: NIL,
+            fnext: NIL,
+            fprev: NIL,
+            kind,
+        }
+    }
+
+    /// The last byte (inclusive); meaningful for segments and markers (size >= 1).
+    #[inline]
+    pub fn last(&self) -> u64 {
+        self.start.wrapping_add(self.size.wrapping_sub(1))
+    }
+
+    /// True for free, allocated and cached segments (not markers, sentinel, unused).
+    #[inline]
+    pub fn is_segment(&self) -> bool {
+        matches!(self.kind, Kind::Free | Kind::Alloc | Kind::Cached)
+    }
+}
+
+/// The slab of boundary tags and its address-ordered list.
+pub(super) struct SegTable {
+    segs: Vec<Seg>,
+    unused: Vec<u32>,
+}
+
+impl SegTable {
+    /// A table holding only the sentinel (an empty circular list).
+    pub fn new() -> Self {
+        let mut head = Seg::new(0, 0, Kind::Sentinel);
+        head.anext = SENTINEL;
+        head.aprev = SENTINEL;
+        Self {
+            segs: vec![head],
+            unused: Vec::new(),
+        }
+    }
+
+    /// The record at `i`.
+    #[inline]
+    pub fn get(&self, i: u32) -> &Seg {
+        &self.segs[i as usize]
+    }
+
+    /// The record at `i`, mutably.
+    #[inline]
+    pub fn get_mut(&mut self, i: u32) -> &mut Seg {
+        &mut self.segs[i as usize]
+    }
+
+    /// True when `n` more records can be taken (indices stay below [`NIL`]).
+    #[inline]
+    pub fn can_take(&self, n: usize) -> bool {
+        let fresh = (NIL as usize).saturating_sub(self.segs.len());
+        self.unused.len().saturating_add(fresh) >= n
+    }
+
+    /// Store `seg` in a free slot and return its index. The caller checked
+    /// [`Self::can_take`].
+    #[inline]
+    pub fn take(&mut self, seg: Seg) -> u32 {
+        match self.unused.pop() {
+            Some(i) => {
+                self.segs[i as usize] = seg;
+                i
+            }
+            None => {
+                let i = self.segs.len() as u32;
+                self.segs.push(seg);
+                i
+            }
+        }
+    }
+
+    /// Mark `i` unused and recycle it; it must be unlinked.
+    #[inline]
+    pub fn release(&mut self, i: u32) {
+        self.segs[i as usize].kind = Kind::Unused;
+        self.unused.push(i);
+    }
+
+    /// Link the detached record `i` into the address list just before `at`.
+    #[inline]
+    pub fn insert_before(&mut self, at: u32, i: u32) {
+        let prev = self.get(at).aprev;
+        self.link(prev, i, at);
+    }
+
+    /// Link the detached record `i` into the address list just after `at`.
+    #[inline]
+    pub fn insert_after(&mut self, at: u32, i: u32) {
+        let next = self.get(at).anext;
+        self.link(at, i, next);
+    }
+
+    #[inline]
+    fn link(&mut self, prev: u32, i: u32, next: u32) {
+        self.get_mut(i).aprev = prev;
+        self.get_mut(i).anext = next;
+        self.get_mut(prev).anext = i;
+        self.get_mut(next).aprev = i;
+    }
+
+    /// Unlink `i` from the address list.
+    #[inline]
+    pub fn unlink(&mut self, i: u32) {
+        let Seg { anext, aprev, .. } = *self.get(i);
+        self.get_mut(aprev).anext = anext;
+        self.get_mut(anext).aprev = aprev;
+    }
+
+    /// Number of slots in use, the sentinel included.
+    #[cfg(test)]
+    pub fn live(&self) -> usize {
+        self.segs.len() - self.unused.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_link_in_order_and_released_slots_are_reused() {
+        let mut t = SegTable::new();
+        let a = t.take(Seg::new(0, 1, Kind::Free));
+        t.insert_before(SENTINEL, a);
+        let c = t.take(Seg::new(2, 1, Kind::Free));
+        t.insert_after(a, c);
+        let b = t.take(Seg::new(1, 1, Kind::Alloc));
+        t.insert_before(c, b);
+        let mut order = Vec::new();
+        let mut i = t.get(SENTINEL).anext;
+        while i != SENTINEL {
+            order.push(t.get(i).start);
+            i = t.get(i).anext;
+        }
+        assert_eq!(order, [0, 1, 2]);
+        t.unlink(b);
+        t.release(b);
+        assert_eq!(t.get(a).anext, c);
+        assert_eq!(t.get(c).aprev, a);
+        assert_eq!(t.live(), 3);
+        let d = t.take(Seg::new(5, 1, Kind::Free));
+        assert_eq!(d, b, "a released slot is reused first");
+        assert!(t.can_take(2));
+    }
+
+    #[test]
+    fn last_byte_of_a_segment_at_the_top_does_not_overflow() {
+        let s = Seg::new(u64::MAX - 0xfff, 0x1000, Kind::Free);
+        assert_eq!(s.last(), u64::MAX);
+    }
+}

@@ -1,0 +1,1031 @@
+//! The KPI end to end on the test MMU: every call, its success and error paths, which
+//! mappings and invalidations happened in which order, and the invariants after each
+//! step.
+
+use gmem_core::testing::{AccessError, MmuEvent, TestSystem};
+use gmem_core::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const GPU_BASE: u64 = 0x8000_0000;
+const GPU: u32 = 7; // a page-table format of its own
+
+fn va(x: u64) -> VirtAddr {
+    VirtAddr::new(x)
+}
+
+/// A host with 1024 pages, a space [1 GiB, 2 GiB) with the CPU attached and active.
+fn system() -> (TestSystem, SpaceId) {
+    let s = TestSystem::new(1024);
+    let space =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+        .unwrap();
+    (s, space)
+}
+
+fn gpu(s: &mut TestSystem, space: SpaceId, pages: u64) -> usize {
+    let g = s.add_device(GPU, DevCaps::FAULTABLE, GPU_BASE, pages);
+    s.gm.as_attach(space, s.devices[g].id, MmuMode::Coherent, true)
+        .unwrap();
+    g
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn ok(s: &TestSystem, space: SpaceId) {
+    s.gm.check_invariants(space).unwrap();
+}
+
+#[test]
+fn as_create_rejects_bad_ranges_and_policies() {
+    let s = TestSystem::new(16);
+    assert!(matches!(
+        s.gm.as_create(va(0x2000), va(0x1000), AllocPolicy::empty()),
+        Err(SpaceError::BadRange(_))
+    ));
+    assert!(matches!(
+        s.gm.as_create(va(0x1001), va(0x9000), AllocPolicy::empty()),
+        Err(SpaceError::BadRange(_))
+    ));
+    let two = AllocPolicy::BEST_FIT | AllocPolicy::NEXT_FIT;
+    assert_eq!(
+        s.gm.as_create(va(0x1000), va(0x9000), two),
+        Err(SpaceError::BadPolicy(two))
+    );
+    let sp =
+        s.gm.as_create(va(0x1000), va(0x9000), AllocPolicy::FIRST_FIT)
+            .unwrap();
+    s.gm.as_destroy(sp).unwrap();
+    assert_eq!(s.gm.as_destroy(sp), Err(SpaceError::UnknownSpace(sp)));
+    assert_eq!(s.gm.as_synchronize(sp), Err(SpaceError::UnknownSpace(sp)));
+}
+
+#[test]
+fn register_physmem_rejects_bad_ranges_and_leaves_memory_unchanged() {
+    let mut s = TestSystem::new(16);
+    let host = s.host().id;
+    let before = s.gm.dev_frames(host).unwrap();
+    let overlap = s.gm.dev_register_physmem(
+        host,
+        PhysAddr::new(testing::HOST_BASE),
+        PhysAddr::new(testing::HOST_BASE + 0x2000),
+    );
+    assert!(matches!(overlap, Err(DeviceError::Register(_))));
+    let unaligned =
+        s.gm.dev_register_physmem(host, PhysAddr::new(0x100), PhysAddr::new(0x2000));
+    assert!(matches!(unaligned, Err(DeviceError::Register(_))));
+    assert_eq!(s.gm.dev_frames(host).unwrap(), before);
+    let nomem = s.add_device(GPU, DevCaps::FAULTABLE, 0, 0);
+    let id = s.devices[nomem].id;
+    assert_eq!(
+        s.gm.dev_register_physmem(id, PhysAddr::new(0x1000), PhysAddr::new(0x2000)),
+        Err(DeviceError::NoMemoryInterface(id))
+    );
+    s.gm.dev_register_physmem(host, PhysAddr::new(0x4000_0000), PhysAddr::new(0x4000_4000))
+        .unwrap();
+    assert_eq!(
+        s.gm.dev_frames(host).unwrap().registered,
+        before.registered + 4
+    );
+}
+
+#[test]
+fn attach_modes_share_fall_back_and_reject_misuse() {
+    let (mut s, space) = system();
+    let host = s.host().id;
+    assert_eq!(
+        s.gm.as_attach(space, host, MmuMode::Coherent, false),
+        Err(AttachError::AlreadyAttached)
+    );
+    // Same format as the host's coherent table: shared still falls back (the host's
+    // table is not a shared one).
+    let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);
+    assert_eq!(
+        s.gm.as_attach(space, s.devices[igpu].id, MmuMode::Shared, true),
+        Ok(MmuMode::Coherent)
+    );
+    // A second space where the CPU attaches shared first: the iGPU then shares it.
+    let sp2 =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    assert_eq!(
+        s.gm.as_attach(sp2, host, MmuMode::Shared, false),
+        Ok(MmuMode::Coherent)
+    );
+    assert_eq!(
+        s.gm.as_attach(sp2, s.devices[igpu].id, MmuMode::Shared, false),
+        Ok(MmuMode::Shared)
+    );
+    let dgpu = s.add_device(GPU, DevCaps::FAULTABLE, GPU_BASE, 8);
+    assert_eq!(
+        s.gm.as_attach(sp2, s.devices[dgpu].id, MmuMode::Shared, false),
+        Ok(MmuMode::Coherent)
+    );
+    let stale =
+        s.gm.as_create(va(0x1000), va(0x2000), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_destroy(stale).unwrap();
+    assert_eq!(
+        s.gm.as_attach(stale, host, MmuMode::Coherent, false),
+        Err(AttachError::UnknownSpace(stale))
+    );
+    assert_eq!(
+        s.gm.dev_detach(s.devices[dgpu].id, space),
+        Err(AttachError::NotAttached)
+    );
+    assert_eq!(
+        s.gm.dev_switch(s.devices[dgpu].id, space),
+        Err(AttachError::NotAttached)
+    );
+    ok(&s, space);
+    ok(&s, sp2);
+}
+
+#[test]
+fn switch_activates_in_one_space_at_a_time() {
+    let (s, space) = system();
+    let host = s.host().id;
+    let sp2 =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_attach(sp2, host, MmuMode::Coherent, false).unwrap();
+    assert_eq!(s.gm.dev_active(host).unwrap(), Some(space));
+    s.gm.dev_switch(host, sp2).unwrap();
+    assert_eq!(s.gm.dev_active(host).unwrap(), Some(sp2));
+    // A fault now resolves in sp2, where nothing is allocated.
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    assert_eq!(
+        s.gm.dev_fault(host, r.start, Prot::READ),
+        Err(FaultError::NotAllocated(r.start))
+    );
+    s.gm.dev_detach(host, sp2).unwrap();
+    assert_eq!(s.gm.dev_active(host).unwrap(), None);
+    assert_eq!(
+        s.gm.dev_fault(host, r.start, Prot::READ),
+        Err(FaultError::NotActive(host))
+    );
+}
+
+#[test]
+fn as_alloc_honours_constraints_and_rejects_bad_arguments_without_change() {
+    let (s, space) = system();
+    let before = s.gm.as_arena_stats(space).unwrap();
+    let bad = [
+        AllocRequest::new(0),
+        AllocRequest::new(100),
+        AllocRequest {
+            align: 3 * PAGE_SIZE,
+            ..AllocRequest::new(PAGE_SIZE)
+        },
+        AllocRequest {
+            nocross: 12288,
+            ..AllocRequest::new(PAGE_SIZE)
+        },
+        AllocRequest {
+            hint: va(0x1234),
+            ..AllocRequest::new(PAGE_SIZE)
+        },
+    ];
+    for req in bad {
+        assert!(
+            matches!(s.gm.as_alloc(space, req), Err(AllocError::BadArgument(_))),
+            "{req:?}"
+        );
+    }
+    assert!(matches!(
+        s.gm.as_alloc(space, AllocRequest::new(2 << 30)),
+        Err(AllocError::NoSpace { .. })
+    ));
+    assert_eq!(
+        s.gm.as_arena_stats(space).unwrap().allocated,
+        before.allocated
+    );
+    assert!(s.gm.as_regions(space).unwrap().is_empty());
+
+    let a =
+        s.gm.as_alloc(
+            space,
+            AllocRequest {
+                align: 1 << 21,
+                ..AllocRequest::new(3 * PAGE_SIZE)
+            },
+        )
+        .unwrap();
+    assert!(a.start.is_aligned(1 << 21));
+    let n =
+        s.gm.as_alloc(
+            space,
+            AllocRequest {
+                nocross: 1 << 16,
+                ..AllocRequest::new(8 * PAGE_SIZE)
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        n.start.as_u64() >> 16,
+        (n.start.as_u64() + 8 * PAGE_SIZE - 1) >> 16
+    );
+    let m =
+        s.gm.as_alloc(
+            space,
+            AllocRequest {
+                max: va((1 << 30) + (64 << 20) - 1),
+                ..AllocRequest::new(PAGE_SIZE)
+            },
+        )
+        .unwrap();
+    assert!(m.start.as_u64() + PAGE_SIZE <= (1 << 30) + (64 << 20));
+    let h =
+        s.gm.as_alloc(
+            space,
+            AllocRequest {
+                hint: va((1 << 31) - (1 << 20)),
+                ..AllocRequest::new(PAGE_SIZE)
+            },
+        )
+        .unwrap();
+    assert!(h.start.as_u64() >= (1 << 31) - (1 << 20));
+    let info = s.gm.as_lookup(space, va(a.start.as_u64() + 5000)).unwrap();
+    assert_eq!(info.region, a);
+    assert_eq!(info.range.len, 3 * PAGE_SIZE);
+    assert_eq!(
+        s.gm.as_lookup(space, va(a.start.as_u64() + 3 * PAGE_SIZE))
+            .map(|i| i.region)
+            .ok()
+            .filter(|r| *r == a),
+        None
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn guarded_regions_keep_an_unmapped_page_on_each_side() {
+    let s = TestSystem::new(64);
+    let space =
+        s.gm.as_create(
+            va(1 << 20),
+            va(2 << 20),
+            AllocPolicy::GUARDED | AllocPolicy::FIRST_FIT,
+        )
+        .unwrap();
+    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+        .unwrap();
+    let a =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    let b =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    assert_eq!(a.start.as_u64(), (1 << 20) + PAGE_SIZE);
+    assert_eq!(
+        b.start.as_u64(),
+        a.start.as_u64() + 4 * PAGE_SIZE,
+        "b's guard follows a's guard"
+    );
+    let guard = va(a.start.as_u64() + 2 * PAGE_SIZE);
+    assert_eq!(
+        s.gm.dev_fault(s.host().id, guard, Prot::WRITE),
+        Err(FaultError::NotAllocated(guard))
+    );
+    s.gm.region_dealloc(a, MapFlags::empty(), None).unwrap();
+    s.gm.region_dealloc(b, MapFlags::empty(), None).unwrap();
+    assert_eq!(s.gm.as_arena_stats(space).unwrap().allocated, 0);
+}
+
+#[test]
+fn injected_allocation_failure_is_typed_and_harmless() {
+    let (s, space) = system();
+    s.gm.as_fail_every(space, 1).unwrap();
+    assert_eq!(
+        s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)),
+        Err(AllocError::Injected)
+    );
+    s.gm.as_fail_every(space, 0).unwrap();
+    s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    ok(&s, space);
+}
+
+#[test]
+fn first_touch_zero_fills_maps_once_and_round_trips_bytes() {
+    let (s, space) = system();
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    s.take_events();
+    assert_eq!(s.read(0, r.start, 16).unwrap(), vec![0; 16]);
+    let ev = s.take_events();
+    assert!(
+        matches!(&ev[..], [MmuEvent::Map { run, .. }] if run.va == r.start && run.len == PAGE_SIZE && run.prot == Prot::RW)
+    );
+    let data = pattern(1, 3 * PAGE_SIZE as usize);
+    s.write(0, va(r.start.as_u64() + 100), &data).unwrap();
+    assert_eq!(
+        s.read(0, va(r.start.as_u64() + 100), data.len()).unwrap(),
+        data
+    );
+    let st = s.gm.stats();
+    assert_eq!(st.faults_zero_fill, 4);
+    assert_eq!(st.pages_zeroed, 4);
+    assert_eq!(s.gm.dev_frames(s.host().id).unwrap().active, 4);
+    ok(&s, space);
+}
+
+#[test]
+fn fault_errors_are_typed_and_change_nothing() {
+    let (mut s, space) = system();
+    let host = s.host().id;
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    let outside = va(r.start.as_u64() + PAGE_SIZE);
+    assert_eq!(
+        s.gm.dev_fault(host, outside, Prot::READ),
+        Err(FaultError::NotAllocated(outside))
+    );
+    s.gm.region_protect(r, Prot::READ).unwrap();
+    assert_eq!(
+        s.gm.dev_fault(host, r.start, Prot::WRITE),
+        Err(FaultError::ProtectionViolation {
+            va: r.start,
+            access: Prot::WRITE,
+            allowed: Prot::READ
+        })
+    );
+    let nf = s.add_device(GPU, DevCaps::empty(), 0, 0);
+    let nf_id = s.devices[nf].id;
+    assert_eq!(
+        s.gm.dev_fault(nf_id, r.start, Prot::READ),
+        Err(FaultError::NotFaultable(nf_id))
+    );
+    let idle = s.add_device(GPU, DevCaps::FAULTABLE, 0, 0);
+    let idle_id = s.devices[idle].id;
+    assert_eq!(
+        s.gm.dev_fault(idle_id, r.start, Prot::READ),
+        Err(FaultError::NotActive(idle_id))
+    );
+    // A driver failure leaves no frame behind.
+    s.host().mmu.fail_next_maps(1);
+    assert_eq!(
+        s.gm.dev_fault(host, r.start, Prot::READ),
+        Err(FaultError::Mmu(MmuError::OutOfTableMemory))
+    );
+    assert_eq!(s.gm.dev_frames(host).unwrap().active, 0);
+    assert_eq!(s.gm.stats().faults_failed, 5);
+    ok(&s, space);
+    s.gm.dev_destroy(idle_id).unwrap();
+    assert_eq!(
+        s.gm.dev_fault(idle_id, r.start, Prot::READ),
+        Err(FaultError::UnknownDevice(idle_id))
+    );
+}
+
+#[test]
+fn unique_policy_migrates_after_tearing_down_and_invalidating_the_old_mapping() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 16);
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    let data = pattern(7, PAGE_SIZE as usize);
+    s.write(0, r.start, &data).unwrap();
+    s.take_events();
+    assert_eq!(
+        s.read(g, r.start, data.len()).unwrap(),
+        data,
+        "bytes survive migration"
+    );
+    let ev = s.take_events();
+    let unmap = ev
+        .iter()
+        .position(|e| matches!(e, MmuEvent::Unmap { mmu: 0, .. }))
+        .expect("host mapping removed");
+    let inval = ev
+        .iter()
+        .position(|e| matches!(e, MmuEvent::Invalidate { mmu: 0, .. }))
+        .expect("host TLB invalidated");
+    let map = ev
+        .iter()
+        .position(|e| matches!(e, MmuEvent::Map { mmu, .. } if *mmu == g as u32))
+        .expect("GPU mapping");
+    assert!(
+        unmap < inval && inval < map,
+        "unmap, then invalidate, then map: {ev:?}"
+    );
+    assert!(
+        matches!(ev[map], MmuEvent::Map { run, .. } if run.memory == s.devices[g].id && run.pa.as_u64() >= GPU_BASE)
+    );
+    let st = s.gm.stats();
+    assert_eq!((st.faults_migrate, st.bytes_host_to_dev), (1, PAGE_SIZE));
+    assert_eq!(
+        s.gm.dev_frames(s.host().id).unwrap().active,
+        0,
+        "the host frame was freed"
+    );
+    // And back: the CPU reads it, the page returns to host memory.
+    assert_eq!(s.read(0, r.start, 8).unwrap(), data[..8]);
+    assert_eq!(s.gm.stats().bytes_dev_to_host, PAGE_SIZE);
+    assert!(
+        !s.devices[g]
+            .mmu
+            .tlb_holds(s.devices[g].mmu.active_root().unwrap(), r.start),
+        "GPU TLB shot down"
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn remote_access_maps_in_place_and_a_repeated_fault_migrates() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 16);
+    let gid = s.devices[g].id;
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.gm.region_set_policy(
+        r,
+        Placement {
+            target: PlacementTarget::Faulting,
+            mode: PlacementMode::RemoteAccess,
+        },
+    )
+    .unwrap();
+    s.write(0, r.start, b"remote").unwrap();
+    assert_eq!(s.read(g, r.start, 6).unwrap(), b"remote");
+    assert_eq!(s.gm.stats().faults_remote, 1);
+    assert_eq!(s.gm.stats().bytes_host_to_dev, 0, "no bytes moved");
+    // Both keep their mappings: the CPU reads without faulting again.
+    let faults = s.gm.stats().faults_zero_fill + s.gm.stats().faults_remote;
+    assert_eq!(s.read(0, r.start, 6).unwrap(), b"remote");
+    assert_eq!(
+        s.gm.stats().faults_zero_fill + s.gm.stats().faults_remote,
+        faults
+    );
+    // The driver reports a second fault on the remote page: migrate.
+    let res = s.gm.dev_fault(gid, r.start, Prot::READ).unwrap();
+    assert_eq!(res.kind, FaultKind::Migrated);
+    assert_eq!(s.gm.stats().bytes_host_to_dev, PAGE_SIZE);
+    assert_eq!(s.read(g, r.start, 6).unwrap(), b"remote");
+    ok(&s, space);
+}
+
+#[test]
+fn bulk_zeroing_prepares_a_whole_block_with_one_fault() {
+    let (s, space) = system();
+    let r =
+        s.gm.as_alloc(
+            space,
+            AllocRequest {
+                align: 1 << 21,
+                ..AllocRequest::new(1 << 21)
+            },
+        )
+        .unwrap();
+    s.gm.region_set_granularity(r, 1 << 21).unwrap();
+    assert_eq!(
+        s.gm.region_set_granularity(r, 3 << 12),
+        Err(RegionError::BadGranularity(3 << 12))
+    );
+    s.take_events();
+    let res =
+        s.gm.dev_fault(
+            s.host().id,
+            va(r.start.as_u64() + 5 * PAGE_SIZE),
+            Prot::WRITE,
+        )
+        .unwrap();
+    assert_eq!(
+        res,
+        FaultResolution {
+            kind: FaultKind::ZeroFill,
+            pages: 512
+        }
+    );
+    let ev = s.take_events();
+    assert!(
+        matches!(&ev[..], [MmuEvent::Map { run, .. }] if run.len == 1 << 21 && run.va == r.start)
+    );
+    assert_eq!(s.gm.stats().pages_zeroed, 512);
+    // The rest of the block does not fault.
+    s.write(0, va(r.start.as_u64() + 300 * PAGE_SIZE), b"x")
+        .unwrap();
+    assert_eq!(s.gm.stats().faults_zero_fill, 1);
+    ok(&s, space);
+    // Releasing single pages of the block gives them back one by one.
+    s.gm.region_dealloc(r, MapFlags::empty(), None).unwrap();
+    assert_eq!(s.gm.dev_frames(s.host().id).unwrap().active, 0);
+    ok(&s, space);
+}
+
+#[test]
+fn oversubscription_evicts_oldest_device_pages_to_host_and_keeps_bytes() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 4);
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(12 * PAGE_SIZE))
+            .unwrap();
+    let data = pattern(3, 12 * PAGE_SIZE as usize);
+    s.write(g, r.start, &data).unwrap();
+    let st = s.gm.stats();
+    assert_eq!(st.evictions, 8);
+    assert_eq!(st.bytes_dev_to_host, 8 * PAGE_SIZE);
+    let f = s.gm.dev_frames(s.devices[g].id).unwrap();
+    assert_eq!(f.active + f.inactive, 4);
+    ok(&s, space);
+    assert_eq!(
+        s.read(0, r.start, data.len()).unwrap(),
+        data,
+        "CPU sees every byte"
+    );
+    assert_eq!(
+        s.read(g, r.start, data.len()).unwrap(),
+        data,
+        "GPU sees every byte again"
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn named_placement_puts_cpu_faults_in_device_memory() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 8);
+    let gid = s.devices[g].id;
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    let nomem = s.add_device(GPU, DevCaps::FAULTABLE, 0, 0);
+    let nid = s.devices[nomem].id;
+    let place = |t| Placement {
+        target: t,
+        mode: PlacementMode::Unique,
+    };
+    assert_eq!(
+        s.gm.region_set_policy(r, place(PlacementTarget::Device(nid))),
+        Err(RegionError::NoMemory(nid))
+    );
+    s.gm.region_set_policy(r, place(PlacementTarget::Device(gid)))
+        .unwrap();
+    s.write(0, r.start, b"in vram").unwrap();
+    assert_eq!(s.gm.dev_frames(gid).unwrap().active, 1);
+    assert_eq!(s.read(0, r.start, 7).unwrap(), b"in vram");
+    ok(&s, space);
+}
+
+#[test]
+fn region_migrate_and_prefetch_move_pages_before_any_fault() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 8);
+    let gid = s.devices[g].id;
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    s.write(0, r.start, b"hello").unwrap();
+    assert_eq!(s.gm.region_migrate(r, gid, true).unwrap(), 4);
+    assert_eq!(s.gm.dev_frames(gid).unwrap().active, 4);
+    let before = s.gm.stats().faults_migrate;
+    assert_eq!(s.read(g, r.start, 5).unwrap(), b"hello");
+    assert_eq!(
+        s.gm.stats().faults_migrate,
+        before,
+        "no migration on the GPU's fault"
+    );
+    ok(&s, space);
+}
+
+fn external_frames(n: u64) -> Vec<PhysAddr> {
+    (0..n)
+        .map(|i| PhysAddr::new(0x7000_0000 + i * PAGE_SIZE))
+        .collect()
+}
+
+#[test]
+fn wired_map_replicates_to_devices_that_cannot_fault_and_unmap_removes_everywhere() {
+    let (mut s, space) = system();
+    let host = s.host().id;
+    let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
+    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
+        .unwrap();
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    assert_eq!(
+        s.gm.region_map(
+            r,
+            Prot::RW,
+            &external_frames(1),
+            host,
+            None,
+            MapFlags::empty(),
+            None
+        ),
+        Err(RegionError::FrameCount {
+            expected: 2,
+            given: 1
+        })
+    );
+    let managed = PhysAddr::new(testing::HOST_BASE);
+    assert_eq!(
+        s.gm.region_map(
+            r,
+            Prot::RW,
+            &[managed, managed],
+            host,
+            None,
+            MapFlags::empty(),
+            None
+        ),
+        Err(RegionError::BadFrame(managed))
+    );
+    s.take_events();
+    s.gm.region_map(
+        r,
+        Prot::RW,
+        &external_frames(2),
+        host,
+        None,
+        MapFlags::empty(),
+        None,
+    )
+    .unwrap();
+    let ev = s.take_events();
+    assert!(
+        matches!(&ev[..], [MmuEvent::Map { mmu, run, .. }] if *mmu == io as u32 && run.len == 2 * PAGE_SIZE)
+    );
+    assert_eq!(
+        s.gm.region_map(
+            r,
+            Prot::RW,
+            &external_frames(2),
+            host,
+            None,
+            MapFlags::empty(),
+            None
+        ),
+        Err(RegionError::AlreadyMapped)
+    );
+    s.write(io, r.start, b"dma").unwrap();
+    assert_eq!(
+        s.read(0, r.start, 3).unwrap(),
+        b"dma",
+        "the CPU faults the wired page in"
+    );
+    ok(&s, space);
+    s.gm.region_unmap(r, MapFlags::empty(), None).unwrap();
+    assert_eq!(s.read(io, r.start, 1), Err(AccessError::Unmapped(r.start)));
+    assert_eq!(
+        s.gm.dev_fault(host, r.start, Prot::READ),
+        Err(FaultError::NotMapped(r.start))
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn async_unmaps_coalesce_into_one_invalidation_and_release_only_after_it() {
+    let (s, space) = system();
+    let host = s.host().id;
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut regions = Vec::new();
+    for _ in 0..3 {
+        let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+        s.write(0, r.start, b"x").unwrap();
+        regions.push(r);
+    }
+    let frames_before = s.gm.dev_frames(host).unwrap();
+    s.take_events();
+    for r in &regions {
+        let d = done.clone();
+        s.gm.region_dealloc(
+            *r,
+            MapFlags::ASYNC,
+            Some(Box::new(move |res| {
+                assert!(res.is_ok());
+                d.fetch_add(1, Ordering::SeqCst);
+            })),
+        )
+        .unwrap();
+    }
+    let ev = s.take_events();
+    assert_eq!(
+        ev.iter()
+            .filter(|e| matches!(e, MmuEvent::Unmap { .. }))
+            .count(),
+        3,
+        "entries cleared at once"
+    );
+    assert!(
+        !ev.iter().any(|e| matches!(e, MmuEvent::Invalidate { .. })),
+        "no invalidation yet"
+    );
+    assert_eq!(done.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        s.gm.dev_frames(host).unwrap().pending,
+        3,
+        "frames quarantined"
+    );
+    assert_eq!(
+        s.gm.as_lookup(space, regions[0].start),
+        Err(RegionError::NotAllocated(regions[0].start))
+    );
+    // The ranges are not handed out again before the invalidation.
+    let fresh = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    assert!(regions.iter().all(|r| r.start != fresh.start));
+    ok(&s, space);
+    s.gm.as_synchronize(space).unwrap();
+    let ev = s.take_events();
+    let inv: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match e {
+            MmuEvent::Invalidate { ranges, .. } => Some(ranges.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(inv, vec![3], "one invalidation with three ranges");
+    assert_eq!(done.load(Ordering::SeqCst), 3, "each callback exactly once");
+    assert_eq!(s.gm.stats().invalidations_coalesced, 2);
+    let after = s.gm.dev_frames(host).unwrap();
+    assert_eq!((after.pending, after.free), (0, frames_before.free + 3));
+    ok(&s, space);
+    s.gm.as_synchronize(space).unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn queue_drains_itself_at_its_batch_limit_and_before_touching_a_pending_page() {
+    let (s, space) = system();
+    s.gm.as_set_batch_limit(space, 2).unwrap();
+    let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    let b = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.write(0, a.start, b"a").unwrap();
+    s.write(0, b.start, b"b").unwrap();
+    s.gm.region_unmap(a, MapFlags::ASYNC, None).unwrap();
+    assert_eq!(s.gm.as_pending(space).unwrap(), 1);
+    // The CPU's TLB may still translate the page until the invalidation (that is what
+    // deferral means), but a fault on the pending page drains the queue first, then
+    // zero-fills it again.
+    let res = s.gm.dev_fault(s.host().id, a.start, Prot::READ).unwrap();
+    assert_eq!(res.kind, FaultKind::ZeroFill);
+    assert_eq!(s.read(0, a.start, 1).unwrap(), [0]);
+    assert_eq!(s.gm.as_pending(space).unwrap(), 0);
+    s.gm.region_unmap(a, MapFlags::ASYNC, None).unwrap();
+    s.gm.region_unmap(b, MapFlags::ASYNC, None).unwrap();
+    assert_eq!(
+        s.gm.as_pending(space).unwrap(),
+        0,
+        "the second request hit the limit"
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn async_map_reaches_non_faultable_devices_when_the_queue_drains() {
+    let (mut s, space) = system();
+    let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
+    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
+        .unwrap();
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let d = done.clone();
+    s.gm.region_map(
+        r,
+        Prot::READ,
+        &external_frames(1),
+        s.host().id,
+        None,
+        MapFlags::ASYNC,
+        Some(Box::new(move |_| {
+            d.fetch_add(1, Ordering::SeqCst);
+        })),
+    )
+    .unwrap();
+    assert_eq!(s.read(io, r.start, 1), Err(AccessError::Unmapped(r.start)));
+    s.gm.as_synchronize(space).unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), 1);
+    assert_eq!(s.read(io, r.start, 1).unwrap(), [0]);
+    ok(&s, space);
+}
+
+#[test]
+fn mapping_set_unmap_unmaps_every_member_with_one_callback() {
+    let (mut s, space) = system();
+    let host = s.host().id;
+    let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
+    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
+        .unwrap();
+    let set = s.gm.mapping_set_create(space).unwrap();
+    let mut regions = Vec::new();
+    for i in 0..3u64 {
+        let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+        let f = [PhysAddr::new(0x7000_0000 + i * PAGE_SIZE)];
+        s.gm.region_map(r, Prot::RW, &f, host, Some(set), MapFlags::empty(), None)
+            .unwrap();
+        regions.push(r);
+    }
+    let done = Arc::new(AtomicUsize::new(0));
+    let d = done.clone();
+    s.gm.mapping_set_unmap(
+        space,
+        set,
+        MapFlags::ASYNC,
+        Some(Box::new(move |_| {
+            d.fetch_add(1, Ordering::SeqCst);
+        })),
+    )
+    .unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), 0);
+    s.gm.as_synchronize(space).unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), 1);
+    for r in &regions {
+        assert_eq!(s.read(io, r.start, 1), Err(AccessError::Unmapped(r.start)));
+        assert!(!s.gm.region_info(*r).unwrap().mapped);
+    }
+    s.gm.mapping_set_destroy(space, set).unwrap();
+    assert_eq!(
+        s.gm.mapping_set_unmap(space, set, MapFlags::empty(), None),
+        Err(RegionError::UnknownSet(set))
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn shared_table_serves_both_devices_and_invalidates_both_tlbs() {
+    let mut s = TestSystem::new(64);
+    let space =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_attach(space, s.host().id, MmuMode::Shared, true)
+        .unwrap();
+    let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);
+    assert_eq!(
+        s.gm.as_attach(space, s.devices[igpu].id, MmuMode::Shared, true),
+        Ok(MmuMode::Shared)
+    );
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.write(0, r.start, b"shared").unwrap();
+    let faults = s.gm.stats();
+    assert_eq!(s.read(igpu, r.start, 6).unwrap(), b"shared");
+    assert_eq!(
+        s.gm.stats(),
+        faults,
+        "the iGPU walked the same table: no fault"
+    );
+    s.take_events();
+    s.gm.region_unmap(r, MapFlags::empty(), None).unwrap();
+    let ev = s.take_events();
+    let invalidated: Vec<u32> = ev
+        .iter()
+        .filter_map(|e| match e {
+            MmuEvent::Invalidate { mmu, .. } => Some(*mmu),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(invalidated.len(), 2);
+    assert!(invalidated.contains(&0) && invalidated.contains(&(igpu as u32)));
+    assert_eq!(
+        ev.iter()
+            .filter(|e| matches!(e, MmuEvent::Unmap { .. }))
+            .count(),
+        1,
+        "one table, one unmap"
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn replicate_mode_mirrors_every_populated_page_and_follows_migration() {
+    let (mut s, space) = system();
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    s.write(0, r.start, b"early").unwrap();
+    let rep = s.add_device(GPU, DevCaps::empty(), 0, 0);
+    s.gm.as_attach(space, s.devices[rep].id, MmuMode::Replicate, true)
+        .unwrap();
+    assert_eq!(
+        s.read(rep, r.start, 5).unwrap(),
+        b"early",
+        "filled at attach"
+    );
+    s.write(0, va(r.start.as_u64() + PAGE_SIZE), b"late")
+        .unwrap();
+    assert_eq!(
+        s.read(rep, va(r.start.as_u64() + PAGE_SIZE), 4).unwrap(),
+        b"late",
+        "mirrored on population"
+    );
+    let g = gpu(&mut s, space, 4);
+    s.write(g, r.start, b"moved").unwrap();
+    assert_eq!(
+        s.read(rep, r.start, 5).unwrap(),
+        b"moved",
+        "mirror follows the migrated frame"
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn stale_handles_and_double_frees_are_typed_errors() {
+    let (s, space) = system();
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.gm.region_dealloc(r, MapFlags::empty(), None).unwrap();
+    assert_eq!(
+        s.gm.region_dealloc(r, MapFlags::empty(), None),
+        Err(RegionError::StaleRegion(r))
+    );
+    assert_eq!(
+        s.gm.region_unmap(r, MapFlags::empty(), None),
+        Err(RegionError::StaleRegion(r))
+    );
+    assert_eq!(
+        s.gm.region_protect(r, Prot::READ),
+        Err(RegionError::StaleRegion(r))
+    );
+    let again = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    assert_eq!(again.start, r.start, "the range is reused");
+    assert_eq!(
+        s.gm.region_dealloc(r, MapFlags::empty(), None),
+        Err(RegionError::StaleRegion(r)),
+        "old handle still stale"
+    );
+    assert!(s.gm.region_info(again).is_ok());
+    let other =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    let elsewhere = s.gm.as_alloc(other, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.gm.as_destroy(other).unwrap();
+    assert_eq!(
+        s.gm.region_info(elsewhere),
+        Err(RegionError::UnknownSpace(other)),
+        "a region of a destroyed space"
+    );
+    assert!(s.gm.region_info(again).is_ok());
+    ok(&s, space);
+}
+
+#[test]
+fn dev_destroy_refuses_while_attached_or_holding_pages() {
+    let (mut s, space) = system();
+    assert_eq!(s.gm.dev_destroy(s.host().id), Err(DeviceError::IsHost));
+    let g = gpu(&mut s, space, 4);
+    let gid = s.devices[g].id;
+    assert_eq!(
+        s.gm.dev_destroy(gid),
+        Err(DeviceError::StillAttached { spaces: 1 })
+    );
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.write(g, r.start, b"v").unwrap();
+    s.gm.dev_detach(gid, space).unwrap();
+    assert_eq!(
+        s.gm.dev_destroy(gid),
+        Err(DeviceError::MemoryInUse { frames: 1 })
+    );
+    s.gm.region_migrate(r, s.host().id, false).unwrap();
+    s.gm.dev_destroy(gid).unwrap();
+    assert_eq!(s.gm.dev_destroy(gid), Err(DeviceError::UnknownDevice(gid)));
+    assert_eq!(s.read(0, r.start, 1).unwrap(), b"v");
+    ok(&s, space);
+}
+
+#[test]
+fn protect_updates_tables_and_invalidates_then_allows_the_write() {
+    let (s, space) = system();
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.write(0, r.start, b"rw").unwrap();
+    s.gm.region_protect(r, Prot::READ).unwrap();
+    assert!(matches!(
+        s.write(0, r.start, b"no"),
+        Err(AccessError::Fault(FaultError::ProtectionViolation { .. }))
+    ));
+    assert_eq!(s.read(0, r.start, 2).unwrap(), b"rw");
+    s.gm.region_protect(r, Prot::RW).unwrap();
+    s.write(0, r.start, b"ok").unwrap();
+    assert_eq!(s.read(0, r.start, 2).unwrap(), b"ok");
+    assert_eq!(
+        s.gm.region_protect(r, Prot::empty()),
+        Err(RegionError::BadProt(Prot::empty()))
+    );
+    ok(&s, space);
+}
+
+#[test]
+fn detach_removes_the_devices_table_and_destroy_frees_everything() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 8);
+    let gid = s.devices[g].id;
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    s.write(g, r.start, &pattern(9, 4 * PAGE_SIZE as usize))
+        .unwrap();
+    let tables = s.devices[g].mmu.store().tables();
+    s.gm.dev_detach(gid, space).unwrap();
+    assert_eq!(s.devices[g].mmu.store().tables(), tables - 1);
+    assert_eq!(
+        s.read(0, r.start, 4 * PAGE_SIZE as usize).unwrap(),
+        pattern(9, 4 * PAGE_SIZE as usize)
+    );
+    ok(&s, space);
+    s.gm.as_destroy(space).unwrap();
+    let host = s.gm.dev_frames(s.host().id).unwrap();
+    let dev = s.gm.dev_frames(gid).unwrap();
+    assert_eq!((host.active, dev.active, dev.free), (0, 0, 8));
+    assert_eq!(s.gm.dev_active(s.host().id).unwrap(), None);
+}
