@@ -12,7 +12,7 @@ use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::{DeviceMemory, Mmu};
 use crate::physmem::PhysMem;
 use crate::space::SpaceInner;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::any::Any;
@@ -48,6 +48,8 @@ pub(crate) struct DeviceInner {
     pub page_sizes: PageSizes,
     pub data: Option<Arc<dyn Any + Send + Sync>>,
     pub phys: Mutex<PhysMem>,
+    /// Frames registered so far (read without the physical-memory lock on the fault path).
+    pub registered: AtomicU64,
     pub binding: Mutex<Binding>,
 }
 
@@ -58,6 +60,6 @@ impl DeviceInner {
 
     /// Whether the device has registered memory frames can be placed in.
     pub fn has_memory(&self) -> bool {
-        self.memory.is_some() && self.phys.lock().counts().registered > 0
+        self.memory.is_some() && self.registered.load(Ordering::Acquire) > 0
     }
 }

@@ -64,6 +64,7 @@ fn new_device(id: DeviceId, desc: DeviceDesc, extra: DevCaps) -> Result<DeviceIn
         page_sizes,
         data: desc.data,
         phys: Mutex::new(PhysMem::new()),
+        registered: crate::sync::AtomicU64::new(0),
         binding: Mutex::new(Binding::default()),
     })
 }
@@ -178,12 +179,11 @@ impl Gmem {
         if dev.memory.is_none() {
             return Err(DeviceError::NoMemoryInterface(id));
         }
-        let r = dev
-            .phys
-            .lock()
-            .register(begin, end)
-            .map_err(DeviceError::Register);
-        r
+        let mut phys = dev.phys.lock();
+        phys.register(begin, end).map_err(DeviceError::Register)?;
+        dev.registered
+            .store(phys.counts().registered, crate::sync::Ordering::Release);
+        Ok(())
     }
 
     /// Frame counts of the device's memory by state.

@@ -294,9 +294,13 @@ impl PhysMem {
         vpn: u64,
         wired: bool,
     ) -> Option<u64> {
-        let mut c = Constraint::new(pages << PAGE_SHIFT);
-        c.align = align_pages << PAGE_SHIFT;
-        let pa = self.arena.xalloc(&c).ok()?;
+        let pa = if pages == 1 {
+            self.arena.alloc(PAGE_SIZE).ok()?
+        } else {
+            let mut c = Constraint::new(pages << PAGE_SHIFT);
+            c.align = align_pages << PAGE_SHIFT;
+            self.arena.xalloc(&c).ok()?
+        };
         if pages > 1 {
             let split = self.arena.split(pa, pages << PAGE_SHIFT, PAGE_SIZE);
             debug_assert!(split.is_ok(), "a fresh run splits into frames: {split:?}");

@@ -36,6 +36,7 @@ pub(super) enum Kind {
 
 /// One boundary tag.
 #[derive(Clone, Copy, Debug)]
+#[repr(align(64))]
 pub(super) struct Seg {
     /// First byte.
     pub start: u64,
