@@ -52,7 +52,7 @@ fn gmem_batch(s: &Setup) -> Duration {
         let res = gm
             .dev_fault(host, VirtAddr::new(base + p * PAGE_SIZE), Prot::WRITE)
             .unwrap();
-        std::hint::black_box(res);
+        let _retry = std::hint::black_box(res);
     }
     let d = t.elapsed();
     gm.region_dealloc(r, MapFlags::empty(), None).unwrap();

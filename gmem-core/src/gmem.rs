@@ -205,6 +205,11 @@ impl Gmem {
             .clone())
     }
 
+    /// The name the device was created with.
+    pub fn dev_name(&self, id: DeviceId) -> Result<alloc::string::String, DeviceError> {
+        Ok(self.device(id).ok_or(DeviceError::UnknownDevice(id))?.name.clone())
+    }
+
     /// The device's capabilities.
     pub fn dev_caps(&self, id: DeviceId) -> Result<DevCaps, DeviceError> {
         Ok(self.device(id).ok_or(DeviceError::UnknownDevice(id))?.caps)
@@ -473,7 +478,6 @@ impl Gmem {
             st.attached[slot] = Some(Attachment {
                 dev: dev.clone(),
                 table: t,
-                mode: effective,
             });
             if let Err(e) = st.fill_table(&self.counters, t) {
                 st.detach_slot(&self.counters, slot);

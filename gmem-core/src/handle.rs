@@ -116,15 +116,8 @@ impl<T> Slots<T> {
         }
     }
 
-    /// Live values with their `(index, generation)`.
-    pub fn iter(&self) -> impl Iterator<Item = (u32, u32, &T)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (g, v))| v.as_ref().map(|v| (i as u32, *g, v)))
-    }
-
     /// Number of live values.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.live
     }

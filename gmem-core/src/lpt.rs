@@ -184,11 +184,13 @@ impl LogicalPageTable {
     }
 
     /// Number of pages backed by a frame.
+    #[cfg(test)]
     pub fn populated(&self) -> u64 {
         self.populated
     }
 
     /// Number of leaves (for memory accounting).
+    #[cfg(test)]
     pub fn leaves(&self) -> usize {
         self.leaves.len()
     }

@@ -362,27 +362,6 @@ impl PhysMem {
         }
     }
 
-    /// Pin or unpin an in-use frame.
-    pub fn set_wired(&mut self, pfn: u64, wired: bool) {
-        if let Some(i) = self.index(pfn) {
-            let s = self.frames[i as usize].state;
-            match (s, wired) {
-                (FrameState::Active | FrameState::Inactive, true) => {
-                    self.set_state(i, FrameState::Wired)
-                }
-                (FrameState::Wired, false) => self.set_state(i, FrameState::Active),
-                _ => {}
-            }
-        }
-    }
-
-    /// Record a new owner for an in-use frame (the page moved within the space).
-    pub fn set_owner(&mut self, pfn: u64, owner: Owner) {
-        if let Some(i) = self.index(pfn) {
-            self.frames[i as usize].owner = Some(owner);
-        }
-    }
-
     /// Up to `max` eviction candidates, oldest first, after ageing the active queue.
     pub fn eviction_candidates(&mut self, max: usize) -> Vec<(u64, Owner)> {
         let in_use = self.queues[0].len + self.queues[1].len;

@@ -179,8 +179,6 @@ pub(crate) struct PageTable {
 pub(crate) struct Attachment {
     pub dev: Arc<DeviceInner>,
     pub table: usize,
-    /// The mode asked for.
-    pub mode: MmuMode,
 }
 
 pub(crate) struct MappingSet {
@@ -288,6 +286,7 @@ impl SpaceState {
 
     /// Install a contiguous run of pages (`first` .. `first + pages`, frames `pfn..` in
     /// memory `mem`) into table `t`, then record the mapping bits.
+    #[allow(clippy::too_many_arguments)]
     pub fn map_run(
         &mut self,
         stats: &Counters,

@@ -29,7 +29,9 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
 
-/// One recorded MMU call.
+/// One recorded MMU call. `mmu` is the recording MMU's number; the other fields are
+/// the call's arguments.
+#[allow(missing_docs)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MmuEvent {
     /// `create_page_table` returned this root.
@@ -81,10 +83,13 @@ pub struct Pte {
     pub memory: DeviceId,
 }
 
+/// Root → (vpn → PTE).
+type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
+
 /// Page tables of one format: root → (vpn → PTE). Shared by MMUs that share tables.
 #[derive(Default)]
 pub struct TableStore {
-    tables: Mutex<(u64, BTreeMap<u64, BTreeMap<u64, Pte>>)>,
+    tables: Mutex<(u64, Tables)>,
 }
 
 impl TableStore {
@@ -567,7 +572,7 @@ impl TestSystem {
                 data: None,
             })
             .expect("the test MMU supports 4 KiB pages");
-        if let Some(_) = &memory {
+        if memory.is_some() {
             self.gm
                 .dev_register_physmem(
                     id,

@@ -36,7 +36,6 @@ pub(super) enum Kind {
 
 /// One boundary tag.
 #[derive(Clone, Copy, Debug)]
-#[repr(align(64))]
 pub(super) struct Seg {
     /// First byte.
     pub start: u64,

@@ -1,0 +1,72 @@
+//! `cargo xtask`: the project's automation, mirroring CI.
+//!
+//! `cargo xtask ci` runs exactly what `.ci/run` runs after installing prerequisites:
+//! formatting, lints, the workspace's tests, the bare-metal builds of `gmem-core`, a
+//! compile check of the benchmarks, and the harness's main job with its verification.
+
+use clap::{Parser, Subcommand};
+use std::process::{Command, ExitCode};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Everything CI checks, in CI's order.
+    Ci,
+    /// Build gmem-core for the bare-metal targets.
+    BareMetal,
+}
+
+/// Bare-metal targets gmem-core must build for (no std anywhere).
+const BARE_METAL: &[&str] = &["x86_64-unknown-none"];
+
+fn run(step: &str, args: &[&str]) -> Result<(), String> {
+    eprintln!("\n== {step}: cargo {}", args.join(" "));
+    let status = Command::new(env!("CARGO")).args(args).status().map_err(|e| format!("{step}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{step} failed ({status})"))
+    }
+}
+
+fn bare_metal() -> Result<(), String> {
+    for target in BARE_METAL {
+        run(&format!("bare-metal build for {target}"), &["build", "-p", "gmem-core", "--target", target])?;
+    }
+    Ok(())
+}
+
+fn ci() -> Result<(), String> {
+    run("format", &["fmt", "--all", "--", "--check"])?;
+    run("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    run("tests", &["test", "--workspace"])?;
+    run("tests (release)", &["test", "-p", "gmem-core", "--release"])?;
+    bare_metal()?;
+    run("benchmarks compile", &["bench", "-p", "gmem-core", "--no-run"])?;
+    run("main job", &["run", "--release", "-p", "gmem-harness", "--", "vectoradd"])?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Task::Ci => ci(),
+        Task::BareMetal => bare_metal(),
+    };
+    match r {
+        Ok(()) => {
+            eprintln!("\nxtask: all steps passed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("\nxtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
