@@ -58,6 +58,10 @@ trait Iova {
     type Handle: Copy;
     fn alloc(&mut self, pages: u64) -> Self::Handle;
     fn free(&mut self, h: Self::Handle);
+    /// Free fragments (free segments / free ranges), where the allocator can tell.
+    fn fragments(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Our arena; the handle is (address, size).
@@ -95,6 +99,9 @@ impl Iova for Ours {
     fn free(&mut self, (addr, size): (u64, u64)) {
         self.0.free(addr, size).expect("arena free");
     }
+    fn fragments(&self) -> Option<u64> {
+        Some(self.0.stats().free_segments)
+    }
 }
 
 /// `offset-allocator` works in u32 units: we give it pages.
@@ -131,6 +138,10 @@ impl Iova for RangeAlloc {
     fn free(&mut self, (start, end): (u64, u64)) {
         self.0.free_range(start..end);
     }
+    fn fragments(&self) -> Option<u64> {
+        // Free ranges lie between allocated runs: one more than the runs, at most.
+        Some(self.0.allocated_ranges().count() as u64 + 1)
+    }
 }
 
 /// `vm-allocator`'s `AddressAllocator`, in bytes, first match.
@@ -150,26 +161,41 @@ impl Iova for VmAlloc {
     }
 }
 
-/// Benchmark one allocator on one trace; returns the median ns per (free + alloc)
-/// over criterion's measured samples, or `None` if the benchmark was filtered out.
+/// What one run measured.
+#[derive(Clone, Copy, Default)]
+struct Outcome {
+    /// Median ns per (free + alloc) over criterion's measured samples.
+    ns: Option<f64>,
+    /// Free fragments at the end, if the allocator reports them.
+    fragments: Option<u64>,
+}
+
+/// Build an allocator holding the trace's initial live set.
+fn filled<A: Iova>(make: impl Fn() -> A, t: &Trace) -> (A, Vec<A::Handle>) {
+    let mut a = make();
+    let slots = t.initial.iter().map(|&p| a.alloc(p)).collect();
+    (a, slots)
+}
+
+/// Benchmark one allocator on one trace. The live set is built lazily on the first
+/// call (so a filtered-out benchmark costs nothing), or up front when `eager` (for
+/// slow allocators: criterion sizes its samples from the wall time of the first
+/// warm-up call, which would otherwise include the fill).
 fn churn<A: Iova>(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
     samples: usize,
     make: impl Fn() -> A,
     t: &Trace,
-) -> Option<f64> {
-    let mut state: Option<(A, Vec<A::Handle>)> = None;
+    eager: bool,
+) -> Outcome {
+    let mut state: Option<(A, Vec<A::Handle>)> = eager.then(|| filled(&make, t));
     let mut pos = 0usize;
     let mut per_call: Vec<f64> = Vec::new();
     group.bench_function(name, |b| {
         b.iter_custom(|iters| {
             // The live set is built once, outside the timed region.
-            let (a, slots) = state.get_or_insert_with(|| {
-                let mut a = make();
-                let slots = t.initial.iter().map(|&p| a.alloc(p)).collect();
-                (a, slots)
-            });
+            let (a, slots) = state.get_or_insert_with(|| filled(&make, t));
             let start = Instant::now();
             for _ in 0..iters {
                 let (slot, pages) = t.steps[pos];
@@ -187,15 +213,22 @@ fn churn<A: Iova>(
     // the measured samples.
     let n = per_call.len();
     if n == 0 {
-        return None;
+        return Outcome::default();
     }
     let mut measured = per_call.split_off(n.saturating_sub(samples));
     measured.sort_by(f64::total_cmp);
-    Some(measured[measured.len() / 2])
+    Outcome {
+        ns: Some(measured[measured.len() / 2]),
+        fragments: state.as_ref().and_then(|(a, _)| a.fragments()),
+    }
 }
 
 fn fmt_ns(v: Option<f64>) -> String {
     v.map_or_else(|| "skipped".into(), |v| format!("{v:.1}"))
+}
+
+fn fmt_count(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 fn main() {
@@ -214,6 +247,7 @@ fn main() {
         samples,
         || Ours::new(LIVE, MAX_PAGES, true),
         &t,
+        false,
     );
     let ours_stack = churn(
         &mut group,
@@ -221,6 +255,7 @@ fn main() {
         samples,
         || Ours::new(LIVE, MAX_PAGES, false),
         &t,
+        false,
     );
     let ours_plain = churn(
         &mut group,
@@ -228,6 +263,7 @@ fn main() {
         samples,
         || Ours::new(LIVE, 0, false),
         &t,
+        false,
     );
     let offset = churn(
         &mut group,
@@ -241,6 +277,7 @@ fn main() {
             ))
         },
         &t,
+        false,
     );
     let range = churn(
         &mut group,
@@ -253,9 +290,10 @@ fn main() {
             ))
         },
         &t,
+        false,
     );
-    // vm-allocator searches linearly (hundreds of microseconds per pair at 64k live):
-    // few samples, short measurement.
+    // vm-allocator searches linearly (hundreds of microseconds per pair at 64k live,
+    // and a fill of tens of seconds): few samples, short measurement, eager fill.
     let vm_samples = 10;
     group
         .sample_size(vm_samples)
@@ -272,6 +310,7 @@ fn main() {
             )
         },
         &t,
+        true,
     );
     group.finish();
 
@@ -290,6 +329,7 @@ fn main() {
             scale_samples,
             || Ours::new(live, 0, false),
             &t,
+            false,
         );
         curve.push((live, v));
     }
@@ -297,9 +337,13 @@ fn main() {
     c.final_summary();
 
     println!();
-    println!("=== IOVA churn: 64k live ranges, 1-32 pages of 4 KiB, ns per (free + alloc) pair, median ===");
     println!(
-        "(our cached variants run with check_frees = false, as the address space uses the arena)"
+        "=== IOVA churn: 64k live ranges, 1-32 pages of 4 KiB, \
+         ns per (free + alloc) pair, median of criterion's samples ==="
+    );
+    println!(
+        "(our cached variants run with check_frees = false, as the address space uses \
+         the arena; all ours are single-CPU, no contention)"
     );
     let rows = [
         ("gmem vmem, qcache 32 pages + magazines", ours_mag),
@@ -309,9 +353,17 @@ fn main() {
         ("range-alloc 0.1", range),
         ("vm-allocator 0.1", vm),
     ];
-    println!("{:<44} {:>12}", "allocator", "ns/op");
-    for (name, v) in &rows {
-        println!("{:<44} {:>12}", name, fmt_ns(*v));
+    println!(
+        "{:<44} {:>12} {:>16}",
+        "allocator", "ns/op", "free fragments"
+    );
+    for (name, o) in &rows {
+        println!(
+            "{:<44} {:>12} {:>16}",
+            name,
+            fmt_ns(o.ns),
+            fmt_count(o.fragments)
+        );
     }
     println!();
     println!(
@@ -319,8 +371,8 @@ fn main() {
         "speedup (peer ns / ours ns)", "offset-allocator", "range-alloc", "vm-allocator"
     );
     for (name, ours) in &rows[..3] {
-        let ratio = |peer: Option<f64>| match (peer, ours) {
-            (Some(p), Some(o)) if *o > 0.0 => format!("{:.2}x", p / o),
+        let ratio = |peer: Outcome| match (peer.ns, ours.ns) {
+            (Some(p), Some(o)) if o > 0.0 => format!("{:.2}x", p / o),
             _ => "n/a".into(),
         };
         println!(
@@ -331,7 +383,7 @@ fn main() {
             ratio(vm)
         );
     }
-    let target = |peer: Option<f64>, want: f64| match (peer, ours_mag) {
+    let target = |peer: Outcome, want: f64| match (peer.ns, ours_mag.ns) {
         (Some(p), Some(o)) if o > 0.0 => {
             let r = p / o;
             format!(
@@ -348,8 +400,13 @@ fn main() {
     );
     println!();
     println!("=== instant-fit, no caches: ns per (free + alloc) pair vs live ranges ===");
-    println!("{:>12} {:>12}", "live", "ns/op");
-    for (live, v) in curve {
-        println!("{:>12} {:>12}", live, fmt_ns(v));
+    println!("{:>12} {:>12} {:>16}", "live", "ns/op", "free segments");
+    for (live, o) in curve {
+        println!(
+            "{:>12} {:>12} {:>16}",
+            live,
+            fmt_ns(o.ns),
+            fmt_count(o.fragments)
+        );
     }
 }

@@ -64,19 +64,25 @@ struct ToyMemory(Mutex<Vec<u8>>);
 impl DeviceMemory for ToyMemory {
     fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
         let mut m = self.0.lock().unwrap();
-        let r = m.get_mut(pa.as_u64() as usize..(pa.as_u64() + len) as usize).ok_or(MemError::OutOfRange { pa })?;
+        let r = m
+            .get_mut(pa.as_u64() as usize..(pa.as_u64() + len) as usize)
+            .ok_or(MemError::OutOfRange { pa })?;
         r.fill(0);
         Ok(())
     }
     fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError> {
         let m = self.0.lock().unwrap();
-        let r = m.get(pa.as_u64() as usize..pa.as_u64() as usize + buf.len()).ok_or(MemError::OutOfRange { pa })?;
+        let r = m
+            .get(pa.as_u64() as usize..pa.as_u64() as usize + buf.len())
+            .ok_or(MemError::OutOfRange { pa })?;
         buf.copy_from_slice(r);
         Ok(())
     }
     fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError> {
         let mut m = self.0.lock().unwrap();
-        let r = m.get_mut(pa.as_u64() as usize..pa.as_u64() as usize + buf.len()).ok_or(MemError::OutOfRange { pa })?;
+        let r = m
+            .get_mut(pa.as_u64() as usize..pa.as_u64() as usize + buf.len())
+            .ok_or(MemError::OutOfRange { pa })?;
         r.copy_from_slice(buf);
         Ok(())
     }
@@ -87,32 +93,64 @@ fn main() {
     let cpu_mem = Arc::new(ToyMemory(Mutex::new(vec![0; 1 << 20])));
     let gm = Gmem::new(
         Arc::new(SingleCpu),
-        DeviceDesc { name: "cpu".into(), mmu: Arc::new(ToyMmu::default()), memory: Some(cpu_mem), caps: DevCaps::FAULTABLE, data: None },
+        DeviceDesc {
+            name: "cpu".into(),
+            mmu: Arc::new(ToyMmu::default()),
+            memory: Some(cpu_mem),
+            caps: DevCaps::FAULTABLE,
+            data: None,
+        },
     )
     .unwrap();
-    gm.dev_register_physmem(gm.host(), PhysAddr::new(0), PhysAddr::new(1 << 20)).unwrap();
+    gm.dev_register_physmem(gm.host(), PhysAddr::new(0), PhysAddr::new(1 << 20))
+        .unwrap();
 
     // The driver creates its device and registers its local memory.
     let mmu = Arc::new(ToyMmu::default());
     let vram = Arc::new(ToyMemory(Mutex::new(vec![0; 1 << 20])));
     let gpu = gm
-        .dev_create(DeviceDesc { name: "toy-gpu".into(), mmu: mmu.clone(), memory: Some(vram.clone()), caps: DevCaps::FAULTABLE, data: None })
+        .dev_create(DeviceDesc {
+            name: "toy-gpu".into(),
+            mmu: mmu.clone(),
+            memory: Some(vram.clone()),
+            caps: DevCaps::FAULTABLE,
+            data: None,
+        })
         .unwrap();
-    gm.dev_register_physmem(gpu, PhysAddr::new(0), PhysAddr::new(1 << 20)).unwrap();
+    gm.dev_register_physmem(gpu, PhysAddr::new(0), PhysAddr::new(1 << 20))
+        .unwrap();
 
     // One address space shared by the CPU and the device.
-    let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty()).unwrap();
-    gm.as_attach(space, gm.host(), MmuMode::Coherent, true).unwrap();
+    let space = gm
+        .as_create(
+            VirtAddr::new(1 << 30),
+            VirtAddr::new(2 << 30),
+            AllocPolicy::empty(),
+        )
+        .unwrap();
+    gm.as_attach(space, gm.host(), MmuMode::Coherent, true)
+        .unwrap();
     gm.as_attach(space, gpu, MmuMode::Coherent, true).unwrap();
-    let buf = gm.as_alloc(space, AllocRequest::new(16 * PAGE_SIZE)).unwrap();
+    let buf = gm
+        .as_alloc(space, AllocRequest::new(16 * PAGE_SIZE))
+        .unwrap();
 
     // The device touches the buffer: its MMU misses, the driver reports the fault, the
     // core allocates device memory, zero-fills it and calls the driver's `map`.
     let va = VirtAddr::new(buf.start.as_u64() + 3 * PAGE_SIZE);
     let fixed = gm.dev_fault(gpu, va, Prot::WRITE).unwrap();
     println!("fault at {va}: {:?}, the driver retries", fixed.kind);
-    let (pfn, prot) = mmu.tables.lock().unwrap().values().find_map(|t| t.get(&va.vpn().0).copied()).unwrap();
-    println!("device PTE: vpn {:#x} -> frame {pfn:#x} ({prot:?})", va.vpn().0);
+    let (pfn, prot) = mmu
+        .tables
+        .lock()
+        .unwrap()
+        .values()
+        .find_map(|t| t.get(&va.vpn().0).copied())
+        .unwrap();
+    println!(
+        "device PTE: vpn {:#x} -> frame {pfn:#x} ({prot:?})",
+        va.vpn().0
+    );
     println!("{:?}", gm.stats());
     gm.check_invariants(space).unwrap();
 }

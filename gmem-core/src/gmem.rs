@@ -207,7 +207,11 @@ impl Gmem {
 
     /// The name the device was created with.
     pub fn dev_name(&self, id: DeviceId) -> Result<alloc::string::String, DeviceError> {
-        Ok(self.device(id).ok_or(DeviceError::UnknownDevice(id))?.name.clone())
+        Ok(self
+            .device(id)
+            .ok_or(DeviceError::UnknownDevice(id))?
+            .name
+            .clone())
     }
 
     /// The device's capabilities.

@@ -27,7 +27,10 @@ const BARE_METAL: &[&str] = &["x86_64-unknown-none"];
 
 fn run(step: &str, args: &[&str]) -> Result<(), String> {
     eprintln!("\n== {step}: cargo {}", args.join(" "));
-    let status = Command::new(env!("CARGO")).args(args).status().map_err(|e| format!("{step}: {e}"))?;
+    let status = Command::new(env!("CARGO"))
+        .args(args)
+        .status()
+        .map_err(|e| format!("{step}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -37,19 +40,38 @@ fn run(step: &str, args: &[&str]) -> Result<(), String> {
 
 fn bare_metal() -> Result<(), String> {
     for target in BARE_METAL {
-        run(&format!("bare-metal build for {target}"), &["build", "-p", "gmem-core", "--target", target])?;
+        run(
+            &format!("bare-metal build for {target}"),
+            &["build", "-p", "gmem-core", "--target", target],
+        )?;
     }
     Ok(())
 }
 
 fn ci() -> Result<(), String> {
     run("format", &["fmt", "--all", "--", "--check"])?;
-    run("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    run(
+        "clippy",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
     run("tests", &["test", "--workspace"])?;
     run("tests (release)", &["test", "-p", "gmem-core", "--release"])?;
     bare_metal()?;
-    run("benchmarks compile", &["bench", "-p", "gmem-core", "--no-run"])?;
-    run("main job", &["run", "--release", "-p", "gmem-harness", "--", "vectoradd"])?;
+    run(
+        "benchmarks compile",
+        &["bench", "-p", "gmem-core", "--no-run"],
+    )?;
+    run(
+        "main job",
+        &["run", "--release", "-p", "gmem-harness", "--", "vectoradd"],
+    )?;
     Ok(())
 }
 

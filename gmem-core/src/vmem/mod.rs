@@ -16,7 +16,7 @@
 //! still two memories).
 //!
 //! **2. Boundary tags.** Every span and every segment, free or allocated, is a record
-//! (a *boundary tag*) in a slab ([`seglist`]), named by a `u32` index. All of them are
+//! (a *boundary tag*) in a slab (module `seglist`), named by a `u32` index. All of them are
 //! on one circular doubly linked list in address order, where each span's *marker*
 //! precedes the segments tiling that span. A segment's list neighbours are therefore
 //! the segments physically adjacent to it, and a neighbour that is a marker means "span
@@ -31,7 +31,7 @@
 //! arena path always validated, whatever `check_frees` says.
 //!
 //! **4. Power-of-two freelists, and why instant-fit is O(1).** Free segments are on 64
-//! freelists ([`freelist`]): list `k` holds sizes in `[2^k, 2^(k+1))`. A bitmap has
+//! freelists (module `freelist`): list `k` holds sizes in `[2^k, 2^(k+1))`. A bitmap has
 //! bit `k` set when list `k` is non-empty. For a request of `size` bytes, round up to
 //! the next power of two `2^n`: *every* segment on list `n` or above is at least
 //! `2^n >= size`, so the head of the lowest non-empty list at or above `n` fits without
@@ -59,7 +59,7 @@
 //! satisfy is [`AllocError::BadConstraint`] with a [`ConstraintProblem`]. The search
 //! then visits free segments from the size's list upward in the order of the chosen
 //! policy and, per segment, computes the lowest address inside it satisfying
-//! everything ([`constraint`]): clamp to the window, round up to the phase, and if
+//! everything (module `constraint`): clamp to the window, round up to the phase, and if
 //! that crosses a `nocross` boundary round up to the boundary and to the phase again.
 //! The chosen segment is split into up to three parts (free, allocated, free). In
 //! debug builds the result is asserted against every constraint. Constrained
@@ -67,7 +67,7 @@
 //! placed on request).
 //!
 //! **6. Quantum caches.** Most requests are a few quanta. For sizes up to
-//! `qcache_max` the arena keeps one object cache per size ([`qcache`]) of segments
+//! `qcache_max` the arena keeps one object cache per size (module `qcache`) of segments
 //! already carved out of the arena: an allocation pops one, a free pushes it back, and
 //! the arena lock, the freelists and the hash are not touched. A cache that runs dry
 //! imports a batch of segments under one arena lock; a cache that overflows returns
@@ -80,7 +80,7 @@
 //! sizes are trusted (an address space checks its own region map before it frees).
 //!
 //! **7. Magazines and the depot.** With `magazines`, a cache is per-CPU
-//! ([`magazine`]): each CPU has a *loaded* and a *previous* magazine (stacks of up to
+//! (module `magazine`): each CPU has a *loaded* and a *previous* magazine (stacks of up to
 //! 32 objects) under its own lock, so the common alloc/free is a pop/push under a lock
 //! no other CPU takes. An alloc pops the loaded magazine; if it is empty and the
 //! previous is full, the two swap; if both are empty, the CPU trades its empty
