@@ -7,10 +7,14 @@ use gmem_core::*;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-/// The driver's MMU: page tables keyed by root, a TLB it must invalidate on request.
+/// One page table: virtual page -> (frame, protection).
+type Table = BTreeMap<u64, (u64, Prot)>;
+
+/// The driver's MMU: page tables keyed by root (a real one would also own a TLB to
+/// invalidate on request).
 #[derive(Default)]
 struct ToyMmu {
-    tables: Mutex<HashMap<u64, BTreeMap<u64, (u64, Prot)>>>,
+    tables: Mutex<HashMap<u64, Table>>,
     next_root: Mutex<u64>,
 }
 
