@@ -67,7 +67,8 @@ pub struct FaultResolution {
     pub pages: u64,
 }
 
-/// Pages of eviction candidates fetched at a time.
+/// Eviction candidates examined per attempt (oldest first; pages that cannot be
+/// evicted now — wired, pending, or in a space whose lock is taken — are skipped).
 const EVICT_BATCH: usize = 16;
 
 impl SpaceState {
@@ -340,8 +341,8 @@ impl SpaceState {
         }
     }
 
-    /// Evict a batch of the oldest pages of `dev`'s memory to host memory. Returns
-    /// whether anything was evicted.
+    /// Evict the oldest page of `dev`'s memory that can be evicted now (pages of other
+    /// spaces only if their lock is free) to host memory. Returns whether one was.
     fn evict_from(
         &mut self,
         gm: &Gmem,
@@ -350,21 +351,22 @@ impl SpaceState {
         keep_vpn: u64,
     ) -> Result<bool, FaultError> {
         let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
-        let mut evicted = false;
         for (pfn, owner) in candidates {
-            if owner.space == space.id {
-                if owner.vpn != keep_vpn && self.evict_page(gm, owner.vpn, dev, pfn)? {
-                    evicted = true;
-                }
+            let evicted = if owner.space == space.id {
+                owner.vpn != keep_vpn && self.evict_page(gm, owner.vpn, dev, pfn)?
             } else if let Some(other) = gm.space(owner.space) {
-                if let Some(mut st) = other.state.try_lock() {
-                    if st.evict_page(gm, owner.vpn, dev, pfn)? {
-                        evicted = true;
-                    }
+                match other.state.try_lock() {
+                    Some(mut st) => st.evict_page(gm, owner.vpn, dev, pfn)?,
+                    None => false,
                 }
+            } else {
+                false
+            };
+            if evicted {
+                return Ok(true);
             }
         }
-        Ok(evicted)
+        Ok(false)
     }
 
     /// Move page `vpn` (frame `pfn` of `dev`) to host memory.

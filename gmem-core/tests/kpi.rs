@@ -1029,3 +1029,91 @@ fn detach_removes_the_devices_table_and_destroy_frees_everything() {
     assert_eq!((host.active, dev.active, dev.free), (0, 0, 8));
     assert_eq!(s.gm.dev_active(s.host().id).unwrap(), None);
 }
+
+#[test]
+fn eviction_reclaims_pages_of_another_space_sharing_the_device() {
+    let (mut s, a) = system();
+    let g = gpu(&mut s, a, 4);
+    let gid = s.devices[g].id;
+    let b =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_attach(b, gid, MmuMode::Coherent, false).unwrap();
+    let ra = s.gm.as_alloc(a, AllocRequest::new(4 * PAGE_SIZE)).unwrap();
+    s.write(g, ra.start, &pattern(1, 4 * PAGE_SIZE as usize))
+        .unwrap();
+    assert_eq!(
+        s.gm.dev_frames(gid).unwrap().free,
+        0,
+        "space a filled the device"
+    );
+    s.gm.dev_switch(gid, b).unwrap();
+    let rb = s.gm.as_alloc(b, AllocRequest::new(2 * PAGE_SIZE)).unwrap();
+    s.write(g, rb.start, &pattern(2, 2 * PAGE_SIZE as usize))
+        .unwrap();
+    assert_eq!(
+        s.gm.stats().evictions,
+        2,
+        "two pages of space a went to host memory"
+    );
+    s.gm.check_invariants(a).unwrap();
+    s.gm.check_invariants(b).unwrap();
+    assert_eq!(
+        s.read(g, rb.start, 2 * PAGE_SIZE as usize).unwrap(),
+        pattern(2, 2 * PAGE_SIZE as usize)
+    );
+    s.gm.dev_switch(gid, a).unwrap();
+    assert_eq!(
+        s.read(g, ra.start, 4 * PAGE_SIZE as usize).unwrap(),
+        pattern(1, 4 * PAGE_SIZE as usize)
+    );
+    s.gm.check_invariants(a).unwrap();
+    s.gm.check_invariants(b).unwrap();
+}
+
+#[test]
+fn concurrent_faults_from_two_devices_keep_one_owner_and_every_byte() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 64);
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(128 * PAGE_SIZE))
+            .unwrap();
+    let s = Arc::new(s);
+    // Each device owns alternate pages for writing, then both read everything: pages
+    // migrate back and forth under the unique policy while the other thread faults.
+    let writers: Vec<_> = [0usize, g]
+        .into_iter()
+        .enumerate()
+        .map(|(k, dev)| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for p in (k as u64..128).step_by(2) {
+                    let at = va(r.start.as_u64() + p * PAGE_SIZE);
+                    s.write(dev, at, &pattern(p as u8, PAGE_SIZE as usize))
+                        .unwrap();
+                }
+                for p in 0..128u64 {
+                    let at = va(r.start.as_u64() + p * PAGE_SIZE);
+                    let got = s.read(dev, at, PAGE_SIZE as usize);
+                    // A page not yet written by the other thread reads as zeros.
+                    let got = got.unwrap();
+                    assert!(
+                        got == pattern(p as u8, PAGE_SIZE as usize) || got.iter().all(|b| *b == 0),
+                        "page {p}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    for p in 0..128u64 {
+        let at = va(r.start.as_u64() + p * PAGE_SIZE);
+        assert_eq!(
+            s.read(0, at, PAGE_SIZE as usize).unwrap(),
+            pattern(p as u8, PAGE_SIZE as usize)
+        );
+    }
+    s.gm.check_invariants(space).unwrap();
+}
