@@ -279,7 +279,13 @@ impl SpaceState {
             g > 1 && b0 >= rfirst && b0 + g <= rend && self.lpt.entries_in(b0, g).next().is_none();
         let mem = self.mem_index(target);
         let (first, pages, pfn) = match whole
-            .then(|| target.phys.lock().alloc_run(g, g, space.id, b0, false))
+            .then(|| {
+                let limit = frame_limit(target, b0, g);
+                target
+                    .phys
+                    .lock()
+                    .alloc_run(g, g, space.id, b0, false, limit)
+            })
             .flatten()
         {
             Some(pfn) => (b0, g, pfn),
@@ -324,15 +330,20 @@ impl SpaceState {
 
     /// One frame in `target` for page `vpn`, evicting to host memory if `target` is a
     /// full device memory.
-    fn alloc_frame(
+    pub(crate) fn alloc_frame(
         &mut self,
         gm: &Gmem,
         space: &SpaceInner,
         target: &Arc<DeviceInner>,
         vpn: u64,
     ) -> Result<u64, FaultError> {
+        let limit = frame_limit(target, vpn, 1);
         loop {
-            if let Some(pfn) = target.phys.lock().alloc_run(1, 1, space.id, vpn, false) {
+            if let Some(pfn) = target
+                .phys
+                .lock()
+                .alloc_run(1, 1, space.id, vpn, false, limit)
+            {
                 return Ok(pfn);
             }
             if target.caps.contains(DevCaps::HOST) || !self.evict_from(gm, space, target, vpn)? {
@@ -391,7 +402,12 @@ impl SpaceState {
             return Ok(false);
         };
         let host = gm.host.clone();
-        let Some(new) = host.phys.lock().alloc_run(1, 1, space_id, vpn, false) else {
+        let limit = frame_limit(&host, vpn, 1);
+        let Some(new) = host
+            .phys
+            .lock()
+            .alloc_run(1, 1, space_id, vpn, false, limit)
+        else {
             return Err(FaultError::OutOfMemory(host.id));
         };
         self.move_page(gm, vpn, &host, new)?;
@@ -469,6 +485,39 @@ impl SpaceState {
         r
     }
 
+    /// Give page `vpn` a zero-filled frame in `target` (no mapping; the next fault or a
+    /// mirror maps it).
+    pub(crate) fn prepare_page(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        vpn: u64,
+        target: &Arc<DeviceInner>,
+    ) -> Result<(), FaultError> {
+        let pfn = self.alloc_frame(gm, space, target, vpn)?;
+        let memory = target
+            .memory
+            .as_ref()
+            .ok_or(FaultError::OutOfMemory(target.id))?;
+        if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE) {
+            target.phys.lock().free(pfn);
+            return Err(e.into());
+        }
+        let mem = self.mem_index(target);
+        self.lpt.set(
+            vpn,
+            PageEntry {
+                pfn,
+                mem,
+                ..PageEntry::EMPTY
+            },
+        );
+        Counters::add(&gm.counters.pages_zeroed, 1);
+        let replicas = self.replica_mask();
+        self.mirror(&gm.counters, vpn, 1, replicas)?;
+        Ok(())
+    }
+
     /// Migrate (or prefetch) every page of `[first, first+pages)` to `target`: pages with
     /// frames elsewhere move, pages without frames are allocated and zero-filled there
     /// (no mapping is installed; the next fault maps). Wired pages stay. Returns pages
@@ -495,27 +544,7 @@ impl SpaceState {
                 self.migrate_page(gm, space, vpn, target)?;
                 done += 1;
             } else if prefetch {
-                let pfn = self.alloc_frame(gm, space, target, vpn)?;
-                let memory = target
-                    .memory
-                    .as_ref()
-                    .ok_or(FaultError::OutOfMemory(target.id))?;
-                if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE) {
-                    target.phys.lock().free(pfn);
-                    return Err(e.into());
-                }
-                let mem = self.mem_index(target);
-                self.lpt.set(
-                    vpn,
-                    PageEntry {
-                        pfn,
-                        mem,
-                        ..PageEntry::EMPTY
-                    },
-                );
-                Counters::add(&gm.counters.pages_zeroed, 1);
-                let replicas = self.replica_mask();
-                self.mirror(&gm.counters, vpn, 1, replicas)?;
+                self.prepare_page(gm, space, vpn, target)?;
                 done += 1;
             }
         }
@@ -524,3 +553,10 @@ impl SpaceState {
 }
 
 const _: () = assert!(MAX_TABLES <= 32);
+
+/// The driver's constraint on frames of `dev` backing `pages` pages from `vpn`.
+fn frame_limit(dev: &DeviceInner, vpn: u64, pages: u64) -> Option<crate::mmu::FrameConstraint> {
+    dev.memory
+        .as_ref()
+        .and_then(|m| m.frame_constraint(VirtAddr::new(vpn << PAGE_SHIFT), pages))
+}

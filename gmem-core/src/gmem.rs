@@ -442,7 +442,7 @@ impl Gmem {
                 .then(|| {
                     st.tables.iter().position(|t| {
                         t.as_ref()
-                            .is_some_and(|t| t.mode == MmuMode::Shared && t.format == format)
+                            .is_some_and(|t| t.mode != MmuMode::Replicate && t.format == format)
                     })
                 })
                 .flatten();
@@ -960,6 +960,71 @@ impl Gmem {
         r
     }
 
+    /// Wire the region (the host VM's `mlock`, or a KVM guest whose pass-through device
+    /// cannot fault): every page gets a frame — zero-filled at the region's placement
+    /// target, host memory when that is "the faulting device" — and is pinned on its
+    /// memory's wired queue (never migrated, never evicted), and mapped at once in the
+    /// tables of every device that cannot fault. Returns the pages newly wired. On error
+    /// no page of the region is left wired by this call.
+    pub fn region_wire(&self, region: Region) -> Result<u64, FaultError> {
+        let space = self
+            .space(region.space)
+            .ok_or(FaultError::NotAllocated(region.start))?;
+        let (r, ready) = {
+            let mut st = space.state.lock();
+            let Some(rec) = st.region(region) else {
+                return Err(FaultError::NotAllocated(region.start));
+            };
+            let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
+            let (placement, explicit) = (rec.placement.target, rec.explicit);
+            let r = if explicit {
+                Ok(0)
+            } else {
+                st.wire_range(self, &space, first, pages, placement)
+            };
+            (r, st.queue.take_ready())
+        };
+        ready.run();
+        r
+    }
+
+    /// Undo [`Gmem::region_wire`]: the pages may migrate and be evicted again; every
+    /// mapping of them except replicate-mode mirrors is removed (devices that cannot
+    /// fault lose them; the others fault them back under the region's policy). Caller-given frames
+    /// (`region_map`) stay wired.
+    pub fn region_unwire(&self, region: Region) -> Result<(), RegionError> {
+        self.with_region(region, |gm, space, st| {
+            let start = region.start.as_u64();
+            let (first, pages) =
+                SpaceState::pages_of(start, st.region(region).expect("checked").len);
+            if st.any_pending(first, pages) {
+                st.drain(&gm.counters, &space.arena);
+            }
+            let wired: Vec<(u64, PageEntry)> = st
+                .lpt
+                .entries_in(first, pages)
+                .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
+                .collect();
+            // Every mapping but the replicas goes: the next fault places the page by the
+            // region's policy again (a wired page may be mapped by several tables).
+            let mask = !st.replica_mask();
+            let touched: Vec<(u64, u32)> = wired
+                .iter()
+                .filter(|(_, e)| e.mapped & mask != 0)
+                .map(|(v, e)| (*v, e.mapped & mask))
+                .collect();
+            st.unmap_entries(&gm.counters, &touched, false);
+            for (v, e) in wired {
+                st.lpt.update(v, |x| x.flags &= !WIRED);
+                st.memories[e.mem as usize]
+                    .phys
+                    .lock()
+                    .set_wired(e.pfn, false);
+            }
+            Ok(())
+        })
+    }
+
     // ----- mapping sets --------------------------------------------------------------
 
     /// Create an empty mapping set in a space.
@@ -1047,6 +1112,67 @@ fn info(space: SpaceId, start: u64, r: &RegionRec) -> RegionInfo {
 }
 
 impl SpaceState {
+    /// Populate and pin `[first, first + pages)`; see [`Gmem::region_wire`].
+    fn wire_range(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        first: u64,
+        pages: u64,
+        target: PlacementTarget,
+    ) -> Result<u64, FaultError> {
+        if self.any_pending(first, pages) {
+            self.drain(&gm.counters, &space.arena);
+        }
+        let dest = self.target_of(gm, &gm.host, target);
+        let mut wired = Vec::new();
+        let mut result = Ok(());
+        for vpn in first..first + pages {
+            let e = self.lpt.get(vpn);
+            if e.has(WIRED) {
+                continue;
+            }
+            if !e.is_populated() {
+                if let Err(err) = self.prepare_page(gm, space, vpn, &dest) {
+                    result = Err(err);
+                    break;
+                }
+            }
+            let e = self.lpt.get(vpn);
+            self.lpt.update(vpn, |x| x.flags |= WIRED);
+            self.memories[e.mem as usize]
+                .phys
+                .lock()
+                .set_wired(e.pfn, true);
+            wired.push(vpn);
+        }
+        if result.is_ok() {
+            let mask = self.wired_mask();
+            result = self
+                .mirror(&gm.counters, first, pages, mask)
+                .map_err(FaultError::Mmu);
+        }
+        if let Err(err) = result {
+            let mask = self.wired_mask() & !self.replica_mask();
+            let touched: Vec<(u64, u32)> = wired
+                .iter()
+                .map(|v| (*v, self.lpt.get(*v).mapped & mask))
+                .filter(|(_, m)| *m != 0)
+                .collect();
+            self.unmap_entries(&gm.counters, &touched, false);
+            for vpn in wired {
+                let e = self.lpt.get(vpn);
+                self.lpt.update(vpn, |x| x.flags &= !WIRED);
+                self.memories[e.mem as usize]
+                    .phys
+                    .lock()
+                    .set_wired(e.pfn, false);
+            }
+            return Err(err);
+        }
+        Ok(wired.len() as u64)
+    }
+
     /// Unmap one region (strict or queued); the region must be live.
     pub(crate) fn unmap_region(
         &mut self,

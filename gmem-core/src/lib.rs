@@ -68,7 +68,9 @@ pub use fault::{FaultKind, FaultResolution};
 pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
-pub use mmu::{DeviceMemory, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot};
+pub use mmu::{
+    DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
+};
 pub use physmem::FrameCounts;
 pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;

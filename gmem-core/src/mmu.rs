@@ -136,6 +136,24 @@ impl fmt::Display for MemError {
     }
 }
 
+/// A driver's constraint on the frames that may back some pages: CODA's page-groups, a
+/// memory stack close to the unit that will use the pages, a DMA window. Frames
+/// `[pa, pa + len)` given out under it satisfy `pa % align == phase`, do not cross a
+/// multiple of `nocross` (0 = no constraint) and lie within `[min, max]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameConstraint {
+    /// Alignment of the first frame (0 or a power of two of at least 4 KiB).
+    pub align: u64,
+    /// Offset from that alignment.
+    pub phase: u64,
+    /// Boundary the run may not cross (0 or a power of two).
+    pub nocross: u64,
+    /// Lowest usable physical address.
+    pub min: PhysAddr,
+    /// Highest usable physical address (inclusive).
+    pub max: PhysAddr,
+}
+
 /// How the core moves bytes in a device's local memory (the data mover).
 pub trait DeviceMemory: Send + Sync {
     /// Fill `len` bytes from `pa` with zeros (bulk zeroing: `len` may be a whole 2 MiB
@@ -145,4 +163,10 @@ pub trait DeviceMemory: Send + Sync {
     fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError>;
     /// Write `buf` at `pa`.
     fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError>;
+    /// The constraint on frames that back `pages` pages from `va`, or `None` for any
+    /// frame (the default). Asked before every allocation in this device's memory.
+    fn frame_constraint(&self, va: VirtAddr, pages: u64) -> Option<FrameConstraint> {
+        let _ = (va, pages);
+        None
+    }
 }

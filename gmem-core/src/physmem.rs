@@ -24,6 +24,7 @@
 
 use crate::addr::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::handle::SpaceId;
+use crate::mmu::FrameConstraint;
 use crate::vmem::{Arena, ArenaConfig, Constraint, SpanError};
 use alloc::vec::Vec;
 
@@ -293,13 +294,27 @@ impl PhysMem {
         space: SpaceId,
         vpn: u64,
         wired: bool,
+        limit: Option<FrameConstraint>,
     ) -> Option<u64> {
-        let pa = if pages == 1 {
-            self.arena.alloc(PAGE_SIZE).ok()?
-        } else {
-            let mut c = Constraint::new(pages << PAGE_SHIFT);
-            c.align = align_pages << PAGE_SHIFT;
-            self.arena.xalloc(&c).ok()?
+        let pa = match limit {
+            None if pages == 1 => self.arena.alloc(PAGE_SIZE).ok()?,
+            _ => {
+                let mut c = Constraint::new(pages << PAGE_SHIFT);
+                c.align = align_pages << PAGE_SHIFT;
+                if let Some(l) = limit {
+                    if pages > 1 && l.phase % c.align.max(1) != 0 {
+                        return None;
+                    }
+                    if l.align > c.align {
+                        c.align = l.align;
+                        c.phase = l.phase;
+                    }
+                    c.nocross = l.nocross;
+                    c.min = l.min.as_u64();
+                    c.max = l.max.as_u64();
+                }
+                self.arena.xalloc(&c).ok()?
+            }
         };
         if pages > 1 {
             let split = self.arena.split(pa, pages << PAGE_SHIFT, PAGE_SIZE);
@@ -358,6 +373,19 @@ impl PhysMem {
                 FrameState::Active | FrameState::Inactive
             ) {
                 self.set_state(i, FrameState::Active);
+            }
+        }
+    }
+
+    /// Pin (`true`) or unpin an in-use frame: wired frames are never evicted.
+    pub fn set_wired(&mut self, pfn: u64, wired: bool) {
+        if let Some(i) = self.index(pfn) {
+            match (self.frames[i as usize].state, wired) {
+                (FrameState::Active | FrameState::Inactive, true) => {
+                    self.set_state(i, FrameState::Wired)
+                }
+                (FrameState::Wired, false) => self.set_state(i, FrameState::Active),
+                _ => {}
             }
         }
     }

@@ -20,7 +20,9 @@ use crate::error::FaultError;
 use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::Gmem;
 use crate::handle::DeviceId;
-use crate::mmu::{DeviceMemory, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::mmu::{
+    DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
+};
 use crate::platform::SingleCpu;
 use crate::sync::{Arc, Mutex};
 use alloc::boxed::Box;
@@ -354,6 +356,7 @@ pub struct TestMemory {
     /// `[base, end)` of addresses this memory answers for (`None` = any).
     bounds: Option<(u64, u64)>,
     counts: Mutex<MemCounts>,
+    limit: Mutex<Option<FrameConstraint>>,
 }
 
 /// What a [`TestMemory`] was asked to do.
@@ -374,6 +377,11 @@ impl TestMemory {
             bounds: Some((base, end)),
             ..TestMemory::default()
         }
+    }
+
+    /// Answer every frame-placement question with `limit` (`None`: any frame).
+    pub fn set_frame_constraint(&self, limit: Option<FrameConstraint>) {
+        *self.limit.lock() = limit;
     }
 
     /// What it was asked to do.
@@ -439,6 +447,9 @@ impl DeviceMemory for TestMemory {
         });
         self.counts.lock().written += buf.len() as u64;
         Ok(())
+    }
+    fn frame_constraint(&self, _va: VirtAddr, _pages: u64) -> Option<FrameConstraint> {
+        *self.limit.lock()
     }
 }
 

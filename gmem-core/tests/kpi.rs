@@ -103,11 +103,20 @@ fn attach_modes_share_fall_back_and_reject_misuse() {
         s.gm.as_attach(space, host, MmuMode::Coherent, false),
         Err(AttachError::AlreadyAttached)
     );
-    // Same format as the host's coherent table: shared still falls back (the host's
-    // table is not a shared one).
+    // Same format as the host's table: the iGPU shares it.
     let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);
     assert_eq!(
         s.gm.as_attach(space, s.devices[igpu].id, MmuMode::Shared, true),
+        Ok(MmuMode::Shared)
+    );
+    // A replicate table is never shared.
+    let sp3 =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_attach(sp3, host, MmuMode::Replicate, false)
+        .unwrap();
+    assert_eq!(
+        s.gm.as_attach(sp3, s.devices[igpu].id, MmuMode::Shared, false),
         Ok(MmuMode::Coherent)
     );
     // A second space where the CPU attaches shared first: the iGPU then shares it.
@@ -1116,4 +1125,112 @@ fn concurrent_faults_from_two_devices_keep_one_owner_and_every_byte() {
         );
     }
     s.gm.check_invariants(space).unwrap();
+}
+
+#[test]
+fn wiring_pins_pages_replicates_them_and_unwiring_releases_them() {
+    let (mut s, space) = system();
+    let host = s.host().id;
+    let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
+    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
+        .unwrap();
+    let g = gpu(&mut s, space, 2);
+    let gid = s.devices[g].id;
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    s.write(0, r.start, b"pinned").unwrap();
+    assert_eq!(
+        s.read(io, r.start, 1),
+        Err(AccessError::Unmapped(r.start)),
+        "not wired yet"
+    );
+    assert_eq!(s.gm.region_wire(r).unwrap(), 4);
+    assert_eq!(s.gm.dev_frames(host).unwrap().wired, 4);
+    assert_eq!(
+        s.read(io, r.start, 6).unwrap(),
+        b"pinned",
+        "replicated to the device that cannot fault"
+    );
+    ok(&s, space);
+    // The GPU faults on the wired page: it is mapped where it is, not migrated.
+    assert_eq!(s.read(g, r.start, 6).unwrap(), b"pinned");
+    assert_eq!(s.gm.stats().faults_migrate, 0);
+    assert_eq!(s.gm.dev_frames(gid).unwrap().active, 0);
+    assert_eq!(
+        s.gm.region_wire(r).unwrap(),
+        0,
+        "wiring twice wires nothing new"
+    );
+    s.gm.region_unwire(r).unwrap();
+    assert_eq!(s.gm.dev_frames(host).unwrap().wired, 0);
+    assert_eq!(
+        s.read(io, r.start, 1),
+        Err(AccessError::Unmapped(r.start)),
+        "unwired pages leave the device"
+    );
+    ok(&s, space);
+    // Wiring more than the target memory can hold fails and leaves nothing wired.
+    let big =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    let on_gpu = Placement {
+        target: PlacementTarget::Device(gid),
+        mode: PlacementMode::Unique,
+    };
+    s.gm.region_set_policy(big, on_gpu).unwrap();
+    assert!(matches!(
+        s.gm.region_wire(big),
+        Err(FaultError::OutOfMemory(_))
+    ));
+    assert_eq!(s.gm.dev_frames(gid).unwrap().wired, 0);
+    ok(&s, space);
+}
+
+#[test]
+fn driver_frame_constraint_steers_placement_and_forces_eviction_inside_its_window() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 8);
+    let lo = GPU_BASE + 4 * PAGE_SIZE;
+    let hi = GPU_BASE + 6 * PAGE_SIZE;
+    let window = FrameConstraint {
+        align: 0,
+        phase: 0,
+        nocross: 0,
+        min: PhysAddr::new(lo),
+        max: PhysAddr::new(hi - 1),
+    };
+    s.devices[g]
+        .memory
+        .as_ref()
+        .unwrap()
+        .set_frame_constraint(Some(window));
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(3 * PAGE_SIZE))
+            .unwrap();
+    s.write(g, r.start, &pattern(4, 3 * PAGE_SIZE as usize))
+        .unwrap();
+    let mut in_window = 0;
+    for p in 0..3 {
+        if let Some(pte) = s.devices[g]
+            .mmu
+            .translate(va(r.start.as_u64() + p * PAGE_SIZE))
+        {
+            let pa = pte.pfn * PAGE_SIZE;
+            if pa >= GPU_BASE {
+                assert!((lo..hi).contains(&pa), "frame {pa:#x} outside the window");
+                in_window += 1;
+            }
+        }
+    }
+    assert_eq!(
+        in_window, 2,
+        "a two-frame window holds two of the three pages"
+    );
+    assert_eq!(s.gm.stats().evictions, 1);
+    assert_eq!(
+        s.read(0, r.start, 3 * PAGE_SIZE as usize).unwrap(),
+        pattern(4, 3 * PAGE_SIZE as usize)
+    );
+    ok(&s, space);
 }
