@@ -1,165 +1,194 @@
-//! `gmem-harness`: runs workloads over gmem-core on simulated devices that hold real
-//! bytes, and verifies every result against a CPU-only reference.
-//!
-//! Today it runs VectorAdd (`c = a + b` over `u32`s) with the CPU preparing the inputs,
-//! a faultable discrete device with local memory computing, and the CPU reading the
-//! result back — the GMEM paper's first simulated workload — on the core's test MMU. The
-//! device memory can be smaller than the working set: the run then exercises eviction
-//! to host memory (oversubscription).
+//! `gmem-harness`: runs workloads and replays traces over gmem-core on simulated devices
+//! that hold real bytes, and verifies every result against a CPU-only reference.
 
-use clap::{Parser, Subcommand};
-use gmem_core::testing::TestSystem;
-use gmem_core::{
-    AllocPolicy, AllocRequest, DevCaps, MapFlags, MmuMode, Stats, VirtAddr, PAGE_SIZE,
-};
+mod replay;
+mod report;
+mod trace;
+mod workloads;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use report::{Output, Report};
+use std::fs::File;
+use std::io::BufReader;
 use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
     name = "gmem-harness",
-    about = "Replay workloads over gmem-core and verify them"
+    about = "Run workloads and replay traces over gmem-core, verified"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Print the report as JSON.
+    #[arg(long, global = true, conflicts_with = "csv")]
+    json: bool,
+    /// Print the report as CSV (`key,value` rows).
+    #[arg(long, global = true)]
+    csv: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Workload {
+    /// c = a + b over u32 vectors: CPU prepares, device computes, CPU checks.
+    Vectoradd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TraceFormat {
+    /// gmem's own text format (see `harness/src/trace.rs`).
+    Gmem,
+    /// valgrind --tool=lackey --trace-mem=yes output.
+    Lackey,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OnDevice {
+    Cpu,
+    Gpu,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// VectorAdd on a discrete device: the CPU writes a and b, the device computes
-    /// c = a + b, the CPU reads c; verified against a CPU-only run.
-    Vectoradd {
+    /// Run a workload (default: vectoradd with its defaults).
+    #[command(alias = "vectoradd")]
+    Run {
+        #[arg(value_enum, default_value = "vectoradd")]
+        workload: Workload,
         /// Elements per vector (u32).
         #[arg(long, default_value_t = 1 << 20)]
         elements: u64,
-        /// Device memory as a percentage of the working set (3 vectors).
+        /// Device memory as a percentage of the working set.
         #[arg(long, default_value_t = 50)]
         device_memory_percent: u64,
     },
+    /// Replay a trace, checking every load against a reference model of the bytes.
+    Replay {
+        /// The trace file.
+        file: String,
+        #[arg(long, value_enum, default_value = "gmem")]
+        format: TraceFormat,
+        /// Device that replays lackey accesses.
+        #[arg(long, value_enum, default_value = "gpu")]
+        on: OnDevice,
+        /// Pages of accelerator memory (fewer than the trace touches = oversubscription).
+        #[arg(long, default_value_t = 4096)]
+        gpu_pages: u64,
+        /// Pages of host memory.
+        #[arg(long, default_value_t = 1 << 20)]
+        host_pages: u64,
+        /// Check the core's invariants after every event (slow on long traces).
+        #[arg(long)]
+        check_every_event: bool,
+    },
 }
 
-const DEVICE_BASE: u64 = 0x40_0000_0000;
+fn run_workload(elements: u64, percent: u64) -> Result<Report, String> {
+    if elements == 0 || percent == 0 {
+        return Err("--elements and --device-memory-percent must be positive".into());
+    }
+    let (stats, mismatches) = workloads::vectoradd(elements, percent)?;
+    let mut r = Report::new(format!(
+        "VectorAdd: {elements} u32 elements, device memory {percent}% of the working set"
+    ));
+    r.stats(&stats);
+    r.verify(
+        mismatches == 0,
+        if mismatches == 0 {
+            format!("{elements} elements match the CPU-only reference")
+        } else {
+            format!("{mismatches} of {elements} elements differ from the CPU-only reference")
+        },
+    );
+    Ok(r)
+}
 
-fn vectoradd(elements: u64, percent: u64) -> Result<(Stats, u64), String> {
-    let bytes = elements * 4;
-    let pages = bytes.div_ceil(PAGE_SIZE);
-    let working_set = 3 * pages;
-    let device_pages = (working_set * percent / 100).max(1);
-    let mut sys = TestSystem::without_log(working_set * 2 + 64);
-    let gpu = sys.add_device(7, DevCaps::FAULTABLE, DEVICE_BASE, device_pages);
-    let gm = &sys.gm;
-    let space = gm
-        .as_create(
-            VirtAddr::new(1 << 32),
-            VirtAddr::new(1 << 40),
-            AllocPolicy::empty(),
+fn run_replay(
+    file: &str,
+    format: trace::Format,
+    gpu_pages: u64,
+    host_pages: u64,
+    check_every: bool,
+) -> Result<Report, String> {
+    let f = File::open(file).map_err(|e| format!("{file}: {e}"))?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} replay [{bar:30}] {bytes}/{total_bytes} {per_sec} eta {eta}",
         )
-        .map_err(|e| e.to_string())?;
-    gm.as_attach(space, sys.host().id, MmuMode::Coherent, true)
-        .map_err(|e| e.to_string())?;
-    gm.as_attach(space, sys.devices[gpu].id, MmuMode::Coherent, true)
-        .map_err(|e| e.to_string())?;
-    let alloc = |n| {
-        gm.as_alloc(space, AllocRequest::new(n * PAGE_SIZE))
-            .map_err(|e| e.to_string())
-    };
-    let (a, b, c) = (alloc(pages)?, alloc(pages)?, alloc(pages)?);
-    let at = |r: gmem_core::Region, i: u64| VirtAddr::new(r.start.as_u64() + i * 4);
-    let input = |i: u64, k: u32| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(k);
-    let err = |e: gmem_core::testing::AccessError| format!("{e:?}");
-
-    // The CPU prepares the inputs, a page at a time.
-    let per_page = PAGE_SIZE / 4;
-    for p in 0..pages {
-        let n = per_page.min(elements - p * per_page);
-        let xs: Vec<u8> = (0..n)
-            .flat_map(|j| input(p * per_page + j, 1).to_le_bytes())
-            .collect();
-        let ys: Vec<u8> = (0..n)
-            .flat_map(|j| input(p * per_page + j, 2).to_le_bytes())
-            .collect();
-        sys.write(0, at(a, p * per_page), &xs).map_err(err)?;
-        sys.write(0, at(b, p * per_page), &ys).map_err(err)?;
-    }
-    // The device computes through its own MMU.
-    for p in 0..pages {
-        let n = (per_page.min(elements - p * per_page) * 4) as usize;
-        let xs = sys.read(gpu, at(a, p * per_page), n).map_err(err)?;
-        let ys = sys.read(gpu, at(b, p * per_page), n).map_err(err)?;
-        let zs: Vec<u8> = xs
-            .chunks(4)
-            .zip(ys.chunks(4))
-            .flat_map(|(x, y)| {
-                let x = u32::from_le_bytes(x.try_into().expect("4 bytes"));
-                let y = u32::from_le_bytes(y.try_into().expect("4 bytes"));
-                x.wrapping_add(y).to_le_bytes()
-            })
-            .collect();
-        sys.write(gpu, at(c, p * per_page), &zs).map_err(err)?;
-    }
-    // The CPU reads the result and checks it against a CPU-only computation.
-    let mut mismatches = 0u64;
-    for p in 0..pages {
-        let n = per_page.min(elements - p * per_page);
-        let zs = sys
-            .read(0, at(c, p * per_page), (n * 4) as usize)
-            .map_err(err)?;
-        for j in 0..n {
-            let i = p * per_page + j;
-            let got = u32::from_le_bytes(
-                zs[(j * 4) as usize..(j * 4 + 4) as usize]
-                    .try_into()
-                    .expect("4 bytes"),
-            );
-            if got != input(i, 1).wrapping_add(input(i, 2)) {
-                mismatches += 1;
-            }
+        .map_err(|e| e.to_string())?,
+    );
+    let reader = trace::Reader::new(BufReader::new(bar.wrap_read(f)), file, format);
+    let mut rep = replay::Replayer::new(gpu_pages, host_pages)?;
+    for ev in reader {
+        let ev = ev.map_err(|e| e.to_string())?;
+        rep.step(&ev)
+            .map_err(|e| format!("{file}: event {}: {e}", rep.counts.events + 1))?;
+        if check_every {
+            rep.check()?;
         }
     }
-    for r in [a, b, c] {
-        gm.region_dealloc(r, MapFlags::empty(), None)
-            .map_err(|e| e.to_string())?;
-    }
-    gm.check_invariants(space).map_err(|e| e.to_string())?;
-    Ok((gm.stats(), mismatches))
+    bar.finish_and_clear();
+    rep.check()?;
+    let c = rep.counts;
+    let mut r = Report::new(format!("replay {file}: {} events", c.events));
+    r.row("events", c.events);
+    r.row("loads checked", c.loads);
+    r.row("stores", c.stores);
+    r.row("bytes accessed", c.bytes);
+    r.stats(&rep.stats());
+    r.verify(
+        true,
+        format!(
+            "{} loads match the reference model; invariants hold",
+            c.loads
+        ),
+    );
+    Ok(r)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (elements, percent) = match cli.command {
-        Some(Command::Vectoradd {
+    let output = if cli.json {
+        Output::Json
+    } else if cli.csv {
+        Output::Csv
+    } else {
+        Output::Table
+    };
+    let result = match cli.command {
+        None => run_workload(1 << 20, 50),
+        Some(Command::Run {
+            workload: Workload::Vectoradd,
             elements,
             device_memory_percent,
-        }) => (elements, device_memory_percent),
-        None => (1 << 20, 50),
+        }) => run_workload(elements, device_memory_percent),
+        Some(Command::Replay {
+            file,
+            format,
+            on,
+            gpu_pages,
+            host_pages,
+            check_every_event,
+        }) => {
+            let on = match on {
+                OnDevice::Cpu => trace::Dev::Cpu,
+                OnDevice::Gpu => trace::Dev::Gpu,
+            };
+            let format = match format {
+                TraceFormat::Gmem => trace::Format::Gmem,
+                TraceFormat::Lackey => trace::Format::Lackey { on },
+            };
+            run_replay(&file, format, gpu_pages, host_pages, check_every_event)
+        }
     };
-    if elements == 0 || percent == 0 {
-        eprintln!("error: --elements and --device-memory-percent must be positive");
-        return ExitCode::from(2);
-    }
-    println!("VectorAdd: {elements} u32 elements, device memory {percent}% of the working set");
-    match vectoradd(elements, percent) {
-        Ok((s, mismatches)) => {
-            let rows = [
-                ("faults: zero-fill", s.faults_zero_fill),
-                ("faults: migrate", s.faults_migrate),
-                ("faults: remote", s.faults_remote),
-                ("faults: map existing", s.faults_map_existing),
-                ("faults: spurious", s.faults_spurious),
-                ("pages zeroed", s.pages_zeroed),
-                ("bytes host->dev", s.bytes_host_to_dev),
-                ("bytes dev->host", s.bytes_dev_to_host),
-                ("evictions (pages)", s.evictions),
-                ("TLB invalidations", s.invalidations),
-            ];
-            for (k, v) in rows {
-                println!("  {k:<22} {v:>12}");
-            }
-            if mismatches == 0 {
-                println!("verify: OK ({elements} elements match the CPU-only reference)");
+    match result {
+        Ok(report) => {
+            report.print(output);
+            if report.ok() {
                 ExitCode::SUCCESS
             } else {
-                println!("verify: FAILED ({mismatches} of {elements} elements differ)");
                 ExitCode::FAILURE
             }
         }
