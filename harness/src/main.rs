@@ -1,8 +1,10 @@
 //! `gmem-harness`: runs workloads and replays traces over gmem-core on simulated devices
 //! that hold real bytes, and verifies every result against a CPU-only reference.
 
+mod machine;
 mod replay;
 mod report;
+mod reproduce;
 mod trace;
 mod workloads;
 
@@ -32,6 +34,27 @@ struct Cli {
 enum Workload {
     /// c = a + b over u32 vectors: CPU prepares, device computes, CPU checks.
     Vectoradd,
+    /// Back-propagation on a 3-layer network (n inputs, 16 hidden, 1 output).
+    Backprop,
+    /// Polybench ATAX: y = A^T (A x).
+    Atax,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AccelKind {
+    /// A discrete GPU with local memory (sized by --device-memory-percent).
+    Discrete,
+    /// An integrated GPU sharing the CPU's page table.
+    IntegratedShared,
+    /// An integrated GPU with a coherent page table of its own.
+    IntegratedCoherent,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Experiment {
+    /// GMEM Table 4: back-propagation traffic with device memory below and above the
+    /// working set.
+    GmemTable4,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -55,12 +78,38 @@ enum Command {
     Run {
         #[arg(value_enum, default_value = "vectoradd")]
         workload: Workload,
-        /// Elements per vector (u32).
-        #[arg(long, default_value_t = 1 << 20)]
-        elements: u64,
-        /// Device memory as a percentage of the working set.
+        /// The accelerator.
+        #[arg(long, value_enum, default_value = "discrete")]
+        accel: AccelKind,
+        /// Discrete-GPU memory as a percentage of the working set.
         #[arg(long, default_value_t = 50)]
         device_memory_percent: u64,
+        /// VectorAdd: elements per vector (u32).
+        #[arg(long, default_value_t = 1 << 20)]
+        elements: u64,
+        /// Backprop: input units.
+        #[arg(long, default_value_t = 1 << 16)]
+        inputs: u64,
+        /// Backprop: training steps.
+        #[arg(long, default_value_t = 3)]
+        steps: u32,
+        /// ATAX: matrix dimension.
+        #[arg(long, default_value_t = 1024)]
+        n: u64,
+    },
+    /// Reproduce a paper's result; writes CSV, JSON and an SVG plot.
+    Reproduce {
+        #[arg(value_enum)]
+        experiment: Experiment,
+        /// Backprop input units (the default makes the paper's 137.5 MiB network).
+        #[arg(long, default_value_t = 1_092_000)]
+        inputs: u64,
+        /// Training steps.
+        #[arg(long, default_value_t = 3)]
+        steps: u32,
+        /// Where to write the table and the plot.
+        #[arg(long, default_value = "out")]
+        out: String,
     },
     /// Replay a trace, checking every load against a reference model of the bytes.
     Replay {
@@ -83,21 +132,122 @@ enum Command {
     },
 }
 
-fn run_workload(elements: u64, percent: u64) -> Result<Report, String> {
-    if elements == 0 || percent == 0 {
-        return Err("--elements and --device-memory-percent must be positive".into());
+#[allow(clippy::too_many_arguments)]
+fn run_workload(
+    workload: Workload,
+    accel: AccelKind,
+    percent: u64,
+    elements: u64,
+    inputs: u64,
+    steps: u32,
+    n: u64,
+) -> Result<Report, String> {
+    if percent == 0 || elements == 0 || inputs == 0 || n == 0 {
+        return Err("sizes and --device-memory-percent must be positive".into());
     }
-    let (stats, mismatches) = workloads::vectoradd(elements, percent)?;
-    let mut r = Report::new(format!(
-        "VectorAdd: {elements} u32 elements, device memory {percent}% of the working set"
-    ));
-    r.stats(&stats);
+    let accel_of = move |ws: u64| match accel {
+        AccelKind::Discrete => machine::Accel::Discrete {
+            pages: workloads::device_pages(ws, percent),
+        },
+        AccelKind::IntegratedShared => machine::Accel::IntegratedShared,
+        AccelKind::IntegratedCoherent => machine::Accel::IntegratedCoherent,
+    };
+    let (title, o) = match workload {
+        Workload::Vectoradd => (
+            format!("VectorAdd: {elements} u32 elements"),
+            workloads::vectoradd(elements, accel_of)?,
+        ),
+        Workload::Backprop => (
+            format!("Back-propagation: {inputs} inputs x 16 hidden x 1 output, {steps} steps"),
+            workloads::backprop(inputs, steps, accel_of)?,
+        ),
+        Workload::Atax => (format!("ATAX: {n} x {n}"), workloads::atax(n, accel_of)?),
+    };
+    let accel_desc = match accel {
+        AccelKind::Discrete => format!("discrete GPU, memory {percent}% of the working set"),
+        AccelKind::IntegratedShared => "integrated GPU, shared page table".to_string(),
+        AccelKind::IntegratedCoherent => "integrated GPU, coherent page table".to_string(),
+    };
+    let mut r = Report::new(format!("{title}; {accel_desc}"));
+    r.row("working set (bytes)", o.working_set);
+    r.stats(&o.stats);
+    r.row("device bytes zeroed", o.device_zeroed);
+    r.row("GPU TLB hits", o.gpu_tlb.0);
+    r.row("GPU TLB misses", o.gpu_tlb.1);
+    let ok = o.mismatches == 0;
     r.verify(
-        mismatches == 0,
-        if mismatches == 0 {
-            format!("{elements} elements match the CPU-only reference")
+        ok,
+        if ok {
+            format!(
+                "{} values match the CPU-only reference bit for bit",
+                o.compared
+            )
         } else {
-            format!("{mismatches} of {elements} elements differ from the CPU-only reference")
+            format!(
+                "{} of {} values differ from the CPU-only reference",
+                o.mismatches, o.compared
+            )
+        },
+    );
+    Ok(r)
+}
+
+fn run_reproduce(inputs: u64, steps: u32, out: &str) -> Result<Report, String> {
+    if inputs == 0 {
+        return Err("--inputs must be positive".into());
+    }
+    let (ws, rows) = reproduce::table4(inputs, steps)?;
+    let files = reproduce::write_table4(std::path::Path::new(out), ws, &rows)?;
+    println!(
+        "GMEM Table 4, reproduced: back-propagation, {:.1} MiB working set, {steps} steps",
+        ws as f64 / (1 << 20) as f64
+    );
+    println!(
+        "{:>22} {:>14} {:>14} {:>14} {:>10}",
+        "device memory", "dev-zero-fill", "host-to-dev", "dev-to-host", "evictions"
+    );
+    for r in &rows {
+        println!(
+            "{:>12.1} MiB ({:>3.0}%) {:>10.1} MiB {:>10.1} MiB {:>10.1} MiB {:>10}",
+            r.device_mib,
+            r.device_percent,
+            r.dev_zero_fill_mib,
+            r.host_to_dev_mib,
+            r.dev_to_host_mib,
+            r.evictions
+        );
+    }
+    println!("paper (137.5 MB network):");
+    for (d, z, h, o) in reproduce::PAPER {
+        println!(
+            "{:>12.1} MB  ({:>3.0}%) {:>10.1} MB  {:>10.1} MB  {:>10.1} MB",
+            d,
+            d / 137.5 * 100.0,
+            z,
+            h,
+            o
+        );
+    }
+    println!("written: {}", files.join(", "));
+    let mut r = Report::new("gmem-table4".to_string());
+    for (row, label) in rows.iter().zip(["below", "above"]) {
+        r.row(
+            &format!("{label}: host-to-dev bytes"),
+            (row.host_to_dev_mib * (1 << 20) as f64) as u64,
+        );
+        r.row(
+            &format!("{label}: dev-to-host bytes"),
+            (row.dev_to_host_mib * (1 << 20) as f64) as u64,
+        );
+        r.row(&format!("{label}: evictions"), row.evictions);
+    }
+    let ok = rows.iter().all(|r| r.verified);
+    r.verify(
+        ok,
+        if ok {
+            "trained weights match the CPU-only reference in both runs".into()
+        } else {
+            "weights differ".into()
         },
     );
     Ok(r)
@@ -158,12 +308,38 @@ fn main() -> ExitCode {
         Output::Table
     };
     let result = match cli.command {
-        None => run_workload(1 << 20, 50),
+        None => run_workload(
+            Workload::Vectoradd,
+            AccelKind::Discrete,
+            50,
+            1 << 20,
+            1 << 16,
+            3,
+            1024,
+        ),
         Some(Command::Run {
-            workload: Workload::Vectoradd,
-            elements,
+            workload,
+            accel,
             device_memory_percent,
-        }) => run_workload(elements, device_memory_percent),
+            elements,
+            inputs,
+            steps,
+            n,
+        }) => run_workload(
+            workload,
+            accel,
+            device_memory_percent,
+            elements,
+            inputs,
+            steps,
+            n,
+        ),
+        Some(Command::Reproduce {
+            experiment: Experiment::GmemTable4,
+            inputs,
+            steps,
+            out,
+        }) => run_reproduce(inputs, steps, &out),
         Some(Command::Replay {
             file,
             format,

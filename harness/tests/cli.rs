@@ -71,3 +71,31 @@ fn malformed_trace_names_file_and_line_and_fails() {
     let (ok, _, err) = harness(&["replay", "/nonexistent/trace.gmt"]);
     assert!(!ok && err.contains("/nonexistent/trace.gmt"), "{err}");
 }
+
+#[test]
+fn reproduce_table4_writes_csv_json_and_svg_and_verifies() {
+    let dir = std::env::temp_dir().join(format!("gmem-harness-{}-t4", std::process::id()));
+    let (ok, out, err) = harness(&[
+        "reproduce",
+        "gmem-table4",
+        "--inputs",
+        "20000",
+        "--steps",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("verify: OK"), "{out}");
+    let csv = std::fs::read_to_string(dir.join("gmem-table4.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "header and two rows: {csv}");
+    let svg = std::fs::read_to_string(dir.join("gmem-table4.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("host-to-dev"));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("gmem-table4.json")).unwrap())
+            .unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    assert!(
+        rows[0]["evictions"].as_u64().unwrap() > 0 && rows[1]["evictions"].as_u64().unwrap() == 0
+    );
+}
