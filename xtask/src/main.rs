@@ -23,7 +23,11 @@ enum Task {
 }
 
 /// Bare-metal targets gmem-core must build for (no std anywhere).
-const BARE_METAL: &[&str] = &["x86_64-unknown-none"];
+const BARE_METAL: &[&str] = &[
+    "x86_64-unknown-none",
+    "riscv64gc-unknown-none-elf",
+    "aarch64-unknown-none",
+];
 
 fn run(step: &str, args: &[&str]) -> Result<(), String> {
     eprintln!("\n== {step}: cargo {}", args.join(" "));
