@@ -1,0 +1,341 @@
+//! # sv39-kernel: gmem-core serving a real hart's page faults
+//!
+//! A minimal S-mode kernel for QEMU's `virt` machine (entered from OpenSBI at
+//! 0x8020_0000). It embeds `gmem-core` with the hart as the CPU device: the Sv39 driver
+//! is its `Mmu`, direct RAM access its `DeviceMemory`. Then:
+//! 1. registers 16 MiB of RAM with the core and creates an address space;
+//! 2. attaches the CPU, which makes the driver write `satp`: paging is on, the kernel
+//!    keeps running on the driver's global identity mappings;
+//! 3. allocates a region and touches it: loads on the first pages, then stores over
+//!    all of them. Each first touch is a real page fault (scause 13 / 15) that the trap
+//!    handler hands to `gm.dev_fault`; the core zero-fills a frame and maps it through
+//!    the driver, and `sret` retries the access;
+//! 4. verifies the data through the region and through the physical frames the driver's
+//!    tables point at;
+//! 5. deallocates the region and probes it: the fault comes back from the core as
+//!    `FaultError::NotAllocated`, which the kernel reports and survives;
+//! 6. prints a summary and exits QEMU through the SiFive test device (pass `0x5555`,
+//!    fail `0x3333 | code << 16`; any panic fails).
+//!
+//! `cargo xtask qemu` builds and boots it.
+
+#![no_std]
+#![no_main]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+extern crate alloc;
+
+mod board;
+mod memory;
+mod trap;
+
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use board::{exit_fail, exit_pass, RAM_BASE, RAM_END};
+use core::sync::atomic::Ordering;
+use gmem_core::{
+    AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, Gmem, MapFlags, MmuMode,
+    PageTableRoot, Prot, SingleCpu, VirtAddr, PAGE_SIZE,
+};
+use gmem_sv39::{DirectHart, GlobalMapping, Sv39, Sv39Config};
+use memory::{DirectRam, FramePool, Layout};
+
+core::arch::global_asm!(
+    ".section .text.boot",
+    ".globl _start",
+    "_start:",
+    // OpenSBI passes the hart id in a0 and the device tree in a1; keep both for kmain.
+    "la sp, __boot_stack_top",
+    "la t0, __bss_start",
+    "la t1, __bss_end",
+    "1:",
+    "bgeu t0, t1, 2f",
+    "sd zero, 0(t0)",
+    "addi t0, t0, 8",
+    "j 1b",
+    "2:",
+    "call kmain",
+    "3:",
+    "wfi",
+    "j 3b",
+    ".section .bss.stack",
+    ".align 12",
+    "__boot_stack_bottom:",
+    ".space 65536",
+    "__boot_stack_top:",
+);
+
+/// What the trap handler needs: the core and the CPU's device id.
+pub struct Kernel {
+    /// The memory manager.
+    pub gm: Gmem,
+    /// The hart, as the core's host CPU device.
+    pub cpu: DeviceId,
+}
+
+/// Set once the core is up; read by the trap handler.
+pub static KERNEL: spin::Once<Kernel> = spin::Once::new();
+
+/// Where the region lives and how big it is.
+const SPACE_BEGIN: u64 = 0x1_0000_0000;
+const SPACE_END: u64 = 0x2_0000_0000;
+const REGION_PAGES: u64 = 32;
+/// Pages first touched by a load (the rest by a store).
+const LOAD_PAGES: u64 = 8;
+
+fn pattern(va: u64) -> u64 {
+    va.rotate_left(17) ^ 0x6d65_6d67_5f73_7639
+}
+
+#[no_mangle]
+extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
+    println!();
+    println!("sv39-kernel: hart {hart}, device tree at {dtb:#x}");
+    trap::init();
+    let Some(layout) = Layout::compute() else {
+        println!("the kernel image leaves no room for heap, page tables and RAM");
+        exit_fail(2);
+    };
+    // SAFETY: called once, first thing, with the computed layout (free RAM after the
+    // kernel image, below the end of RAM).
+    unsafe { layout.init_heap() };
+    println!(
+        "memory: kernel ends {:#x}, heap {:#x}..{:#x}, page tables {:#x}..{:#x}, gmem RAM {:#x}..{:#x}",
+        layout.kernel_end,
+        layout.heap.0,
+        layout.heap.1,
+        layout.page_tables.0,
+        layout.page_tables.1,
+        layout.gmem.0,
+        layout.gmem.1
+    );
+    match run(&layout) {
+        Ok(()) => {
+            println!("sv39-kernel: PASS");
+            exit_pass()
+        }
+        Err(e) => {
+            println!("sv39-kernel: FAIL: {e}");
+            exit_fail(7)
+        }
+    }
+}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+fn run(layout: &Layout) -> Result<(), String> {
+    // Page-table frames and the global mappings: MMIO (UART, test device) and all of
+    // RAM, identity-mapped, so the kernel runs on after satp is written.
+    // SAFETY: the pool's range is free RAM (layout), identity mapped by the globals below
+    // and used by nothing else.
+    let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
+    let globals = [
+        GlobalMapping::identity(0, 1 << 30, Prot::RW),
+        GlobalMapping::identity(RAM_BASE, RAM_END - RAM_BASE, Prot::RWX),
+    ];
+    // SAFETY: paging is off now and RAM is identity mapped afterwards, so page-table
+    // frames are reachable at their physical addresses (offset 0).
+    let hart = unsafe { DirectHart::new(0) };
+    // SAFETY: the pool's frames are the driver's alone and reachable through `hart`;
+    // the global mappings cover the kernel image, stack, heap and MMIO it runs on.
+    let mmu = Arc::new(
+        unsafe { Sv39::new(hart, pool.clone(), Sv39Config::default(), &globals) }
+            .map_err(|e| format!("Sv39 driver: {e}"))?,
+    );
+    // SAFETY: the gmem range is free RAM (layout), identity mapped, and only the core
+    // hands it out.
+    let ram = Arc::new(unsafe { DirectRam::new(layout.gmem.0, layout.gmem.1) });
+    let gm = Gmem::new(
+        Arc::new(SingleCpu),
+        DeviceDesc {
+            name: "hart0".into(),
+            mmu: mmu.clone(),
+            memory: Some(ram),
+            caps: DevCaps::FAULTABLE,
+            data: None,
+        },
+    )
+    .map_err(|e| format!("Gmem::new: {e}"))?;
+    let cpu = gm.host();
+    let k = KERNEL.call_once(|| Kernel { gm, cpu });
+    let gm = &k.gm;
+
+    gm.dev_register_physmem(
+        cpu,
+        gmem_core::PhysAddr::new(layout.gmem.0),
+        gmem_core::PhysAddr::new(layout.gmem.1),
+    )
+    .map_err(|e| format!("dev_register_physmem: {e}"))?;
+    let registered = gm.dev_frames(cpu).map_err(|e| format!("{e}"))?.free;
+    let space = gm
+        .as_create(
+            VirtAddr::new(SPACE_BEGIN),
+            VirtAddr::new(SPACE_END),
+            AllocPolicy::empty(),
+        )
+        .map_err(|e| format!("as_create: {e}"))?;
+    println!(
+        "gmem: {registered} frames registered, space {SPACE_BEGIN:#x}..{SPACE_END:#x}; satp = {:#x} (bare)",
+        trap::satp()
+    );
+
+    gm.as_attach(space, cpu, MmuMode::Coherent, true)
+        .map_err(|e| format!("as_attach: {e}"))?;
+    let satp = trap::satp();
+    check(satp >> 60 == 8, || format!("satp {satp:#x} is not Sv39"))?;
+    let root = PageTableRoot((satp & ((1 << 44) - 1)) << 12);
+    println!(
+        "attached: satp = {satp:#x} (Sv39, root {:#x}) - paging on, kernel still running",
+        root.0
+    );
+
+    let region = gm
+        .as_alloc(space, AllocRequest::new(REGION_PAGES * PAGE_SIZE))
+        .map_err(|e| format!("as_alloc: {e}"))?;
+    let base = region.start.as_u64();
+    println!(
+        "region: {base:#x}..{:#x} ({REGION_PAGES} pages), nothing mapped yet",
+        base + REGION_PAGES * PAGE_SIZE
+    );
+    check(mmu.translate(root, region.start).is_none(), || {
+        "a fresh region is already mapped".into()
+    })?;
+
+    // Loads first: each first touch is a load page fault, served with a zeroed page.
+    for p in 0..LOAD_PAGES {
+        let va = (base + p * PAGE_SIZE) as *const u64;
+        // SAFETY: `va` is inside the region the core just allocated for this space; the
+        // first access faults and the core maps a zeroed frame before the load retries.
+        let v = unsafe { core::ptr::read_volatile(va) };
+        check(v == 0, || {
+            format!("page {p}: read {v:#x} from a zero-filled page")
+        })?;
+    }
+    // Then stores over every word of every page.
+    let words = PAGE_SIZE / 8;
+    for p in 0..REGION_PAGES {
+        for w in 0..words {
+            let va = base + p * PAGE_SIZE + w * 8;
+            // SAFETY: inside the region; the first store to a page not yet mapped faults
+            // and the core maps it (read-write) before the store retries.
+            unsafe { core::ptr::write_volatile(va as *mut u64, pattern(va)) };
+        }
+    }
+    // Verify through the region and through the frames the hart's table points at.
+    for p in 0..REGION_PAGES {
+        let page = base + p * PAGE_SIZE;
+        let t = mmu
+            .translate(root, VirtAddr::new(page))
+            .ok_or_else(|| format!("page {page:#x} is not mapped after its fault"))?;
+        let pa = t.pa.as_u64();
+        check((layout.gmem.0..layout.gmem.1).contains(&pa), || {
+            format!("page {page:#x} maps {pa:#x}, outside the registered RAM")
+        })?;
+        for w in 0..words {
+            let va = page + w * 8;
+            // SAFETY: inside the region, now mapped; `pa + w * 8` is the same byte through
+            // the identity mapping of RAM.
+            let (v, raw) = unsafe {
+                (
+                    core::ptr::read_volatile(va as *const u64),
+                    core::ptr::read_volatile((pa + w * 8) as *const u64),
+                )
+            };
+            check(v == pattern(va) && raw == v, || {
+                format!(
+                    "word {va:#x}: read {v:#x} (frame {raw:#x}), wrote {:#x}",
+                    pattern(va)
+                )
+            })?;
+        }
+    }
+    let loads = trap::LOAD_FAULTS.load(Ordering::Relaxed);
+    let stores = trap::STORE_FAULTS.load(Ordering::Relaxed);
+    println!(
+        "touched: {REGION_PAGES} pages, {} words verified through the region and the frames",
+        REGION_PAGES * words
+    );
+    check(
+        loads == LOAD_PAGES && stores == REGION_PAGES - LOAD_PAGES,
+        || {
+            format!(
+                "expected {LOAD_PAGES} load and {} store faults, took {loads} and {stores}",
+                REGION_PAGES - LOAD_PAGES
+            )
+        },
+    )?;
+    let s = gm.stats();
+    check(
+        s.faults_zero_fill == REGION_PAGES && s.pages_zeroed == REGION_PAGES,
+        || format!("core stats disagree with the faults taken: {s:?}"),
+    )?;
+    let tables_before = mmu.frames_held();
+
+    // Deallocate, then touch the freed range: the core refuses with a typed error.
+    gm.region_dealloc(region, MapFlags::empty(), None)
+        .map_err(|e| format!("region_dealloc: {e}"))?;
+    check(mmu.translate(root, region.start).is_none(), || {
+        "the region is still mapped after dealloc".into()
+    })?;
+    let frames = gm.dev_frames(cpu).map_err(|e| format!("{e}"))?;
+    check(frames.free == registered, || {
+        format!("{} of {registered} frames free after dealloc", frames.free)
+    })?;
+    println!(
+        "dealloc: region unmapped, {} frames back, {} page-table pages freed",
+        REGION_PAGES,
+        tables_before - mmu.frames_held()
+    );
+    let probe = trap::probe_read(region.start);
+    let refused = match probe {
+        Err(e @ FaultError::NotAllocated(va)) if va == region.start => e,
+        other => return Err(format!("probe of the freed region gave {other:?}")),
+    };
+    println!("probe: access to the freed region -> {refused:?} (recovered)");
+
+    let s = gm.stats();
+    let d = mmu.stats();
+    println!("---- summary ----");
+    println!(
+        "page faults taken: {} (load {}, store {}, instruction {}); served by gmem: {}; refused: {}",
+        trap::LOAD_FAULTS.load(Ordering::Relaxed)
+            + trap::STORE_FAULTS.load(Ordering::Relaxed)
+            + trap::FETCH_FAULTS.load(Ordering::Relaxed),
+        trap::LOAD_FAULTS.load(Ordering::Relaxed),
+        trap::STORE_FAULTS.load(Ordering::Relaxed),
+        trap::FETCH_FAULTS.load(Ordering::Relaxed),
+        trap::SERVED.load(Ordering::Relaxed),
+        s.faults_failed
+    );
+    println!(
+        "gmem stats: faults_zero_fill {}, pages_zeroed {}, mmu_maps {}, mmu_unmaps {}, invalidations {}, faults_failed {}",
+        s.faults_zero_fill, s.pages_zeroed, s.mmu_maps, s.mmu_unmaps, s.invalidations, s.faults_failed
+    );
+    println!(
+        "sv39 driver: pages mapped {}, unmapped {}, tables allocated {} / freed {}, sfence.vma per-page {} / full {}, satp writes {}",
+        d.pages_mapped, d.pages_unmapped, d.tables_allocated, d.tables_freed, d.fences_page, d.fences_all, d.satp_writes
+    );
+    println!("typed error from the freed region: {refused:?}");
+    println!(
+        "page-table frames in use {}, heap in use {} KiB",
+        pool.in_use(),
+        memory::heap_used() / 1024
+    );
+    check(s.faults_failed == 1, || {
+        format!("{} faults refused, expected 1", s.faults_failed)
+    })?;
+    Ok(())
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
+    println!("sv39-kernel: PANIC: {info}");
+    exit_fail(1)
+}
