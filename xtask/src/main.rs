@@ -2,7 +2,10 @@
 //!
 //! `cargo xtask ci` runs exactly what `.ci/run` runs after installing prerequisites:
 //! formatting, lints, the workspace's tests, the bare-metal builds of `gmem-core`, a
-//! compile check of the benchmarks, and the harness's main job with its verification.
+//! compile check of the benchmarks, the harness's main job with its verification, and
+//! the RISC-V Sv39 kernel booted under QEMU (`cargo xtask qemu`, see [`qemu`]).
+
+mod qemu;
 
 use clap::{Parser, Subcommand};
 use std::process::{Command, ExitCode};
@@ -20,6 +23,8 @@ enum Task {
     Ci,
     /// Build gmem-core for the bare-metal targets.
     BareMetal,
+    /// Build the RISC-V Sv39 kernel and boot it under QEMU.
+    Qemu,
 }
 
 /// Bare-metal targets gmem-core must build for (no std anywhere).
@@ -76,6 +81,7 @@ fn ci() -> Result<(), String> {
         "main job",
         &["run", "--release", "-p", "gmem-harness", "--", "vectoradd"],
     )?;
+    qemu::qemu()?;
     Ok(())
 }
 
@@ -84,6 +90,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Task::Ci => ci(),
         Task::BareMetal => bare_metal(),
+        Task::Qemu => qemu::qemu(),
     };
     match r {
         Ok(()) => {
