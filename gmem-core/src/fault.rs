@@ -427,8 +427,8 @@ impl SpaceState {
         self.move_page(gm, vpn, target, new)
     }
 
-    /// Tear down every mapping of `vpn`, copy its bytes into frame `new` of `to`, free the
-    /// old frame, re-mirror. `new` is already allocated and owned by this page.
+    /// Tear down every mapping of `vpn` (unmap + invalidate), then copy its bytes into
+    /// frame `new` of `to`, free the old frame, re-mirror. `new` is already allocated and owned by this page.
     pub(crate) fn move_page(
         &mut self,
         gm: &Gmem,
@@ -439,11 +439,14 @@ impl SpaceState {
         let stats = &gm.counters;
         let e = self.lpt.get(vpn);
         let from = self.memories[e.mem as usize].clone();
+        // Mappings first: once every TLB is invalidated no device can still write the
+        // old frame, so the copy below sees the page's final bytes. (On a copy failure
+        // the page stays where it is; the dropped mappings fault back in.)
+        self.unmap_pages(stats, vpn, 1, u32::MAX, false);
         if let Err(err) = self.copy_page(&from, e.pfn, to, new) {
             to.phys.lock().free(new);
             return Err(err.into());
         }
-        self.unmap_pages(stats, vpn, 1, u32::MAX, false);
         let mem = self.mem_index(to);
         self.release_frame(&e, false);
         self.lpt.update(vpn, |x| {

@@ -24,7 +24,7 @@ use crate::mmu::{
     DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
 };
 use crate::platform::SingleCpu;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, RwLock};
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::string::String;
@@ -146,6 +146,11 @@ pub struct TestMmu {
     record: bool,
     tlb: Mutex<TlbState>,
     fail_next_maps: Mutex<u32>,
+    /// Held shared by every access from translation to the end of its memory access,
+    /// and exclusively by invalidation: an invalidation completes only after the
+    /// accesses that may have used a stale translation have finished, as a real TLB
+    /// shootdown waits for outstanding accesses.
+    inflight: RwLock<()>,
 }
 
 impl TestMmu {
@@ -166,6 +171,7 @@ impl TestMmu {
                 misses: 0,
             }),
             fail_next_maps: Mutex::new(0),
+            inflight: RwLock::new(()),
         }
     }
 
@@ -318,6 +324,7 @@ impl Mmu for TestMmu {
         Ok(())
     }
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]) {
+        let _drained = self.inflight.write();
         {
             let mut tlb = self.tlb.lock();
             for r in ranges {
@@ -340,6 +347,7 @@ impl Mmu for TestMmu {
         });
     }
     fn invalidate_all(&self, root: PageTableRoot) {
+        let _drained = self.inflight.write();
         self.tlb.lock().entries.retain(|(r, _), _| *r != root.0);
         self.log(MmuEvent::InvalidateAll { mmu: self.id, root });
     }
@@ -603,13 +611,27 @@ impl TestSystem {
             .and_then(|d| d.memory.as_ref())
     }
 
-    /// Translate `va` for device `dev` (an index), faulting as hardware would.
-    pub fn translate(&self, dev: usize, va: VirtAddr, access: Prot) -> Result<Pte, AccessError> {
+    /// Perform one access of `dev` (an index) to the page holding `va`, as hardware
+    /// would: translate (TLB, then table walk); on a miss or a protection fault drop the
+    /// translation, report the fault to the core and retry. `f` runs with the
+    /// translation while the access is in flight (an invalidation waits for it).
+    pub fn access<R>(
+        &self,
+        dev: usize,
+        va: VirtAddr,
+        access: Prot,
+        f: impl FnOnce(Pte) -> R,
+    ) -> Result<R, AccessError> {
         let d = &self.devices[dev];
+        let mut f = Some(f);
         for _ in 0..4 {
-            if let Some(p) = d.mmu.translate(va) {
-                if p.prot.contains(access) {
-                    return Ok(p);
+            {
+                let _inflight = d.mmu.inflight.read();
+                if let Some(p) = d.mmu.translate(va) {
+                    if p.prot.contains(access) {
+                        let f = f.take().expect("called once");
+                        return Ok(f(p));
+                    }
                 }
             }
             if !self
@@ -632,21 +654,28 @@ impl TestSystem {
         Err(AccessError::Livelock(va))
     }
 
+    /// Translate `va` for device `dev` (an index), faulting as hardware would.
+    pub fn translate(&self, dev: usize, va: VirtAddr, access: Prot) -> Result<Pte, AccessError> {
+        self.access(dev, va, access, |p| p)
+    }
+
     /// Store `data` at `va` through device `dev`.
     pub fn write(&self, dev: usize, va: VirtAddr, data: &[u8]) -> Result<(), AccessError> {
         let mut done = 0usize;
         while done < data.len() {
             let a = VirtAddr::new(va.as_u64() + done as u64);
             let n = ((PAGE_SIZE - a.page_offset()) as usize).min(data.len() - done);
-            let p = self.translate(dev, a, Prot::WRITE)?;
-            let mem = self
-                .memory_of(p.memory)
-                .ok_or(AccessError::NoMemory(p.memory))?;
-            mem.write(
-                PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
-                &data[done..done + n],
-            )
-            .map_err(|e| AccessError::Fault(FaultError::Memory(e)))?;
+            let chunk = &data[done..done + n];
+            self.access(dev, a, Prot::WRITE, |p| {
+                let mem = self
+                    .memory_of(p.memory)
+                    .ok_or(AccessError::NoMemory(p.memory))?;
+                mem.write(
+                    PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
+                    chunk,
+                )
+                .map_err(|e| AccessError::Fault(FaultError::Memory(e)))
+            })??;
             done += n;
         }
         Ok(())
@@ -659,15 +688,17 @@ impl TestSystem {
         while done < len {
             let a = VirtAddr::new(va.as_u64() + done as u64);
             let n = ((PAGE_SIZE - a.page_offset()) as usize).min(len - done);
-            let p = self.translate(dev, a, Prot::READ)?;
-            let mem = self
-                .memory_of(p.memory)
-                .ok_or(AccessError::NoMemory(p.memory))?;
-            mem.read(
-                PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
-                &mut out[done..done + n],
-            )
-            .map_err(|e| AccessError::Fault(FaultError::Memory(e)))?;
+            let chunk = &mut out[done..done + n];
+            self.access(dev, a, Prot::READ, |p| {
+                let mem = self
+                    .memory_of(p.memory)
+                    .ok_or(AccessError::NoMemory(p.memory))?;
+                mem.read(
+                    PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
+                    chunk,
+                )
+                .map_err(|e| AccessError::Fault(FaultError::Memory(e)))
+            })??;
             done += n;
         }
         Ok(out)

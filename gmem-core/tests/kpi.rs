@@ -1234,3 +1234,59 @@ fn driver_frame_constraint_steers_placement_and_forces_eviction_inside_its_windo
     );
     ok(&s, space);
 }
+
+#[test]
+fn writes_racing_with_migration_of_the_same_page_are_never_lost() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 64);
+    const PAGES: u64 = 2;
+    const ROUNDS: u32 = 2000;
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(PAGES * PAGE_SIZE))
+            .unwrap();
+    let s = Arc::new(s);
+    let half = (PAGE_SIZE / 2) as usize;
+    let byte = |round: u32, dev: usize, p: u64| (round as u8) ^ (dev as u8 * 0x40) ^ p as u8;
+    // The CPU owns the low half of two pages, the GPU the high half; each write by one
+    // migrates the page away from the other (unique policy) while the other keeps
+    // writing through the translation it holds: a migration that copied before it
+    // invalidated would lose that write.
+    let start = Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = [(0usize, 0u64), (g, PAGE_SIZE / 2)]
+        .into_iter()
+        .map(|(dev, offset)| {
+            let s = s.clone();
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                for round in 1..=ROUNDS {
+                    for p in 0..PAGES {
+                        let at = va(r.start.as_u64() + p * PAGE_SIZE + offset);
+                        s.write(dev, at, &vec![byte(round, dev, p); half]).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for p in 0..PAGES {
+        let page = s
+            .read(0, va(r.start.as_u64() + p * PAGE_SIZE), PAGE_SIZE as usize)
+            .unwrap();
+        assert!(
+            page[..half].iter().all(|b| *b == byte(ROUNDS, 0, p)),
+            "page {p}: a CPU write was lost"
+        );
+        assert!(
+            page[half..].iter().all(|b| *b == byte(ROUNDS, g, p)),
+            "page {p}: a GPU write was lost"
+        );
+    }
+    assert!(
+        s.gm.stats().faults_migrate >= PAGES,
+        "every page migrated at least once"
+    );
+    s.gm.check_invariants(space).unwrap();
+}
