@@ -1,0 +1,265 @@
+//! A device's translation caches: per-unit L1 TLBs, a shared L2 TLB, a page-walk cache.
+//!
+//! A GPU has one L1 TLB per compute unit and an L2 TLB shared by all of them (the IOMMU
+//! TLB of an integrated GPU, the shared TLB of a discrete one); a CPU core has an L1
+//! dTLB and a second-level STLB. A lookup by unit `u` tries `u`'s L1, then the L2 (an
+//! L2 hit refills the L1), and a miss in both is a page walk whose upper levels may be
+//! served by the page-walk cache. Leaves are tagged by page-table root, so the caches
+//! are invalidated per root: a range list drops the overlapping leaves in every L1 and
+//! the L2 and, as x86's `INVLPG` does, every walk-cache entry of that root.
+
+use crate::format::{Leaf, Walk};
+use crate::tlb::{Tlb, TlbConfig, TlbConfigError, TlbStats};
+
+/// Geometry of a device's translation caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HierarchyConfig {
+    /// Compute units (CPU cores, GPU CUs), each with an L1 TLB.
+    pub units: usize,
+    /// Each unit's L1 TLB.
+    pub l1: TlbConfig,
+    /// The shared L2 TLB, if the device has one.
+    pub l2: Option<TlbConfig>,
+    /// The page-walk cache (upper-level entries), if the device has one.
+    pub walk_cache: Option<TlbConfig>,
+}
+
+/// Counters of a hierarchy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HierarchyStats {
+    /// All L1 TLBs together.
+    pub l1: TlbStats,
+    /// The L2 TLB.
+    pub l2: TlbStats,
+    /// The page-walk cache.
+    pub walk_cache: TlbStats,
+    /// Page walks.
+    pub walks: u64,
+    /// Page-table entries read by walks.
+    pub walk_reads: u64,
+    /// Page-table entries written back by walks (accessed/dirty bits).
+    pub walk_writes: u64,
+    /// Walks that found no leaf.
+    pub walk_faults: u64,
+}
+
+/// The TLBs and page-walk cache of one device.
+#[derive(Clone, Debug)]
+pub struct TlbHierarchy {
+    l1: Vec<Tlb<Leaf>>,
+    l2: Option<Tlb<Leaf>>,
+    walk_cache: Option<Tlb<u64>>,
+    walks: u64,
+    walk_reads: u64,
+    walk_writes: u64,
+    walk_faults: u64,
+}
+
+impl TlbHierarchy {
+    /// Empty caches of the given geometry.
+    pub fn new(config: HierarchyConfig) -> Result<TlbHierarchy, TlbConfigError> {
+        if config.units == 0 {
+            return Err(TlbConfigError::NoUnits);
+        }
+        let l1 = (0..config.units)
+            .map(|_| Tlb::new(config.l1))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TlbHierarchy {
+            l1,
+            l2: config.l2.map(Tlb::new).transpose()?,
+            walk_cache: config.walk_cache.map(Tlb::new).transpose()?,
+            walks: 0,
+            walk_reads: 0,
+            walk_writes: 0,
+            walk_faults: 0,
+        })
+    }
+
+    /// Number of units.
+    pub fn units(&self) -> usize {
+        self.l1.len()
+    }
+
+    /// The counters of unit `unit`'s L1 TLB.
+    pub fn l1_stats(&self, unit: usize) -> Option<TlbStats> {
+        self.l1.get(unit).map(Tlb::stats)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> HierarchyStats {
+        HierarchyStats {
+            l1: self
+                .l1
+                .iter()
+                .fold(TlbStats::default(), |a, t| a.plus(t.stats())),
+            l2: self.l2.as_ref().map(Tlb::stats).unwrap_or_default(),
+            walk_cache: self.walk_cache.as_ref().map(Tlb::stats).unwrap_or_default(),
+            walks: self.walks,
+            walk_reads: self.walk_reads,
+            walk_writes: self.walk_writes,
+            walk_faults: self.walk_faults,
+        }
+    }
+
+    fn unit(&self, unit: usize) -> usize {
+        unit % self.l1.len()
+    }
+
+    /// Look `va` up for `unit` (taken modulo the number of units): its L1, then the L2.
+    pub fn lookup(&mut self, unit: usize, root: u64, va: u64) -> Option<Leaf> {
+        let u = self.unit(unit);
+        if let Some((_, leaf)) = self.l1[u].lookup(root, va) {
+            return Some(leaf);
+        }
+        let (_, leaf) = self.l2.as_mut()?.lookup(root, va)?;
+        self.l1[u].insert(root, va, leaf.shift, leaf);
+        Some(leaf)
+    }
+
+    /// Whether `unit`'s L1 or the L2 holds a translation of `va` (no counter moves).
+    pub fn holds(&self, unit: usize, root: u64, va: u64) -> bool {
+        self.l1[self.unit(unit)].holds(root, va)
+            || self.l2.as_ref().is_some_and(|l2| l2.holds(root, va))
+    }
+
+    /// Cache a walked leaf in `unit`'s L1 and in the L2.
+    pub fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        let u = self.unit(unit);
+        self.l1[u].insert(root, va, leaf.shift, leaf);
+        if let Some(l2) = self.l2.as_mut() {
+            l2.insert(root, va, leaf.shift, leaf);
+        }
+    }
+
+    /// Drop `unit`'s and the L2's translation of `va` (the hardware does this for the
+    /// entry behind a fault).
+    pub fn forget(&mut self, unit: usize, root: u64, va: u64) {
+        let u = self.unit(unit);
+        self.l1[u].remove(root, va);
+        if let Some(l2) = self.l2.as_mut() {
+            l2.remove(root, va);
+        }
+    }
+
+    /// The page-walk cache, for a walk.
+    pub fn walk_cache(&mut self) -> Option<&mut Tlb<u64>> {
+        self.walk_cache.as_mut()
+    }
+
+    /// Account a walk.
+    pub fn note_walk(&mut self, walk: &Walk) {
+        self.walks += 1;
+        self.walk_reads += walk.reads as u64;
+        self.walk_writes += walk.writes as u64;
+        if walk.leaf.is_none() {
+            self.walk_faults += 1;
+        }
+    }
+
+    /// Drop every cached translation of `root` overlapping `ranges`, in every L1 and the
+    /// L2, and every walk-cache entry of `root`.
+    pub fn invalidate(&mut self, root: u64, ranges: &[(u64, u64)]) {
+        for t in self.l1.iter_mut() {
+            t.invalidate(root, ranges);
+        }
+        if let Some(l2) = self.l2.as_mut() {
+            l2.invalidate(root, ranges);
+        }
+        if let Some(w) = self.walk_cache.as_mut() {
+            w.flush_asid(root);
+        }
+    }
+
+    /// Drop everything cached for `root`.
+    pub fn invalidate_root(&mut self, root: u64) {
+        for t in self.l1.iter_mut() {
+            t.flush_asid(root);
+        }
+        if let Some(l2) = self.l2.as_mut() {
+            l2.flush_asid(root);
+        }
+        if let Some(w) = self.walk_cache.as_mut() {
+            w.flush_asid(root);
+        }
+    }
+
+    /// Drop everything.
+    pub fn flush(&mut self) {
+        for t in self.l1.iter_mut() {
+            t.flush();
+        }
+        if let Some(l2) = self.l2.as_mut() {
+            l2.flush();
+        }
+        if let Some(w) = self.walk_cache.as_mut() {
+            w.flush();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tlb::Replacement;
+    use gmem_core::{PhysAddr, Prot};
+
+    fn leaf(frame: u64) -> Leaf {
+        Leaf {
+            frame: PhysAddr::new(frame),
+            shift: 12,
+            prot: Prot::RW,
+            dirty: true,
+            local: false,
+        }
+    }
+
+    fn two_units() -> TlbHierarchy {
+        TlbHierarchy::new(HierarchyConfig {
+            units: 2,
+            l1: TlbConfig::new(1, 2, Replacement::Lru),
+            l2: Some(TlbConfig::new(4, 4, Replacement::Lru)),
+            walk_cache: Some(TlbConfig::new(1, 4, Replacement::Lru)),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn an_l2_hit_serves_another_unit_and_refills_its_l1() {
+        let mut h = two_units();
+        assert_eq!(h.lookup(0, 1, 0x5000), None);
+        h.fill(0, 1, 0x5000, leaf(0x9000));
+        assert_eq!(h.lookup(1, 1, 0x5123), Some(leaf(0x9000)));
+        assert_eq!(h.lookup(1, 1, 0x5123), Some(leaf(0x9000)));
+        let s = h.stats();
+        assert_eq!((s.l1.hits, s.l1.misses), (1, 2));
+        assert_eq!((s.l2.hits, s.l2.misses), (1, 1));
+        assert_eq!(h.l1_stats(1).unwrap().hits, 1);
+    }
+
+    #[test]
+    fn invalidation_reaches_every_l1_the_l2_and_the_walk_cache_of_the_root() {
+        let mut h = two_units();
+        h.fill(0, 1, 0x5000, leaf(0x9000));
+        h.fill(1, 1, 0x5000, leaf(0x9000));
+        h.fill(1, 2, 0x5000, leaf(0xa000));
+        h.walk_cache().unwrap().insert(1, 0, 21, 0x7000);
+        h.invalidate(1, &[(0x5000, 0x1000)]);
+        assert_eq!(h.lookup(0, 1, 0x5000), None);
+        assert_eq!(h.lookup(1, 1, 0x5000), None);
+        assert_eq!(h.lookup(1, 2, 0x5000), Some(leaf(0xa000)));
+        assert!(h.walk_cache().unwrap().is_empty());
+        h.forget(1, 2, 0x5000);
+        assert_eq!(h.lookup(1, 2, 0x5000), None);
+    }
+
+    #[test]
+    fn a_hierarchy_without_units_is_rejected() {
+        let c = HierarchyConfig {
+            units: 0,
+            l1: TlbConfig::new(1, 1, Replacement::Lru),
+            l2: None,
+            walk_cache: None,
+        };
+        assert_eq!(TlbHierarchy::new(c).err(), Some(TlbConfigError::NoUnits));
+    }
+}

@@ -1,0 +1,341 @@
+//! Simulated physical memory that holds real bytes.
+//!
+//! A [`SimMemory`] answers for one physical range `[base, base + size)`: host DRAM, a
+//! discrete GPU's video memory. It stores data sparsely, one 4 KiB page at a time: a
+//! page that was never written (or was zeroed whole) holds no storage and reads as
+//! zeros, so a simulated 64 GiB memory costs only what a workload touches. Every access
+//! is bounds-checked and a bad one is a typed [`BoundsError`], never a panic.
+//!
+//! Page-table formats keep their tables in these memories too ([`SimMemory::read_u64`],
+//! [`SimMemory::write_u64`]), so a page walk is real memory reads that can be counted.
+
+use crate::lock;
+use gmem_core::{DeviceMemory, MemError, PhysAddr, PAGE_SIZE};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+
+const PAGE: usize = PAGE_SIZE as usize;
+
+/// An access outside the memory's range, or a range that cannot describe one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoundsError {
+    /// `[pa, pa + len)` is not inside `[base, end)`.
+    OutOfRange {
+        /// First address of the access.
+        pa: PhysAddr,
+        /// Its length in bytes.
+        len: u64,
+        /// First address of the memory.
+        base: PhysAddr,
+        /// One past its last address.
+        end: PhysAddr,
+    },
+    /// A 64-bit entry access at an address that is not 8-byte aligned.
+    Unaligned {
+        /// The address.
+        pa: PhysAddr,
+    },
+    /// `SimMemory::new` got a base or size that is not page aligned, a zero size, or a
+    /// range that overflows.
+    BadRange {
+        /// The base asked for.
+        base: u64,
+        /// The size asked for.
+        size: u64,
+    },
+}
+
+impl fmt::Display for BoundsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BoundsError::OutOfRange { pa, len, base, end } => {
+                write!(f, "{pa}+{len:#x} is outside memory [{base}, {end})")
+            }
+            BoundsError::Unaligned { pa } => write!(f, "{pa} is not 8-byte aligned"),
+            BoundsError::BadRange { base, size } => {
+                write!(f, "memory range {base:#x}+{size:#x} is empty or unaligned")
+            }
+        }
+    }
+}
+
+impl From<BoundsError> for MemError {
+    fn from(e: BoundsError) -> MemError {
+        match e {
+            BoundsError::OutOfRange { pa, .. } | BoundsError::Unaligned { pa } => {
+                MemError::OutOfRange { pa }
+            }
+            BoundsError::BadRange { base, .. } => MemError::OutOfRange {
+                pa: PhysAddr::new(base),
+            },
+        }
+    }
+}
+
+/// What a memory was asked to do, in bytes, and what it holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes read (by any reader: devices, the data mover, page walks).
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Bytes zeroed.
+    pub bytes_zeroed: u64,
+    /// Pages that hold storage now (written and not zeroed whole since).
+    pub resident_pages: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    pages: HashMap<u64, Box<[u8; PAGE]>>,
+    stats: MemoryStats,
+}
+
+/// Sparse, page-granular, byte-holding physical memory over `[base, base + size)`.
+pub struct SimMemory {
+    name: String,
+    base: u64,
+    end: u64,
+    inner: Mutex<Inner>,
+}
+
+impl fmt::Debug for SimMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SimMemory({} [{:#x}, {:#x}))",
+            self.name, self.base, self.end
+        )
+    }
+}
+
+impl SimMemory {
+    /// A memory named `name` answering for `[base, base + size)`; base and size must be
+    /// page aligned and the size non-zero.
+    pub fn new(name: &str, base: PhysAddr, size: u64) -> Result<SimMemory, BoundsError> {
+        let bad = BoundsError::BadRange {
+            base: base.as_u64(),
+            size,
+        };
+        if !base.is_page_aligned() || size == 0 || size % PAGE_SIZE != 0 {
+            return Err(bad);
+        }
+        let end = base.as_u64().checked_add(size).ok_or(bad)?;
+        Ok(SimMemory {
+            name: name.to_string(),
+            base: base.as_u64(),
+            end,
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// The name given at creation.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// First address.
+    pub fn base(&self) -> PhysAddr {
+        PhysAddr::new(self.base)
+    }
+
+    /// One past the last address.
+    pub fn end(&self) -> PhysAddr {
+        PhysAddr::new(self.end)
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.end - self.base
+    }
+
+    /// Whether `pa` lies inside the memory.
+    pub fn contains(&self, pa: PhysAddr) -> bool {
+        (self.base..self.end).contains(&pa.as_u64())
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> MemoryStats {
+        let g = lock(&self.inner);
+        MemoryStats {
+            resident_pages: g.pages.len() as u64,
+            ..g.stats
+        }
+    }
+
+    fn check(&self, pa: PhysAddr, len: u64) -> Result<(), BoundsError> {
+        let a = pa.as_u64();
+        match a.checked_add(len) {
+            Some(e) if a >= self.base && e <= self.end => Ok(()),
+            _ => Err(BoundsError::OutOfRange {
+                pa,
+                len,
+                base: self.base(),
+                end: self.end(),
+            }),
+        }
+    }
+
+    /// Calls `f(page number, offset in page, bytes, offset in the access)` for each
+    /// page piece of `[pa, pa + len)`.
+    fn pieces(pa: u64, len: u64, mut f: impl FnMut(u64, usize, usize, usize)) {
+        let mut done = 0u64;
+        while done < len {
+            let a = pa + done;
+            let off = (a % PAGE_SIZE) as usize;
+            let n = ((PAGE - off) as u64).min(len - done) as usize;
+            f(a / PAGE_SIZE, off, n, done as usize);
+            done += n as u64;
+        }
+    }
+
+    /// Read `buf.len()` bytes from `pa`.
+    pub fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), BoundsError> {
+        self.check(pa, buf.len() as u64)?;
+        let mut g = lock(&self.inner);
+        Self::pieces(pa.as_u64(), buf.len() as u64, |pfn, off, n, at| {
+            match g.pages.get(&pfn) {
+                Some(p) => buf[at..at + n].copy_from_slice(&p[off..off + n]),
+                None => buf[at..at + n].fill(0),
+            }
+        });
+        g.stats.bytes_read += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Write `buf` at `pa`.
+    pub fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), BoundsError> {
+        self.check(pa, buf.len() as u64)?;
+        let mut g = lock(&self.inner);
+        Self::pieces(pa.as_u64(), buf.len() as u64, |pfn, off, n, at| {
+            let p = g.pages.entry(pfn).or_insert_with(|| Box::new([0; PAGE]));
+            p[off..off + n].copy_from_slice(&buf[at..at + n]);
+        });
+        g.stats.bytes_written += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Fill `len` bytes from `pa` with zeros; whole pages give their storage back.
+    pub fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), BoundsError> {
+        self.check(pa, len)?;
+        let mut g = lock(&self.inner);
+        Self::pieces(pa.as_u64(), len, |pfn, off, n, _| {
+            if n == PAGE {
+                g.pages.remove(&pfn);
+            } else if let Some(p) = g.pages.get_mut(&pfn) {
+                p[off..off + n].fill(0);
+            }
+        });
+        g.stats.bytes_zeroed += len;
+        Ok(())
+    }
+
+    /// Read the little-endian 64-bit entry at `pa` (8-byte aligned).
+    pub fn read_u64(&self, pa: PhysAddr) -> Result<u64, BoundsError> {
+        if !pa.is_aligned(8) {
+            return Err(BoundsError::Unaligned { pa });
+        }
+        let mut b = [0u8; 8];
+        self.read(pa, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Write the little-endian 64-bit entry at `pa` (8-byte aligned): one store, so a
+    /// walker sees the old or the new entry.
+    pub fn write_u64(&self, pa: PhysAddr, value: u64) -> Result<(), BoundsError> {
+        if !pa.is_aligned(8) {
+            return Err(BoundsError::Unaligned { pa });
+        }
+        self.write(pa, &value.to_le_bytes())
+    }
+}
+
+impl DeviceMemory for SimMemory {
+    fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
+        SimMemory::zero(self, pa, len).map_err(MemError::from)
+    }
+    fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError> {
+        SimMemory::read(self, pa, buf).map_err(MemError::from)
+    }
+    fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError> {
+        SimMemory::write(self, pa, buf).map_err(MemError::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem() -> SimMemory {
+        SimMemory::new("m", PhysAddr::new(0x10_000), 4 * PAGE_SIZE).unwrap()
+    }
+
+    #[test]
+    fn unwritten_memory_reads_zero_and_holds_no_pages() {
+        let m = mem();
+        let mut b = [0xffu8; 100];
+        m.read(PhysAddr::new(0x10_ff0), &mut b).unwrap();
+        assert!(b.iter().all(|x| *x == 0));
+        assert_eq!(m.stats().resident_pages, 0);
+        assert_eq!(m.stats().bytes_read, 100);
+    }
+
+    #[test]
+    fn writes_across_a_page_boundary_read_back_and_zeroing_frees_storage() {
+        let m = mem();
+        let data: Vec<u8> = (0..10_000).map(|i| (i % 251) as u8).collect();
+        m.write(PhysAddr::new(0x10_800), &data).unwrap();
+        assert_eq!(m.stats().resident_pages, 3);
+        let mut back = vec![0u8; 10_000];
+        m.read(PhysAddr::new(0x10_800), &mut back).unwrap();
+        assert_eq!(back, data);
+        // Zero part of the first page and all of the second.
+        m.zero(PhysAddr::new(0x10_800), 0x800 + PAGE_SIZE).unwrap();
+        assert_eq!(m.stats().resident_pages, 2);
+        m.read(PhysAddr::new(0x10_800), &mut back).unwrap();
+        assert!(back[..0x800 + PAGE].iter().all(|x| *x == 0));
+        assert_eq!(back[0x1800..], data[0x1800..]);
+    }
+
+    #[test]
+    fn out_of_range_and_unaligned_accesses_are_typed_errors_that_change_nothing() {
+        let m = mem();
+        let end = PhysAddr::new(0x14_000);
+        assert_eq!(
+            m.write(PhysAddr::new(0x13_ffc), &[1; 8]),
+            Err(BoundsError::OutOfRange {
+                pa: PhysAddr::new(0x13_ffc),
+                len: 8,
+                base: PhysAddr::new(0x10_000),
+                end
+            })
+        );
+        assert!(m.read(PhysAddr::new(0xf_fff), &mut [0; 1]).is_err());
+        assert!(m.zero(PhysAddr::new(u64::MAX - 1), 4).is_err());
+        assert_eq!(
+            m.read_u64(PhysAddr::new(0x10_004)),
+            Err(BoundsError::Unaligned {
+                pa: PhysAddr::new(0x10_004)
+            })
+        );
+        assert_eq!(m.stats(), MemoryStats::default());
+        assert!(SimMemory::new("x", PhysAddr::new(0x800), PAGE_SIZE).is_err());
+        assert!(SimMemory::new("x", PhysAddr::new(0), 0).is_err());
+        assert!(SimMemory::new("x", PhysAddr::new(u64::MAX - 0xfff), 2 * PAGE_SIZE).is_err());
+    }
+
+    #[test]
+    fn entries_round_trip_little_endian() {
+        let m = mem();
+        m.write_u64(PhysAddr::new(0x10_008), 0x0123_4567_89ab_cdef)
+            .unwrap();
+        assert_eq!(
+            m.read_u64(PhysAddr::new(0x10_008)).unwrap(),
+            0x0123_4567_89ab_cdef
+        );
+        let mut b = [0u8; 1];
+        m.read(PhysAddr::new(0x10_008), &mut b).unwrap();
+        assert_eq!(b[0], 0xef);
+    }
+}

@@ -1,0 +1,339 @@
+//! A device's memory port: loads and stores with fault-and-retry.
+//!
+//! Every access a simulated device makes goes through its [`Port`]:
+//! 1. split the access at 4 KiB boundaries;
+//! 2. translate each piece through the device's MMU ([`Translator`]: TLBs, then a page
+//!    walk);
+//! 3. on a miss (nothing mapped, or a leaf that does not permit the access) report the
+//!    fault to the core with `Gmem::dev_fault` and, when the core answers with a
+//!    retry, translate again — at most [`Port::max_faults`] times per piece, then the
+//!    access fails as a livelock instead of spinning;
+//! 4. move the bytes in the memory the leaf points to: the device's own memory for a
+//!    leaf with the local aperture, otherwise whichever memory the machine's
+//!    [`MemoryMap`] says holds the physical address.
+//!
+//! This is the device-independent half of every simulated driver: the drivers differ
+//! only in the [`Translator`] (format and caches) behind the port.
+
+use crate::map::MemoryMap;
+use crate::memory::{BoundsError, SimMemory};
+use crate::mmu::{Miss, Translator};
+use gmem_core::{DeviceId, FaultError, FaultKind, Gmem, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Why an access failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessError {
+    /// The device was not created in the core yet (no [`DeviceId`] bound to the port).
+    NotCreated,
+    /// The core could not serve the fault (not allocated, protection violation, out of
+    /// memory, device not active, ...).
+    Fault {
+        /// The faulting address.
+        va: VirtAddr,
+        /// The access attempted.
+        access: Prot,
+        /// The core's answer.
+        error: FaultError,
+    },
+    /// The core kept answering "retry" but the access kept missing.
+    Livelock {
+        /// The address.
+        va: VirtAddr,
+        /// Faults reported for it.
+        faults: u32,
+    },
+    /// A leaf translated to a physical address that no memory answers for.
+    NoMemory {
+        /// The physical address.
+        pa: PhysAddr,
+    },
+    /// The memory rejected the access.
+    Bounds(BoundsError),
+    /// An access of zero bytes or one that wraps the address space.
+    BadAccess {
+        /// The address.
+        va: VirtAddr,
+        /// The length.
+        len: u64,
+    },
+}
+
+impl fmt::Display for AccessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AccessError::NotCreated => write!(f, "device not created in the core"),
+            AccessError::Fault { va, access, error } => {
+                write!(f, "{access:?} fault at {va}: {error}")
+            }
+            AccessError::Livelock { va, faults } => {
+                write!(f, "access at {va} still misses after {faults} faults")
+            }
+            AccessError::NoMemory { pa } => write!(f, "no memory at {pa}"),
+            AccessError::Bounds(e) => write!(f, "{e}"),
+            AccessError::BadAccess { va, len } => write!(f, "bad access {va}+{len:#x}"),
+        }
+    }
+}
+
+/// Counters of a port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Load calls.
+    pub loads: u64,
+    /// Store calls.
+    pub stores: u64,
+    /// Bytes loaded.
+    pub bytes_loaded: u64,
+    /// Bytes stored.
+    pub bytes_stored: u64,
+    /// Faults reported to the core (each followed by a retry or an error).
+    pub faults: u64,
+    /// Of those, misses on a present leaf that did not permit the access.
+    pub protection_faults: u64,
+    /// Faults the core answered with an error.
+    pub failed_faults: u64,
+    /// Faults the core served by zero-filling.
+    pub zero_fills: u64,
+    /// Faults the core served by migrating.
+    pub migrations: u64,
+    /// Faults the core served with a remote mapping.
+    pub remote: u64,
+    /// Faults the core served by mapping a frame already in place.
+    pub mapped_existing: u64,
+    /// Faults the core found spurious (a stale cached entry).
+    pub spurious: u64,
+}
+
+macro_rules! port_counters {
+    ($($name:ident),*) => {
+        #[derive(Default)]
+        struct Counters { $($name: AtomicU64,)* }
+        impl Counters {
+            fn snapshot(&self) -> PortStats {
+                PortStats { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+    };
+}
+port_counters!(
+    loads,
+    stores,
+    bytes_loaded,
+    bytes_stored,
+    faults,
+    protection_faults,
+    failed_faults,
+    zero_fills,
+    migrations,
+    remote,
+    mapped_existing,
+    spurious
+);
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Default bound on faults per page piece of an access.
+pub const DEFAULT_MAX_FAULTS: u32 = 8;
+
+/// The memory port of one device.
+pub struct Port {
+    translator: Arc<dyn Translator>,
+    map: Arc<MemoryMap>,
+    local: Option<Arc<SimMemory>>,
+    id: OnceLock<DeviceId>,
+    max_faults: u32,
+    counters: Counters,
+}
+
+impl Port {
+    /// A port translating with `translator`, resolving physical addresses through
+    /// `map`, with `local` as the memory behind the local aperture.
+    pub fn new(
+        translator: Arc<dyn Translator>,
+        map: Arc<MemoryMap>,
+        local: Option<Arc<SimMemory>>,
+    ) -> Port {
+        Port {
+            translator,
+            map,
+            local,
+            id: OnceLock::new(),
+            max_faults: DEFAULT_MAX_FAULTS,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The same port with another bound on faults per page piece (at least 1).
+    pub fn with_max_faults(mut self, n: u32) -> Port {
+        self.max_faults = n.max(1);
+        self
+    }
+
+    /// The bound on faults per page piece of an access.
+    pub fn max_faults(&self) -> u32 {
+        self.max_faults
+    }
+
+    /// Bind the device id the core gave the device. Fails with the id already bound.
+    pub fn bind(&self, id: DeviceId) -> Result<(), DeviceId> {
+        self.id.set(id).map_err(|_| *self.id.get().expect("set"))
+    }
+
+    /// The device id, once bound.
+    pub fn id(&self) -> Option<DeviceId> {
+        self.id.get().copied()
+    }
+
+    /// The machine's memory map.
+    pub fn memory_map(&self) -> &Arc<MemoryMap> {
+        &self.map
+    }
+
+    /// The device's compute units.
+    pub fn units(&self) -> usize {
+        self.translator.units()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PortStats {
+        self.counters.snapshot()
+    }
+
+    /// Translate `va` for `access` by `unit`, faulting and retrying; returns the
+    /// physical address and the memory holding it.
+    pub fn resolve(
+        &self,
+        gm: &Gmem,
+        unit: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<(PhysAddr, Arc<SimMemory>), AccessError> {
+        let id = self.id().ok_or(AccessError::NotCreated)?;
+        let mut faults = 0;
+        let leaf = loop {
+            let miss = match self.translator.translate(unit, va, access) {
+                Ok(leaf) => break leaf,
+                Err(m) => m,
+            };
+            if faults == self.max_faults {
+                return Err(AccessError::Livelock { va, faults });
+            }
+            faults += 1;
+            let c = &self.counters;
+            add(&c.faults, 1);
+            if matches!(miss, Miss::Protection { .. }) {
+                add(&c.protection_faults, 1);
+            }
+            match gm.dev_fault(id, va, access) {
+                Ok(r) => add(
+                    match r.kind {
+                        FaultKind::ZeroFill => &c.zero_fills,
+                        FaultKind::Migrated => &c.migrations,
+                        FaultKind::Remote => &c.remote,
+                        FaultKind::MappedExisting => &c.mapped_existing,
+                        FaultKind::Spurious => &c.spurious,
+                    },
+                    1,
+                ),
+                Err(error) => {
+                    add(&c.failed_faults, 1);
+                    return Err(AccessError::Fault { va, access, error });
+                }
+            }
+        };
+        let pa = leaf.translate(va);
+        let memory = if leaf.local {
+            self.local.clone()
+        } else {
+            self.map.at(pa).map(|(_, m)| m)
+        };
+        Ok((pa, memory.ok_or(AccessError::NoMemory { pa })?))
+    }
+
+    fn pieces(
+        va: VirtAddr,
+        len: usize,
+        mut f: impl FnMut(VirtAddr, std::ops::Range<usize>) -> Result<(), AccessError>,
+    ) -> Result<(), AccessError> {
+        if len == 0 || va.checked_add(len as u64 - 1).is_none() {
+            return Err(AccessError::BadAccess {
+                va,
+                len: len as u64,
+            });
+        }
+        let mut done = 0usize;
+        while done < len {
+            let a = VirtAddr::new(va.as_u64() + done as u64);
+            let n = ((PAGE_SIZE - a.page_offset()) as usize).min(len - done);
+            f(a, done..done + n)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Load `buf.len()` bytes at `va` by compute unit `unit`.
+    pub fn load(
+        &self,
+        gm: &Gmem,
+        unit: usize,
+        va: VirtAddr,
+        buf: &mut [u8],
+    ) -> Result<(), AccessError> {
+        add(&self.counters.loads, 1);
+        let len = buf.len();
+        Self::pieces(va, len, |a, r| {
+            let (pa, mem) = self.resolve(gm, unit, a, Prot::READ)?;
+            mem.read(pa, &mut buf[r]).map_err(AccessError::Bounds)
+        })?;
+        add(&self.counters.bytes_loaded, len as u64);
+        Ok(())
+    }
+
+    /// Store `data` at `va` by compute unit `unit`.
+    pub fn store(
+        &self,
+        gm: &Gmem,
+        unit: usize,
+        va: VirtAddr,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
+        add(&self.counters.stores, 1);
+        Self::pieces(va, data.len(), |a, r| {
+            let (pa, mem) = self.resolve(gm, unit, a, Prot::WRITE)?;
+            mem.write(pa, &data[r]).map_err(AccessError::Bounds)
+        })?;
+        add(&self.counters.bytes_stored, data.len() as u64);
+        Ok(())
+    }
+}
+
+macro_rules! typed_access {
+    ($($load:ident, $store:ident, $t:ty;)*) => {
+        impl Port {
+            $(
+                #[doc = concat!("Load a little-endian `", stringify!($t), "` at `va`.")]
+                pub fn $load(&self, gm: &Gmem, unit: usize, va: VirtAddr) -> Result<$t, AccessError> {
+                    let mut b = [0u8; std::mem::size_of::<$t>()];
+                    self.load(gm, unit, va, &mut b)?;
+                    Ok(<$t>::from_le_bytes(b))
+                }
+
+                #[doc = concat!("Store a little-endian `", stringify!($t), "` at `va`.")]
+                pub fn $store(&self, gm: &Gmem, unit: usize, va: VirtAddr, v: $t) -> Result<(), AccessError> {
+                    self.store(gm, unit, va, &v.to_le_bytes())
+                }
+            )*
+        }
+    };
+}
+
+typed_access! {
+    load_u32, store_u32, u32;
+    load_u64, store_u64, u64;
+    load_f32, store_f32, f32;
+}

@@ -1,0 +1,536 @@
+//! A set-associative TLB with a replacement policy as a parameter.
+//!
+//! ## Model
+//! A [`Tlb`] has `sets × ways` entries. An entry caches one translation of one address
+//! space tag (`asid`; the drivers use the page-table root) for a naturally aligned page
+//! of `1 << shift` bytes: its key is `(asid, va >> shift, shift)` and it lives in set
+//! `(va >> shift) % sets`. Entries of different page sizes share the sets; a lookup
+//! probes each size the TLB has ever held, smallest first. The value is whatever the
+//! owner caches: a leaf translation in a TLB, the address of a next-level table in a
+//! page-walk cache (one `shift` per level).
+//!
+//! When a set is full, the [`Replacement`] policy picks the victim:
+//! - **LRU** evicts the entry used longest ago (a hit refreshes it);
+//! - **FIFO** evicts the entry filled longest ago (hits do not matter);
+//! - **Random** evicts a way drawn from a xorshift generator seeded by the
+//!   configuration, so a run is reproducible.
+//!
+//! Free ways are always used before anything is evicted, lowest way first. Everything is
+//! deterministic: the same sequence of calls gives the same hits, misses and victims.
+//!
+//! ## Invalidation
+//! [`Tlb::invalidate`] drops every entry of an asid that overlaps any range of a list
+//! (the coalesced batch the core hands a driver), probing sets page by page when the
+//! list is small and sweeping the whole array when it is not. [`Tlb::flush_asid`] and
+//! [`Tlb::flush`] drop one tag's entries or all.
+
+use std::fmt;
+
+/// How a full set picks its victim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replacement {
+    /// Least recently used.
+    Lru,
+    /// First in, first out.
+    Fifo,
+    /// A pseudo-random way, from a generator seeded with `seed`.
+    Random {
+        /// The seed (0 is replaced by a fixed non-zero constant).
+        seed: u64,
+    },
+}
+
+/// Geometry and policy of a TLB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TlbConfig {
+    /// Number of sets (1 = fully associative).
+    pub sets: usize,
+    /// Entries per set.
+    pub ways: usize,
+    /// Victim selection.
+    pub policy: Replacement,
+}
+
+impl TlbConfig {
+    /// `sets × ways` entries with `policy`.
+    pub const fn new(sets: usize, ways: usize, policy: Replacement) -> TlbConfig {
+        TlbConfig { sets, ways, policy }
+    }
+
+    /// Total entries.
+    pub const fn entries(&self) -> usize {
+        self.sets * self.ways
+    }
+}
+
+/// Why a TLB configuration was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlbConfigError {
+    /// Zero sets or zero ways.
+    Empty,
+    /// More than 2^20 entries (a model, not a cache of everything).
+    TooLarge {
+        /// Entries asked for.
+        entries: usize,
+    },
+    /// A hierarchy with no compute unit.
+    NoUnits,
+}
+
+impl fmt::Display for TlbConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlbConfigError::Empty => write!(f, "a TLB needs at least one set and one way"),
+            TlbConfigError::TooLarge { entries } => write!(f, "{entries} TLB entries is too many"),
+            TlbConfigError::NoUnits => write!(f, "a TLB hierarchy needs at least one unit"),
+        }
+    }
+}
+
+/// Counters of one TLB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlbStats {
+    /// Lookups that found an entry.
+    pub hits: u64,
+    /// Lookups that found none.
+    pub misses: u64,
+    /// Entries filled.
+    pub fills: u64,
+    /// Valid entries evicted by the replacement policy.
+    pub evictions: u64,
+    /// Entries dropped by invalidation (ranges, single addresses or flushes).
+    pub invalidated: u64,
+    /// Invalidation requests (one per call, whatever it dropped).
+    pub invalidations: u64,
+}
+
+impl TlbStats {
+    /// Hits over lookups, 0 when there was none.
+    pub fn hit_ratio(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    /// The sum of two sets of counters.
+    pub fn plus(self, o: TlbStats) -> TlbStats {
+        TlbStats {
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+            fills: self.fills + o.fills,
+            evictions: self.evictions + o.evictions,
+            invalidated: self.invalidated + o.invalidated,
+            invalidations: self.invalidations + o.invalidations,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry<V> {
+    asid: u64,
+    tag: u64,
+    shift: u8,
+    value: V,
+    /// LRU: last use; FIFO: fill time.
+    stamp: u64,
+}
+
+impl<V> Entry<V> {
+    fn overlaps(&self, start: u64, len: u64) -> bool {
+        let s = (self.tag as u128) << self.shift;
+        let e = s + (1u128 << self.shift);
+        s < start as u128 + len as u128 && (start as u128) < e
+    }
+}
+
+/// A set-associative TLB caching values of type `V`.
+#[derive(Clone, Debug)]
+pub struct Tlb<V> {
+    config: TlbConfig,
+    slots: Vec<Option<Entry<V>>>,
+    clock: u64,
+    rng: u64,
+    /// Bit `s` set: entries of page shift `s` may be present.
+    shifts: u64,
+    stats: TlbStats,
+}
+
+const MAX_ENTRIES: usize = 1 << 20;
+
+impl<V: Copy> Tlb<V> {
+    /// An empty TLB.
+    pub fn new(config: TlbConfig) -> Result<Tlb<V>, TlbConfigError> {
+        if config.sets == 0 || config.ways == 0 {
+            return Err(TlbConfigError::Empty);
+        }
+        let entries = config.sets.saturating_mul(config.ways);
+        if entries > MAX_ENTRIES {
+            return Err(TlbConfigError::TooLarge { entries });
+        }
+        let rng = match config.policy {
+            Replacement::Random { seed: 0 } => 0x9E37_79B9_7F4A_7C15,
+            Replacement::Random { seed } => seed,
+            _ => 1,
+        };
+        Ok(Tlb {
+            config,
+            slots: vec![None; entries],
+            clock: 0,
+            rng,
+            shifts: 0,
+            stats: TlbStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> TlbConfig {
+        self.config
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> TlbStats {
+        self.stats
+    }
+
+    /// Valid entries.
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Whether no entry is valid.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn set_of(&self, tag: u64) -> std::ops::Range<usize> {
+        let set = (tag % self.config.sets as u64) as usize;
+        set * self.config.ways..(set + 1) * self.config.ways
+    }
+
+    fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
+        let tag = va >> shift;
+        self.set_of(tag).find(|&i| {
+            matches!(&self.slots[i], Some(e) if e.asid == asid && e.tag == tag && e.shift == shift)
+        })
+    }
+
+    fn shift_list(&self) -> impl Iterator<Item = u8> + '_ {
+        (0u8..64).filter(move |s| self.shifts & (1 << s) != 0)
+    }
+
+    /// Look `va` up in any page size, smallest first; a hit refreshes the entry for
+    /// LRU. Returns the entry's page shift and value.
+    pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
+        let (mut buf, mut n) = ([0u8; 64], 0);
+        for s in self.shift_list() {
+            buf[n] = s;
+            n += 1;
+        }
+        self.lookup_deepest(asid, va, &buf[..n])
+    }
+
+    /// Look `va` up in page size `1 << shift` only (a page-walk-cache level).
+    pub fn lookup_at(&mut self, asid: u64, va: u64, shift: u8) -> Option<V> {
+        self.lookup_deepest(asid, va, &[shift]).map(|(_, v)| v)
+    }
+
+    /// Look `va` up in each page size of `shifts`, in order, and return the first
+    /// entry found with its shift: one hit or one miss is counted (a page-walk cache
+    /// probing its levels deepest first).
+    pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
+        self.clock += 1;
+        let hit = shifts
+            .iter()
+            .find_map(|&s| self.find(asid, va, s).map(|i| (s, i)));
+        match hit {
+            Some((s, i)) => {
+                self.stats.hits += 1;
+                let e = self.slots[i].as_mut().expect("found valid");
+                if self.config.policy == Replacement::Lru {
+                    e.stamp = self.clock;
+                }
+                Some((s, e.value))
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Whether an entry translates `va` for `asid`, without counting or refreshing.
+    pub fn holds(&self, asid: u64, va: u64) -> bool {
+        self.shift_list().any(|s| self.find(asid, va, s).is_some())
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Cache `value` for the page of `1 << shift` bytes holding `va`. An entry with the
+    /// same key is overwritten; otherwise a free way is used, or the policy's victim is
+    /// evicted. Returns the evicted entry's `(asid, page address)` if one was.
+    pub fn insert(&mut self, asid: u64, va: u64, shift: u8, value: V) -> Option<(u64, u64)> {
+        let shift = shift.min(63);
+        self.clock += 1;
+        self.shifts |= 1 << shift;
+        self.stats.fills += 1;
+        let tag = va >> shift;
+        let entry = Entry {
+            asid,
+            tag,
+            shift,
+            value,
+            stamp: self.clock,
+        };
+        if let Some(i) = self.find(asid, va, shift) {
+            self.slots[i] = Some(entry);
+            return None;
+        }
+        let range = self.set_of(tag);
+        if let Some(i) = range.clone().find(|&i| self.slots[i].is_none()) {
+            self.slots[i] = Some(entry);
+            return None;
+        }
+        let victim = match self.config.policy {
+            Replacement::Random { .. } => {
+                range.start + (self.next_random() % self.config.ways as u64) as usize
+            }
+            Replacement::Lru | Replacement::Fifo => range
+                .min_by_key(|&i| self.slots[i].as_ref().map_or(0, |e| e.stamp))
+                .expect("a set has at least one way"),
+        };
+        let old = self.slots[victim].replace(entry).expect("full set");
+        self.stats.evictions += 1;
+        Some((old.asid, old.tag << old.shift))
+    }
+
+    /// Drop the entries translating `va` for `asid` (what hardware does with the entry
+    /// that caused a fault). Returns how many were dropped.
+    pub fn remove(&mut self, asid: u64, va: u64) -> u64 {
+        let hits: Vec<usize> = self
+            .shift_list()
+            .filter_map(|s| self.find(asid, va, s))
+            .collect();
+        for i in &hits {
+            self.slots[*i] = None;
+        }
+        self.stats.invalidated += hits.len() as u64;
+        hits.len() as u64
+    }
+
+    /// Drop every entry of `asid` overlapping any of `ranges` (`(start, len)` in bytes).
+    /// Returns how many were dropped.
+    pub fn invalidate(&mut self, asid: u64, ranges: &[(u64, u64)]) -> u64 {
+        self.stats.invalidations += 1;
+        let capacity = self.slots.len() as u64;
+        let shifts: Vec<u8> = self.shift_list().collect();
+        let probes: u64 = ranges
+            .iter()
+            .map(|&(s, l)| {
+                shifts
+                    .iter()
+                    .map(|&sh| pages_at(s, l, sh))
+                    .fold(0u64, u64::saturating_add)
+            })
+            .fold(0u64, u64::saturating_add);
+        let mut dropped = 0;
+        if probes <= capacity {
+            for &(start, len) in ranges {
+                for &sh in &shifts {
+                    if len == 0 {
+                        continue;
+                    }
+                    let first = start >> sh;
+                    let last = start.saturating_add(len - 1) >> sh;
+                    for tag in first..=last {
+                        if let Some(i) = self.find(asid, tag << sh, sh) {
+                            self.slots[i] = None;
+                            dropped += 1;
+                        }
+                    }
+                }
+            }
+        } else {
+            for slot in self.slots.iter_mut() {
+                if matches!(slot, Some(e) if e.asid == asid
+                    && ranges.iter().any(|&(s, l)| l > 0 && e.overlaps(s, l)))
+                {
+                    *slot = None;
+                    dropped += 1;
+                }
+            }
+        }
+        self.stats.invalidated += dropped;
+        dropped
+    }
+
+    /// Drop every entry of `asid`.
+    pub fn flush_asid(&mut self, asid: u64) -> u64 {
+        self.stats.invalidations += 1;
+        let mut dropped = 0;
+        for slot in self.slots.iter_mut() {
+            if matches!(slot, Some(e) if e.asid == asid) {
+                *slot = None;
+                dropped += 1;
+            }
+        }
+        self.stats.invalidated += dropped;
+        dropped
+    }
+
+    /// Drop every entry.
+    pub fn flush(&mut self) -> u64 {
+        self.stats.invalidations += 1;
+        let dropped = self.len() as u64;
+        self.slots.iter_mut().for_each(|s| *s = None);
+        self.shifts = 0;
+        self.stats.invalidated += dropped;
+        dropped
+    }
+}
+
+/// Number of pages of `1 << shift` bytes that `[start, start + len)` touches.
+fn pages_at(start: u64, len: u64, shift: u8) -> u64 {
+    if len == 0 {
+        return 0;
+    }
+    (start.saturating_add(len - 1) >> shift) - (start >> shift) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 4096;
+
+    fn tlb(sets: usize, ways: usize, policy: Replacement) -> Tlb<u64> {
+        Tlb::new(TlbConfig::new(sets, ways, policy)).unwrap()
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used_way() {
+        let mut t = tlb(1, 2, Replacement::Lru);
+        t.insert(0, 0, 12, 10);
+        t.insert(0, P, 12, 11);
+        assert_eq!(t.lookup(0, 0), Some((12, 10))); // page 0 is now most recent
+        assert_eq!(t.insert(0, 2 * P, 12, 12), Some((0, P)));
+        assert!(t.holds(0, 0) && !t.holds(0, P) && t.holds(0, 2 * P));
+        assert_eq!(t.stats().evictions, 1);
+    }
+
+    #[test]
+    fn fifo_evicts_the_oldest_fill_whatever_was_used() {
+        let mut t = tlb(1, 2, Replacement::Fifo);
+        t.insert(0, 0, 12, 10);
+        t.insert(0, P, 12, 11);
+        assert_eq!(t.lookup(0, 0), Some((12, 10)));
+        assert_eq!(t.insert(0, 2 * P, 12, 12), Some((0, 0)));
+        assert!(!t.holds(0, 0) && t.holds(0, P));
+    }
+
+    #[test]
+    fn random_replacement_is_reproducible_from_its_seed_and_differs_across_seeds() {
+        let run = |seed| {
+            let mut t = tlb(1, 8, Replacement::Random { seed });
+            (0..200u64)
+                .filter_map(|i| t.insert(0, i * P, 12, i))
+                .map(|(_, va)| va)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
+        assert_eq!(run(42).len(), 192);
+    }
+
+    #[test]
+    fn free_ways_fill_before_anything_is_evicted_and_sets_are_independent() {
+        let mut t = tlb(4, 2, Replacement::Lru);
+        for i in 0..8 {
+            assert_eq!(t.insert(0, i * P, 12, i), None);
+        }
+        assert_eq!(t.len(), 8);
+        // Page 8 maps to set 0 (pages 0 and 4 live there).
+        assert!(matches!(t.insert(0, 8 * P, 12, 8), Some((0, va)) if va == 0 || va == 4 * P));
+        assert!(t.holds(0, P) && t.holds(0, 7 * P));
+    }
+
+    #[test]
+    fn hits_and_misses_are_counted_per_lookup_and_asids_do_not_alias() {
+        let mut t = tlb(2, 2, Replacement::Lru);
+        t.insert(1, 0x5000, 12, 5);
+        assert_eq!(t.lookup(1, 0x5abc), Some((12, 5)));
+        assert_eq!(t.lookup(2, 0x5abc), None);
+        assert_eq!(t.lookup(1, 0x6000), None);
+        let s = t.stats();
+        assert_eq!((s.hits, s.misses, s.fills), (1, 2, 1));
+        assert!((s.hit_ratio() - 1.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn large_entries_cover_their_whole_page() {
+        let mut t = tlb(8, 2, Replacement::Lru);
+        t.insert(0, 0x20_0000, 21, 7);
+        assert_eq!(t.lookup(0, 0x3f_f000), Some((21, 7)));
+        assert_eq!(t.lookup(0, 0x40_0000), None);
+        // A small invalidation inside the large page drops it.
+        assert_eq!(t.invalidate(0, &[(0x30_0000, P)]), 1);
+        assert!(!t.holds(0, 0x20_0000));
+    }
+
+    #[test]
+    fn range_invalidation_drops_exactly_the_overlapping_entries_of_the_asid() {
+        for (sets, ways) in [(1, 32), (8, 4)] {
+            let mut t = tlb(sets, ways, Replacement::Fifo);
+            for i in 0..16 {
+                t.insert(0, i * P, 12, i);
+                t.insert(1, i * P, 12, i);
+            }
+            // Probing path (small list) and sweeping path (list bigger than the TLB).
+            let big = [(0, 1 << 40)];
+            let dropped = t.invalidate(0, &[(2 * P, 3 * P), (10 * P, P)]);
+            assert_eq!(dropped, 4);
+            for i in 0..16 {
+                let gone = (2..5).contains(&i) || i == 10;
+                assert_eq!(t.holds(0, i * P), !gone, "page {i}");
+                assert!(t.holds(1, i * P));
+            }
+            assert_eq!(t.invalidate(1, &big), 16);
+            assert_eq!(t.flush_asid(0), 12);
+            assert!(t.is_empty());
+            assert_eq!(t.stats().invalidated, 32);
+        }
+    }
+
+    #[test]
+    fn remove_and_flush_drop_entries_and_count_them() {
+        let mut t = tlb(4, 4, Replacement::Lru);
+        t.insert(0, 0, 12, 1);
+        t.insert(0, 0, 21, 2);
+        assert_eq!(t.remove(0, 0x10), 2);
+        t.insert(3, P, 12, 1);
+        assert_eq!(t.flush(), 1);
+        assert_eq!(t.stats().invalidated, 3);
+    }
+
+    #[test]
+    fn empty_or_huge_geometries_are_rejected() {
+        assert_eq!(
+            Tlb::<u64>::new(TlbConfig::new(0, 4, Replacement::Lru)).err(),
+            Some(TlbConfigError::Empty)
+        );
+        assert_eq!(
+            Tlb::<u64>::new(TlbConfig::new(1 << 20, 2, Replacement::Lru)).err(),
+            Some(TlbConfigError::TooLarge { entries: 1 << 21 })
+        );
+    }
+}
