@@ -13,6 +13,7 @@
 //! | [`tlb`] | [`Tlb`]: set-associative, LRU / FIFO / seeded random replacement |
 //! | [`hierarchy`] | [`TlbHierarchy`]: per-unit L1 TLBs, shared L2, page-walk cache |
 //! | [`format`] | [`TableFormat`]: what a page-table format in memory provides |
+//! | [`radix`] | [`RadixTables`]: 512-entry radix tables over any [`PteCodec`] |
 //! | [`reclaim`] | [`TableReclaim`]: table pages freed only after walkers invalidated |
 //! | [`mmu`] | [`SimMmu`]: a format + caches = the core's `Mmu`, and the translation |
 //! | [`port`] | [`Port`]: loads and stores with fault-and-retry through `dev_fault` |
@@ -41,6 +42,7 @@ pub mod map;
 pub mod memory;
 pub mod mmu;
 pub mod port;
+pub mod radix;
 pub mod reclaim;
 pub mod tlb;
 
@@ -53,6 +55,7 @@ pub use map::{MapError, MemoryMap};
 pub use memory::{BoundsError, MemoryStats, SimMemory};
 pub use mmu::{Miss, MmuStats, SimMmu, Translator};
 pub use port::{AccessError, Port, PortStats, DEFAULT_MAX_FAULTS};
+pub use radix::{PteCodec, RadixTables, TableStats};
 pub use reclaim::{ReclaimStats, TableReclaim};
 pub use tlb::{Replacement, Tlb, TlbConfig, TlbConfigError, TlbStats};
 

@@ -10,18 +10,21 @@
 //! | module | owns |
 //! |---|---|
 //! | [`pte`] | the entry format (P/RW/US/PWT/PCD/A/D/PS/G/NX), address layout, canonical checks |
-//! | `tables` | [`X86Tables`]: map, unmap, protect, table reclamation, the hardware walk |
+//! | [`codec`] | [`X86Codec`]: the encoding as a [`gmem_sim::radix::PteCodec`] |
 //!
-//! [`X86Tables`] implements [`gmem_sim::TableFormat`]; a driver turns it into the core's
-//! `Mmu` with [`gmem_sim::SimMmu`] and its own TLBs.
+//! The tree, its edits (map, unmap, protect, 2 MiB leaves and their splits, table
+//! reclamation) and the counted hardware walk with accessed/dirty bits are
+//! [`gmem_sim::RadixTables`]'s; [`X86Tables`] is that tree with this encoding. It
+//! implements [`gmem_sim::TableFormat`], and a driver turns it into the core's `Mmu`
+//! with [`gmem_sim::SimMmu`] and its own TLBs.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod codec;
 pub mod pte;
-mod tables;
 #[cfg(test)]
 mod tests;
 
+pub use codec::{X86Codec, X86Config, X86Tables, X86_FORMAT};
 pub use pte::{Decoded, X86Flags, X86Pte};
-pub use tables::{X86Config, X86Stats, X86Tables, HW_BAD_ENTRY, HW_UNKNOWN_ROOT, X86_FORMAT};

@@ -16,6 +16,7 @@
 
 use bitflags::bitflags;
 use gmem_core::{PhysAddr, Prot, VirtAddr};
+pub use gmem_sim::radix::{index, level_shift, level_size, ENTRIES};
 
 bitflags! {
     /// The flag bits of an entry.
@@ -50,25 +51,8 @@ pub const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 pub const PA_BITS: u32 = 52;
 /// Virtual addresses are 48 bits wide, sign-extended (4-level paging).
 pub const VA_BITS: u32 = 48;
-/// Entries per table.
-pub const ENTRIES: u64 = 512;
 /// Levels: 3 = PML4, 2 = PDPT, 1 = PD, 0 = PT.
 pub const LEVELS: u32 = 4;
-
-/// Bytes one entry of `level` maps (4 KiB at level 0).
-pub const fn level_size(level: u32) -> u64 {
-    1 << (12 + 9 * level)
-}
-
-/// `log2(level_size(level))`.
-pub const fn level_shift(level: u32) -> u8 {
-    (12 + 9 * level) as u8
-}
-
-/// Index of `va`'s entry in its table of `level`.
-pub const fn index(va: u64, level: u32) -> u64 {
-    (va >> (12 + 9 * level)) & (ENTRIES - 1)
-}
 
 /// Whether `va` is canonical: bits 63..47 all equal.
 pub const fn is_canonical(va: u64) -> bool {

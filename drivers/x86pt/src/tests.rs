@@ -2,12 +2,13 @@
 //! protection) that every sequence of map, unmap and protect must leave the tables
 //! agreeing with, leaf by leaf and walk by walk.
 
-use crate::{X86Config, X86Tables, HW_UNKNOWN_ROOT};
+use crate::{X86Codec, X86Config, X86Tables};
 use gmem_core::testing::TestSystem;
 use gmem_core::{
     DeviceId, MapRun, MmuError, PageSize, PageTableRoot, PhysAddr, Prot, VaRange, VirtAddr,
     PAGE_SIZE,
 };
+use gmem_sim::radix::HW_UNKNOWN_ROOT;
 use gmem_sim::{Replacement, SimMemory, TableFormat, Tlb, TlbConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ const POOL: u64 = 0x10_0000;
 
 fn tables(pool_frames: u64, config: X86Config) -> X86Tables {
     let m = Arc::new(SimMemory::new("host", PhysAddr::new(0), 64 << 20).unwrap());
-    X86Tables::new(m, PhysAddr::new(POOL), pool_frames, config).unwrap()
+    X86Tables::new(X86Codec { config }, m, PhysAddr::new(POOL), pool_frames).unwrap()
 }
 
 fn some_device() -> DeviceId {
@@ -133,9 +134,9 @@ fn random_map_unmap_protect_sequences_agree_with_the_model_leaf_by_leaf_and_walk
             }
         }
         let s = t.stats();
-        assert!(s.leaves_4k > 0 && s.leaves_cleared > 0 && s.leaves_protected > 0);
+        assert!(s.leaves_small > 0 && s.leaves_cleared > 0 && s.leaves_protected > 0);
         if large {
-            assert!(s.leaves_2m > 0, "{s:?}");
+            assert!(s.leaves_large > 0, "{s:?}");
             assert!(s.splits > 0, "{s:?}");
         }
         // Unmapping everything leaves only the root: every emptied table was freed (no
@@ -276,7 +277,7 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
     t.map(root, &run(0x4000_0000, 0x20_0000, 1024, Prot::RW, dev))
         .unwrap();
     let s = t.stats();
-    assert_eq!((s.leaves_2m, s.leaves_4k, s.tables_in_use), (2, 0, 5));
+    assert_eq!((s.leaves_large, s.leaves_small, s.tables_in_use), (2, 0, 5));
     let l = t.lookup(root, VirtAddr::new(0x4012_3456)).unwrap();
     assert_eq!(
         (l.shift, l.translate(VirtAddr::new(0x4012_3456))),

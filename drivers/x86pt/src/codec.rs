@@ -1,0 +1,98 @@
+//! The x86-64 entry encoding as a [`PteCodec`]: what makes the generic radix tables
+//! x86-64 tables.
+//!
+//! Four levels over 48-bit canonical addresses (the upper half sign-extended), `P` for
+//! present, `RW`/`NX` for permissions, `US` on leaves of user tables, `PS` for 2 MiB
+//! leaves at level 1 (with [`X86Config::large_pages`]), and the walker's `A` and `D`
+//! bits. The tree, the edits and the walk are [`gmem_sim::RadixTables`]'s.
+
+use crate::pte::{is_canonical_range, level_size, Decoded, X86Flags, X86Pte, LEVELS};
+use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
+use gmem_sim::radix::{Entry, PteCodec};
+use gmem_sim::{Leaf, RadixTables};
+
+/// The format id of x86-64 4-level tables (`"x86"` + 64): devices with it share tables.
+pub const X86_FORMAT: PageTableFormat = PageTableFormat(0x8664);
+
+/// Options of the format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct X86Config {
+    /// Set `US` in leaves (user address spaces).
+    pub user: bool,
+    /// Use 2 MiB leaves where a run allows (and report 2 MiB pages to the core).
+    pub large_pages: bool,
+}
+
+/// The x86-64 encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct X86Codec {
+    /// The options.
+    pub config: X86Config,
+}
+
+/// x86-64 tables in simulated memory: create them with
+/// `X86Tables::new(X86Codec { config }, memory, pool_base, pool_frames)`.
+pub type X86Tables = RadixTables<X86Codec>;
+
+impl PteCodec for X86Codec {
+    fn format(&self) -> PageTableFormat {
+        X86_FORMAT
+    }
+    fn levels(&self) -> u32 {
+        LEVELS
+    }
+    fn va_ok(&self, va: u64, len: u64) -> bool {
+        is_canonical_range(gmem_core::VirtAddr::new(va), len)
+    }
+    fn extend(&self, va: u64) -> u64 {
+        if va >> 47 & 1 == 1 {
+            va | 0xffff_0000_0000_0000
+        } else {
+            va
+        }
+    }
+    fn large_level(&self) -> Option<u32> {
+        self.config.large_pages.then_some(1)
+    }
+    fn table(&self, table: PhysAddr) -> u64 {
+        X86Pte::table(table).0
+    }
+    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _memory: DeviceId) -> Option<u64> {
+        X86Pte::leaf(frame, prot, self.config.user, level > 0).map(|p| p.0)
+    }
+    fn decode(&self, raw: u64, level: u32) -> Entry {
+        match X86Pte(raw).decode(level) {
+            Decoded::NotPresent => Entry::NotPresent,
+            Decoded::Table(t) => Entry::Table(t),
+            Decoded::Leaf {
+                frame,
+                shift,
+                prot,
+                flags,
+            } => Entry::Leaf(Leaf {
+                frame,
+                shift,
+                prot,
+                dirty: flags.contains(X86Flags::D),
+                local: false,
+            }),
+        }
+    }
+    fn with_prot(&self, raw: u64, prot: Prot) -> u64 {
+        X86Pte(raw).with_prot(prot).0
+    }
+    fn split(&self, raw: u64, level: u32, i: u64) -> u64 {
+        let pte = X86Pte(raw);
+        let mut flags = pte.flags();
+        flags.set(X86Flags::PS, level > 1);
+        let base = pte.addr().as_u64() & !(level_size(level) - 1);
+        (base + i * level_size(level - 1)) | flags.bits()
+    }
+    fn used(&self, raw: u64, access: Prot) -> u64 {
+        let mut f = X86Flags::A;
+        if access.contains(Prot::WRITE) {
+            f |= X86Flags::D;
+        }
+        raw | f.bits()
+    }
+}
