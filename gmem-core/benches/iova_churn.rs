@@ -6,8 +6,9 @@
 //! trace, and the time is per (free + alloc) pair. Group 1 compares our arena (with
 //! quantum caches and magazines, with caches but no magazines, and plain instant-fit)
 //! against `offset-allocator`, `range-alloc` and `vm-allocator` at 64k live ranges.
-//! Group 2 runs plain instant-fit at 1k to 1M live ranges to show that its cost does
-//! not grow with the number of segments. Criterion writes its usual reports; a summary
+//! Group 2 runs plain instant-fit, and offset-allocator beside it, at 1k to 1M live
+//! ranges: how the cost per pair grows with the number of segments, and how much of
+//! that growth the memory hierarchy imposes on an O(1) allocator too. Criterion writes its usual reports; a summary
 //! table with medians and ratios is printed at the end.
 
 use std::hint::black_box;
@@ -331,7 +332,22 @@ fn main() {
             &t,
             false,
         );
-        curve.push((live, v));
+        // The same churn on offset-allocator (O(1) bins), to tell the algorithm's
+        // growth from the memory hierarchy's.
+        let peer = churn(
+            &mut group,
+            &format!("offset_allocator_live_{live}"),
+            scale_samples,
+            || {
+                Offset(offset_allocator::Allocator::with_max_allocs(
+                    space_pages(live) as u32,
+                    4 * live as u32,
+                ))
+            },
+            &t,
+            false,
+        );
+        curve.push((live, v, peer));
     }
     group.finish();
     c.final_summary();
@@ -400,13 +416,17 @@ fn main() {
     );
     println!();
     println!("=== instant-fit, no caches: ns per (free + alloc) pair vs live ranges ===");
-    println!("{:>12} {:>12} {:>16}", "live", "ns/op", "free segments");
-    for (live, o) in curve {
+    println!(
+        "{:>12} {:>12} {:>16} {:>22}",
+        "live", "ns/op", "free segments", "offset-allocator ns/op"
+    );
+    for (live, o, peer) in curve {
         println!(
-            "{:>12} {:>12} {:>16}",
+            "{:>12} {:>12} {:>16} {:>22}",
             live,
             fmt_ns(o.ns),
-            fmt_count(o.fragments)
+            fmt_count(o.fragments),
+            fmt_ns(peer.ns)
         );
     }
 }

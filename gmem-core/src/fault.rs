@@ -122,97 +122,89 @@ impl SpaceState {
         let here = self.memories[e.mem as usize].clone();
         let mine = e.mapped & (1 << t) != 0;
         if SpaceState::is_wired(&e) {
-            if mine {
-                return self.spurious(stats, t, vpn);
-            }
-            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
-            let kind = if here.id == dev.id {
-                FaultKind::MappedExisting
+            // Wired pages never move: map them where they are.
+            return if mine {
+                self.spurious(stats, t, vpn)
             } else {
-                FaultKind::Remote
+                self.map_in_place(stats, t, vpn, e, prot, false, here.id != dev.id)
             };
-            Counters::add(
-                if kind == FaultKind::Remote {
-                    &stats.faults_remote
-                } else {
-                    &stats.faults_map_existing
-                },
-                1,
-            );
-            return Ok(FaultResolution { kind, pages: 1 });
         }
+        let replicas = self.replica_mask();
         match placement.mode {
             PlacementMode::Unique => {
-                if mine && e.mapped & !(1 << t) & !self.replica_mask() == 0 {
-                    return self.spurious(stats, t, vpn);
-                }
-                if here.id == target.id {
-                    let others = !(1u32 << t) & !self.replica_mask();
+                let others = e.mapped & !(1 << t) & !replicas;
+                if mine && others == 0 {
+                    self.spurious(stats, t, vpn)
+                } else if here.id == target.id {
                     self.unmap_pages(stats, vpn, 1, others, false);
-                    if !mine {
-                        self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
-                    }
-                    here.phys.lock().touch(e.pfn);
-                    Counters::add(&stats.faults_map_existing, 1);
-                    Ok(FaultResolution {
-                        kind: FaultKind::MappedExisting,
-                        pages: 1,
-                    })
+                    self.map_in_place(stats, t, vpn, e, prot, mine, false)
                 } else {
-                    self.migrate_page(gm, space, vpn, &target)?;
-                    self.map_run(
-                        stats,
-                        t,
-                        vpn,
-                        1,
-                        self.lpt.get(vpn).pfn,
-                        self.lpt.get(vpn).mem,
-                        prot,
-                    )?;
-                    Counters::add(&stats.faults_migrate, 1);
-                    Ok(FaultResolution {
-                        kind: FaultKind::Migrated,
-                        pages: 1,
-                    })
+                    self.migrate_and_map(gm, space, t, vpn, &target, prot)
                 }
             }
             PlacementMode::RemoteAccess => {
                 let hinted = e.hint as usize == slot + 1;
                 if here.id == target.id {
                     if mine {
-                        return self.spurious(stats, t, vpn);
+                        self.spurious(stats, t, vpn)
+                    } else {
+                        self.map_in_place(stats, t, vpn, e, prot, mine, false)
                     }
-                    self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
-                    here.phys.lock().touch(e.pfn);
-                    Counters::add(&stats.faults_map_existing, 1);
-                    Ok(FaultResolution {
-                        kind: FaultKind::MappedExisting,
-                        pages: 1,
-                    })
                 } else if mine && hinted {
-                    self.migrate_page(gm, space, vpn, &target)?;
+                    let r = self.migrate_and_map(gm, space, t, vpn, &target, prot)?;
                     self.lpt.update(vpn, |e| e.hint = 0);
-                    let n = self.lpt.get(vpn);
-                    self.map_run(stats, t, vpn, 1, n.pfn, n.mem, prot)?;
-                    Counters::add(&stats.faults_migrate, 1);
-                    Ok(FaultResolution {
-                        kind: FaultKind::Migrated,
-                        pages: 1,
-                    })
+                    Ok(r)
                 } else {
-                    if !mine {
-                        self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
-                    }
                     self.lpt.update(vpn, |e| e.hint = (slot + 1) as u8);
-                    here.phys.lock().touch(e.pfn);
-                    Counters::add(&stats.faults_remote, 1);
-                    Ok(FaultResolution {
-                        kind: FaultKind::Remote,
-                        pages: 1,
-                    })
+                    self.map_in_place(stats, t, vpn, e, prot, mine, true)
                 }
             }
         }
+    }
+
+    /// Map the page's frame where it is into table `t` (if not there yet) and count it.
+    #[allow(clippy::too_many_arguments)]
+    fn map_in_place(
+        &mut self,
+        stats: &Counters,
+        t: usize,
+        vpn: u64,
+        e: PageEntry,
+        prot: Prot,
+        mine: bool,
+        remote: bool,
+    ) -> Result<FaultResolution, FaultError> {
+        if !mine {
+            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+        }
+        self.memories[e.mem as usize].phys.lock().touch(e.pfn);
+        let (counter, kind) = if remote {
+            (&stats.faults_remote, FaultKind::Remote)
+        } else {
+            (&stats.faults_map_existing, FaultKind::MappedExisting)
+        };
+        Counters::add(counter, 1);
+        Ok(FaultResolution { kind, pages: 1 })
+    }
+
+    /// Migrate the page to `target`, then map it into table `t` and count it.
+    fn migrate_and_map(
+        &mut self,
+        gm: &Gmem,
+        space: &SpaceInner,
+        t: usize,
+        vpn: u64,
+        target: &Arc<DeviceInner>,
+        prot: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        self.migrate_page(gm, space, vpn, target)?;
+        let n = self.lpt.get(vpn);
+        self.map_run(&gm.counters, t, vpn, 1, n.pfn, n.mem, prot)?;
+        Counters::add(&gm.counters.faults_migrate, 1);
+        Ok(FaultResolution {
+            kind: FaultKind::Migrated,
+            pages: 1,
+        })
     }
 
     fn spurious(

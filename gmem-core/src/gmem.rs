@@ -712,13 +712,7 @@ impl Gmem {
     ) -> Result<(), RegionError> {
         self.with_region(region, |gm, space, st| {
             let start = region.start.as_u64();
-            let (first, pages) = {
-                let r = st.region(region).expect("checked");
-                SpaceState::pages_of(start, r.len)
-            };
-            if st.any_pending(first, pages) {
-                st.drain(&gm.counters, &space.arena);
-            }
+            let (first, pages) = st.settle(gm, space, region);
             let rec = st.regions.remove(&start).expect("checked");
             if let Some(set) = rec.set {
                 if let Some(s) = st.sets.get_mut(set.index, set.generation) {
@@ -901,12 +895,7 @@ impl Gmem {
             return Err(RegionError::BadProt(prot));
         }
         self.with_region(region, |gm, space, st| {
-            let start = region.start.as_u64();
-            let (first, pages) =
-                SpaceState::pages_of(start, st.region(region).expect("checked").len);
-            if st.any_pending(first, pages) {
-                st.drain(&gm.counters, &space.arena);
-            }
+            let (first, pages) = st.settle(gm, space, region);
             let touched: Vec<(u64, u32)> = st
                 .lpt
                 .entries_in(first, pages)
@@ -994,12 +983,7 @@ impl Gmem {
     /// (`region_map`) stay wired.
     pub fn region_unwire(&self, region: Region) -> Result<(), RegionError> {
         self.with_region(region, |gm, space, st| {
-            let start = region.start.as_u64();
-            let (first, pages) =
-                SpaceState::pages_of(start, st.region(region).expect("checked").len);
-            if st.any_pending(first, pages) {
-                st.drain(&gm.counters, &space.arena);
-            }
+            let (first, pages) = st.settle(gm, space, region);
             let wired: Vec<(u64, PageEntry)> = st
                 .lpt
                 .entries_in(first, pages)
@@ -1112,6 +1096,20 @@ fn info(space: SpaceId, start: u64, r: &RegionRec) -> RegionInfo {
 }
 
 impl SpaceState {
+    /// The pages of a live region, after draining the queue if any of them has a
+    /// request pending (an operation never races a queued invalidation).
+    pub(crate) fn settle(&mut self, gm: &Gmem, space: &SpaceInner, region: Region) -> (u64, u64) {
+        let len = self
+            .region(region)
+            .expect("the caller checked the region")
+            .len;
+        let (first, pages) = SpaceState::pages_of(region.start.as_u64(), len);
+        if self.any_pending(first, pages) {
+            self.drain(&gm.counters, &space.arena);
+        }
+        (first, pages)
+    }
+
     /// Populate and pin `[first, first + pages)`; see [`Gmem::region_wire`].
     fn wire_range(
         &mut self,
@@ -1182,14 +1180,11 @@ impl SpaceState {
         flags: MapFlags,
         callback: Option<Callback>,
     ) {
-        let Some(r) = self.region(region) else {
+        if self.region(region).is_none() {
             self.queue.complete_now(callback, Ok(()));
             return;
-        };
-        let (first, pages) = SpaceState::pages_of(region.start.as_u64(), r.len);
-        if self.any_pending(first, pages) {
-            self.drain(&gm.counters, &space.arena);
         }
+        let (first, pages) = self.settle(gm, space, region);
         if flags.contains(MapFlags::ASYNC) {
             let d = self.discard_pages(&gm.counters, first, pages, true);
             self.enqueue_unmap(&gm.counters, &space.arena, d, None, callback);
