@@ -1,0 +1,215 @@
+//! The discrete GPU device: video memory, registration with the core, kernels.
+//!
+//! The device-independent part of the driver: build video memory and its copy engine,
+//! create the device (`FAULTABLE | LOCAL_MEMORY`, the copy engine as its data mover),
+//! register video memory (all of it but the page-table pool) with the core and in the
+//! machine's memory map, and run kernels, loads and stores through the GPU's [`Port`].
+//! Oversubscription needs nothing here: when video memory is full the core evicts its
+//! oldest pages to host memory through the same copy engine.
+
+use crate::format::{GpuCodec, GpuTables};
+use crate::mmu::{dgpu_tlbs, DgpuMmu};
+use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem, PhysAddr, VirtAddr, PAGE_SIZE};
+use gmem_sim::{
+    AccessError, BoundsError, DmaEngine, DmaStats, Grid, HierarchyConfig, LaunchError, LaunchStats,
+    MapError, MemoryMap, MemoryStats, MmuStats, Port, PortStats, SimMemory, SimMmu, TableStats,
+    TlbConfigError, WorkItem,
+};
+use std::sync::Arc;
+
+/// What a discrete GPU is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DgpuConfig {
+    /// Instance number: makes the GPU's page-table format id unique.
+    pub instance: u32,
+    /// First physical address of video memory (its BAR in the machine's address map).
+    pub vram_base: PhysAddr,
+    /// Bytes of video memory (page-table pool included).
+    pub vram_bytes: u64,
+    /// Frames at the start of video memory kept for page tables.
+    pub table_frames: u64,
+    /// The GPU's translation caches (their unit count is its compute units).
+    pub tlbs: HierarchyConfig,
+}
+
+impl DgpuConfig {
+    /// GPU `instance` with `vram_bytes` of video memory at `64 GiB × (instance + 1)`,
+    /// 64 table frames and `cus` compute units.
+    pub fn new(instance: u32, vram_bytes: u64, cus: usize) -> DgpuConfig {
+        DgpuConfig {
+            instance,
+            vram_base: PhysAddr::new((instance as u64 + 1) << 36),
+            vram_bytes,
+            table_frames: 64,
+            tlbs: dgpu_tlbs(cus),
+        }
+    }
+}
+
+/// Why the GPU could not be built or created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DgpuError {
+    /// Video memory or the table pool was rejected.
+    Memory(BoundsError),
+    /// The table pool leaves no video memory for the core.
+    NoMemoryLeft,
+    /// The TLB geometry was rejected.
+    Tlb(TlbConfigError),
+    /// The core refused the device or its memory.
+    Device(DeviceError),
+    /// The memory map refused video memory (overlap).
+    Map(MapError),
+    /// The GPU was already created in an instance.
+    AlreadyCreated(DeviceId),
+}
+
+/// Counters of the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DgpuStats {
+    /// Loads, stores and faults.
+    pub port: PortStats,
+    /// TLBs, walks, invalidations.
+    pub mmu: MmuStats,
+    /// Page-table edits.
+    pub tables: TableStats,
+    /// Copy-engine traffic (the data mover: zero-fill, host→device, device→host).
+    pub dma: DmaStats,
+    /// Video memory.
+    pub vram: MemoryStats,
+}
+
+/// A simulated faultable discrete GPU.
+pub struct Dgpu {
+    config: DgpuConfig,
+    vram: Arc<SimMemory>,
+    dma: Arc<DmaEngine>,
+    tables: Arc<GpuTables>,
+    mmu: Arc<DgpuMmu>,
+    port: Port,
+}
+
+impl Dgpu {
+    /// Build the GPU's video memory, tables and MMU; `map` is the machine's memory map.
+    pub fn new(map: Arc<MemoryMap>, config: DgpuConfig) -> Result<Dgpu, DgpuError> {
+        let vram = SimMemory::new("vram", config.vram_base, config.vram_bytes)
+            .map_err(DgpuError::Memory)?;
+        let vram = Arc::new(vram);
+        if config.table_frames.saturating_mul(PAGE_SIZE) >= config.vram_bytes {
+            return Err(DgpuError::NoMemoryLeft);
+        }
+        let codec = GpuCodec::new(config.instance);
+        let tables = GpuTables::new(codec, vram.clone(), config.vram_base, config.table_frames)
+            .map_err(DgpuError::Memory)?;
+        let tables = Arc::new(tables);
+        let mmu = Arc::new(SimMmu::new(tables.clone(), config.tlbs).map_err(DgpuError::Tlb)?);
+        let port = Port::new(mmu.clone(), map, Some(vram.clone()));
+        Ok(Dgpu {
+            config,
+            dma: Arc::new(DmaEngine::new(vram.clone())),
+            vram,
+            tables,
+            mmu,
+            port,
+        })
+    }
+
+    /// Create the device in `gm` and register its video memory.
+    pub fn create(&self, gm: &Gmem, name: &str) -> Result<DeviceId, DgpuError> {
+        if let Some(id) = self.port.id() {
+            return Err(DgpuError::AlreadyCreated(id));
+        }
+        let id = gm
+            .dev_create(DeviceDesc {
+                name: name.into(),
+                mmu: self.mmu.clone(),
+                memory: Some(self.dma.clone()),
+                caps: DevCaps::FAULTABLE | DevCaps::LOCAL_MEMORY,
+                data: None,
+            })
+            .map_err(DgpuError::Device)?;
+        self.port.bind(id).map_err(DgpuError::AlreadyCreated)?;
+        self.tables
+            .codec()
+            .bind(id)
+            .map_err(DgpuError::AlreadyCreated)?;
+        self.port
+            .memory_map()
+            .add(id, self.vram.clone())
+            .map_err(DgpuError::Map)?;
+        let first = self.config.vram_base.as_u64() + self.config.table_frames * PAGE_SIZE;
+        gm.dev_register_physmem(id, PhysAddr::new(first), self.vram.end())
+            .map_err(DgpuError::Device)?;
+        Ok(id)
+    }
+
+    /// The core's id of the GPU, once created.
+    pub fn id(&self) -> Option<DeviceId> {
+        self.port.id()
+    }
+
+    /// Video memory.
+    pub fn vram(&self) -> &Arc<SimMemory> {
+        &self.vram
+    }
+
+    /// The copy engine (the GPU's data mover).
+    pub fn dma(&self) -> &Arc<DmaEngine> {
+        &self.dma
+    }
+
+    /// The GPU's page tables.
+    pub fn tables(&self) -> &Arc<GpuTables> {
+        &self.tables
+    }
+
+    /// The GPU's MMU.
+    pub fn mmu(&self) -> &Arc<DgpuMmu> {
+        &self.mmu
+    }
+
+    /// The GPU's memory port.
+    pub fn port(&self) -> &Port {
+        &self.port
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> DgpuStats {
+        DgpuStats {
+            port: self.port.stats(),
+            mmu: self.mmu.stats(),
+            tables: self.tables.stats(),
+            dma: self.dma.stats(),
+            vram: self.vram.stats(),
+        }
+    }
+
+    /// Run `kernel` over `grid`; work-group `g` runs on CU `g % compute units`.
+    pub fn launch<K>(&self, gm: &Gmem, grid: Grid, kernel: K) -> Result<LaunchStats, LaunchError>
+    where
+        K: FnMut(&WorkItem<'_>) -> Result<(), AccessError>,
+    {
+        self.port.launch(gm, grid, kernel)
+    }
+
+    /// Load `buf.len()` bytes at `va` on compute unit `cu`.
+    pub fn load(
+        &self,
+        gm: &Gmem,
+        cu: usize,
+        va: VirtAddr,
+        buf: &mut [u8],
+    ) -> Result<(), AccessError> {
+        self.port.load(gm, cu, va, buf)
+    }
+
+    /// Store `data` at `va` on compute unit `cu`.
+    pub fn store(
+        &self,
+        gm: &Gmem,
+        cu: usize,
+        va: VirtAddr,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
+        self.port.store(gm, cu, va, data)
+    }
+}
