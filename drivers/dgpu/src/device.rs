@@ -9,7 +9,7 @@
 
 use crate::format::{GpuCodec, GpuTables};
 use crate::mmu::{dgpu_tlbs, DgpuMmu};
-use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem, PhysAddr, VirtAddr, PAGE_SIZE};
+use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem, PhysAddr, PAGE_SIZE};
 use gmem_sim::{
     AccessError, BoundsError, DmaEngine, DmaStats, Grid, HierarchyConfig, LaunchError, LaunchStats,
     MapError, MemoryMap, MemoryStats, MmuStats, Port, PortStats, SimMemory, SimMmu, TableStats,
@@ -189,27 +189,5 @@ impl Dgpu {
         K: FnMut(&WorkItem<'_>) -> Result<(), AccessError>,
     {
         self.port.launch(gm, grid, kernel)
-    }
-
-    /// Load `buf.len()` bytes at `va` on compute unit `cu`.
-    pub fn load(
-        &self,
-        gm: &Gmem,
-        cu: usize,
-        va: VirtAddr,
-        buf: &mut [u8],
-    ) -> Result<(), AccessError> {
-        self.port.load(gm, cu, va, buf)
-    }
-
-    /// Store `data` at `va` on compute unit `cu`.
-    pub fn store(
-        &self,
-        gm: &Gmem,
-        cu: usize,
-        va: VirtAddr,
-        data: &[u8],
-    ) -> Result<(), AccessError> {
-        self.port.store(gm, cu, va, data)
     }
 }

@@ -2,11 +2,12 @@
 //!
 //! The device-independent part of the driver: the GPU has no memory of its own (its
 //! pages are placed in host memory), so creating it is one `dev_create` with the
-//! `FAULTABLE` capability; everything it runs goes through its [`Port`], which turns
-//! translation misses into `dev_fault` and retries.
+//! `FAULTABLE` capability; everything it runs (kernels, and single loads and stores
+//! through [`Igpu::port`]) goes through its [`Port`], which turns translation misses
+//! into `dev_fault` and retries.
 
 use crate::mmu::{igpu_tlbs, IgpuMmu};
-use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem, VirtAddr};
+use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem};
 use gmem_sim::{
     AccessError, Grid, HierarchyConfig, LaunchError, LaunchStats, MemoryMap, MmuStats, Port,
     PortStats, SimMmu, TlbConfigError, WorkItem,
@@ -109,27 +110,5 @@ impl Igpu {
         K: FnMut(&WorkItem<'_>) -> Result<(), AccessError>,
     {
         self.port.launch(gm, grid, kernel)
-    }
-
-    /// Load `buf.len()` bytes at `va` on compute unit `cu`.
-    pub fn load(
-        &self,
-        gm: &Gmem,
-        cu: usize,
-        va: VirtAddr,
-        buf: &mut [u8],
-    ) -> Result<(), AccessError> {
-        self.port.load(gm, cu, va, buf)
-    }
-
-    /// Store `data` at `va` on compute unit `cu`.
-    pub fn store(
-        &self,
-        gm: &Gmem,
-        cu: usize,
-        va: VirtAddr,
-        data: &[u8],
-    ) -> Result<(), AccessError> {
-        self.port.store(gm, cu, va, data)
     }
 }

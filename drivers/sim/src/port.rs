@@ -337,3 +337,144 @@ typed_access! {
     load_u64, store_u64, u64;
     load_f32, store_f32, f32;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::Grid;
+    use crate::format::Leaf;
+    use gmem_core::testing::TestSystem;
+    use gmem_core::{AllocPolicy, AllocRequest, MmuMode};
+    use std::sync::Mutex;
+
+    /// A translator that maps every address to `frame` once `after` lookups missed,
+    /// and records which unit asked.
+    struct Fake {
+        frame: Option<PhysAddr>,
+        after: Mutex<u32>,
+        units: Mutex<Vec<usize>>,
+    }
+
+    impl Translator for Fake {
+        fn translate(&self, unit: usize, _va: VirtAddr, _access: Prot) -> Result<Leaf, Miss> {
+            self.units.lock().unwrap().push(unit);
+            let mut a = self.after.lock().unwrap();
+            match self.frame {
+                Some(frame) if *a == 0 => Ok(Leaf {
+                    frame,
+                    shift: 12,
+                    prot: Prot::RW,
+                    dirty: true,
+                    local: false,
+                }),
+                _ => {
+                    *a = a.saturating_sub(1);
+                    Err(Miss::NotPresent)
+                }
+            }
+        }
+        fn units(&self) -> usize {
+            3
+        }
+    }
+
+    fn fake(frame: Option<u64>, after: u32) -> Arc<Fake> {
+        Arc::new(Fake {
+            frame: frame.map(PhysAddr::new),
+            after: Mutex::new(after),
+            units: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A core whose host is active in a space with one region; returns the region start.
+    fn core() -> (TestSystem, VirtAddr) {
+        let s = TestSystem::new(64);
+        let sp =
+            s.gm.as_create(
+                VirtAddr::new(1 << 30),
+                VirtAddr::new(2 << 30),
+                AllocPolicy::empty(),
+            )
+            .unwrap();
+        s.gm.as_attach(sp, s.host().id, MmuMode::Coherent, true)
+            .unwrap();
+        let r =
+            s.gm.as_alloc(sp, AllocRequest::new(16 * PAGE_SIZE))
+                .unwrap();
+        (s, r.start)
+    }
+
+    #[test]
+    fn an_access_that_keeps_missing_after_retries_is_a_livelock_not_a_hang() {
+        let (s, va) = core();
+        let port = Port::new(fake(None, 0), MemoryMap::new(), None).with_max_faults(3);
+        assert_eq!(port.load_u32(&s.gm, 0, va), Err(AccessError::NotCreated));
+        port.bind(s.host().id).unwrap();
+        assert_eq!(port.bind(s.host().id), Err(s.host().id));
+        assert_eq!(
+            port.load_u32(&s.gm, 0, va),
+            Err(AccessError::Livelock { va, faults: 3 })
+        );
+        // The core zero-filled and mapped the page, then took the repeated faults for
+        // stale TLB entries; the port gave up after its bound.
+        let st = port.stats();
+        assert_eq!((st.faults, st.zero_fills, st.spurious), (3, 1, 2));
+        assert_eq!(st.bytes_loaded, 0);
+    }
+
+    #[test]
+    fn a_translation_to_unmapped_physical_memory_is_a_typed_error() {
+        let (s, va) = core();
+        let port = Port::new(fake(Some(0x7000_0000), 1), MemoryMap::new(), None);
+        port.bind(s.host().id).unwrap();
+        assert_eq!(
+            port.store_u32(&s.gm, 0, va, 1),
+            Err(AccessError::NoMemory {
+                pa: PhysAddr::new(0x7000_0000)
+            })
+        );
+        assert_eq!(port.stats().faults, 1);
+    }
+
+    #[test]
+    fn work_groups_run_round_robin_on_units_and_items_in_order() {
+        let (s, va) = core();
+        let map = MemoryMap::new();
+        let mem = Arc::new(SimMemory::new("m", PhysAddr::new(0x10_0000), PAGE_SIZE).unwrap());
+        map.add(s.host().id, mem.clone()).unwrap();
+        let f = fake(Some(0x10_0000), 0);
+        let port = Port::new(f.clone(), map, None);
+        port.bind(s.host().id).unwrap();
+        let mut seen = Vec::new();
+        let st = port
+            .launch(
+                &s.gm,
+                Grid {
+                    groups: 4,
+                    group_size: 2,
+                },
+                |w| {
+                    seen.push((w.global, w.group, w.local, w.unit));
+                    w.store_u32(VirtAddr::new(va.as_u64() + 4 * w.global), w.global as u32)
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            (st.groups, st.items, st.port.stores, st.port.faults),
+            (4, 8, 8, 0)
+        );
+        assert_eq!(seen[2], (2, 1, 0, 1));
+        assert_eq!(seen[7], (7, 3, 1, 0));
+        assert_eq!(*f.units.lock().unwrap(), vec![0, 0, 1, 1, 2, 2, 0, 0]);
+        assert_eq!(mem.read_u64(PhysAddr::new(0x10_0018)).unwrap(), 7 << 32 | 6);
+        // The first failing item stops the launch and is named.
+        let err = port
+            .launch(&s.gm, Grid::covering(5, 2), |w| match w.global {
+                3 => w.store(VirtAddr::new(u64::MAX), &[0, 0]),
+                _ => Ok(()),
+            })
+            .unwrap_err();
+        assert_eq!((err.group, err.item), (1, 3));
+        assert!(matches!(err.error, AccessError::BadAccess { .. }));
+    }
+}
