@@ -248,7 +248,9 @@ impl Gmem {
     /// Detach the device from `space`, removing its page table (or its use of a shared
     /// one) and invalidating its TLB (`gm_dev_detach`).
     pub fn dev_detach(&self, id: DeviceId, space_id: SpaceId) -> Result<(), AttachError> {
-        let dev = self.device(id).ok_or(AttachError::UnknownDevice(id))?;
+        if self.device(id).is_none() {
+            return Err(AttachError::UnknownDevice(id));
+        }
         let space = self
             .space(space_id)
             .ok_or(AttachError::UnknownSpace(space_id))?;
@@ -256,22 +258,20 @@ impl Gmem {
             let mut st = space.state.lock();
             let slot = st.slot_of(id).ok_or(AttachError::NotAttached)?;
             st.drain(&self.counters, &space.arena);
-            st.detach_slot(&self.counters, slot);
+            st.detach_slot(&self.counters, slot, space_id);
             st.queue.take_ready()
         };
-        let mut b = dev.binding.lock();
-        b.attached.retain(|s| *s != space_id);
-        if b.active.as_ref().is_some_and(|s| s.id == space_id) {
-            b.active = None;
-            dev.mmu.activate(None);
-        }
-        drop(b);
         ready.run();
         Ok(())
     }
 
     /// Serve a translation fault of a device (`gm_dev_fault`): on success the driver
     /// retries the access.
+    ///
+    /// This call allocates (logical page table leaves, the async queue, migration's
+    /// bounce buffer live on the heap) and takes spin locks: a kernel must not call it
+    /// from a context that holds its heap lock or that the heap's lock holder can be
+    /// interrupted by.
     pub fn dev_fault(
         &self,
         id: DeviceId,
@@ -368,15 +368,11 @@ impl Gmem {
     /// free every frame and region.
     pub fn as_destroy(&self, id: SpaceId) -> Result<(), SpaceError> {
         let space = self.space(id).ok_or(SpaceError::UnknownSpace(id))?;
-        let (ready, devices) = {
+        let ready = {
             let mut st = space.state.lock();
             st.drain(&self.counters, &space.arena);
-            let mut devices = Vec::new();
             for slot in 0..st.attached.len() {
-                if let Some(a) = &st.attached[slot] {
-                    devices.push(a.dev.clone());
-                    st.detach_slot(&self.counters, slot);
-                }
+                st.detach_slot(&self.counters, slot, id);
             }
             let entries: Vec<(u64, PageEntry)> = st.lpt.iter().collect();
             for (v, e) in entries {
@@ -393,16 +389,8 @@ impl Gmem {
             }
             st.regions.clear();
             st.alive = false;
-            (st.queue.take_ready(), devices)
+            st.queue.take_ready()
         };
-        for dev in devices {
-            let mut b = dev.binding.lock();
-            b.attached.retain(|s| *s != id);
-            if b.active.as_ref().is_some_and(|s| s.id == id) {
-                b.active = None;
-                dev.mmu.activate(None);
-            }
-        }
         self.spaces.write().remove(id.index, id.generation);
         ready.run();
         Ok(())
@@ -484,7 +472,7 @@ impl Gmem {
                 table: t,
             });
             if let Err(e) = st.fill_table(&self.counters, t) {
-                st.detach_slot(&self.counters, slot);
+                st.detach_slot(&self.counters, slot, space_id);
                 return Err(AttachError::Mmu(e));
             }
             effective
@@ -1232,15 +1220,24 @@ impl SpaceState {
         Ok(())
     }
 
-    /// Remove attachment `slot`: its table loses a user; a table without users is
-    /// emptied (unmap + invalidate) and destroyed, a shared one left behind gets the
-    /// device's whole TLB invalidated.
-    pub(crate) fn detach_slot(&mut self, stats: &Counters, slot: usize) {
+    /// Remove attachment `slot` of space `space`: the device is deactivated first if it
+    /// is active here (so its MMU never points at a destroyed table), then its table
+    /// loses a user; a table without users is emptied (unmap + invalidate) and
+    /// destroyed, a shared one left behind gets the device's whole TLB invalidated.
+    pub(crate) fn detach_slot(&mut self, stats: &Counters, slot: usize, space: SpaceId) {
         let Some(att) = self.attached[slot].as_ref() else {
             return;
         };
         let t = att.table;
         let dev = att.dev.clone();
+        {
+            let mut b = dev.binding.lock();
+            if b.active.as_ref().is_some_and(|s| s.id == space) {
+                b.active = None;
+                dev.mmu.activate(None);
+            }
+            b.attached.retain(|s| *s != space);
+        }
         let users = self.tables[t]
             .as_ref()
             .map_or(0, |tb| tb.users & !(1 << slot));

@@ -22,6 +22,13 @@ macro_rules! handle {
             pub fn index(self) -> u32 {
                 self.index
             }
+
+            /// A handle from raw parts, for drivers' unit tests that need one without
+            /// a [`crate::Gmem`]; it names nothing in any instance.
+            #[cfg(feature = "test-util")]
+            pub fn from_raw(index: u32, generation: u32) -> Self {
+                Self { index, generation }
+            }
         }
 
         impl fmt::Debug for $name {

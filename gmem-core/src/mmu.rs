@@ -17,6 +17,14 @@
 //!   device using that table before it reuses the virtual range or the frames; a driver
 //!   must not rely on its own invalidation inside `unmap` (it may do one — the core's is
 //!   then redundant, never missing).
+//! - The core never invalidates after [`Mmu::map`] (nothing valid was replaced). Hardware
+//!   that may cache a *non-present* entry it read earlier (RISC-V harts, IOMMUs in
+//!   caching mode) needs a fence after `map`: that fence is the driver's job.
+//! - Page-table pages a driver unlinks in `unmap` may still be cached by page-walk
+//!   caches until the next invalidation; a driver frees them only after its own
+//!   invalidation of that table. (For a table shared by several devices the core
+//!   invalidates every sharer in the same call sequence, the last sharer's
+//!   invalidation completing the batch.)
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
 //!   the core then edits the table through the MMU of the device that created it and
 //!   invalidates the TLB of every sharer through its own MMU.

@@ -1025,7 +1025,21 @@ fn detach_removes_the_devices_table_and_destroy_frees_everything() {
     s.write(g, r.start, &pattern(9, 4 * PAGE_SIZE as usize))
         .unwrap();
     let tables = s.devices[g].mmu.store().tables();
+    s.take_events();
     s.gm.dev_detach(gid, space).unwrap();
+    let ev = s.take_events();
+    let off = ev
+        .iter()
+        .position(|e| matches!(e, MmuEvent::Activate { root: None, .. }))
+        .expect("deactivated");
+    let gone = ev
+        .iter()
+        .position(|e| matches!(e, MmuEvent::Destroy { .. }))
+        .expect("table destroyed");
+    assert!(
+        off < gone,
+        "the device stops translating before its table is destroyed: {ev:?}"
+    );
     assert_eq!(s.devices[g].mmu.store().tables(), tables - 1);
     assert_eq!(
         s.read(0, r.start, 4 * PAGE_SIZE as usize).unwrap(),
