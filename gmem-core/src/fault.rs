@@ -49,7 +49,9 @@ pub enum FaultKind {
     ZeroFill,
     /// The page was migrated to the placement target.
     Migrated,
-    /// A frame in another device's memory was mapped (remote access).
+    /// A frame outside the faulter's own memory (its local memory, or host memory for
+    /// a device without one) was mapped where it lives: remote access, whether the
+    /// policy asked for it or the page already sits at a placement target elsewhere.
     Remote,
     /// A frame already at its place was mapped for the faulter.
     MappedExisting,
@@ -120,13 +122,16 @@ impl SpaceState {
         }
 
         let here = self.memories[e.mem as usize].clone();
+        // A mapping is remote when the frame is not in the faulter's own memory (its
+        // local memory, or host memory for a device without one).
+        let remote = here.id != self.target_of(gm, &dev, PlacementTarget::Faulting).id;
         let mine = e.mapped & (1 << t) != 0;
         if SpaceState::is_wired(&e) {
             // Wired pages never move: map them where they are.
             return if mine {
                 self.spurious(stats, t, vpn)
             } else {
-                self.map_in_place(stats, t, vpn, e, prot, false, here.id != dev.id)
+                self.map_in_place(stats, t, vpn, e, prot, false, remote)
             };
         }
         let replicas = self.replica_mask();
@@ -137,7 +142,7 @@ impl SpaceState {
                     self.spurious(stats, t, vpn)
                 } else if here.id == target.id {
                     self.unmap_pages(stats, vpn, 1, others, false);
-                    self.map_in_place(stats, t, vpn, e, prot, mine, false)
+                    self.map_in_place(stats, t, vpn, e, prot, mine, remote)
                 } else {
                     self.migrate_and_map(gm, space, t, vpn, &target, prot)
                 }
@@ -148,7 +153,7 @@ impl SpaceState {
                     if mine {
                         self.spurious(stats, t, vpn)
                     } else {
-                        self.map_in_place(stats, t, vpn, e, prot, mine, false)
+                        self.map_in_place(stats, t, vpn, e, prot, mine, remote)
                     }
                 } else if mine && hinted {
                     let r = self.migrate_and_map(gm, space, t, vpn, &target, prot)?;

@@ -419,7 +419,8 @@ mod tests {
         let shared = vectoradd(20_000, |_| Accel::IntegratedShared).unwrap();
         let coherent = vectoradd(20_000, |_| Accel::IntegratedCoherent).unwrap();
         let faults = |o: &Outcome| {
-            o.stats.faults_zero_fill + o.stats.faults_map_existing + o.stats.faults_migrate
+            let s = o.stats;
+            s.faults_zero_fill + s.faults_map_existing + s.faults_migrate + s.faults_remote
         };
         assert!(
             faults(&shared) < faults(&coherent),

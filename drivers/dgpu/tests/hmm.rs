@@ -314,11 +314,12 @@ fn double_map_two_gpus_read_the_same_frames_then_one_reads_the_others_memory() {
     cpu_fill(&m, &r, 0..npages, 0);
     m.gm.region_protect(r, Prot::READ).unwrap();
     // Device 0 and device 1 read system memory: both map the same host frames, where
-    // the policy wants them (no migration, the CPU's mappings stay).
+    // the policy wants them (no migration, the CPU's mappings stay); a frame in another
+    // device's memory mapped in place is a remote mapping.
     for g in [g0, g1] {
         let (mirror, s) = gpu_read(g, &m.gm, &r, npages).unwrap();
         check_mirror(&mirror, 0..npages, 0);
-        assert_eq!((s.port.faults, s.port.mapped_existing), (npages, npages));
+        assert_eq!((s.port.faults, s.port.remote), (npages, npages));
     }
     assert_eq!(m.gm.stats().faults_migrate, 0);
     for p in 0..npages {
