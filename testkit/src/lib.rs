@@ -1,0 +1,122 @@
+//! # gmem-testkit: one op-sequence runner for tests and fuzz targets
+//!
+//! A runner applies a sequence of operations to the real code and, after every
+//! operation, compares the whole observable state with a reference model that is too
+//! simple to be wrong (the idea of `fitzgen/associative-cache`'s test utilities). The
+//! same runners serve three callers:
+//! - `cargo test -p gmem-testkit` feeds them seeded pseudo-random sequences
+//!   (`tests/seeded.rs`) and replays minimized fuzz findings (`tests/regressions.rs`);
+//! - the fuzz targets in `fuzz/` feed them whatever libFuzzer produces, decoded with
+//!   [`arbitrary`];
+//! - a developer reproducing a failure replays a byte string with [`replay_kpi`] or
+//!   [`replay_vmem`].
+//!
+//! Two runners:
+//! - [`vmem`]: one [`gmem_core::vmem::Arena`] (any quantum, quantum caches with or
+//!   without magazines, checked or trusted frees, any fit policy) against a brute-force
+//!   interval model: every allocation is checked for overlap, placement and
+//!   constraints; every `NoSpace` is checked against an exhaustive search; every
+//!   misuse must get its typed error and change nothing; counters must balance.
+//! - [`kpi`]: a [`gmem_core::testing::TestSystem`] with a host, a discrete device with
+//!   memory, an integrated device without memory and a device that cannot fault,
+//!   driven through the whole KPI, against a model of spaces, regions and their bytes.
+//!   After every operation it runs [`gmem_core::Gmem::check_invariants`] on every live
+//!   space and checks that no TLB holds a translation its page table no longer has.
+//!
+//! A runner reports a broken expectation by panicking with a message that names the
+//! operation, what was expected and what happened: a fuzzer records the panic as a
+//! crash, a test fails with the message.
+
+pub mod kpi;
+pub mod vmem;
+
+use arbitrary::{Arbitrary, Unstructured};
+
+/// A small deterministic generator (xorshift64*) for seeded sequences: the same seed
+/// gives the same bytes on every machine.
+#[derive(Clone, Debug)]
+pub struct SeedBytes(u64);
+
+impl SeedBytes {
+    /// A generator for `seed` (any value, 0 included).
+    pub fn new(seed: u64) -> SeedBytes {
+        SeedBytes(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// The next 64 pseudo-random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// `n` pseudo-random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n + 8);
+        while out.len() < n {
+            out.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        out.truncate(n);
+        out
+    }
+}
+
+/// Decode up to `max` values of `T` from what is left of `u`.
+fn decode_ops<'a, T: Arbitrary<'a>>(u: &mut Unstructured<'a>, max: usize) -> Vec<T> {
+    let mut ops = Vec::new();
+    while ops.len() < max && !u.is_empty() {
+        match T::arbitrary(u) {
+            Ok(op) => ops.push(op),
+            Err(_) => break,
+        }
+    }
+    ops
+}
+
+/// Decode a vmem configuration and operation list from raw bytes and run them;
+/// returns what the run did.
+pub fn replay_vmem(data: &[u8]) -> Summary {
+    let mut u = Unstructured::new(data);
+    let Ok(config) = vmem::VmemConfig::arbitrary(&mut u) else {
+        return Summary::default();
+    };
+    let ops: Vec<vmem::VmemOp> = decode_ops(&mut u, vmem::MAX_OPS);
+    vmem::VmemRunner::new(config).run(&ops)
+}
+
+/// Decode a KPI setup and operation list from raw bytes and run them; returns what
+/// the run did.
+pub fn replay_kpi(data: &[u8]) -> Summary {
+    let mut u = Unstructured::new(data);
+    let Ok(setup) = kpi::Setup::arbitrary(&mut u) else {
+        return Summary::default();
+    };
+    let ops: Vec<kpi::Op> = decode_ops(&mut u, kpi::MAX_OPS);
+    kpi::KpiRunner::new(setup).run(&ops)
+}
+
+/// What a run did, so that a test can tell a run that exercised something from one
+/// that only bounced off errors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Operations applied.
+    pub ops: u64,
+    /// Calls that succeeded (allocations, frees, accesses, ...).
+    pub succeeded: u64,
+    /// Calls that failed with the typed error the model predicted.
+    pub rejected: u64,
+    /// Bytes read back and compared with the model.
+    pub bytes_checked: u64,
+}
+
+impl core::ops::AddAssign for Summary {
+    fn add_assign(&mut self, o: Summary) {
+        self.ops += o.ops;
+        self.succeeded += o.succeeded;
+        self.rejected += o.rejected;
+        self.bytes_checked += o.bytes_checked;
+    }
+}

@@ -1,0 +1,53 @@
+//! Seeded pseudo-random operation sequences through both runners: what `cargo test`
+//! runs on every build (the fuzz targets run the same runners on libFuzzer's inputs).
+
+use gmem_testkit::{replay_kpi, replay_vmem, SeedBytes, Summary};
+
+/// Each seed is decoded into a configuration and an operation list exactly as a fuzz
+/// input is; a failure names the seed so it can be replayed alone.
+fn run_seeds(seeds: std::ops::Range<u64>, bytes: usize, f: fn(&[u8]) -> Summary) -> Summary {
+    let mut total = Summary::default();
+    for seed in seeds {
+        let data = SeedBytes::new(seed).bytes(bytes);
+        let r = std::panic::catch_unwind(|| f(&data));
+        match r {
+            Ok(s) => total += s,
+            Err(_) => panic!("seed {seed} failed: replay SeedBytes::new({seed}).bytes({bytes})"),
+        }
+    }
+    eprintln!("{total:?}");
+    total
+}
+
+#[test]
+fn vmem_runner_agrees_with_the_interval_model_on_seeded_sequences() {
+    let s = run_seeds(0..100, 2048, replay_vmem);
+    assert!(s.ops >= 4000, "a few thousand operations ran: {s:?}");
+    assert!(s.succeeded > s.ops / 4 && s.rejected > s.ops / 50, "{s:?}");
+}
+
+#[test]
+fn kpi_runner_agrees_with_the_region_model_on_seeded_sequences() {
+    let s = run_seeds(0..200, 4096, replay_kpi);
+    assert!(s.ops >= 4000, "a few thousand operations ran: {s:?}");
+    assert!(
+        s.succeeded > s.ops / 10 && s.bytes_checked > 100_000,
+        "{s:?}"
+    );
+}
+
+/// Replay one seed (`GMEM_SEED=n`, with `GMEM_TESTKIT_TRACE=1` to print every
+/// operation): `cargo test -p gmem-testkit --test seeded replay_one -- --ignored`.
+#[test]
+#[ignore = "a debugging aid, run on demand"]
+fn replay_one() {
+    let seed: u64 = std::env::var("GMEM_SEED").map_or(0, |s| s.parse().expect("a number"));
+    let which = std::env::var("GMEM_RUNNER").unwrap_or_else(|_| "kpi".into());
+    let data = SeedBytes::new(seed).bytes(4096);
+    let s = if which == "vmem" {
+        replay_vmem(&data)
+    } else {
+        replay_kpi(&data)
+    };
+    eprintln!("{s:?}");
+}
