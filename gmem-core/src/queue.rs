@@ -123,6 +123,26 @@ impl SpaceState {
         callback: Option<Callback>,
     ) {
         Counters::add(&stats.async_requests, 1);
+        // Deliberately broken (loom model `queue` must catch it): the completion
+        // callback is made ready at once, before the batch's TLB invalidation.
+        #[cfg(gmem_loom_bug = "callback_before_invalidation")]
+        let callback = {
+            self.queue.complete_now(callback, Ok(()));
+            None
+        };
+        // Deliberately broken (loom model `faults` must catch it): the frames of the
+        // unmap go back to their memories at once instead of staying quarantined
+        // until the invalidation, so a fault can reuse a frame a TLB still maps.
+        #[cfg(gmem_loom_bug = "frames_before_invalidation")]
+        let discard = {
+            for &(mem, pfn) in &discard.frames {
+                self.memories[mem as usize].phys.lock().free(pfn);
+            }
+            Discard {
+                frames: Vec::new(),
+                ..discard
+            }
+        };
         self.queue.requests.push(Request {
             op: Op::Unmap { discard, va },
             callback,

@@ -122,6 +122,25 @@ impl MagazineLayer {
                 c.loaded.pop()?
             }
             None => {
+                #[cfg(gmem_loom_bug = "magazine_depot_race")]
+                {
+                    // Deliberately broken (loom model `magazines` must catch it): the
+                    // full magazine is read under one depot lock and removed under
+                    // another, so two CPUs can load copies of the same magazine.
+                    let peeked = self.depot.lock().full.back().cloned();
+                    if let Some(full) = peeked {
+                        let mut d = self.depot.lock();
+                        d.full.pop_back();
+                        let empty = core::mem::replace(&mut c.loaded, full);
+                        d.empty.push(empty);
+                        d.exchanges += 1;
+                        drop(d);
+                        let a = c.loaded.pop()?;
+                        c.hits += 1;
+                        c.allocs += 1;
+                        return Some(a);
+                    }
+                }
                 let mut d = self.depot.lock();
                 match d.full.pop_back() {
                     Some(full) => {

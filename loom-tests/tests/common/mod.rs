@@ -1,0 +1,105 @@
+//! What the models share: the loom builder with a stated preemption bound, and a
+//! checker of the recorded MMU event log for DESIGN invariant 3.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use gmem_core::testing::{MmuEvent, TestMmu};
+use gmem_core::{PageTableRoot, VirtAddr, PAGE_SIZE};
+
+/// A loom builder exploring every interleaving with at most `preemptions` preemptions
+/// (`LOOM_MAX_PREEMPTIONS` in the environment overrides it).
+pub fn builder(preemptions: usize) -> loom::model::Builder {
+    let mut b = loom::model::Builder::new();
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
+        b.preemption_bound = Some(preemptions);
+    }
+    // The setups run hundreds of lock operations on one thread before the threads
+    // start; each is a point loom records.
+    b.max_branches = 100_000;
+    b
+}
+
+/// Explore `f` with [`builder`] and print how many executions it took and how long.
+pub fn model<F: Fn() + Sync + Send + 'static>(name: &str, preemptions: usize, f: F) {
+    static EXECUTIONS: AtomicUsize = AtomicUsize::new(0);
+    let start = std::time::Instant::now();
+    builder(preemptions).check(move || {
+        EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    eprintln!(
+        "loom model {name}: {} executions, preemption bound {preemptions}, {:.1} s",
+        EXECUTIONS.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// If the TLB holds `va` under `root`, it holds what the page table maps there now
+/// (no stale translation).
+pub fn assert_tlb_current(mmu: &TestMmu, root: PageTableRoot, va: VirtAddr, what: &str) {
+    if mmu.tlb_holds(root, va) {
+        assert_eq!(
+            mmu.translate(va),
+            mmu.store().lookup(root, va.vpn().0),
+            "{what}: stale TLB entry for {va:?}"
+        );
+    }
+}
+
+/// Check, in the order an event log recorded them, that no virtual page and no frame
+/// was mapped again while an unmapping of it still waited for its TLB invalidation
+/// (DESIGN invariant 3: nothing is reused before its invalidation). Tables are keyed
+/// by (MMU, root): the models use no shared tables, so each table has one TLB.
+pub fn check_reuse_after_invalidation(events: &[MmuEvent]) {
+    let mut mapped: HashMap<(u32, u64, u64), u64> = HashMap::new();
+    // Unmapped and not yet invalidated: (mmu, root, vpn) → frame.
+    let mut stale: HashMap<(u32, u64, u64), u64> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        match e {
+            MmuEvent::Map { mmu, root, run } => {
+                let stale_frames: HashSet<u64> = stale.values().copied().collect();
+                for k in 0..run.len / PAGE_SIZE {
+                    let vpn = run.va.vpn().0 + k;
+                    let pfn = run.pa.pfn().0 + k;
+                    assert!(
+                        !stale_frames.contains(&pfn),
+                        "event {i}: frame {pfn:#x} reused before the invalidation of its \
+                         old mapping: {e:?}"
+                    );
+                    assert!(
+                        !stale.contains_key(&(*mmu, root.0, vpn)),
+                        "event {i}: virtual page {vpn:#x} mapped again before its \
+                         invalidation: {e:?}"
+                    );
+                    mapped.insert((*mmu, root.0, vpn), pfn);
+                }
+            }
+            MmuEvent::Unmap { mmu, root, range } => {
+                for k in 0..range.pages() {
+                    let key = (*mmu, root.0, range.first_vpn().0 + k);
+                    if let Some(pfn) = mapped.remove(&key) {
+                        stale.insert(key, pfn);
+                    }
+                }
+            }
+            MmuEvent::Invalidate { mmu, root, ranges } => {
+                for r in ranges {
+                    for k in 0..r.pages() {
+                        stale.remove(&(*mmu, root.0, r.first_vpn().0 + k));
+                    }
+                }
+            }
+            MmuEvent::InvalidateAll { mmu, root } => {
+                stale.retain(|(m, r, _), _| !(*m == *mmu && *r == root.0));
+            }
+            MmuEvent::Destroy { mmu, root } => {
+                mapped.retain(|(m, r, _), _| !(*m == *mmu && *r == root.0));
+            }
+            _ => {}
+        }
+    }
+}
