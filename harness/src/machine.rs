@@ -1,16 +1,20 @@
-//! The machine workloads run on: a host CPU and one accelerator attached to one shared
-//! address space, with typed loads and stores through either device.
+//! The machine workloads run on: the simulated host CPU and one simulated accelerator
+//! (a discrete GPU with video memory, or an integrated GPU on the CPU's page-table
+//! format) attached to one shared address space.
 //!
-//! Today the devices are gmem-core's test MMU and byte-holding test memory (translation
-//! with a TLB that must be invalidated, faults served by `dev_fault` and retried).
-//! Workloads only see this interface, so they move unchanged onto the simulated GPU
-//! drivers.
+//! Every load and store goes through the device's MMU model — per-unit L1 TLBs, a shared
+//! L2, a page-walk cache, walks of page tables that live in simulated memory — and a
+//! miss the tables cannot serve becomes `dev_fault` into gmem-core, after which the
+//! device retries. Bytes live in simulated memories: host DRAM and video memory.
+//! Workloads only see this interface.
 
-use gmem_core::testing::{AccessError, TestSystem};
 use gmem_core::{
-    AllocPolicy, AllocRequest, DevCaps, Gmem, MapFlags, MmuMode, Region, SpaceId, VirtAddr,
-    PAGE_SIZE,
+    AllocPolicy, AllocRequest, Gmem, MapFlags, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE,
 };
+use gmem_dgpu::{Dgpu, DgpuConfig};
+use gmem_host_cpu::{HostCpu, HostCpuConfig};
+use gmem_igpu::Igpu;
+use gmem_sim::{MmuStats, Port};
 
 /// Which device performs an access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +28,7 @@ pub enum On {
 /// What kind of accelerator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accel {
-    /// A discrete GPU with this many pages of local memory.
+    /// A discrete GPU with this many pages of video memory for the core to manage.
     Discrete { pages: u64 },
     /// An integrated GPU (no local memory) sharing the CPU's page table.
     IntegratedShared,
@@ -32,34 +36,75 @@ pub enum Accel {
     IntegratedCoherent,
 }
 
-const GPU_BASE: u64 = 0x40_0000_0000;
+/// Compute units of the simulated GPUs.
+pub const COMPUTE_UNITS: usize = 4;
+
+enum Gpu {
+    Discrete(Dgpu),
+    Integrated(Igpu),
+}
+
+/// TLB counters of one device's MMU.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TlbReport {
+    /// L1 hits (all units).
+    pub l1_hits: u64,
+    /// L1 misses.
+    pub l1_misses: u64,
+    /// L2 hits.
+    pub l2_hits: u64,
+    /// L2 misses.
+    pub l2_misses: u64,
+    /// Page walks.
+    pub walks: u64,
+}
+
+impl From<MmuStats> for TlbReport {
+    fn from(m: MmuStats) -> Self {
+        let c = m.caches;
+        TlbReport {
+            l1_hits: c.l1.hits,
+            l1_misses: c.l1.misses,
+            l2_hits: c.l2.hits,
+            l2_misses: c.l2.misses,
+            walks: c.walks,
+        }
+    }
+}
 
 /// A host, an accelerator and one address space.
 pub struct Machine {
-    sys: TestSystem,
+    gm: Gmem,
+    cpu: HostCpu,
+    gpu: Gpu,
     space: SpaceId,
-    gpu: usize,
-}
-
-fn access(e: AccessError) -> String {
-    format!("device access failed: {e:?}")
 }
 
 impl Machine {
-    /// A machine with `host_pages` of host memory and the given accelerator.
+    /// A machine with `host_pages` of host memory for the core and the given
+    /// accelerator; its address space is `[4 GiB, 512 GiB)`.
     pub fn new(host_pages: u64, accel: Accel) -> Result<Machine, String> {
-        let mut sys = TestSystem::without_log(host_pages);
-        let (format, pages, mode) = match accel {
-            Accel::Discrete { pages } => (7, pages.max(1), MmuMode::Coherent),
-            Accel::IntegratedShared => (1, 0, MmuMode::Shared),
-            Accel::IntegratedCoherent => (1, 0, MmuMode::Coherent),
+        Machine::with_space(host_pages, accel, 1 << 32, 1 << 39)
+    }
+
+    /// The same with the address space `[begin, end)` (the discrete GPU translates
+    /// 39-bit addresses).
+    pub fn with_space(
+        host_pages: u64,
+        accel: Accel,
+        begin: u64,
+        end: u64,
+    ) -> Result<Machine, String> {
+        let defaults = HostCpuConfig::default();
+        let config = HostCpuConfig {
+            memory_bytes: (host_pages + defaults.table_frames) * PAGE_SIZE,
+            ..defaults
         };
-        let gpu = sys.add_device(format, DevCaps::FAULTABLE, GPU_BASE, pages);
-        let gm = &sys.gm;
+        let (gm, cpu) = HostCpu::boot(config).map_err(|e| e.to_string())?;
         let space = gm
             .as_create(
-                VirtAddr::new(1 << 32),
-                VirtAddr::new(1 << 46),
+                VirtAddr::new(begin),
+                VirtAddr::new(end),
                 AllocPolicy::empty(),
             )
             .map_err(|e| e.to_string())?;
@@ -68,52 +113,125 @@ impl Machine {
         } else {
             MmuMode::Coherent
         };
-        gm.as_attach(space, sys.host().id, cpu_mode, true)
+        gm.as_attach(space, gm.host(), cpu_mode, true)
             .map_err(|e| e.to_string())?;
+        let (gpu, id, mode) = match accel {
+            Accel::Discrete { pages } => {
+                let mut c = DgpuConfig::new(0, 0, COMPUTE_UNITS);
+                // Page-table frames in video memory: a leaf table per 512 pages the GPU
+                // may map (at most the machine's memory), plus upper levels and tables
+                // retired until their invalidation.
+                c.table_frames = (host_pages + pages).div_ceil(512) + 64;
+                c.vram_bytes = (c.table_frames + pages.max(1)) * PAGE_SIZE;
+                let g = Dgpu::new(cpu.memory_map().clone(), c)
+                    .map_err(|e| format!("discrete GPU: {e:?}"))?;
+                let id = g
+                    .create(&gm, "dgpu")
+                    .map_err(|e| format!("discrete GPU: {e:?}"))?;
+                (Gpu::Discrete(g), id, MmuMode::Coherent)
+            }
+            Accel::IntegratedShared | Accel::IntegratedCoherent => {
+                let g = Igpu::new(
+                    cpu.tables().clone(),
+                    cpu.memory_map().clone(),
+                    COMPUTE_UNITS,
+                )
+                .map_err(|e| format!("integrated GPU: {e:?}"))?;
+                let id = g
+                    .create(&gm, "igpu")
+                    .map_err(|e| format!("integrated GPU: {e:?}"))?;
+                let mode = if accel == Accel::IntegratedShared {
+                    MmuMode::Shared
+                } else {
+                    MmuMode::Coherent
+                };
+                (Gpu::Integrated(g), id, mode)
+            }
+        };
         let got = gm
-            .as_attach(space, sys.devices[gpu].id, mode, true)
+            .as_attach(space, id, mode, true)
             .map_err(|e| e.to_string())?;
         if got != mode {
             return Err(format!(
                 "accelerator attached in {got:?} mode, wanted {mode:?}"
             ));
         }
-        Ok(Machine { sys, space, gpu })
+        Ok(Machine {
+            gm,
+            cpu,
+            gpu,
+            space,
+        })
     }
 
     /// The GMEM instance.
     pub fn gm(&self) -> &Gmem {
-        &self.sys.gm
+        &self.gm
+    }
+
+    /// The address space.
+    pub fn space(&self) -> SpaceId {
+        self.space
     }
 
     /// A region of `bytes` (rounded up to pages).
     pub fn alloc(&self, bytes: u64) -> Result<Region, String> {
         let size = bytes.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        self.sys
-            .gm
+        self.gm
             .as_alloc(self.space, AllocRequest::new(size))
             .map_err(|e| e.to_string())
     }
 
     /// Free a region.
     pub fn free(&self, r: Region) -> Result<(), String> {
-        self.sys
-            .gm
+        self.gm
             .region_dealloc(r, MapFlags::empty(), None)
             .map_err(|e| e.to_string())
     }
 
-    fn dev(&self, on: On) -> usize {
-        match on {
-            On::Cpu => 0,
-            On::Gpu => self.gpu,
+    /// The accelerator's core id.
+    pub fn gpu_id(&self) -> gmem_core::DeviceId {
+        match &self.gpu {
+            Gpu::Discrete(g) => g.id(),
+            Gpu::Integrated(g) => g.id(),
         }
+        .expect("created in new")
+    }
+
+    fn gpu_port(&self) -> &Port {
+        match &self.gpu {
+            Gpu::Discrete(g) => g.port(),
+            Gpu::Integrated(g) => g.port(),
+        }
+    }
+
+    /// Load bytes at `va` through a device (GPU accesses spread over its compute units
+    /// by page).
+    pub fn load(&self, on: On, va: u64, buf: &mut [u8]) -> Result<(), String> {
+        let r = match on {
+            On::Cpu => self.cpu.load(&self.gm, VirtAddr::new(va), buf),
+            On::Gpu => self
+                .gpu_port()
+                .load(&self.gm, unit(va), VirtAddr::new(va), buf),
+        };
+        r.map_err(|e| format!("{on:?} load at {va:#x}: {e:?}"))
+    }
+
+    /// Store bytes at `va` through a device.
+    pub fn store(&self, on: On, va: u64, data: &[u8]) -> Result<(), String> {
+        let r = match on {
+            On::Cpu => self.cpu.store(&self.gm, VirtAddr::new(va), data),
+            On::Gpu => self
+                .gpu_port()
+                .store(&self.gm, unit(va), VirtAddr::new(va), data),
+        };
+        r.map_err(|e| format!("{on:?} store at {va:#x}: {e:?}"))
     }
 
     /// Load `n` f32s at element `index` of `r`.
     pub fn load_f32(&self, on: On, r: Region, index: u64, n: usize) -> Result<Vec<f32>, String> {
-        let va = VirtAddr::new(r.start.as_u64() + index * 4);
-        let bytes = self.sys.read(self.dev(on), va, n * 4).map_err(access)?;
+        let mut bytes = vec![0u8; n * 4];
+        self.load(on, r.start.as_u64() + index * 4, &mut bytes)?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -122,15 +240,14 @@ impl Machine {
 
     /// Store f32s at element `index` of `r`.
     pub fn store_f32(&self, on: On, r: Region, index: u64, values: &[f32]) -> Result<(), String> {
-        let va = VirtAddr::new(r.start.as_u64() + index * 4);
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.sys.write(self.dev(on), va, &bytes).map_err(access)
+        self.store(on, r.start.as_u64() + index * 4, &bytes)
     }
 
     /// Load `n` u32s at element `index` of `r`.
     pub fn load_u32(&self, on: On, r: Region, index: u64, n: usize) -> Result<Vec<u32>, String> {
-        let va = VirtAddr::new(r.start.as_u64() + index * 4);
-        let bytes = self.sys.read(self.dev(on), va, n * 4).map_err(access)?;
+        let mut bytes = vec![0u8; n * 4];
+        self.load(on, r.start.as_u64() + index * 4, &mut bytes)?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -139,29 +256,37 @@ impl Machine {
 
     /// Store u32s at element `index` of `r`.
     pub fn store_u32(&self, on: On, r: Region, index: u64, values: &[u32]) -> Result<(), String> {
-        let va = VirtAddr::new(r.start.as_u64() + index * 4);
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.sys.write(self.dev(on), va, &bytes).map_err(access)
+        self.store(on, r.start.as_u64() + index * 4, &bytes)
     }
 
-    /// Bytes zero-filled in the accelerator's local memory.
+    /// Bytes of data pages zero-filled in the accelerator's local memory (by its copy
+    /// engine, the core's data mover; page-table pages are not counted).
     pub fn device_bytes_zeroed(&self) -> u64 {
-        self.sys.devices[self.gpu]
-            .memory
-            .as_ref()
-            .map_or(0, |m| m.counts().zeroed)
+        match &self.gpu {
+            Gpu::Discrete(g) => g.stats().dma.zeroed,
+            Gpu::Integrated(_) => 0,
+        }
     }
 
-    /// TLB hits and misses of a device's MMU.
-    pub fn tlb(&self, on: On) -> (u64, u64) {
-        self.sys.devices[self.dev(on)].mmu.tlb_counts()
+    /// TLB counters of a device's MMU.
+    pub fn tlb(&self, on: On) -> TlbReport {
+        match (on, &self.gpu) {
+            (On::Cpu, _) => self.cpu.stats().mmu.into(),
+            (On::Gpu, Gpu::Discrete(g)) => g.stats().mmu.into(),
+            (On::Gpu, Gpu::Integrated(g)) => g.stats().mmu.into(),
+        }
     }
 
     /// Check the core's invariants.
     pub fn check(&self) -> Result<(), String> {
-        self.sys
-            .gm
+        self.gm
             .check_invariants(self.space)
             .map_err(|e| e.to_string())
     }
+}
+
+/// The compute unit that accesses `va`: pages are spread round-robin over the units.
+fn unit(va: u64) -> usize {
+    ((va / PAGE_SIZE) % COMPUTE_UNITS as u64) as usize
 }

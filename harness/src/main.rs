@@ -172,8 +172,11 @@ fn run_workload(
     r.row("working set (bytes)", o.working_set);
     r.stats(&o.stats);
     r.row("device bytes zeroed", o.device_zeroed);
-    r.row("GPU TLB hits", o.gpu_tlb.0);
-    r.row("GPU TLB misses", o.gpu_tlb.1);
+    r.row("GPU L1 TLB hits", o.gpu_tlb.l1_hits);
+    r.row("GPU L1 TLB misses", o.gpu_tlb.l1_misses);
+    r.row("GPU L2 TLB hits", o.gpu_tlb.l2_hits);
+    r.row("GPU L2 TLB misses", o.gpu_tlb.l2_misses);
+    r.row("GPU page walks", o.gpu_tlb.walks);
     let ok = o.mismatches == 0;
     r.verify(
         ok,

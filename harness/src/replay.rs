@@ -1,8 +1,8 @@
 //! Replaying a trace over gmem-core, checked byte for byte against a reference model.
 //!
-//! The replayer owns a system with the host CPU and one faultable accelerator with local
-//! memory (its size is a parameter, so a trace can oversubscribe it), one address space
-//! both are attached to, and a reference model: a sparse map from page to bytes that
+//! The replayer owns a simulated machine ([`Machine`]): the host CPU and a discrete GPU
+//! whose video memory size is a parameter (so a trace can oversubscribe it), one address
+//! space `[0, 512 GiB)` both are attached to, and a reference model: a sparse map from page to bytes that
 //! every store also updates. Every load is compared with the model; a mismatch is a
 //! replay error, as is any event that the core rejects when the model says it should
 //! have succeeded.
@@ -10,16 +10,17 @@
 //! Lackey traces name raw addresses of the traced program: the replayer allocates a
 //! 2 MiB region at exactly the chunk holding an address the first time it is touched.
 
+use crate::machine::{Accel, Machine, On};
 use crate::trace::{Dev, Event, Location, Target};
-use gmem_core::testing::TestSystem;
 use gmem_core::{
-    AllocPolicy, AllocRequest, DevCaps, MapFlags, MmuMode, Placement, PlacementMode,
-    PlacementTarget, Prot, Region, SpaceId, VirtAddr, PAGE_SIZE,
+    AllocRequest, MapFlags, Placement, PlacementMode, PlacementTarget, Prot, Region, VirtAddr,
+    PAGE_SIZE,
 };
 use std::collections::HashMap;
 
 const CHUNK: u64 = 2 << 20;
-const GPU_BASE: u64 = 0x40_0000_0000;
+/// The top of the replay address space (the discrete GPU translates 39-bit addresses).
+const SPACE_END: u64 = 1 << 39;
 
 /// Replay counters.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -36,9 +37,7 @@ pub struct ReplayCounts {
 
 /// The replay state.
 pub struct Replayer {
-    sys: TestSystem,
-    space: SpaceId,
-    gpu: usize,
+    m: Machine,
     regions: HashMap<String, Region>,
     chunks: HashMap<u64, Region>,
     model: HashMap<u64, Box<[u8; PAGE_SIZE as usize]>>,
@@ -56,26 +55,16 @@ impl Replayer {
     /// A replayer whose accelerator has `gpu_pages` pages of local memory and whose host
     /// has `host_pages`.
     pub fn new(gpu_pages: u64, host_pages: u64) -> Result<Replayer, String> {
-        let mut sys = TestSystem::without_log(host_pages);
-        let gpu = sys.add_device(7, DevCaps::FAULTABLE, GPU_BASE, gpu_pages.max(1));
-        let space = sys
-            .gm
-            .as_create(
-                VirtAddr::new(0),
-                VirtAddr::new(1 << 47),
-                AllocPolicy::empty(),
-            )
-            .map_err(|e| e.to_string())?;
-        sys.gm
-            .as_attach(space, sys.host().id, MmuMode::Coherent, true)
-            .map_err(|e| e.to_string())?;
-        sys.gm
-            .as_attach(space, sys.devices[gpu].id, MmuMode::Coherent, true)
-            .map_err(|e| e.to_string())?;
+        let m = Machine::with_space(
+            host_pages,
+            Accel::Discrete {
+                pages: gpu_pages.max(1),
+            },
+            0,
+            SPACE_END,
+        )?;
         Ok(Replayer {
-            sys,
-            space,
-            gpu,
+            m,
             regions: HashMap::new(),
             chunks: HashMap::new(),
             model: HashMap::new(),
@@ -86,13 +75,20 @@ impl Replayer {
 
     /// The core's counters.
     pub fn stats(&self) -> gmem_core::Stats {
-        self.sys.gm.stats()
+        self.m.gm().stats()
     }
 
-    fn dev(&self, d: Dev) -> usize {
+    fn on(d: Dev) -> On {
         match d {
-            Dev::Cpu => 0,
-            Dev::Gpu => self.gpu,
+            Dev::Cpu => On::Cpu,
+            Dev::Gpu => On::Gpu,
+        }
+    }
+
+    fn dev_id(&self, d: Dev) -> gmem_core::DeviceId {
+        match d {
+            Dev::Cpu => self.m.gm().host(),
+            Dev::Gpu => self.m.gpu_id(),
         }
     }
 
@@ -108,7 +104,7 @@ impl Replayer {
         match at {
             Location::Region { region, offset } => {
                 let r = self.region(region)?;
-                let info = self.sys.gm.region_info(r).map_err(|e| e.to_string())?;
+                let info = self.m.gm().region_info(r).map_err(|e| e.to_string())?;
                 if offset
                     .checked_add(len)
                     .map_or(true, |end| end > info.range.len)
@@ -123,8 +119,10 @@ impl Replayer {
                 let first = a / CHUNK;
                 let last = (a + (len - 1)) / CHUNK;
                 for c in first..=last {
-                    if c * CHUNK >= 1 << 47 {
-                        return Err(format!("address {a:#x} is outside the 47-bit space"));
+                    if c * CHUNK >= SPACE_END {
+                        return Err(format!(
+                            "address {a:#x} is outside the replay's 39-bit space"
+                        ));
                     }
                     if !self.chunks.contains_key(&c) {
                         let req = AllocRequest {
@@ -135,9 +133,9 @@ impl Replayer {
                             max: VirtAddr::new(c * CHUNK + CHUNK - 1),
                         };
                         let r = self
-                            .sys
-                            .gm
-                            .as_alloc(self.space, req)
+                            .m
+                            .gm()
+                            .as_alloc(self.m.space(), req)
                             .map_err(|e| e.to_string())?;
                         self.chunks.insert(c, r);
                     }
@@ -156,7 +154,7 @@ impl Replayer {
     /// Replay one event.
     pub fn step(&mut self, ev: &Event) -> Result<(), String> {
         self.counts.events += 1;
-        let gm = &self.sys.gm;
+        let gm = self.m.gm();
         match ev {
             Event::Alloc {
                 region,
@@ -172,7 +170,7 @@ impl Replayer {
                     ..AllocRequest::new(size)
                 };
                 let r = gm
-                    .as_alloc(self.space, req)
+                    .as_alloc(self.m.space(), req)
                     .map_err(|e| format!("alloc {region}: {e}"))?;
                 self.regions.insert(region.clone(), r);
             }
@@ -186,7 +184,7 @@ impl Replayer {
             }
             Event::Map { region, dev } => {
                 let r = self.region(region)?;
-                let id = self.sys.devices[self.dev(*dev)].id;
+                let id = self.dev_id(*dev);
                 gm.region_migrate(r, id, true)
                     .map_err(|e| format!("map {region}: {e}"))?;
             }
@@ -199,7 +197,7 @@ impl Replayer {
                 let target = match target {
                     Target::Faulting => PlacementTarget::Faulting,
                     Target::Host => PlacementTarget::Host,
-                    Target::Dev(d) => PlacementTarget::Device(self.sys.devices[self.dev(*d)].id),
+                    Target::Dev(d) => PlacementTarget::Device(self.dev_id(*d)),
                 };
                 let mode = if *remote {
                     PlacementMode::RemoteAccess
@@ -215,7 +213,9 @@ impl Replayer {
                 gm.region_protect(r, prot)
                     .map_err(|e| format!("protect {region}: {e}"))?;
             }
-            Event::Sync => gm.as_synchronize(self.space).map_err(|e| e.to_string())?,
+            Event::Sync => gm
+                .as_synchronize(self.m.space())
+                .map_err(|e| e.to_string())?,
             Event::Access {
                 dev,
                 write,
@@ -223,15 +223,13 @@ impl Replayer {
                 len,
             } => {
                 let start = self.resolve(at, *len)?;
-                let d = self.dev(*dev);
+                let on = Replayer::on(*dev);
                 if *write {
                     self.stamp += 1;
                     let data: Vec<u8> = (0..*len)
                         .map(|i| pattern_byte(start + i, self.stamp))
                         .collect();
-                    self.sys
-                        .write(d, VirtAddr::new(start), &data)
-                        .map_err(|e| format!("store at {start:#x}: {e:?}"))?;
+                    self.m.store(on, start, &data)?;
                     for (i, b) in data.iter().enumerate() {
                         let a = start + i as u64;
                         self.model
@@ -241,10 +239,8 @@ impl Replayer {
                     }
                     self.counts.stores += 1;
                 } else {
-                    let got = self
-                        .sys
-                        .read(d, VirtAddr::new(start), *len as usize)
-                        .map_err(|e| format!("load at {start:#x}: {e:?}"))?;
+                    let mut got = vec![0u8; *len as usize];
+                    self.m.load(on, start, &mut got)?;
                     for (i, b) in got.iter().enumerate() {
                         let a = start + i as u64;
                         let want = self
@@ -265,10 +261,7 @@ impl Replayer {
 
     /// Check the core's invariants.
     pub fn check(&self) -> Result<(), String> {
-        self.sys
-            .gm
-            .check_invariants(self.space)
-            .map_err(|e| e.to_string())
+        self.m.check()
     }
 }
 

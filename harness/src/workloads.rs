@@ -14,7 +14,7 @@
 //! Every workload returns the core's counters, the bytes zero-filled in device memory,
 //! the working set and the number of values that differ from the reference.
 
-use crate::machine::{Accel, Machine, On};
+use crate::machine::{Accel, Machine, On, TlbReport};
 use gmem_core::{Stats, PAGE_SIZE};
 
 /// What a workload run measured.
@@ -30,8 +30,8 @@ pub struct Outcome {
     pub mismatches: u64,
     /// Values compared.
     pub compared: u64,
-    /// Accelerator TLB (hits, misses).
-    pub gpu_tlb: (u64, u64),
+    /// The accelerator's TLB counters.
+    pub gpu_tlb: TlbReport,
 }
 
 fn finish(
