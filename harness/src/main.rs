@@ -1,6 +1,7 @@
 //! `gmem-harness`: runs workloads and replays traces over gmem-core on simulated devices
 //! that hold real bytes, and verifies every result against a CPU-only reference.
 
+mod full_report;
 mod machine;
 mod replay;
 mod report;
@@ -108,6 +109,13 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         steps: u32,
         /// Where to write the table and the plot.
+        #[arg(long, default_value = "out")]
+        out: String,
+    },
+    /// The main job: every workload on every accelerator configuration and the paper
+    /// reproductions, each verified; tables and plots written to --out.
+    Report {
+        /// Where to write the report, tables and plots.
         #[arg(long, default_value = "out")]
         out: String,
     },
@@ -256,6 +264,81 @@ fn run_reproduce(inputs: u64, steps: u32, out: &str) -> Result<Report, String> {
     Ok(r)
 }
 
+fn run_full_report(out: &str) -> Result<Report, String> {
+    let total = full_report::configurations().len() as u64 * 3 + 1;
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} report [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?,
+    );
+    let (rows, t4, files) = full_report::run(std::path::Path::new(out), &bar)?;
+    bar.finish_and_clear();
+    println!(
+        "{:<10} {:<20} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>7} {:>7} {:>8}",
+        "workload",
+        "accelerator",
+        "WS MiB",
+        "zero",
+        "migrate",
+        "remote",
+        "h->d MiB",
+        "d->h MiB",
+        "evicted",
+        "L1 hit",
+        "L2 hit",
+        "walks"
+    );
+    for r in &rows {
+        println!(
+            "{:<10} {:<20} {:>9.1} {:>8} {:>8} {:>8} {:>10.1} {:>10.1} {:>9} {:>7.3} {:>7.3} {:>8}",
+            r.workload,
+            r.accel,
+            r.working_set as f64 / (1 << 20) as f64,
+            r.faults_zero_fill,
+            r.faults_migrate,
+            r.faults_remote,
+            r.bytes_host_to_dev as f64 / (1 << 20) as f64,
+            r.bytes_dev_to_host as f64 / (1 << 20) as f64,
+            r.evictions,
+            r.gpu_l1_hit_ratio,
+            r.gpu_l2_hit_ratio,
+            r.gpu_walks
+        );
+    }
+    println!("\nGMEM Table 4 (device memory: dev-zero-fill / host-to-dev / dev-to-host, MiB):");
+    for r in &t4 {
+        println!(
+            "  {:>6.1} MiB ({:>3.0}%): {:>6.1} / {:>6.1} / {:>6.1}",
+            r.device_mib,
+            r.device_percent,
+            r.dev_zero_fill_mib,
+            r.host_to_dev_mib,
+            r.dev_to_host_mib
+        );
+    }
+    println!("\nwritten: {}", files.join(", "));
+    let failed =
+        rows.iter().filter(|r| !r.verified).count() + t4.iter().filter(|r| !r.verified).count();
+    let mut r = Report::new(format!(
+        "gmem-harness report: {} runs",
+        rows.len() + t4.len()
+    ));
+    r.row("runs", (rows.len() + t4.len()) as u64);
+    r.row("runs that differ from their reference", failed as u64);
+    r.verify(
+        failed == 0,
+        if failed == 0 {
+            format!(
+                "all {} runs match their CPU-only references; report in {out}/report.md",
+                rows.len() + t4.len()
+            )
+        } else {
+            format!("{failed} runs differ")
+        },
+    );
+    Ok(r)
+}
+
 fn run_replay(
     file: &str,
     format: trace::Format,
@@ -337,6 +420,7 @@ fn main() -> ExitCode {
             steps,
             n,
         ),
+        Some(Command::Report { out }) => run_full_report(&out),
         Some(Command::Reproduce {
             experiment: Experiment::GmemTable4,
             inputs,
