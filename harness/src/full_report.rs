@@ -87,12 +87,19 @@ pub fn configurations() -> Vec<(String, Accel, u64)> {
     v
 }
 
+/// What [`run`] produced.
+pub struct FullReport {
+    /// The workload runs.
+    pub rows: Vec<RunRow>,
+    /// GMEM Table 4.
+    pub table4: Vec<reproduce::Table4Row>,
+    /// The files written.
+    pub files: Vec<String>,
+}
+
 /// Run everything; write `runs.{csv,json}`, `report.md` and the reproductions into
-/// `dir`. Returns the rows, the Table 4 rows, and the files written.
-pub fn run(
-    dir: &Path,
-    progress: &indicatif::ProgressBar,
-) -> Result<(Vec<RunRow>, Vec<reproduce::Table4Row>, Vec<String>), String> {
+/// `dir`.
+pub fn run(dir: &Path, progress: &indicatif::ProgressBar) -> Result<FullReport, String> {
     let mut rows = Vec::new();
     for (name, accel, percent) in configurations() {
         let accel_of = move |ws: u64| match accel {
@@ -162,7 +169,11 @@ pub fn run(
             .iter()
             .map(|p| p.display().to_string()),
     );
-    Ok((rows, t4, files))
+    Ok(FullReport {
+        rows,
+        table4: t4,
+        files,
+    })
 }
 
 fn mib(b: u64) -> f64 {

@@ -271,7 +271,11 @@ fn run_full_report(out: &str) -> Result<Report, String> {
         indicatif::ProgressStyle::with_template("{spinner} report [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?,
     );
-    let (rows, t4, files) = full_report::run(std::path::Path::new(out), &bar)?;
+    let full_report::FullReport {
+        rows,
+        table4: t4,
+        files,
+    } = full_report::run(std::path::Path::new(out), &bar)?;
     bar.finish_and_clear();
     println!(
         "{:<10} {:<20} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>7} {:>7} {:>8}",
