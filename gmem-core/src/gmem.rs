@@ -1065,6 +1065,18 @@ impl Gmem {
     }
 }
 
+impl Drop for Gmem {
+    /// Destroy every address space: devices and their active spaces refer to each other
+    /// (a device knows where it is active, a space holds its attached devices), and
+    /// destroying the spaces breaks those cycles so that everything is freed.
+    fn drop(&mut self) {
+        let spaces = self.spaces.read().keys();
+        for (index, generation) in spaces {
+            let _ = self.as_destroy(SpaceId { index, generation });
+        }
+    }
+}
+
 fn info(space: SpaceId, start: u64, r: &RegionRec) -> RegionInfo {
     RegionInfo {
         region: Region {

@@ -123,6 +123,16 @@ impl<T> Slots<T> {
         }
     }
 
+    /// The `(index, generation)` of every live value.
+    pub fn keys(&self) -> Vec<(u32, u32)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, v))| v.is_some())
+            .map(|(i, (g, _))| (i as u32, *g))
+            .collect()
+    }
+
     /// Number of live values.
     #[cfg(test)]
     pub fn len(&self) -> usize {

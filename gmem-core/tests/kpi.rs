@@ -1304,3 +1304,18 @@ fn writes_racing_with_migration_of_the_same_page_are_never_lost() {
     );
     s.gm.check_invariants(space).unwrap();
 }
+
+#[test]
+fn dropping_the_instance_frees_devices_and_spaces() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 8);
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    s.write(g, r.start, b"bytes").unwrap();
+    let mmu = Arc::downgrade(&s.devices[g].mmu);
+    let memory = Arc::downgrade(s.devices[g].memory.as_ref().unwrap());
+    drop(s);
+    assert!(mmu.upgrade().is_none(), "the GPU's MMU was freed");
+    assert!(memory.upgrade().is_none(), "the GPU's memory was freed");
+}
