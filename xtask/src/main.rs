@@ -5,6 +5,8 @@
 //! compile check of the benchmarks, the harness's main job with its verification, and
 //! the RISC-V Sv39 kernel booted under QEMU (`cargo xtask qemu`, see [`qemu`]).
 
+mod fuzz;
+mod loom;
 mod qemu;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +27,14 @@ enum Task {
     BareMetal,
     /// Build the RISC-V Sv39 kernel and boot it under QEMU.
     Qemu,
+    /// The loom models, then each broken variant expecting its model to catch it.
+    Loom,
+    /// Each fuzz target for `--secs` seconds (nightly; installs cargo-fuzz if absent).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 30)]
+        secs: u64,
+    },
 }
 
 /// Bare-metal targets gmem-core must build for (no std anywhere).
@@ -82,6 +92,8 @@ fn ci() -> Result<(), String> {
         &["run", "--release", "-p", "gmem-harness", "--", "vectoradd"],
     )?;
     qemu::qemu()?;
+    loom::loom()?;
+    fuzz::fuzz(20)?;
     Ok(())
 }
 
@@ -91,6 +103,8 @@ fn main() -> ExitCode {
         Task::Ci => ci(),
         Task::BareMetal => bare_metal(),
         Task::Qemu => qemu::qemu(),
+        Task::Loom => loom::loom(),
+        Task::Fuzz { secs } => fuzz::fuzz(secs),
     };
     match r {
         Ok(()) => {

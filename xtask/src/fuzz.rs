@@ -1,0 +1,116 @@
+//! `cargo xtask fuzz [--secs N]`: each fuzz target of `fuzz/` for N seconds.
+//!
+//! `fuzz/` is its own workspace (cargo-fuzz, libfuzzer-sys, arbitrary) whose targets
+//! call the `gmem-testkit` runners. It needs a nightly toolchain for the sanitizer
+//! flags: `rustup run nightly` when one is installed, else the stable toolchain with
+//! `RUSTC_BOOTSTRAP=1` and no sanitizer. cargo-fuzz is installed
+//! with `cargo install cargo-fuzz --locked` when absent. A crash fails the step and
+//! leaves its input in `fuzz/artifacts/<target>/`; libFuzzer's final statistics
+//! (executions, executions per second) are printed per target.
+
+use std::process::{Command, Stdio};
+
+/// The fuzz targets, each a `[[bin]]` of `fuzz/Cargo.toml`.
+pub const TARGETS: &[&str] = &["vmem", "kpi"];
+
+fn have_nightly() -> bool {
+    Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn have_cargo_fuzz() -> bool {
+    Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .env_remove("CARGO")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Install cargo-fuzz if `cargo fuzz` does not run.
+fn ensure_cargo_fuzz() -> Result<(), String> {
+    if have_cargo_fuzz() {
+        return Ok(());
+    }
+    eprintln!("\n== installing cargo-fuzz: cargo install cargo-fuzz --locked");
+    let ok = Command::new(env!("CARGO"))
+        .args(["install", "cargo-fuzz", "--locked"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(())
+    } else {
+        Err("cargo install cargo-fuzz failed".into())
+    }
+}
+
+/// The `Done N runs in S second(s)` line and the `stat::` lines of libFuzzer's output.
+fn final_stats(output: &str) -> Vec<&str> {
+    output
+        .lines()
+        .filter(|l| l.starts_with("Done ") || l.starts_with("stat::"))
+        .collect()
+}
+
+/// Run every target for `secs` seconds.
+pub fn fuzz(secs: u64) -> Result<(), String> {
+    ensure_cargo_fuzz()?;
+    let nightly = have_nightly();
+    for target in TARGETS {
+        let step = format!("fuzz {target} for {secs} s");
+        let mut cmd = if nightly {
+            let mut c = Command::new("rustup");
+            c.args(["run", "nightly", "cargo"]);
+            c
+        } else {
+            let mut c = Command::new("cargo");
+            c.env("RUSTC_BOOTSTRAP", "1");
+            c
+        };
+        cmd.args(["fuzz", "run"]);
+        if !nightly {
+            // Without nightly's sanitizer runtimes: coverage-guided, no AddressSanitizer
+            // (the runners are safe Rust; the sanitizer only adds a net under it).
+            cmd.args(["--sanitizer", "none"]);
+        }
+        cmd.args([target, "--"])
+            .arg(format!("-max_total_time={secs}"))
+            .arg("-print_final_stats=1")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz"))
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_TARGET_DIR");
+        eprintln!(
+            "\n== {step}: {}cargo fuzz run {target} -- -max_total_time={secs}",
+            if nightly {
+                "rustup run nightly "
+            } else {
+                "RUSTC_BOOTSTRAP=1 "
+            }
+        );
+        let out = cmd
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("{step}: {e}"))?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            eprintln!("{err}");
+            return Err(format!(
+                "{step} failed ({}); the crashing input is in fuzz/artifacts/{target}/",
+                out.status
+            ));
+        }
+        for line in final_stats(&err) {
+            eprintln!("   {target}: {line}");
+        }
+    }
+    Ok(())
+}

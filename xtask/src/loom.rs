@@ -1,0 +1,52 @@
+//! `cargo xtask loom`: the loom models of `loom-tests/`, then every deliberately
+//! broken variant, each of which its model must catch.
+//!
+//! The models only exist under `--cfg gmem_loom` (which switches `gmem_core::sync` to
+//! loom). A broken variant adds `--cfg gmem_loom_bug="<name>"`; under it the model that
+//! must catch the bug is a `should_panic` test expecting the model's own failure
+//! message, so a variant whose run passes was caught, and one whose run fails was
+//! missed (or failed for another reason). Each flag set builds into its own target
+//! directory so that switching between them does not rebuild everything each time.
+
+use std::process::Command;
+use std::time::Instant;
+
+/// The broken variants (cfg values declared in the workspace's `check-cfg`) and the
+/// models that catch them.
+pub const BUGS: &[(&str, &str)] = &[
+    ("magazine_depot_race", "magazines"),
+    ("callback_before_invalidation", "queue"),
+    ("frames_before_invalidation", "queue, faults"),
+];
+
+fn loom_test(step: &str, rustflags: &str, target_dir: &str) -> Result<(), String> {
+    eprintln!("\n== {step}: RUSTFLAGS='{rustflags}' cargo test -p gmem-loom-tests --release");
+    let start = Instant::now();
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let status = Command::new(env!("CARGO"))
+        .args(["test", "-p", "gmem-loom-tests", "--release"])
+        .current_dir(root)
+        .env("RUSTFLAGS", rustflags)
+        .env("CARGO_TARGET_DIR", format!("{root}/{target_dir}"))
+        .status()
+        .map_err(|e| format!("{step}: {e}"))?;
+    eprintln!("== {step}: {:.1} s", start.elapsed().as_secs_f64());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{step} failed ({status})"))
+    }
+}
+
+/// Run the models, then each broken variant expecting its model to fail.
+pub fn loom() -> Result<(), String> {
+    loom_test("loom models", "--cfg gmem_loom", "target/loom")?;
+    for (bug, models) in BUGS {
+        loom_test(
+            &format!("loom broken variant {bug} (caught by: {models})"),
+            &format!("--cfg gmem_loom --cfg gmem_loom_bug=\"{bug}\""),
+            &format!("target/loom-{bug}"),
+        )?;
+    }
+    Ok(())
+}
