@@ -1,0 +1,557 @@
+//! Tests of the IOMMU driver: the three table disciplines against a model, alone and
+//! under concurrent editors with a concurrent walker; table-page reclamation waiting
+//! for the IOTLB; DMA through the core's IOVA spaces with strict and asynchronous
+//! unmaps; the baseline's allocator and domain; the invalidation latency model.
+
+use crate::*;
+use gmem_core::{
+    AllocPolicy, DeviceId, Gmem, MapFlags, MapRun, Mmu, PageSize, PageTableRoot, PhysAddr, Prot,
+    SingleCpu, VaRange, VirtAddr, PAGE_SIZE,
+};
+use gmem_host_cpu::{HostCpu, HostCpuConfig};
+use gmem_sim::{Miss, TableFormat, Translator};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ALL: [Discipline; 3] = [Discipline::Locked, Discipline::Cas, Discipline::Rw];
+
+fn tables(d: Discipline, frames: u64) -> IoTables {
+    IoTables::new(d, PhysAddr::new(0xf0_0000_0000), frames).unwrap()
+}
+
+fn mem() -> DeviceId {
+    DeviceId::from_raw(0, 1)
+}
+
+fn run(va: u64, pa: u64, pages: u64, prot: Prot) -> MapRun {
+    MapRun {
+        va: VirtAddr::new(va),
+        pa: PhysAddr::new(pa),
+        len: pages * PAGE_SIZE,
+        prot,
+        page_size: PageSize::Size4K,
+        memory: mem(),
+    }
+}
+
+fn range(va: u64, pages: u64) -> VaRange {
+    VaRange::new(VirtAddr::new(va), pages * PAGE_SIZE).unwrap()
+}
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn random_map_unmap_protect_agree_with_a_model_and_only_cas_keeps_emptied_tables() {
+    for d in ALL {
+        let t = tables(d, 512);
+        let root = t.create().unwrap();
+        let mut model: BTreeMap<u64, (u64, Prot)> = BTreeMap::new();
+        let mut rng = Rng(0x1234 + d as u64);
+        // Windows across leaf-table (2 MiB), PD (1 GiB) and PDPT (512 GiB) boundaries.
+        let bases = [0x1ff000u64, 0x3fff_f000, 0x7f_ffff_e000];
+        for step in 0..3000 {
+            let base = bases[rng.below(3) as usize] + rng.below(16) * PAGE_SIZE;
+            let pages = 1 + rng.below(8);
+            let vpns = (base >> 12)..(base >> 12) + pages;
+            match rng.below(3) {
+                0 if vpns.clone().all(|v| !model.contains_key(&v)) => {
+                    let pa = 0x1_0000_0000 + rng.below(1 << 16) * PAGE_SIZE;
+                    t.map(root, &run(base, pa, pages, Prot::RW)).unwrap();
+                    for (k, v) in vpns.enumerate() {
+                        model.insert(v, ((pa >> 12) + k as u64, Prot::RW));
+                    }
+                }
+                1 => {
+                    t.protect(root, range(base, pages), Prot::READ).unwrap();
+                    for v in vpns {
+                        if let Some(e) = model.get_mut(&v) {
+                            e.1 = Prot::READ;
+                        }
+                    }
+                }
+                _ => {
+                    t.unmap(root, range(base, pages));
+                    for v in vpns {
+                        model.remove(&v);
+                    }
+                }
+            }
+            if step % 100 == 0 {
+                for b in bases {
+                    for v in (b >> 12) - 4..(b >> 12) + 28 {
+                        let got = t
+                            .lookup(root, VirtAddr::new(v << 12))
+                            .map(|l| (l.frame.as_u64() >> 12, l.prot));
+                        let want = model.get(&v).map(|(f, p)| (*f, *p | Prot::READ));
+                        assert_eq!(got, want, "{d:?}: page {v:#x} after step {step}");
+                    }
+                }
+            }
+        }
+        for b in bases {
+            t.unmap(root, range(b - 16 * PAGE_SIZE, 64));
+        }
+        let s = t.stats();
+        assert_eq!(
+            s.leaves_set - s.leaves_cleared,
+            0,
+            "{d:?}: every leaf cleared"
+        );
+        if d == Discipline::Cas {
+            // Three windows, each with its own PDPT/PD/PT chain (two share a PDPT).
+            assert!(s.memory.in_use > 1, "{d:?}: CAS keeps its emptied tables");
+            assert_eq!(s.tables_unlinked, 0);
+        } else {
+            assert_eq!(s.memory.in_use, 1, "{d:?}: only the root is left");
+            assert!(s.tables_unlinked > 0);
+        }
+        t.destroy(root);
+        assert_eq!(
+            t.stats().memory.in_use,
+            0,
+            "{d:?}: destroy frees everything"
+        );
+    }
+}
+
+#[test]
+fn concurrent_disjoint_editors_and_a_walker_never_see_a_foreign_translation() {
+    for d in ALL {
+        let t = Arc::new(tables(d, 2048));
+        let root = t.create().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let walks = Arc::new(AtomicUsize::new(0));
+        // The walker is registered like a device's: a table page unlinked while it
+        // may be walking waits for the unmapper's "invalidation" of the walker, which
+        // cannot overlap a walk, before it can be reused.
+        let w = t.new_walker();
+        t.walker_activated(w, Some(root));
+        // Held by the walker during a walk; an editor takes it to "invalidate" the
+        // walker after an unmap (as `SimMmu` serialises invalidation with translation).
+        let walking = Arc::new(Mutex::new(()));
+        // Four editors share leaf tables: editor i owns pages i, i+4, i+8, ... of a
+        // window that spans two leaf tables, and maps each page to a frame that
+        // encodes (page, editor).
+        let editors: Vec<_> = (0..4u64)
+            .map(|i| {
+                let (t, walking) = (t.clone(), walking.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng(77 + i);
+                    for _ in 0..3000 {
+                        let page = rng.below(256) * 4 + i;
+                        let va = 0x1f_0000 + page * PAGE_SIZE;
+                        let pa = (1 << 32) + (page << 16 | i << 12);
+                        t.map(root, &run(va, pa, 1, Prot::RW)).unwrap();
+                        let leaf = t.lookup(root, VirtAddr::new(va)).expect("own page mapped");
+                        assert_eq!(leaf.frame.as_u64(), pa);
+                        t.unmap(root, range(va, 1));
+                        let _g = walking.lock().unwrap();
+                        t.walker_invalidated(w, root);
+                    }
+                })
+            })
+            .collect();
+        let walker = {
+            let (t, stop, walks) = (t.clone(), stop.clone(), walks.clone());
+            let walking = walking.clone();
+            std::thread::spawn(move || {
+                let mut page = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _g = walking.lock().unwrap();
+                    page = (page + 1) % 1024;
+                    let va = 0x1f_0000 + page * PAGE_SIZE;
+                    if let Some(leaf) = t.lookup(root, VirtAddr::new(va)) {
+                        let f = leaf.frame.as_u64() - (1 << 32);
+                        assert_eq!(f >> 16, page, "{d:?}: a walk found another page's frame");
+                        assert_eq!(f >> 12 & 0xf, page % 4, "{d:?}: and its owner");
+                    }
+                    walks.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        for e in editors {
+            e.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        walker.join().unwrap();
+        t.walker_activated(w, None);
+        for page in 0..1024 {
+            let va = VirtAddr::new(0x1f_0000 + page * PAGE_SIZE);
+            assert!(t.lookup(root, va).is_none(), "{d:?}: every page unmapped");
+        }
+        assert!(walks.load(Ordering::Relaxed) > 0);
+        let s = t.stats();
+        assert_eq!(s.leaves_set, s.leaves_cleared, "{d:?}");
+        if d.reclaims() {
+            assert_eq!(s.memory.in_use, 1, "{d:?}: emptied tables were reclaimed");
+        } else {
+            assert_eq!(s.tables_unlinked, 0);
+        }
+    }
+}
+
+#[test]
+fn rw_tables_take_the_writer_lock_only_when_a_table_page_empties() {
+    let t = tables(Discipline::Rw, 64);
+    let root = t.create().unwrap();
+    t.map(root, &run(0x40_0000, 1 << 32, 2, Prot::RW)).unwrap();
+    t.unmap(root, range(0x40_0000, 1));
+    assert_eq!(
+        t.stats().writer_reclaims,
+        0,
+        "the leaf table still holds a page"
+    );
+    t.unmap(root, range(0x40_1000, 1));
+    let s = t.stats();
+    assert_eq!(s.writer_reclaims, 1);
+    // PT, PD and PDPT emptied one after the other and were unlinked.
+    assert_eq!((s.tables_unlinked, s.memory.in_use), (3, 1));
+}
+
+#[test]
+fn unlinked_table_pages_wait_for_the_iotlb_invalidation_before_reuse() {
+    let t = Arc::new(tables(Discipline::Rw, 64));
+    let mmu = IommuMmu::new(t.clone(), iotlb(1), InvalidationLatency::accounted(2000)).unwrap();
+    let root = mmu.create_page_table().unwrap();
+    mmu.activate(Some(root));
+    mmu.map(root, &run(0x40_0000, 1 << 32, 1, Prot::RW))
+        .unwrap();
+    mmu.translate(0, VirtAddr::new(0x40_0000), Prot::READ)
+        .unwrap();
+    mmu.unmap(root, range(0x40_0000, 1));
+    let s = t.stats().memory;
+    assert_eq!((s.waiting, s.in_use), (3, 4), "retired, not freed");
+    // Until the invalidation the IOTLB still translates (the async window).
+    assert!(mmu.cached(0, VirtAddr::new(0x40_0000)));
+    mmu.invalidate(root, &[range(0x40_0000, 1)]);
+    let s = t.stats().memory;
+    assert_eq!((s.waiting, s.in_use, s.freed_after_invalidation), (0, 1, 3));
+    assert!(!mmu.cached(0, VirtAddr::new(0x40_0000)));
+    let st = mmu.stats();
+    assert_eq!((st.invalidations, st.invalidation_nanos), (1, 2000));
+}
+
+#[test]
+fn bad_roots_and_unencodable_requests_are_typed_errors_and_a_failed_map_leaves_nothing() {
+    for d in ALL {
+        let t = tables(d, 4);
+        let root = t.create().unwrap();
+        assert!(matches!(
+            t.map(PageTableRoot(0x1000), &run(0, 0, 1, Prot::RW)),
+            Err(gmem_core::MmuError::Hardware(table::HW_UNKNOWN_ROOT))
+        ));
+        assert!(matches!(
+            t.map(root, &run(0x8000_0000_0000, 0, 1, Prot::RW)),
+            Err(gmem_core::MmuError::Unsupported { .. })
+        ));
+        // Root + 3 tables fit; a second 1 GiB window needs 2 more: out of memory.
+        t.map(root, &run(0, 1 << 32, 1, Prot::RW)).unwrap();
+        assert_eq!(
+            t.map(root, &run(1 << 39, 1 << 32, 1, Prot::RW)),
+            Err(gmem_core::MmuError::OutOfTableMemory)
+        );
+        assert!(t.lookup(root, VirtAddr::new(1 << 39)).is_none());
+        assert!(t.lookup(root, VirtAddr::new(0)).is_some(), "{d:?}");
+        assert_eq!(t.stats().failed_maps, 1);
+    }
+}
+
+#[test]
+fn an_invalidation_spins_its_latency_or_only_counts_it() {
+    let t = Arc::new(tables(Discipline::Cas, 4));
+    let spun = IommuMmu::new(t.clone(), iotlb(1), InvalidationLatency::spin(300_000)).unwrap();
+    let root = spun.create_page_table().unwrap();
+    let start = Instant::now();
+    spun.invalidate_all(root);
+    assert!(start.elapsed() >= Duration::from_micros(300));
+    let counted = IommuMmu::new(t, iotlb(1), InvalidationLatency::accounted(300_000_000)).unwrap();
+    let start = Instant::now();
+    counted.invalidate(root, &[range(0, 1)]);
+    assert!(start.elapsed() < Duration::from_millis(300));
+    assert_eq!(counted.stats().invalidation_nanos, 300_000_000);
+}
+
+// ----- through the core ---------------------------------------------------------------
+
+struct Machine {
+    cpu: HostCpu,
+    gm: Gmem,
+    /// First frame of the buffer area (host memory the core does not manage).
+    buffers: u64,
+}
+
+fn machine() -> Machine {
+    let cpu = HostCpu::new(HostCpuConfig {
+        memory_bytes: 64 << 20,
+        table_frames: 256,
+        ..HostCpuConfig::default()
+    })
+    .unwrap();
+    let gm = Gmem::new(Arc::new(SingleCpu), cpu.device_desc()).unwrap();
+    cpu.port().bind(gm.host()).unwrap();
+    cpu.memory_map()
+        .add(gm.host(), cpu.memory().clone())
+        .unwrap();
+    let base = cpu.memory().base().as_u64();
+    let buffers = base + (32 << 20);
+    gm.dev_register_physmem(
+        gm.host(),
+        PhysAddr::new(base + 256 * PAGE_SIZE),
+        PhysAddr::new(buffers),
+    )
+    .unwrap();
+    Machine { cpu, gm, buffers }
+}
+
+fn nic(m: &Machine, d: Discipline) -> (Iommu, DmaDevice, gmem_core::SpaceId) {
+    let config = IommuConfig {
+        discipline: d,
+        latency: InvalidationLatency::accounted(2000),
+        ..IommuConfig::default()
+    };
+    let iommu = Iommu::new(config, m.cpu.memory_map().clone()).unwrap();
+    let dev = iommu.create_device(&m.gm, "nic").unwrap();
+    let space = dev
+        .create_space(
+            &m.gm,
+            VirtAddr::new(1 << 20),
+            VirtAddr::new(1 << 32),
+            AllocPolicy::CACHED,
+        )
+        .unwrap();
+    (iommu, dev, space)
+}
+
+#[test]
+fn dma_lands_in_the_mapped_buffer_and_a_strict_unmap_leaves_no_translation_behind() {
+    for d in ALL {
+        let m = machine();
+        let (_iommu, dev, space) = nic(&m, d);
+        let frames = [PhysAddr::new(m.buffers), PhysAddr::new(m.buffers + 0x5000)];
+        let r = dev
+            .map_buffer(&m.gm, space, &frames, m.gm.host(), Prot::RW)
+            .unwrap();
+        let data: Vec<u8> = (0..6000).map(|i| (i * 7 % 251) as u8).collect();
+        dev.write(0, r.start, &data).unwrap();
+        // The two pages of the IOVA range land in the two (discontiguous) frames.
+        let mut got = vec![0u8; 6000];
+        m.cpu.memory().read(frames[0], &mut got[..4096]).unwrap();
+        m.cpu.memory().read(frames[1], &mut got[4096..]).unwrap();
+        assert_eq!(got, data, "{d:?}");
+        let mut back = vec![0u8; 6000];
+        dev.read(0, r.start, &mut back).unwrap();
+        assert_eq!(back, data);
+        dev.unmap_buffer(&m.gm, r, MapFlags::empty(), None).unwrap();
+        assert!(
+            !dev.mmu().cached(0, r.start),
+            "{d:?}: strict unmap invalidated"
+        );
+        assert_eq!(
+            dev.write(0, r.start, &[1]),
+            Err(DmaError::Fault(DmaFault {
+                va: r.start,
+                access: Prot::WRITE,
+                miss: Miss::NotPresent
+            }))
+        );
+        let s = dev.stats();
+        assert_eq!((s.faults, s.mmu.invalidations), (1, 1));
+    }
+}
+
+#[test]
+fn a_read_only_buffer_refuses_a_device_write_with_a_protection_fault() {
+    let m = machine();
+    let (_iommu, dev, space) = nic(&m, Discipline::Rw);
+    let r = dev
+        .map_buffer(
+            &m.gm,
+            space,
+            &[PhysAddr::new(m.buffers)],
+            m.gm.host(),
+            Prot::READ,
+        )
+        .unwrap();
+    let e = dev.write(0, r.start, &[1, 2, 3]).unwrap_err();
+    assert!(matches!(
+        e,
+        DmaError::Fault(DmaFault {
+            miss: Miss::Protection { .. },
+            ..
+        })
+    ));
+    let mut b = [9u8; 3];
+    dev.read(0, r.start, &mut b).unwrap();
+    assert_eq!(b, [0, 0, 0]);
+}
+
+#[test]
+fn async_unmaps_share_one_invalidation_per_batch_and_call_back_after_it() {
+    for d in [Discipline::Cas, Discipline::Rw] {
+        let m = machine();
+        let (iommu, dev, space) = nic(&m, d);
+        m.gm.as_set_batch_limit(space, 8).unwrap();
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let mut seen = Vec::new();
+        for i in 0..20u64 {
+            let f = PhysAddr::new(m.buffers + i * PAGE_SIZE);
+            let r = dev
+                .map_buffer(&m.gm, space, &[f], m.gm.host(), Prot::WRITE)
+                .unwrap();
+            // No IOVA of a queued unmap is handed out again before its invalidation.
+            assert!(!seen.contains(&r.start), "{d:?}: IOVA reused early");
+            dev.write(0, r.start, &i.to_le_bytes()).unwrap();
+            let (done2, inv) = (done.clone(), dev.mmu().clone());
+            let cb: gmem_core::Callback = Box::new(move |res| {
+                res.unwrap();
+                let st = inv.stats();
+                done2
+                    .lock()
+                    .unwrap()
+                    .push((i, st.invalidations - st.walk_cache_flushes));
+            });
+            let root = dev.mmu().active_root().unwrap();
+            dev.unmap_buffer(&m.gm, r, MapFlags::ASYNC, Some(cb))
+                .unwrap();
+            // The entry left the table at once; until the batch's invalidation the IOTLB
+            // may still translate it (the window async unmap accepts: the buffer is not
+            // reused before the callback).
+            assert!(iommu.tables().lookup(root, r.start).is_none());
+            if i % 8 != 7 {
+                assert!(dev.mmu().cached(0, r.start), "{d:?}: in the window");
+            } else {
+                assert!(!dev.mmu().cached(0, r.start), "{d:?}: batch invalidated");
+            }
+            seen.push(r.start);
+            if i % 8 == 7 {
+                seen.clear();
+            }
+        }
+        // 20 unmaps, batch of 8: two batches drained, 4 requests still queued.
+        let st = dev.stats().mmu;
+        assert_eq!(st.invalidations - st.walk_cache_flushes, 2, "{d:?}");
+        // Reader-writer tables reclaimed the emptied tables at every unmap, so every
+        // map that rebuilt them before its batch drained flushed the walk cache.
+        let flushes = if d == Discipline::Rw { 19 - 2 } else { 0 };
+        assert_eq!(st.walk_cache_flushes, flushes, "{d:?}");
+        assert_eq!(done.lock().unwrap().len(), 16);
+        assert_eq!(m.gm.as_pending(space).unwrap(), 4);
+        m.gm.as_synchronize(space).unwrap();
+        let done = done.lock().unwrap();
+        assert_eq!(done.len(), 20);
+        // Every callback ran after the invalidation of its batch.
+        for (i, invals) in done.iter() {
+            assert_eq!(*invals, i / 8 + 1, "{d:?}: callback {i}");
+        }
+        assert_eq!(m.gm.stats().invalidations_coalesced, 7 + 7 + 3);
+        for i in 0..20u64 {
+            let mut b = [0u8; 8];
+            m.cpu
+                .memory()
+                .read(PhysAddr::new(m.buffers + i * PAGE_SIZE), &mut b)
+                .unwrap();
+            assert_eq!(u64::from_le_bytes(b), i);
+        }
+    }
+}
+
+#[test]
+fn detaching_the_device_destroys_its_table_and_returns_every_table_page() {
+    let m = machine();
+    let (iommu, dev, space) = nic(&m, Discipline::Cas);
+    for i in 0..4u64 {
+        let f = PhysAddr::new(m.buffers + i * PAGE_SIZE);
+        dev.map_buffer(&m.gm, space, &[f], m.gm.host(), Prot::RW)
+            .unwrap();
+    }
+    assert!(iommu.table_stats().memory.in_use >= 4);
+    m.gm.dev_detach(dev.id(), space).unwrap();
+    assert_eq!(iommu.table_stats().memory.in_use, 0);
+    assert!(matches!(
+        dev.write(0, VirtAddr::new(1 << 20), &[1]),
+        Err(DmaError::Fault(DmaFault {
+            miss: Miss::Inactive,
+            ..
+        }))
+    ));
+}
+
+// ----- baseline -------------------------------------------------------------------------
+
+#[test]
+fn the_tree_allocator_hands_out_top_down_reuses_freed_gaps_and_refuses_bad_frees() {
+    let mut t = TreeIova::new(0x1000, 0x11000).unwrap();
+    let a = t.alloc(4).unwrap();
+    let b = t.alloc(4).unwrap();
+    assert_eq!((a, b), (0xd000, 0x9000));
+    t.free(a).unwrap();
+    assert_eq!(
+        t.alloc(2).unwrap(),
+        0xf000,
+        "the freed gap at the top first"
+    );
+    assert_eq!(t.free(a), Err(IovaError::NotAllocated { iova: a }));
+    let c = t.alloc(8).unwrap();
+    assert_eq!(c, 0x1000);
+    assert_eq!(t.alloc(3), Err(IovaError::NoSpace { pages: 3 }));
+    assert_eq!(
+        t.alloc(2).unwrap(),
+        0xd000,
+        "the 2-page hole is found by restarting"
+    );
+    assert_eq!(t.live(), 4);
+    assert!(t.stats().restarts >= 1);
+    assert!(TreeIova::new(0x1000, 0x1000).is_err());
+    assert_eq!(t.alloc(0), Err(IovaError::NoSpace { pages: 0 }));
+}
+
+#[test]
+fn the_giant_lock_baseline_maps_dmas_and_unmaps_strictly_on_the_same_hardware() {
+    let m = machine();
+    let config = IommuConfig {
+        discipline: Discipline::Locked,
+        latency: InvalidationLatency::accounted(2000),
+        ..IommuConfig::default()
+    };
+    let iommu = Iommu::new(config, m.cpu.memory_map().clone()).unwrap();
+    let dom = GiantLockDomain::new(
+        &iommu,
+        VirtAddr::new(1 << 20),
+        VirtAddr::new(1 << 32),
+        m.gm.host(),
+    )
+    .unwrap();
+    let f = PhysAddr::new(m.buffers + 0x3000);
+    let iova = dom.map(&[f], Prot::WRITE).unwrap();
+    assert_eq!(iova.as_u64(), (1 << 32) - PAGE_SIZE);
+    dom.port().write(0, iova, b"frame").unwrap();
+    let mut got = [0u8; 5];
+    m.cpu.memory().read(f, &mut got).unwrap();
+    assert_eq!(&got, b"frame");
+    dom.unmap(iova).unwrap();
+    assert!(dom.port().write(0, iova, b"x").is_err());
+    assert_eq!(
+        dom.unmap(iova),
+        Err(LegacyError::Iova(IovaError::NotAllocated {
+            iova: iova.as_u64()
+        }))
+    );
+    assert_eq!(dom.port().stats().mmu.invalidations, 1);
+    assert_eq!(
+        iommu.table_stats().memory.in_use,
+        1,
+        "locked tables reclaim"
+    );
+    drop(dom);
+    assert_eq!(iommu.table_stats().memory.in_use, 0);
+}
