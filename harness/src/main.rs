@@ -6,8 +6,9 @@ mod machine;
 mod replay;
 mod report;
 mod reproduce;
-mod trace;
 mod workloads;
+
+use gmem_harness::trace;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use report::{Output, Report};
