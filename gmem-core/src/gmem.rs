@@ -609,17 +609,23 @@ impl Gmem {
             .collect())
     }
 
-    /// Wait for every queued asynchronous request of the space (`gm_as_synchronize`).
+    /// Wait for every queued asynchronous request of the space (`gm_as_synchronize`):
+    /// when it returns, every request queued before the call has been invalidated, its
+    /// frames and ranges released, and its callback run — also when another thread
+    /// drained the request and is still running callbacks, which this call waits for.
+    /// A completion callback must therefore not call `as_synchronize` on its own space
+    /// (it would wait for itself); every other KPI call is allowed in a callback.
     pub fn as_synchronize(&self, space_id: SpaceId) -> Result<(), SpaceError> {
-        let space = self
-            .space(space_id)
-            .ok_or(SpaceError::UnknownSpace(space_id))?;
-        let ready = {
+        let space = self.space(space_id).ok_or(SpaceError::UnknownSpace(space_id))?;
+        let (ready, in_flight) = {
             let mut st = space.state.lock();
             st.drain(&self.counters, &space.arena);
-            st.queue.take_ready()
+            (st.queue.take_ready(), st.queue.in_flight.clone())
         };
         ready.run();
+        while in_flight.load(crate::sync::Ordering::Acquire) != 0 {
+            crate::sync::spin_wait();
+        }
         Ok(())
     }
 

@@ -28,6 +28,7 @@ use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MmuError;
 use crate::space::{SpaceState, TableRun};
 use crate::stats::Counters;
+use crate::sync::{Arc, AtomicUsize, Ordering};
 use crate::vmem::Arena;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -68,6 +69,10 @@ pub(crate) struct MmuQueue {
     requests: Vec<Request>,
     ready: Vec<(Callback, Result<(), MmuError>)>,
     pub batch_limit: usize,
+    /// Callbacks handed to a thread to run and not finished yet: `as_synchronize` waits
+    /// for them, so that when it returns every request queued before it has completed,
+    /// callback included, whichever thread drained it.
+    pub in_flight: Arc<AtomicUsize>,
 }
 
 impl Default for MmuQueue {
@@ -76,18 +81,43 @@ impl Default for MmuQueue {
             requests: Vec::new(),
             ready: Vec::new(),
             batch_limit: DEFAULT_BATCH_LIMIT,
+            in_flight: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
 
-/// Callbacks ready to run once the space lock is dropped.
+/// Callbacks ready to run once the space lock is dropped. Each counts as in flight until
+/// it has returned (or unwound), or until the batch is dropped unrun.
 #[must_use = "completion callbacks must be run after the lock is dropped"]
-pub(crate) struct Ready(Vec<(Callback, Result<(), MmuError>)>);
+pub(crate) struct Ready {
+    callbacks: Vec<(Callback, Result<(), MmuError>)>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Marks one callback finished when dropped, even by unwinding.
+struct Finished<'a>(&'a AtomicUsize);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
 
 impl Ready {
-    pub fn run(self) {
-        for (cb, r) in self.0 {
+    pub fn run(mut self) {
+        for (cb, r) in core::mem::take(&mut self.callbacks) {
+            let _finished = Finished(&self.in_flight);
             cb(r);
+        }
+    }
+}
+
+impl Drop for Ready {
+    fn drop(&mut self) {
+        // Callbacks not run (a panic in an earlier one) are no longer in flight.
+        let n = self.callbacks.len();
+        if n > 0 {
+            self.in_flight.fetch_sub(n, Ordering::Release);
         }
     }
 }
@@ -99,7 +129,14 @@ impl MmuQueue {
 
     /// Take the callbacks whose requests completed.
     pub fn take_ready(&mut self) -> Ready {
-        Ready(core::mem::take(&mut self.ready))
+        let callbacks = core::mem::take(&mut self.ready);
+        if !callbacks.is_empty() {
+            self.in_flight.fetch_add(callbacks.len(), Ordering::Acquire);
+        }
+        Ready {
+            callbacks,
+            in_flight: self.in_flight.clone(),
+        }
     }
 
     /// Run a callback as soon as the lock is dropped (a synchronous request's

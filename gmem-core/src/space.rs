@@ -13,7 +13,8 @@
 //!
 //! All of it sits behind one lock per space. The KPI functions in [`crate::Gmem`] take
 //! the lock, call into the methods here, drop the lock and then run whatever completion
-//! callbacks became ready, so callbacks may call the KPI again.
+//! callbacks became ready, so callbacks may call the KPI again (all of it but
+//! `as_synchronize` on their own space, which waits for callbacks in flight).
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of

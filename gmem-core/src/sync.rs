@@ -124,3 +124,12 @@ mod imp {
 
 pub use alloc::sync::Arc;
 pub use imp::*;
+
+/// Tell the scheduler (real or loom's) that this thread is waiting for another.
+#[inline]
+pub fn spin_wait() {
+    #[cfg(not(gmem_loom))]
+    core::hint::spin_loop();
+    #[cfg(gmem_loom)]
+    loom::thread::yield_now();
+}
