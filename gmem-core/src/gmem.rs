@@ -616,7 +616,9 @@ impl Gmem {
     /// A completion callback must therefore not call `as_synchronize` on its own space
     /// (it would wait for itself); every other KPI call is allowed in a callback.
     pub fn as_synchronize(&self, space_id: SpaceId) -> Result<(), SpaceError> {
-        let space = self.space(space_id).ok_or(SpaceError::UnknownSpace(space_id))?;
+        let space = self
+            .space(space_id)
+            .ok_or(SpaceError::UnknownSpace(space_id))?;
         let (ready, in_flight) = {
             let mut st = space.state.lock();
             st.drain(&self.counters, &space.arena);
