@@ -2,6 +2,7 @@
 //! that hold real bytes, and verifies every result against a CPU-only reference.
 
 mod full_report;
+mod iommu_bench;
 mod machine;
 mod replay;
 mod report;
@@ -57,6 +58,9 @@ enum Experiment {
     /// GMEM Table 4: back-propagation traffic with device memory below and above the
     /// working set.
     GmemTable4,
+    /// GMEM Table 3 (BUS_DMA): NIC DMA churn through the IOMMU driver, every GMEM
+    /// variant against the tree-allocator + giant-lock baseline, on 1 and 2 threads.
+    Iommu,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -112,6 +116,13 @@ enum Command {
         /// Where to write the table and the plot.
         #[arg(long, default_value = "out")]
         out: String,
+        /// iommu: modeled IOTLB invalidation latency in ns (busy-waited by the CPU
+        /// that issues the invalidation).
+        #[arg(long, default_value_t = 2000)]
+        inval_ns: u64,
+        /// iommu: packets per receive queue per run.
+        #[arg(long, default_value_t = 20_000)]
+        packets: u64,
     },
     /// The main job: every workload on every accelerator configuration and the paper
     /// reproductions, each verified; tables and plots written to --out.
@@ -431,7 +442,15 @@ fn main() -> ExitCode {
             inputs,
             steps,
             out,
+            ..
         }) => run_reproduce(inputs, steps, &out),
+        Some(Command::Reproduce {
+            experiment: Experiment::Iommu,
+            inval_ns,
+            packets,
+            out,
+            ..
+        }) => iommu_bench::run(inval_ns, packets, &out),
         Some(Command::Replay {
             file,
             format,
