@@ -36,14 +36,19 @@ fn kpi_runner_agrees_with_the_region_model_on_seeded_sequences() {
     );
 }
 
-/// Replay one seed (`GMEM_SEED=n`, with `GMEM_TESTKIT_TRACE=1` to print every
-/// operation): `cargo test -p gmem-testkit --test seeded replay_one -- --ignored`.
+/// Replay one seed (`GMEM_SEED=n`) or input file (`GMEM_FILE=path`, e.g. a fuzz
+/// artifact), with `GMEM_TESTKIT_TRACE=1` to print every operation (and
+/// `GMEM_TESTKIT_TRACE_EVENTS=1` every MMU call of the KPI runner):
+/// `cargo test -p gmem-testkit --test seeded replay_one -- --ignored --nocapture`.
 #[test]
 #[ignore = "a debugging aid, run on demand"]
 fn replay_one() {
     let seed: u64 = std::env::var("GMEM_SEED").map_or(0, |s| s.parse().expect("a number"));
     let which = std::env::var("GMEM_RUNNER").unwrap_or_else(|_| "kpi".into());
-    let data = SeedBytes::new(seed).bytes(4096);
+    let data = match std::env::var_os("GMEM_FILE") {
+        Some(f) => std::fs::read(f).expect("GMEM_FILE names a readable input"),
+        None => SeedBytes::new(seed).bytes(4096),
+    };
     let s = if which == "vmem" {
         replay_vmem(&data)
     } else {
