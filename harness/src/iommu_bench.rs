@@ -39,17 +39,28 @@
 //! repetitions interleaved across variants so that drift in the machine's load hits all
 //! variants alike; the run with the median packets/s is reported. Ratios are against
 //! the baseline with the same number of threads.
+//!
+//! ## The table disciplines alone
+//! Through the core every table edit of a space happens under the space's lock (the
+//! `Mmu` contract), so the three table disciplines can only differ in their cost per
+//! edit there. A second, driver-level measurement takes the core out: threads call the
+//! IOMMU table's map and unmap directly, each keeping [`RING`] pages of its own mapped in
+//! leaf tables shared with the other threads and replacing one per step — what the
+//! disciplines of GMEM section 5.5 do when edits really run in parallel. Ratios are
+//! against the locked discipline with the same number of threads.
 
 use crate::report::Report;
 use gmem_core::{
-    AllocPolicy, Callback, DeviceId, Gmem, MapFlags, PhysAddr, Platform, Prot, Region, SpaceId,
-    VirtAddr, PAGE_SIZE,
+    AllocPolicy, Callback, DeviceId, Gmem, MapFlags, MapRun, PageSize, PhysAddr, Platform, Prot,
+    Region, SpaceId, VirtAddr, PAGE_SIZE,
 };
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_iommu::{
-    Discipline, DmaDevice, DmaError, GiantLockDomain, InvalidationLatency, Iommu, IommuConfig,
+    Discipline, DmaDevice, DmaError, GiantLockDomain, InvalidationLatency, IoTableStats, IoTables,
+    Iommu, IommuConfig,
 };
 use gmem_sim::SimMemory;
+use gmem_sim::TableFormat;
 use plotters::prelude::*;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -676,6 +687,134 @@ pub fn table3(p: &Params) -> Result<(Vec<Row>, Vec<String>), String> {
     Ok((rows, problems))
 }
 
+/// One page-table discipline measured alone (driver level).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EditRow {
+    /// The discipline.
+    pub discipline: &'static str,
+    /// Threads editing the same tables.
+    pub threads: usize,
+    /// Unmap + map pairs (all threads).
+    pub pairs: u64,
+    /// Millions of pairs per second.
+    pub mpairs_per_s: f64,
+    /// CPU nanoseconds per pair.
+    pub cpu_ns_per_pair: f64,
+    /// Pairs/s over the locked discipline's (same threads).
+    pub vs_locked: f64,
+    /// Writer-side lock acquisitions to reclaim (reader-writer discipline).
+    pub writer_reclaims: u64,
+    /// Intermediate-table installs that lost a CAS race.
+    pub cas_lost: u64,
+}
+
+const DISCIPLINES: [(Discipline, &str); 3] = [
+    (Discipline::Locked, "locked"),
+    (Discipline::Cas, "CAS"),
+    (Discipline::Rw, "RW"),
+];
+
+/// `threads` threads edit one IOMMU table directly, as the driver's MMU functions would
+/// if nothing above serialised them: each keeps [`RING`] pages of its own mapped,
+/// interleaved with the other threads' pages in the same leaf tables, and per step
+/// unmaps its oldest page and maps the next one. No core, no DMA, no invalidation.
+fn edits_alone(
+    d: Discipline,
+    threads: usize,
+    pairs: u64,
+    memory: DeviceId,
+) -> Result<(Duration, Duration, IoTableStats), String> {
+    let tables =
+        IoTables::new(d, PhysAddr::new(0xf0_0000_0000), 1024).map_err(|e| e.to_string())?;
+    let root = tables.create().map_err(|e| e.to_string())?;
+    let window = 2 * RING as u64;
+    let va = |q: usize, k: u64| IOVA_BEGIN + ((k % window) * threads as u64 + q as u64) * PAGE_SIZE;
+    let run = |q: usize, k: u64| MapRun {
+        va: VirtAddr::new(va(q, k)),
+        pa: PhysAddr::new((1 << 32) + (k % window) * PAGE_SIZE),
+        len: PAGE_SIZE,
+        prot: Prot::WRITE,
+        page_size: PageSize::Size4K,
+        memory,
+    };
+    let start = Barrier::new(threads);
+    let per_thread = pairs / threads as u64;
+    let spans: Vec<Result<(Instant, Instant, Duration), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|q| {
+                let (tables, start, run) = (&tables, &start, &run);
+                s.spawn(move || {
+                    let mut posted = Ok(());
+                    for k in 0..RING as u64 {
+                        if let Err(e) = tables.map(root, &run(q, k)) {
+                            posted = Err(e.to_string());
+                        }
+                    }
+                    start.wait();
+                    posted?;
+                    let cpu0 = thread_cpu();
+                    let t0 = Instant::now();
+                    for k in 0..per_thread {
+                        tables.unmap(root, run(q, k).range());
+                        tables
+                            .map(root, &run(q, k + RING as u64))
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok((t0, Instant::now(), thread_cpu().saturating_sub(cpu0)))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("an editor panicked".into()))
+            })
+            .collect()
+    });
+    let spans: Vec<(Instant, Instant, Duration)> = spans.into_iter().collect::<Result<_, _>>()?;
+    let first = spans.iter().map(|x| x.0).min().ok_or("no editor")?;
+    let last = spans.iter().map(|x| x.1).max().ok_or("no editor")?;
+    let cpu = spans.iter().map(|x| x.2).sum();
+    Ok((last - first, cpu, tables.stats()))
+}
+
+/// Every discipline alone on 1 and 2 threads, median of `reps`.
+pub fn edits_table(pairs: u64, reps: usize, memory: DeviceId) -> Result<Vec<EditRow>, String> {
+    let mut rows: Vec<EditRow> = Vec::new();
+    for t in THREADS {
+        let pairs = pairs / t as u64 * t as u64;
+        for (d, name) in DISCIPLINES {
+            let mut runs = (0..reps.max(1))
+                .map(|_| edits_alone(d, t, pairs, memory))
+                .collect::<Result<Vec<_>, _>>()?;
+            runs.sort_by_key(|r| r.0);
+            let (wall, cpu, st) = runs.swap_remove(runs.len() / 2);
+            rows.push(EditRow {
+                discipline: name,
+                threads: t,
+                pairs,
+                mpairs_per_s: pairs as f64 / wall.as_secs_f64().max(1e-9) / 1e6,
+                cpu_ns_per_pair: cpu.as_secs_f64() * 1e9 / pairs as f64,
+                vs_locked: 0.0,
+                writer_reclaims: st.writer_reclaims,
+                cas_lost: st.cas_lost,
+            });
+        }
+    }
+    let locked: Vec<(usize, f64)> = rows
+        .iter()
+        .filter(|r| r.discipline == "locked")
+        .map(|r| (r.threads, r.mpairs_per_s))
+        .collect();
+    for r in rows.iter_mut() {
+        if let Some((_, l)) = locked.iter().find(|(t, _)| *t == r.threads) {
+            r.vs_locked = r.mpairs_per_s / l.max(1e-12);
+        }
+    }
+    Ok(rows)
+}
+
 /// The paper's Table 3 (Gbps) for FreeBSD and the GMEM variants, RX and TX with 1 and 4
 /// connections, in [`Variant::ALL`]'s order (baseline = FreeBSD).
 pub const PAPER: [(&str, [f64; 6]); 4] = [
@@ -686,7 +825,12 @@ pub const PAPER: [(&str, [f64; 6]); 4] = [
 ];
 
 /// Write the rows as CSV, JSON and an SVG chart into `dir`; returns the paths.
-pub fn write(dir: &Path, p: &Params, rows: &[Row]) -> Result<Vec<String>, String> {
+pub fn write(
+    dir: &Path,
+    p: &Params,
+    rows: &[Row],
+    edits: &[EditRow],
+) -> Result<Vec<String>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let csv_path = dir.join("iommu.csv");
     let mut csv = String::from("variant,threads,packets,wall_s,kpps,cpu_us_per_packet,cpu_percent,pps_vs_baseline,cpu_vs_baseline,invalidations,invalidations_per_packet,walk_cache_flushes,table_pages_peak,table_pages_end,verified\n");
@@ -729,6 +873,7 @@ pub fn write(dir: &Path, p: &Params, rows: &[Row]) -> Result<Vec<String>, String
         "variants": Variant::ALL.iter().map(|v| v.name()).collect::<Vec<_>>(),
         "rows": rows,
         "paper_table3": paper,
+        "table_edits_alone": edits,
     });
     std::fs::write(&json_path, json.to_string())
         .map_err(|e| format!("{}: {e}", json_path.display()))?;
@@ -812,7 +957,9 @@ pub fn run(inval_ns: u64, packets: u64, out: &str) -> Result<Report, String> {
         reps: REPS,
     };
     let (rows, problems) = table3(&p)?;
-    let files = write(Path::new(out), &p, &rows)?;
+    let memory = host(1)?.gm.host();
+    let edits = edits_table(packets * 5, p.reps, memory)?;
+    let files = write(Path::new(out), &p, &rows, &edits)?;
     println!(
         "GMEM Table 3, reproduced: NIC receive churn through the IOMMU (per packet: DMA into a posted buffer, verify, unmap, post a new one)"
     );
@@ -851,6 +998,25 @@ pub fn run(inval_ns: u64, packets: u64, out: &str) -> Result<Report, String> {
             r.table_pages_peak,
             r.table_pages_end,
             if r.verified { "yes" } else { "NO" }
+        );
+    }
+    println!(
+        "page-table edits alone (driver level, no core / DMA / invalidation; {RING} pages kept mapped per thread, one replaced per step):"
+    );
+    println!(
+        "{:<11} {:>3} {:>10} {:>11} {:>9} {:>12} {:>8}",
+        "discipline", "thr", "Mpairs/s", "CPUns/pair", "vs locked", "writer locks", "CAS lost"
+    );
+    for e in &edits {
+        println!(
+            "{:<11} {:>3} {:>10.2} {:>11.1} {:>8.2}x {:>12} {:>8}",
+            e.discipline,
+            e.threads,
+            e.mpairs_per_s,
+            e.cpu_ns_per_pair,
+            e.vs_locked,
+            e.writer_reclaims,
+            e.cas_lost
         );
     }
     println!("paper (netperf on a 40 Gbps NIC, Gbps; ratio vs FreeBSD):");
@@ -919,7 +1085,12 @@ mod tests {
         assert!(cas.table_pages_end > 1, "CAS keeps its tables");
         assert_eq!(rw.table_pages_end, 1, "RW reclaims down to the root");
         let dir = std::env::temp_dir().join(format!("gmem-iommu-{}", std::process::id()));
-        let files = write(&dir, &p, &rows).unwrap();
+        let memory = host(1).unwrap().gm.host();
+        let edits = edits_table(2000, 1, memory).unwrap();
+        assert_eq!(edits.len(), 6);
+        let rw = edits.iter().find(|e| e.discipline == "RW").unwrap();
+        assert!(rw.mpairs_per_s > 0.0 && rw.cpu_ns_per_pair > 0.0);
+        let files = write(&dir, &p, &rows, &edits).unwrap();
         assert_eq!(files.len(), 3);
         let csv = std::fs::read_to_string(dir.join("iommu.csv")).unwrap();
         assert_eq!(csv.lines().count(), 13);
