@@ -26,7 +26,7 @@ use gmem_core::testing::TestSystem;
 use gmem_core::*;
 
 /// Preemption bound of this model.
-const PREEMPTIONS: usize = 2;
+const PREEMPTIONS: usize = 3;
 const PATTERN: &[u8] = b"gmem-ok!";
 
 #[test]

@@ -26,7 +26,7 @@ use gmem_core::vmem::{Arena, ArenaConfig, FitPolicy};
 use gmem_core::Platform;
 
 /// Preemption bound of this model.
-const PREEMPTIONS: usize = 3;
+const PREEMPTIONS: usize = 4;
 const Q: u64 = 4096;
 
 loom::thread_local! {

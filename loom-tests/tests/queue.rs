@@ -27,7 +27,7 @@ use gmem_core::*;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 
 /// Preemption bound of this model.
-const PREEMPTIONS: usize = 2;
+const PREEMPTIONS: usize = 3;
 
 fn callback(
     s: &Arc<TestSystem>,

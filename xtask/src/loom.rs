@@ -7,6 +7,8 @@
 //! message, so a variant whose run passes was caught, and one whose run fails was
 //! missed (or failed for another reason). Each flag set builds into its own target
 //! directory so that switching between them does not rebuild everything each time.
+//! Output is not captured: each model prints its executions, preemption bound and
+//! time, and each caught variant the failure its model reported.
 
 use std::process::Command;
 use std::time::Instant;
@@ -24,7 +26,14 @@ fn loom_test(step: &str, rustflags: &str, target_dir: &str) -> Result<(), String
     let start = Instant::now();
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let status = Command::new(env!("CARGO"))
-        .args(["test", "-p", "gmem-loom-tests", "--release"])
+        .args([
+            "test",
+            "-p",
+            "gmem-loom-tests",
+            "--release",
+            "--",
+            "--nocapture",
+        ])
         .current_dir(root)
         .env("RUSTFLAGS", rustflags)
         .env("CARGO_TARGET_DIR", format!("{root}/{target_dir}"))

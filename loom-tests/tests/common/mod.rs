@@ -27,13 +27,16 @@ pub fn builder(preemptions: usize) -> loom::model::Builder {
 pub fn model<F: Fn() + Sync + Send + 'static>(name: &str, preemptions: usize, f: F) {
     static EXECUTIONS: AtomicUsize = AtomicUsize::new(0);
     let start = std::time::Instant::now();
-    builder(preemptions).check(move || {
+    let b = builder(preemptions);
+    let bound = b.preemption_bound;
+    b.check(move || {
         EXECUTIONS.fetch_add(1, Ordering::Relaxed);
         f();
     });
     eprintln!(
-        "loom model {name}: {} executions, preemption bound {preemptions}, {:.1} s",
+        "loom model {name}: {} executions, preemption bound {}, {:.1} s",
         EXECUTIONS.load(Ordering::Relaxed),
+        bound.map_or("none".to_string(), |b| b.to_string()),
         start.elapsed().as_secs_f64()
     );
 }
