@@ -11,7 +11,8 @@
 //! - a developer reproducing a failure replays a byte string with [`replay_kpi`] or
 //!   [`replay_vmem`].
 //!
-//! Two runners:
+//! Four runners (the two below, and [`page_table`] for the x86-64 driver tables
+//! against a map model, [`trace`] for the harness's trace parsers on arbitrary text):
 //! - [`vmem`]: one [`gmem_core::vmem::Arena`] (any quantum, quantum caches with or
 //!   without magazines, checked or trusted frees, any fit policy) against a brute-force
 //!   interval model: every allocation is checked for overlap, placement and
@@ -28,6 +29,8 @@
 //! crash, a test fails with the message.
 
 pub mod kpi;
+pub mod page_table;
+pub mod trace;
 pub mod vmem;
 
 use arbitrary::{Arbitrary, Unstructured};
@@ -96,6 +99,22 @@ pub fn replay_kpi(data: &[u8]) -> Summary {
     };
     let ops: Vec<kpi::Op> = decode_ops(&mut u, kpi::MAX_OPS);
     kpi::KpiRunner::new(setup).run(&ops)
+}
+
+/// Decode a page-table configuration and operation list from raw bytes and run them
+/// against the map model.
+pub fn replay_page_table(data: &[u8]) -> Summary {
+    let mut u = Unstructured::new(data);
+    let Ok(config) = page_table::PtConfig::arbitrary(&mut u) else {
+        return Summary::default();
+    };
+    let ops: Vec<page_table::PtOp> = decode_ops(&mut u, page_table::MAX_OPS);
+    page_table::PtRunner::new(config).run(&ops)
+}
+
+/// Run the trace parsers over raw bytes.
+pub fn replay_trace(data: &[u8]) -> Summary {
+    trace::run(data)
 }
 
 /// What a run did, so that a test can tell a run that exercised something from one

@@ -11,7 +11,7 @@
 use std::process::{Command, Stdio};
 
 /// The fuzz targets, each a `[[bin]]` of `fuzz/Cargo.toml`.
-pub const TARGETS: &[&str] = &["vmem", "kpi"];
+pub const TARGETS: &[&str] = &["vmem", "kpi", "page_table", "trace"];
 
 fn have_nightly() -> bool {
     Command::new("rustup")
