@@ -166,7 +166,8 @@ fn concurrent_disjoint_editors_and_a_walker_never_see_a_foreign_translation() {
             let walking = walking.clone();
             std::thread::spawn(move || {
                 let mut page = 0u64;
-                while !stop.load(Ordering::Relaxed) {
+                // At least one walk, however the threads are scheduled.
+                loop {
                     let _g = walking.lock().unwrap();
                     page = (page + 1) % 1024;
                     let va = 0x1f_0000 + page * PAGE_SIZE;
@@ -176,6 +177,9 @@ fn concurrent_disjoint_editors_and_a_walker_never_see_a_foreign_translation() {
                         assert_eq!(f >> 12 & 0xf, page % 4, "{d:?}: and its owner");
                     }
                     walks.fetch_add(1, Ordering::Relaxed);
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
             })
         };
