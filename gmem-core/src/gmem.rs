@@ -17,8 +17,8 @@ use crate::physmem::{FrameCounts, PhysMem};
 use crate::platform::Platform;
 use crate::queue::Callback;
 use crate::space::{
-    AllocRequest, Attachment, MappingSet, MmuMode, PageTable, Placement, PlacementTarget, Region,
-    RegionInfo, RegionRec, SpaceInner, SpaceState, MAX_TABLES,
+    AllocRequest, Attachment, MappingSet, MmuMode, PageTable, Placement, PlacementMode,
+    PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner, SpaceState, MAX_TABLES,
 };
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, Mutex, RwLock};
@@ -817,7 +817,7 @@ impl Gmem {
             };
             let mask = st.wired_mask();
             if asynchronous {
-                st.enqueue_map(&gm.counters, &space.arena, first, pages, mask, callback);
+                st.enqueue_map(&gm.counters, &space.arena, first, pages, callback);
             } else if let Err(e) = st.mirror(&gm.counters, first, pages, mask) {
                 st.discard_pages(&gm.counters, first, pages, false);
                 let r = st.region_mut(region).expect("checked");
@@ -853,7 +853,9 @@ impl Gmem {
         })
     }
 
-    /// Set the placement policy of a region (`gm_region_set_policy`).
+    /// Set the placement policy of a region (`gm_region_set_policy`). Switching to the
+    /// unique policy drops the mappings of pages that several tables map (remote
+    /// access allowed it); they fault back in under the new policy.
     pub fn region_set_policy(
         &self,
         region: Region,
@@ -865,7 +867,22 @@ impl Gmem {
                 return Err(RegionError::NoMemory(d));
             }
         }
-        self.with_region(region, |_, _, st| {
+        self.with_region(region, |gm, space, st| {
+            let was = st.region(region).expect("checked").placement.mode;
+            if placement.mode == PlacementMode::Unique && was != PlacementMode::Unique {
+                // Remote access let several tables map one frame; unique allows one.
+                // Drop every mapping of such pages (replicas stay): the next fault
+                // places each page by the new policy.
+                let (first, pages) = st.settle(gm, space, region);
+                let replicas = st.replica_mask();
+                let touched: Vec<(u64, u32)> = st
+                    .lpt
+                    .entries_in(first, pages)
+                    .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
+                    .map(|(v, e)| (v, e.mapped & !replicas))
+                    .collect();
+                st.unmap_entries(&gm.counters, &touched, false);
+            }
             st.region_mut(region).expect("checked").placement = placement;
             Ok(())
         })

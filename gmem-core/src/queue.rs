@@ -55,7 +55,6 @@ enum Op {
     Map {
         first: u64,
         pages: u64,
-        mask: u32,
     },
 }
 
@@ -190,19 +189,18 @@ impl SpaceState {
     }
 
     /// Queue the page-table updates of a map whose logical entries exist (marked
-    /// pending) for the tables in `mask`.
+    /// pending), for the tables that must hold wired pages when the queue drains.
     pub fn enqueue_map(
         &mut self,
         stats: &Counters,
         arena: &Arena,
         first: u64,
         pages: u64,
-        mask: u32,
         callback: Option<Callback>,
     ) {
         Counters::add(&stats.async_requests, 1);
         self.queue.requests.push(Request {
-            op: Op::Map { first, pages, mask },
+            op: Op::Map { first, pages },
             callback,
         });
         if self.queue.requests.len() >= self.queue.batch_limit {
@@ -229,8 +227,8 @@ impl SpaceState {
                     unmaps += 1;
                     results.push(Ok(()));
                 }
-                Op::Map { first, pages, mask } => {
-                    let (first, pages, mask) = (*first, *pages, *mask);
+                Op::Map { first, pages } => {
+                    let (first, pages) = (*first, *pages);
                     let pending: Vec<u64> = self
                         .lpt
                         .entries_in(first, pages)
@@ -240,13 +238,10 @@ impl SpaceState {
                     for v in pending {
                         self.lpt.update(v, |e| e.flags &= !PENDING);
                     }
-                    let live = mask
-                        & self
-                            .tables
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, t)| t.is_some())
-                            .fold(0, |m, (i, _)| m | 1 << i);
+                    // The tables that must hold wired pages now: one attached while
+                    // the map was queued (its fill skipped the pending pages) is
+                    // included, one detached since is not.
+                    let live = self.wired_mask();
                     results.push(self.mirror(stats, first, pages, live));
                 }
             }

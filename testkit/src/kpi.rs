@@ -1202,17 +1202,6 @@ impl KpiRunner {
             return;
         };
         let id = self.space(slot).id;
-        let eager = dev == IO || mode == Mode::Replicate;
-        let map_queued = self
-            .space(slot)
-            .queue
-            .iter()
-            .any(|q| matches!(q, Request::Map { .. }));
-        if eager && map_queued && !known_bugs() {
-            // Known bug (see `tests/regressions.rs`): a table that must hold pages
-            // eagerly, created while an asynchronous map is queued, never gets them.
-            return;
-        }
         let mmu_mode = match mode {
             Mode::Shared => MmuMode::Shared,
             Mode::Coherent => MmuMode::Coherent,
@@ -1874,12 +1863,6 @@ impl KpiRunner {
                 PlacementMode::Unique
             },
         };
-        let from_remote = self.region(slot, start).placement.mode == PlacementMode::RemoteAccess;
-        if from_remote && !remote && !known_bugs() {
-            // Known bug (see `tests/regressions.rs`): switching back to unique leaves
-            // pages mapped by several tables. Skipped unless GMEM_TESTKIT_KNOWN_BUGS is set.
-            return;
-        }
         let r = self.sys.gm.region_set_policy(handle, placement);
         if let PlacementTarget::Device(d) = t {
             let k = self
@@ -2165,12 +2148,6 @@ impl KpiRunner {
             }
         }
     }
-}
-
-/// Whether the runner should also issue operations that trip known, reported core
-/// bugs (environment variable `GMEM_TESTKIT_KNOWN_BUGS`).
-fn known_bugs() -> bool {
-    std::env::var_os("GMEM_TESTKIT_KNOWN_BUGS").is_some()
 }
 
 /// The reference validation of an arena constraint (quantum `q`), in the order the
