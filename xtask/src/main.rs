@@ -89,7 +89,7 @@ fn ci() -> Result<(), String> {
     )?;
     run(
         "main job",
-        &["run", "--release", "-p", "gmem-harness", "--", "vectoradd"],
+        &["run", "--release", "-p", "gmem-harness", "--", "report"],
     )?;
     qemu::qemu()?;
     loom::loom()?;
