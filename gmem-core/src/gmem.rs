@@ -689,6 +689,29 @@ impl Gmem {
         r
     }
 
+    /// [`Gmem::with_region`] for the calls that move or prepare pages and so answer with
+    /// a [`FaultError`]; `f` also gets the region's pages `(first, count)`.
+    fn with_region_faulting<R>(
+        &self,
+        region: Region,
+        f: impl FnOnce(&Gmem, &SpaceInner, &mut SpaceState, u64, u64) -> Result<R, FaultError>,
+    ) -> Result<R, FaultError> {
+        let space = self
+            .space(region.space)
+            .ok_or(FaultError::NotAllocated(region.start))?;
+        let (r, ready) = {
+            let mut st = space.state.lock();
+            let Some(rec) = st.region(region) else {
+                return Err(FaultError::NotAllocated(region.start));
+            };
+            let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
+            let r = f(self, &space, &mut st, first, pages);
+            (r, st.queue.take_ready())
+        };
+        ready.run();
+        r
+    }
+
     /// Describe a region.
     pub fn region_info(&self, region: Region) -> Result<RegionInfo, RegionError> {
         self.with_region(region, |_, _, st| {
@@ -945,21 +968,10 @@ impl Gmem {
         } else {
             self.host.clone()
         };
-        let space = self
-            .space(region.space)
-            .ok_or(FaultError::NotAllocated(region.start))?;
-        let (r, ready) = {
-            let mut st = space.state.lock();
-            let Some(rec) = st.region(region) else {
-                return Err(FaultError::NotAllocated(region.start));
-            };
-            let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
-            let prefetch = prefetch && !rec.explicit;
-            let r = st.migrate_range(self, &space, first, pages, &dest, prefetch);
-            (r, st.queue.take_ready())
-        };
-        ready.run();
-        r
+        self.with_region_faulting(region, |gm, space, st, first, pages| {
+            let prefetch = prefetch && !st.region(region).expect("checked").explicit;
+            st.migrate_range(gm, space, first, pages, &dest, prefetch)
+        })
     }
 
     /// Wire the region (the host VM's `mlock`, or a KVM guest whose pass-through device
@@ -969,25 +981,15 @@ impl Gmem {
     /// tables of every device that cannot fault. Returns the pages newly wired. On error
     /// no page of the region is left wired by this call.
     pub fn region_wire(&self, region: Region) -> Result<u64, FaultError> {
-        let space = self
-            .space(region.space)
-            .ok_or(FaultError::NotAllocated(region.start))?;
-        let (r, ready) = {
-            let mut st = space.state.lock();
-            let Some(rec) = st.region(region) else {
-                return Err(FaultError::NotAllocated(region.start));
-            };
-            let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
+        self.with_region_faulting(region, |gm, space, st, first, pages| {
+            let rec = st.region(region).expect("checked");
             let (placement, explicit) = (rec.placement.target, rec.explicit);
-            let r = if explicit {
+            if explicit {
                 Ok(0)
             } else {
-                st.wire_range(self, &space, first, pages, placement)
-            };
-            (r, st.queue.take_ready())
-        };
-        ready.run();
-        r
+                st.wire_range(gm, space, first, pages, placement)
+            }
+        })
     }
 
     /// Undo [`Gmem::region_wire`]: the pages may migrate and be evicted again; every
