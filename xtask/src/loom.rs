@@ -1,8 +1,8 @@
 //! `cargo xtask loom`: the loom models of `loom-tests/`, then every deliberately
 //! broken variant, each of which its model must catch.
 //!
-//! The models only exist under `--cfg gmem_loom` (which switches `gmem_core::sync` to
-//! loom). A broken variant adds `--cfg gmem_loom_bug="<name>"`; under it the model that
+//! The models only exist under `--cfg gmem_loom` (which switches `gmem_core::sync` and
+//! `gmem-iommu`'s table code to loom). A broken variant adds `--cfg gmem_loom_bug="<name>"`; under it the model that
 //! must catch the bug is a `should_panic` test expecting the model's own failure
 //! message, so a variant whose run passes was caught, and one whose run fails was
 //! missed (or failed for another reason). Each flag set builds into its own target
@@ -19,6 +19,8 @@ pub const BUGS: &[(&str, &str)] = &[
     ("magazine_depot_race", "magazines"),
     ("callback_before_invalidation", "queue"),
     ("frames_before_invalidation", "queue, faults"),
+    ("iommu_cas_plain_store", "iommu"),
+    ("iommu_rw_no_recheck", "iommu"),
 ];
 
 fn loom_test(step: &str, rustflags: &str, target_dir: &str) -> Result<(), String> {

@@ -64,6 +64,7 @@ pub mod baseline;
 pub mod device;
 pub mod memory;
 pub mod mmu;
+mod sync;
 pub mod table;
 #[cfg(test)]
 mod tests;

@@ -28,12 +28,11 @@
 //! restated here for this memory). A page retired while no walker uses its root is freed
 //! at once.
 
+use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, RwLock};
 use gmem_core::{PageTableRoot, PhysAddr, PAGE_SIZE};
 use gmem_sim::WalkerId;
-use spin::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Entries per table frame.
 const WORDS: usize = 512;
@@ -83,7 +82,6 @@ pub struct TableMemoryStats {
 }
 
 /// Per-frame metadata (a `struct page`).
-#[derive(Default)]
 pub(crate) struct FrameMeta {
     /// Present entries (maintained by the disciplines that reclaim).
     pub count: AtomicU32,
@@ -91,6 +89,16 @@ pub(crate) struct FrameMeta {
     pub lock: RwLock<()>,
     /// Whether the frame is a live root.
     pub root: AtomicBool,
+}
+
+impl Default for FrameMeta {
+    fn default() -> Self {
+        FrameMeta {
+            count: AtomicU32::new(0),
+            lock: RwLock::new(()),
+            root: AtomicBool::new(false),
+        }
+    }
 }
 
 struct Retired {
@@ -218,7 +226,7 @@ impl TableMemory {
         m.count.store(0, Ordering::Relaxed);
         m.root.store(false, Ordering::Relaxed);
         // Publish the zeroed frame before its address is stored anywhere.
-        std::sync::atomic::fence(Ordering::Release);
+        fence(Ordering::Release);
         Some(self.base + i as u64 * PAGE_SIZE)
     }
 

@@ -35,6 +35,7 @@
 //! them for large pages).
 
 use crate::memory::{TableMemory, TableMemoryError, TableMemoryStats};
+use crate::sync::{AtomicU64, Ordering};
 use gmem_core::{
     MapRun, MmuError, PageSizes, PageTableFormat, PageTableRoot, PhysAddr, Prot, VaRange, VirtAddr,
     PAGE_SIZE,
@@ -43,7 +44,8 @@ use gmem_sim::radix::{index, level_shift, level_size};
 use gmem_sim::{Leaf, TableFormat, Tlb, Walk, WalkerId};
 use gmem_x86pt::pte::{is_canonical_range, LEVELS};
 use gmem_x86pt::{Decoded, X86Pte};
-use std::sync::atomic::{AtomicU64, Ordering};
+// Statistics only: they order nothing, so they are `std` atomics even in loom builds.
+use std::sync::atomic::AtomicU64 as Counter;
 
 /// The format id of these tables: x86-64 entries in IOMMU table memory. Distinct from
 /// `gmem_x86pt::X86_FORMAT` because the CPU's tables live in host memory and are
@@ -79,7 +81,7 @@ impl Discipline {
 macro_rules! counters {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
         #[derive(Default)]
-        struct Counters { $( $name: AtomicU64, )* }
+        struct Counters { $( $name: Counter, )* }
 
         /// Counters of the table edits.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,7 +120,7 @@ counters! {
     failed_maps,
 }
 
-fn add(c: &AtomicU64, n: u64) {
+fn add(c: &Counter, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
@@ -222,7 +224,7 @@ impl IoTables {
             if !present(raw) {
                 let new = self.memory.alloc().ok_or(MmuError::OutOfTableMemory)?;
                 let want = X86Pte::table(PhysAddr::new(new)).0;
-                match e.compare_exchange(raw, want, Ordering::AcqRel, Ordering::Acquire) {
+                match Self::install(e, raw, want) {
                     Ok(_) => {
                         raw = want;
                         add(&self.counters.tables_installed, 1);
@@ -240,6 +242,25 @@ impl IoTables {
             table = Self::child(raw, level).ok_or_else(bad_entry)?;
         }
         Ok(table)
+    }
+
+    /// Install `want` in `e` if it still holds `raw`; otherwise what it holds.
+    #[cfg(not(gmem_loom_bug = "iommu_cas_plain_store"))]
+    fn install(e: &AtomicU64, raw: u64, want: u64) -> Result<u64, u64> {
+        e.compare_exchange(raw, want, Ordering::AcqRel, Ordering::Acquire)
+    }
+
+    /// Broken variant for the loom model: check, then store, as two steps. Two
+    /// mappers can both see the entry empty and both install; the first table is
+    /// overwritten and what was mapped through it is lost.
+    #[cfg(gmem_loom_bug = "iommu_cas_plain_store")]
+    fn install(e: &AtomicU64, raw: u64, want: u64) -> Result<u64, u64> {
+        let current = e.load(Ordering::Acquire);
+        if current != raw {
+            return Err(current);
+        }
+        e.store(want, Ordering::Release);
+        Ok(current)
     }
 
     /// The leaf table holding `va`'s entry, if every level above it is present.
@@ -357,10 +378,15 @@ impl IoTables {
         }
         let mut unlinked = false;
         for &(parent, level, child) in path[..n].iter().rev() {
-            if self
-                .memory
-                .meta(child)
-                .is_some_and(|m| m.count.load(Ordering::Acquire) != 0)
+            // The re-check: a mapper may have refilled the page between the unmap that
+            // emptied it and this writer. The broken variant for the loom model
+            // (`iommu_rw_no_recheck`) trusts the unmap's count instead.
+            let recheck = !cfg!(gmem_loom_bug = "iommu_rw_no_recheck");
+            if recheck
+                && self
+                    .memory
+                    .meta(child)
+                    .is_some_and(|m| m.count.load(Ordering::Acquire) != 0)
             {
                 break;
             }

@@ -25,17 +25,19 @@ pub fn builder(preemptions: usize) -> loom::model::Builder {
 
 /// Explore `f` with [`builder`] and print how many executions it took and how long.
 pub fn model<F: Fn() + Sync + Send + 'static>(name: &str, preemptions: usize, f: F) {
-    static EXECUTIONS: AtomicUsize = AtomicUsize::new(0);
+    // Per call, not a static: models of one test binary run in parallel.
+    let executions = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = executions.clone();
     let start = std::time::Instant::now();
     let b = builder(preemptions);
     let bound = b.preemption_bound;
     b.check(move || {
-        EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+        counted.fetch_add(1, Ordering::Relaxed);
         f();
     });
     eprintln!(
         "loom model {name}: {} executions, preemption bound {}, {:.1} s",
-        EXECUTIONS.load(Ordering::Relaxed),
+        executions.load(Ordering::Relaxed),
         bound.map_or("none".to_string(), |b| b.to_string()),
         start.elapsed().as_secs_f64()
     );
