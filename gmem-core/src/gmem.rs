@@ -1013,12 +1013,8 @@ impl Gmem {
                 .map(|(v, e)| (*v, e.mapped & mask))
                 .collect();
             st.unmap_entries(&gm.counters, &touched, false);
-            for (v, e) in wired {
-                st.lpt.update(v, |x| x.flags &= !WIRED);
-                st.memories[e.mem as usize]
-                    .phys
-                    .lock()
-                    .set_wired(e.pfn, false);
+            for (v, _) in wired {
+                st.set_page_wired(v, false);
             }
             Ok(())
         })
@@ -1137,6 +1133,22 @@ impl SpaceState {
         (first, pages)
     }
 
+    /// Pin (or unpin) a populated page: its entry's wired mark and its frame's queue.
+    fn set_page_wired(&mut self, vpn: u64, wired: bool) {
+        let e = self.lpt.update(vpn, |x| {
+            if wired {
+                x.flags |= WIRED;
+            } else {
+                x.flags &= !WIRED;
+            }
+            *x
+        });
+        self.memories[e.mem as usize]
+            .phys
+            .lock()
+            .set_wired(e.pfn, wired);
+    }
+
     /// Populate and pin `[first, first + pages)`; see [`Gmem::region_wire`].
     fn wire_range(
         &mut self,
@@ -1163,12 +1175,7 @@ impl SpaceState {
                     break;
                 }
             }
-            let e = self.lpt.get(vpn);
-            self.lpt.update(vpn, |x| x.flags |= WIRED);
-            self.memories[e.mem as usize]
-                .phys
-                .lock()
-                .set_wired(e.pfn, true);
+            self.set_page_wired(vpn, true);
             wired.push(vpn);
         }
         if result.is_ok() {
@@ -1186,12 +1193,7 @@ impl SpaceState {
                 .collect();
             self.unmap_entries(&gm.counters, &touched, false);
             for vpn in wired {
-                let e = self.lpt.get(vpn);
-                self.lpt.update(vpn, |x| x.flags &= !WIRED);
-                self.memories[e.mem as usize]
-                    .phys
-                    .lock()
-                    .set_wired(e.pfn, false);
+                self.set_page_wired(vpn, false);
             }
             return Err(err);
         }

@@ -208,6 +208,25 @@ impl SpaceState {
         }
     }
 
+    /// The requests on `[first, first + pages)` completed: clear their pending marks; a
+    /// page left with nothing but the mark (an unmapped one) is forgotten.
+    fn clear_pending(&mut self, first: u64, pages: u64) {
+        let pending: Vec<u64> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.has(PENDING))
+            .map(|(v, _)| v)
+            .collect();
+        for v in pending {
+            self.lpt.update(v, |e| {
+                e.flags &= !PENDING;
+                if !e.is_populated() {
+                    *e = PageEntry::EMPTY;
+                }
+            });
+        }
+    }
+
     /// Complete every queued request: page-table updates of maps, one coalesced TLB
     /// invalidation per device for all unmaps, then release frames and ranges, then
     /// make the callbacks ready.
@@ -229,15 +248,7 @@ impl SpaceState {
                 }
                 Op::Map { first, pages } => {
                     let (first, pages) = (*first, *pages);
-                    let pending: Vec<u64> = self
-                        .lpt
-                        .entries_in(first, pages)
-                        .filter(|(_, e)| e.has(PENDING))
-                        .map(|(v, _)| v)
-                        .collect();
-                    for v in pending {
-                        self.lpt.update(v, |e| e.flags &= !PENDING);
-                    }
+                    self.clear_pending(first, pages);
                     // The tables that must hold wired pages now: one attached while
                     // the map was queued (its fill skipped the pending pages) is
                     // included, one detached since is not.
@@ -260,20 +271,7 @@ impl SpaceState {
                 for (mem, pfn) in discard.frames {
                     self.memories[mem as usize].phys.lock().free(pfn);
                 }
-                let pending: Vec<u64> = self
-                    .lpt
-                    .entries_in(discard.first, discard.pages)
-                    .filter(|(_, e)| e.has(PENDING))
-                    .map(|(v, _)| v)
-                    .collect();
-                for v in pending {
-                    self.lpt.update(v, |e| {
-                        e.flags &= !PENDING;
-                        if !e.is_populated() {
-                            *e = PageEntry::EMPTY;
-                        }
-                    });
-                }
+                self.clear_pending(discard.first, discard.pages);
                 if let Some((start, len)) = va {
                     let freed = arena.free(start, len);
                     debug_assert!(freed.is_ok(), "queued range release failed: {freed:?}");

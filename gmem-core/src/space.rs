@@ -462,9 +462,14 @@ impl SpaceState {
         let entries: Vec<(u64, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         let mut frames = Vec::new();
         for (v, e) in entries {
-            if defer && e.is_populated() && !e.has(EXTERNAL) {
-                self.release_frame(&e, true);
+            // A frame of ours waits, quarantined, for the deferred invalidation; the
+            // page stays marked pending until then.
+            let quarantine = defer && e.is_populated() && !e.has(EXTERNAL);
+            self.release_frame(&e, quarantine);
+            if quarantine {
                 frames.push((e.mem, e.pfn));
+            }
+            if defer {
                 self.lpt.set(
                     v,
                     PageEntry {
@@ -473,18 +478,7 @@ impl SpaceState {
                     },
                 );
             } else {
-                self.release_frame(&e, false);
-                if defer {
-                    self.lpt.set(
-                        v,
-                        PageEntry {
-                            flags: PENDING,
-                            ..PageEntry::EMPTY
-                        },
-                    );
-                } else {
-                    self.lpt.take(v);
-                }
+                self.lpt.take(v);
             }
         }
         crate::queue::Discard {
@@ -519,17 +513,25 @@ pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
             },
         });
     };
+    // Only the tables this page maps or that have a run open need a look: a page
+    // costs its set bits, not all 32 slots.
+    let mut open_mask = 0u32;
     for &(v, bits) in touched {
-        for (t, slot) in open.iter_mut().enumerate() {
+        let mut look = bits | open_mask;
+        while look != 0 {
+            let t = look.trailing_zeros() as usize;
+            look &= look - 1;
             let has = bits & (1 << t) != 0;
-            match slot {
+            match &mut open[t] {
                 Some((s, n)) if has && *s + *n == v => *n += 1,
-                _ => {
+                slot => {
                     if let Some((s, n)) = slot.take() {
                         close(t, s, n, &mut runs);
+                        open_mask &= !(1 << t);
                     }
                     if has {
                         *slot = Some((v, 1));
+                        open_mask |= 1 << t;
                     }
                 }
             }
