@@ -7,6 +7,7 @@ mod machine;
 mod replay;
 mod report;
 mod reproduce;
+mod simt;
 mod workloads;
 
 use gmem_harness::trace;
@@ -130,6 +131,20 @@ enum Command {
         /// Where to write the report, tables and plots.
         #[arg(long, default_value = "out")]
         out: String,
+    },
+    /// Run workloads on the SIMT GPU model (MESC geometry), verified, with per-unit L1
+    /// and shared-TLB hit ratios, walks per 1000 requests and modelled cycles.
+    Simt {
+        /// A workload name or `all`.
+        #[arg(default_value = "all")]
+        workload: String,
+        /// The small CI size (a few seconds per workload).
+        #[arg(long)]
+        quick: bool,
+        /// The discrete GPU (own tables, data migrates on first touch) instead of the
+        /// integrated one walking the CPU's table.
+        #[arg(long)]
+        discrete: bool,
     },
     /// Replay a trace, checking every load against a reference model of the bytes.
     Replay {
@@ -404,6 +419,33 @@ fn run_replay(
     Ok(r)
 }
 
+fn run_simt(workload: &str, quick: bool, discrete: bool, output: Output) -> ExitCode {
+    let size = if quick {
+        gmem_simt::workloads::Size::Quick
+    } else {
+        gmem_simt::workloads::Size::Full
+    };
+    let rows = match simt::names(workload).and_then(|n| simt::run(&n, size, discrete)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("simt: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("rows serialise")
+        ),
+        Output::Csv | Output::Table => print!("{}", simt::table(&rows)),
+    }
+    if rows.iter().all(|r| r.verified) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let output = if cli.json {
@@ -441,6 +483,11 @@ fn main() -> ExitCode {
             n,
         ),
         Some(Command::Report { out }) => run_full_report(&out),
+        Some(Command::Simt {
+            workload,
+            quick,
+            discrete,
+        }) => return run_simt(&workload, quick, discrete, output),
         Some(Command::Reproduce {
             experiment: Experiment::GmemTable4,
             inputs,

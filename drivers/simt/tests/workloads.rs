@@ -11,10 +11,14 @@ fn every_workload_matches_its_cpu_reference_at_the_quick_size() {
         assert!(o.verified, "{name}: max error {}", o.max_error);
         assert!(o.stats.memory_instructions > 0 && o.stats.cycles > 0, "{name}");
         let mmu = m.gpu_mmu().caches;
-        assert_eq!(
-            mmu.l1.hits + mmu.l1.misses,
-            o.stats.translations,
-            "{name}: every translation request looks up the unit's L1 once"
+        // Every request looks up its unit's L1 once; a faulted instruction replays
+        // its pages (at most 32) after the fault.
+        let lookups = mmu.l1.hits + mmu.l1.misses;
+        let faults = m.port().stats().faults;
+        assert!(
+            lookups >= o.stats.translations && lookups - o.stats.translations <= 32 * faults,
+            "{name}: {lookups} lookups, {} requests, {faults} faults",
+            o.stats.translations
         );
     }
 }
