@@ -17,7 +17,10 @@ use gmem_core::{AllocPolicy, AllocRequest, Gmem, MmuMode, Region, SpaceId, VirtA
 use gmem_dgpu::{Dgpu, DgpuConfig};
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_igpu::Igpu;
-use gmem_sim::{HierarchyConfig, MmuStats, Port, Replacement, TlbConfig, TlbStats, TraceLog};
+use gmem_sim::{
+    HierarchyConfig, MmuStats, Port, Replacement, TlbConfig, TlbStats, TraceLog, Translator,
+};
+use std::sync::Arc;
 
 /// Which GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +59,7 @@ pub struct SimtMachine {
     gpu: Gpu,
     space: SpaceId,
     /// Occupancy calculation used for launches.
-    pub occupancy: Box<dyn OccupancyModel>,
+    pub occupancy: Box<dyn OccupancyModel + Send + Sync>,
     /// The cost model used for launches.
     pub cost: CostModel,
 }
@@ -132,6 +135,36 @@ impl SimtMachine {
             Gpu::Integrated(g) => g.port(),
             Gpu::Discrete(g) => g.port(),
         }
+    }
+
+    /// The host CPU.
+    pub fn cpu(&self) -> &HostCpu {
+        &self.cpu
+    }
+
+    /// The address space.
+    pub fn space(&self) -> SpaceId {
+        self.space
+    }
+
+    /// A second port of the GPU (same device id, same memories) whose translations go
+    /// through `wrap(GPU MMU)`: instrumentation for tests (pausing an access between
+    /// its translation and its bytes).
+    ///
+    /// # Errors
+    /// Never in practice: binding a fresh port to the GPU's id.
+    pub fn port_through(
+        &self,
+        wrap: impl FnOnce(Arc<dyn Translator>) -> Arc<dyn Translator>,
+    ) -> Result<Port, String> {
+        let (mmu, local): (Arc<dyn Translator>, _) = match &self.gpu {
+            Gpu::Integrated(g) => (g.mmu().clone(), None),
+            Gpu::Discrete(g) => (g.mmu().clone(), Some(g.vram().clone())),
+        };
+        let port = Port::new(wrap(mmu), self.cpu.memory_map().clone(), local);
+        let id = self.port().id().ok_or("GPU not created")?;
+        port.bind(id).map_err(|d| format!("already bound to {d:?}"))?;
+        Ok(port)
     }
 
     /// The GPU's MMU counters.
