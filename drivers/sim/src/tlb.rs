@@ -151,6 +151,9 @@ impl<V> Entry<V> {
 pub struct Tlb<V> {
     config: TlbConfig,
     slots: Vec<Option<Entry<V>>>,
+    /// Each slot's key `(asid, tag << 6 | shift)`, [`INVALID`] when empty: what a
+    /// lookup scans (compact, so a set is a few cache lines).
+    keys: Vec<(u64, u64)>,
     clock: u64,
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
@@ -159,6 +162,12 @@ pub struct Tlb<V> {
 }
 
 const MAX_ENTRIES: usize = 1 << 20;
+
+const INVALID: (u64, u64) = (u64::MAX, u64::MAX);
+
+fn key(asid: u64, tag: u64, shift: u8) -> (u64, u64) {
+    (asid, tag << 6 | u64::from(shift))
+}
 
 impl<V: Copy> Tlb<V> {
     /// An empty TLB.
@@ -178,6 +187,7 @@ impl<V: Copy> Tlb<V> {
         Ok(Tlb {
             config,
             slots: vec![None; entries],
+            keys: vec![INVALID; entries],
             clock: 0,
             rng,
             shifts: 0,
@@ -212,9 +222,15 @@ impl<V: Copy> Tlb<V> {
 
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
-        self.set_of(tag).find(|&i| {
-            matches!(&self.slots[i], Some(e) if e.asid == asid && e.tag == tag && e.shift == shift)
-        })
+        let k = key(asid, tag, shift);
+        let r = self.set_of(tag);
+        let start = r.start;
+        self.keys[r].iter().position(|&x| x == k).map(|i| start + i)
+    }
+
+    fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<Entry<V>> {
+        self.keys[i] = e.as_ref().map_or(INVALID, |e| key(e.asid, e.tag, e.shift));
+        std::mem::replace(&mut self.slots[i], e)
     }
 
     fn shift_list(&self) -> impl Iterator<Item = u8> + '_ {
@@ -224,6 +240,11 @@ impl<V: Copy> Tlb<V> {
     /// Look `va` up in any page size, smallest first; a hit refreshes the entry for
     /// LRU. Returns the entry's page shift and value.
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
+        if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
+            // One page size (the common case): no list to build.
+            let s = self.shifts.trailing_zeros().min(63) as u8;
+            return self.lookup_deepest(asid, va, &[s]);
+        }
         let (mut buf, mut n) = ([0u8; 64], 0);
         for s in self.shift_list() {
             buf[n] = s;
@@ -293,12 +314,12 @@ impl<V: Copy> Tlb<V> {
             stamp: self.clock,
         };
         if let Some(i) = self.find(asid, va, shift) {
-            self.slots[i] = Some(entry);
+            self.put(i, Some(entry));
             return None;
         }
         let range = self.set_of(tag);
-        if let Some(i) = range.clone().find(|&i| self.slots[i].is_none()) {
-            self.slots[i] = Some(entry);
+        if let Some(i) = range.clone().find(|&i| self.keys[i] == INVALID) {
+            self.put(i, Some(entry));
             return None;
         }
         let victim = match self.config.policy {
@@ -309,7 +330,7 @@ impl<V: Copy> Tlb<V> {
                 .min_by_key(|&i| self.slots[i].as_ref().map_or(0, |e| e.stamp))
                 .expect("a set has at least one way"),
         };
-        let old = self.slots[victim].replace(entry).expect("full set");
+        let old = self.put(victim, Some(entry)).expect("full set");
         self.stats.evictions += 1;
         Some((old.asid, old.tag << old.shift))
     }
@@ -322,7 +343,7 @@ impl<V: Copy> Tlb<V> {
             .filter_map(|s| self.find(asid, va, s))
             .collect();
         for i in &hits {
-            self.slots[*i] = None;
+            self.put(*i, None);
         }
         self.stats.invalidated += hits.len() as u64;
         hits.len() as u64
@@ -354,18 +375,19 @@ impl<V: Copy> Tlb<V> {
                     let last = start.saturating_add(len - 1) >> sh;
                     for tag in first..=last {
                         if let Some(i) = self.find(asid, tag << sh, sh) {
-                            self.slots[i] = None;
+                            self.put(i, None);
                             dropped += 1;
                         }
                     }
                 }
             }
         } else {
-            for slot in self.slots.iter_mut() {
+            for (slot, k) in self.slots.iter_mut().zip(self.keys.iter_mut()) {
                 if matches!(slot, Some(e) if e.asid == asid
                     && ranges.iter().any(|&(s, l)| l > 0 && e.overlaps(s, l)))
                 {
                     *slot = None;
+                    *k = INVALID;
                     dropped += 1;
                 }
             }
@@ -378,9 +400,10 @@ impl<V: Copy> Tlb<V> {
     pub fn flush_asid(&mut self, asid: u64) -> u64 {
         self.stats.invalidations += 1;
         let mut dropped = 0;
-        for slot in self.slots.iter_mut() {
+        for (slot, k) in self.slots.iter_mut().zip(self.keys.iter_mut()) {
             if matches!(slot, Some(e) if e.asid == asid) {
                 *slot = None;
+                *k = INVALID;
                 dropped += 1;
             }
         }
@@ -393,6 +416,7 @@ impl<V: Copy> Tlb<V> {
         self.stats.invalidations += 1;
         let dropped = self.len() as u64;
         self.slots.iter_mut().for_each(|s| *s = None);
+        self.keys.iter_mut().for_each(|k| *k = INVALID);
         self.shifts = 0;
         self.stats.invalidated += dropped;
         dropped

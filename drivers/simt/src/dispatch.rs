@@ -78,21 +78,15 @@ impl<F: FnMut(u64) -> Option<usize>> Dispatch for Affinity<F> {
     }
 }
 
-/// What a warp scheduler sees of one warp slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WarpView {
-    /// A warp occupies the slot.
-    pub live: bool,
-    /// Cycle at which its next instruction can issue.
-    pub ready_at: u64,
-    /// When it became resident (smaller = older).
-    pub age: u64,
-}
+/// A warp slot holding no warp has this `ready_at`.
+pub const DEAD: u64 = u64::MAX;
 
 /// Which ready warp of a unit issues next.
 pub trait WarpScheduler {
-    /// A slot whose warp is live with `ready_at <= now`, or `None` if there is none.
-    fn pick(&mut self, warps: &[WarpView], now: u64) -> Option<usize>;
+    /// A slot `i` with `ready_at[i] <= now` (dead slots hold [`DEAD`]), or `None` if
+    /// there is none. `age[i]` orders warps by when they became resident (smaller =
+    /// older).
+    fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize>;
 }
 
 /// Loose round-robin: the next ready slot after the last one issued.
@@ -102,17 +96,16 @@ pub struct LooseRoundRobin {
 }
 
 impl WarpScheduler for LooseRoundRobin {
-    fn pick(&mut self, warps: &[WarpView], now: u64) -> Option<usize> {
-        let n = warps.len();
-        for k in 1..=n {
-            let i = (self.last + k) % n;
-            let w = &warps[i];
-            if w.live && w.ready_at <= now {
-                self.last = i;
-                return Some(i);
-            }
-        }
-        None
+    fn pick(&mut self, ready_at: &[u64], _age: &[u64], now: u64) -> Option<usize> {
+        let n = ready_at.len();
+        let from = (self.last + 1).min(n);
+        let i = ready_at[from..]
+            .iter()
+            .position(|&r| r <= now)
+            .map(|i| from + i)
+            .or_else(|| ready_at[..from].iter().position(|&r| r <= now))?;
+        self.last = i;
+        Some(i)
     }
 }
 
@@ -124,15 +117,15 @@ pub struct Gto {
 }
 
 impl WarpScheduler for Gto {
-    fn pick(&mut self, warps: &[WarpView], now: u64) -> Option<usize> {
+    fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
         if let Some(l) = self.last {
-            if warps.get(l).is_some_and(|w| w.live && w.ready_at <= now) {
+            if ready_at.get(l).is_some_and(|&r| r <= now) {
                 return Some(l);
             }
         }
-        let i = (0..warps.len())
-            .filter(|&i| warps[i].live && warps[i].ready_at <= now)
-            .min_by_key(|&i| warps[i].age)?;
+        let i = (0..ready_at.len())
+            .filter(|&i| ready_at[i] <= now)
+            .min_by_key(|&i| age[i])?;
         self.last = Some(i);
         Some(i)
     }
@@ -158,18 +151,18 @@ mod tests {
 
     #[test]
     fn schedulers_issue_only_ready_live_warps() {
-        let w = |live, ready_at, age| WarpView { live, ready_at, age };
-        let warps = [w(true, 5, 0), w(false, 0, 1), w(true, 0, 2), w(true, 0, 3)];
+        let ready = [5, DEAD, 0, 0];
+        let age = [0, 1, 2, 3];
         let mut lrr = LooseRoundRobin::default();
-        assert_eq!(lrr.pick(&warps, 0), Some(2));
-        assert_eq!(lrr.pick(&warps, 0), Some(3));
-        assert_eq!(lrr.pick(&warps, 0), Some(2));
-        assert_eq!(lrr.pick(&warps, 5), Some(3));
-        assert_eq!(lrr.pick(&warps, 5), Some(0));
+        assert_eq!(lrr.pick(&ready, &age, 0), Some(2));
+        assert_eq!(lrr.pick(&ready, &age, 0), Some(3));
+        assert_eq!(lrr.pick(&ready, &age, 0), Some(2));
+        assert_eq!(lrr.pick(&ready, &age, 5), Some(3));
+        assert_eq!(lrr.pick(&ready, &age, 5), Some(0));
         let mut gto = Gto::default();
-        assert_eq!(gto.pick(&warps, 10), Some(0));
-        assert_eq!(gto.pick(&warps, 10), Some(0));
-        assert_eq!(gto.pick(&warps, 1), Some(2));
-        assert_eq!(gto.pick(&[w(false, 0, 0)], 9), None);
+        assert_eq!(gto.pick(&ready, &age, 10), Some(0));
+        assert_eq!(gto.pick(&ready, &age, 10), Some(0));
+        assert_eq!(gto.pick(&ready, &age, 1), Some(2));
+        assert_eq!(gto.pick(&[DEAD], &[0], 9), None);
     }
 }

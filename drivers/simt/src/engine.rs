@@ -20,7 +20,7 @@
 
 use crate::coalesce::{CoalesceError, Coalesced, TRANSACTION};
 use crate::cost::CostModel;
-use crate::dispatch::{Dispatch, WarpScheduler, WarpView};
+use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
 use gmem_core::{Gmem, PhysAddr, Prot, VirtAddr};
@@ -137,7 +137,8 @@ struct Warp<W> {
 struct Unit<W> {
     now: u64,
     warps: Vec<Option<Warp<W>>>,
-    views: Vec<WarpView>,
+    ready_at: Vec<u64>,
+    age: Vec<u64>,
     /// Warps left in each block slot (0 = free).
     left: Vec<u32>,
     live: usize,
@@ -219,14 +220,8 @@ pub fn run<K: Kernel>(
             Ok(Unit {
                 now: 0,
                 warps: (0..slots * wpb).map(|_| None).collect(),
-                views: vec![
-                    WarpView {
-                        live: false,
-                        ready_at: 0,
-                        age: 0
-                    };
-                    slots * wpb
-                ],
+                ready_at: vec![DEAD; slots * wpb],
+                age: vec![0; slots * wpb],
                 left: vec![0; slots],
                 live: 0,
                 pinned: VecDeque::new(),
@@ -274,14 +269,8 @@ pub fn run<K: Kernel>(
         };
         let unit = &mut units[u];
         let now = unit.now;
-        let Some(s) = unit.sched.pick(&unit.views, now) else {
-            unit.now = unit
-                .views
-                .iter()
-                .filter(|v| v.live)
-                .map(|v| v.ready_at)
-                .min()
-                .expect("a live warp");
+        let Some(s) = unit.sched.pick(&unit.ready_at, &unit.age, now) else {
+            unit.now = unit.ready_at.iter().copied().min().expect("a live warp");
             continue;
         };
         let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
@@ -301,7 +290,7 @@ pub fn run<K: Kernel>(
             Op::Exit => {
                 let slot = w.block_slot;
                 unit.warps[s] = None;
-                unit.views[s].live = false;
+                unit.ready_at[s] = DEAD;
                 unit.live -= 1;
                 unit.left[slot] -= 1;
                 unit.now += 1;
@@ -315,7 +304,7 @@ pub fn run<K: Kernel>(
                 continue;
             }
         };
-        unit.views[s].ready_at = now + 1 + wait;
+        unit.ready_at[s] = now + 1 + wait;
         unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
@@ -343,11 +332,8 @@ fn place<K: Kernel>(
             block,
             block_slot: slot,
         });
-        unit.views[i] = WarpView {
-            live: true,
-            ready_at: unit.now,
-            age: *age,
-        };
+        unit.ready_at[i] = unit.now;
+        unit.age[i] = *age;
         *age += 1;
     }
     unit.left[slot] = wpb as u32;

@@ -167,6 +167,20 @@ impl SimtMachine {
         Ok(port)
     }
 
+    /// For each address of `vas` and each unit whose caches hold a translation of it,
+    /// check that the translation the caches serve equals a fresh walk of the table
+    /// (frame, page size, permissions). Returns how many cached translations were
+    /// checked.
+    ///
+    /// # Errors
+    /// The first mismatch, described.
+    pub fn audit_tlbs(&self, vas: impl Iterator<Item = u64>) -> Result<u64, String> {
+        match &self.gpu {
+            Gpu::Integrated(g) => audit(g.mmu(), vas),
+            Gpu::Discrete(g) => audit(g.mmu(), vas),
+        }
+    }
+
     /// The GPU's MMU counters.
     pub fn gpu_mmu(&self) -> MmuStats {
         match &self.gpu {
@@ -303,4 +317,36 @@ impl SimtMachine {
             },
         )
     }
+}
+
+fn audit<F: gmem_sim::TableFormat>(
+    mmu: &gmem_sim::SimMmu<F>,
+    vas: impl Iterator<Item = u64>,
+) -> Result<u64, String> {
+    use gmem_core::Prot;
+    let Some(root) = mmu.active_root() else {
+        return Ok(0);
+    };
+    let mut checked = 0;
+    for va in vas {
+        let va = VirtAddr::new(va);
+        for u in 0..mmu.units() {
+            if !mmu.cached(u, va) {
+                continue;
+            }
+            let fresh = mmu.table_format().walk(root, va, Prot::empty(), None).leaf;
+            let served = mmu.translate(u, va, Prot::empty());
+            let same = match (&served, &fresh) {
+                (Ok(s), Some(f)) => s.frame == f.frame && s.shift == f.shift && s.prot == f.prot,
+                _ => false,
+            };
+            if !same {
+                return Err(format!(
+                    "unit {u} at {va}: caches serve {served:?}, a walk gives {fresh:?}"
+                ));
+            }
+            checked += 1;
+        }
+    }
+    Ok(checked)
 }

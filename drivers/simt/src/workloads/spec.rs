@@ -120,6 +120,9 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
             for l in 0..32 {
                 if io.active(l) {
                     self.vals[l][op] = io.f32(l);
+                } else {
+                    // An active thread that skipped this operand reads 0.
+                    self.vals[l][op] = 0.0;
                 }
             }
         }
@@ -134,9 +137,6 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                         let op = self.op;
                         self.op += 1;
                         let (spec, base, k, active) = (&self.spec, self.base, self.k, self.active);
-                        if op == 0 {
-                            self.vals = [[0.0; MAX_OPS]; 32];
-                        }
                         if io.lanes(|l| {
                             (active & (1 << l) != 0)
                                 .then(|| spec.addr(base + l as u64, k, op))
@@ -144,6 +144,9 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                         }) {
                             self.pending = Some(op);
                             return Op::Load;
+                        }
+                        for v in self.vals.iter_mut() {
+                            v[op] = 0.0;
                         }
                         continue;
                     }
