@@ -55,7 +55,9 @@ pub fn run(names: &[&str], size: Size, discrete: bool) -> Result<Vec<SimtRow>, S
         let (m, gpu) = if discrete {
             let m = SimtMachine::new(
                 pages + 1024,
-                GpuKind::Discrete { pages: pages + 1024 },
+                GpuKind::Discrete {
+                    pages: pages + 1024,
+                },
                 mesc_tlbs(MESC_UNITS),
             )?;
             (m, "discrete")
@@ -104,7 +106,12 @@ pub fn names(arg: &str) -> Result<Vec<&'static str>, String> {
         .iter()
         .find(|&&w| w == arg)
         .map(|&w| vec![w])
-        .ok_or_else(|| format!("unknown workload {arg}; known: all, {}", WORKLOADS.join(", ")))
+        .ok_or_else(|| {
+            format!(
+                "unknown workload {arg}; known: all, {}",
+                WORKLOADS.join(", ")
+            )
+        })
 }
 
 /// The rows as an aligned table, with the cost model's parameters.
@@ -119,8 +126,20 @@ pub fn table(rows: &[SimtRow]) -> String {
     let _ = writeln!(
         s,
         "{:<17} {:>4} {:>10} {:>5} {:>10} {:>10} {:>6} {:>13} {:>6} {:>9} {:>11} {:>6} {:>7} {:>8}",
-        "workload", "sens", "gpu", "warps", "mem instr", "requests", "L1 hit", "L1 min-max", "L2 hit",
-        "walks/1k", "cycles", "xlate", "wall s", "verified"
+        "workload",
+        "sens",
+        "gpu",
+        "warps",
+        "mem instr",
+        "requests",
+        "L1 hit",
+        "L1 min-max",
+        "L2 hit",
+        "walks/1k",
+        "cycles",
+        "xlate",
+        "wall s",
+        "verified"
     );
     for r in rows {
         let _ = writeln!(

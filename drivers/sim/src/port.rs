@@ -17,9 +17,9 @@
 //! This is the device-independent half of every simulated driver: the drivers differ
 //! only in the [`Translator`] (format and caches) behind the port.
 
+use crate::format::Leaf;
 use crate::map::MemoryMap;
 use crate::memory::{BoundsError, SimMemory};
-use crate::format::Leaf;
 use crate::mmu::{AccessGate, Miss, Served, Translator};
 use gmem_core::{DeviceId, FaultError, FaultKind, Gmem, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
 use std::fmt;

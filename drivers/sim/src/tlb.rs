@@ -151,9 +151,14 @@ impl<V> Entry<V> {
 pub struct Tlb<V> {
     config: TlbConfig,
     slots: Vec<Option<Entry<V>>>,
-    /// Each slot's key `(asid, tag << 6 | shift)`, [`INVALID`] when empty: what a
-    /// lookup scans (compact, so a set is a few cache lines).
-    keys: Vec<(u64, u64)>,
+    /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
+    /// (one word per way, so a set is a few cache lines); the asid is checked on a
+    /// key match.
+    keys: Vec<u64>,
+    /// Each slot's asid.
+    asids: Vec<u64>,
+    /// Each slot's LRU / FIFO stamp (compact, for victim selection).
+    stamps: Vec<u64>,
     clock: u64,
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
@@ -163,10 +168,10 @@ pub struct Tlb<V> {
 
 const MAX_ENTRIES: usize = 1 << 20;
 
-const INVALID: (u64, u64) = (u64::MAX, u64::MAX);
+const INVALID: u64 = u64::MAX;
 
-fn key(asid: u64, tag: u64, shift: u8) -> (u64, u64) {
-    (asid, tag << 6 | u64::from(shift))
+fn key(tag: u64, shift: u8) -> u64 {
+    tag << 6 | u64::from(shift)
 }
 
 impl<V: Copy> Tlb<V> {
@@ -188,6 +193,8 @@ impl<V: Copy> Tlb<V> {
             config,
             slots: vec![None; entries],
             keys: vec![INVALID; entries],
+            asids: vec![0; entries],
+            stamps: vec![0; entries],
             clock: 0,
             rng,
             shifts: 0,
@@ -216,20 +223,26 @@ impl<V: Copy> Tlb<V> {
     }
 
     fn set_of(&self, tag: u64) -> std::ops::Range<usize> {
-        let set = (tag % self.config.sets as u64) as usize;
+        let sets = self.config.sets as u64;
+        let set = if sets.is_power_of_two() {
+            (tag & (sets - 1)) as usize
+        } else {
+            (tag % sets) as usize
+        };
         set * self.config.ways..(set + 1) * self.config.ways
     }
 
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
-        let k = key(asid, tag, shift);
+        let k = key(tag, shift);
         let r = self.set_of(tag);
-        let start = r.start;
-        self.keys[r].iter().position(|&x| x == k).map(|i| start + i)
+        (r.start..r.end).find(|&i| self.keys[i] == k && self.asids[i] == asid)
     }
 
     fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<Entry<V>> {
-        self.keys[i] = e.as_ref().map_or(INVALID, |e| key(e.asid, e.tag, e.shift));
+        self.keys[i] = e.as_ref().map_or(INVALID, |e| key(e.tag, e.shift));
+        self.asids[i] = e.as_ref().map_or(0, |e| e.asid);
+        self.stamps[i] = e.as_ref().map_or(0, |e| e.stamp);
         std::mem::replace(&mut self.slots[i], e)
     }
 
@@ -269,9 +282,12 @@ impl<V: Copy> Tlb<V> {
         match hit {
             Some((s, i)) => {
                 self.stats.hits += 1;
+                let clock = self.clock;
+                let lru = self.config.policy == Replacement::Lru;
                 let e = self.slots[i].as_mut().expect("found valid");
-                if self.config.policy == Replacement::Lru {
-                    e.stamp = self.clock;
+                if lru {
+                    e.stamp = clock;
+                    self.stamps[i] = clock;
                 }
                 Some((s, e.value))
             }
@@ -313,12 +329,23 @@ impl<V: Copy> Tlb<V> {
             value,
             stamp: self.clock,
         };
-        if let Some(i) = self.find(asid, va, shift) {
-            self.put(i, Some(entry));
-            return None;
-        }
+        // One pass over the set: the same key, the first free way, the oldest stamp.
         let range = self.set_of(tag);
-        if let Some(i) = range.clone().find(|&i| self.keys[i] == INVALID) {
+        let k = key(tag, shift);
+        let (mut free, mut oldest) = (None, range.start);
+        for i in range.clone() {
+            let x = self.keys[i];
+            if x == k && self.asids[i] == asid {
+                self.put(i, Some(entry));
+                return None;
+            }
+            if x == INVALID {
+                free.get_or_insert(i);
+            } else if self.stamps[i] < self.stamps[oldest] || self.keys[oldest] == INVALID {
+                oldest = i;
+            }
+        }
+        if let Some(i) = free {
             self.put(i, Some(entry));
             return None;
         }
@@ -326,9 +353,7 @@ impl<V: Copy> Tlb<V> {
             Replacement::Random { .. } => {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
-            Replacement::Lru | Replacement::Fifo => range
-                .min_by_key(|&i| self.slots[i].as_ref().map_or(0, |e| e.stamp))
-                .expect("a set has at least one way"),
+            Replacement::Lru | Replacement::Fifo => oldest,
         };
         let old = self.put(victim, Some(entry)).expect("full set");
         self.stats.evictions += 1;
@@ -388,6 +413,7 @@ impl<V: Copy> Tlb<V> {
                 {
                     *slot = None;
                     *k = INVALID;
+                    // (the stamp of a free way is never read)
                     dropped += 1;
                 }
             }

@@ -85,14 +85,22 @@ fn benches(c: &mut Criterion) {
     let m = SimtMachine::mesc(3 * n / 1024 + 2048).unwrap();
     let a = m.upload_f32(&vec![1.0; n as usize]).unwrap();
     let out = m.upload_f32(&vec![0.0; n as usize]).unwrap();
-    let stream = SpecKernel::new(Stream { n, a: a.start.as_u64(), c: out.start.as_u64() });
+    let stream = SpecKernel::new(Stream {
+        n,
+        a: a.start.as_u64(),
+        c: out.start.as_u64(),
+    });
     let instrs = m.launch(&stream).unwrap().memory_instructions;
     let mut g = c.benchmark_group("live");
     g.throughput(Throughput::Elements(instrs));
     g.bench_function("stream memory instructions", |b| {
         b.iter(|| m.launch(&stream).unwrap())
     });
-    let rows = SpecKernel::new(Rows { n: 1024, a: a.start.as_u64(), out: out.start.as_u64() });
+    let rows = SpecKernel::new(Rows {
+        n: 1024,
+        a: a.start.as_u64(),
+        out: out.start.as_u64(),
+    });
     let instrs = m.launch(&rows).unwrap().memory_instructions;
     g.throughput(Throughput::Elements(instrs));
     g.bench_function("strided memory instructions", |b| {

@@ -141,7 +141,12 @@ mod tests {
         assert_eq!(g.choose(&[1, 2, 3]), 1);
         let mut r = RoundRobin::default();
         assert_eq!(
-            (r.choose(&[0, 1, 2]), r.choose(&[0, 1, 2]), r.choose(&[0, 2]), r.choose(&[0, 1])),
+            (
+                r.choose(&[0, 1, 2]),
+                r.choose(&[0, 1, 2]),
+                r.choose(&[0, 2]),
+                r.choose(&[0, 1])
+            ),
             (0, 1, 2, 0)
         );
         let mut a = Affinity::new(|b| (b % 2 == 0).then_some(b as usize + 5));

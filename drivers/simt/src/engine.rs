@@ -251,22 +251,27 @@ pub fn run<K: Kernel>(
     };
     let mut age = 0u64;
     // Initial placement: pinned blocks first, then open blocks by the policy.
-    for u in 0..n_units {
-        while let Some(slot) = free_slot(&units[u]) {
-            let Some(b) = units[u].pinned.pop_front() else {
+    for unit in units.iter_mut() {
+        while let Some(slot) = free_slot(unit) {
+            let Some(b) = unit.pinned.pop_front() else {
                 break;
             };
-            place(&mut units[u], kernel, b, slot, wpb, &mut age, &mut stats);
+            place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
         }
     }
-    fill_open(&mut units, &mut open, &mut *launch.dispatch, kernel, wpb, &mut age, &mut stats);
-    loop {
-        let Some(u) = (0..n_units)
-            .filter(|&u| units[u].live > 0)
-            .min_by_key(|&u| units[u].now)
-        else {
-            break;
-        };
+    fill_open(
+        &mut units,
+        &mut open,
+        &mut *launch.dispatch,
+        kernel,
+        wpb,
+        &mut age,
+        &mut stats,
+    );
+    while let Some(u) = (0..n_units)
+        .filter(|&u| units[u].live > 0)
+        .min_by_key(|&u| units[u].now)
+    {
         let unit = &mut units[u];
         let now = unit.now;
         let Some(s) = unit.sched.pick(&unit.ready_at, &unit.age, now) else {
@@ -281,11 +286,22 @@ pub fn run<K: Kernel>(
             Op::Load | Op::Store => {
                 let block = w.block;
                 stats.memory_instructions += 1;
-                memory(dev, u, op, &mut w.io, launch.page_shift, cost, now, &mut mem, &mut unit.l1d, &mut stats)
-                    .map_err(|e| match e {
-                        MemError::Coalesce(error) => SimtError::Coalesce { block, error },
-                        MemError::Access(error) => SimtError::Access { block, error },
-                    })?
+                memory(
+                    dev,
+                    u,
+                    op,
+                    &mut w.io,
+                    launch.page_shift,
+                    cost,
+                    now,
+                    &mut mem,
+                    &mut unit.l1d,
+                    &mut stats,
+                )
+                .map_err(|e| match e {
+                    MemError::Coalesce(error) => SimtError::Coalesce { block, error },
+                    MemError::Access(error) => SimtError::Access { block, error },
+                })?
             }
             Op::Exit => {
                 let slot = w.block_slot;
@@ -298,7 +314,15 @@ pub fn run<K: Kernel>(
                     if let Some(b) = unit.pinned.pop_front() {
                         place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
                     } else {
-                        fill_open(&mut units, &mut open, &mut *launch.dispatch, kernel, wpb, &mut age, &mut stats);
+                        fill_open(
+                            &mut units,
+                            &mut open,
+                            &mut *launch.dispatch,
+                            kernel,
+                            wpb,
+                            &mut age,
+                            &mut stats,
+                        );
                     }
                 }
                 continue;
@@ -390,7 +414,11 @@ fn memory(
     if m.co.transactions.is_empty() {
         return Ok(0);
     }
-    let access = if op == Op::Store { Prot::WRITE } else { Prot::READ };
+    let access = if op == Op::Store {
+        Prot::WRITE
+    } else {
+        Prot::READ
+    };
     m.pages.clear();
     m.pages
         .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
@@ -468,11 +496,18 @@ fn memory(
     let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
     for &pa in line_pa.iter().take(m.co.transactions.len()) {
         stats.transactions += 1;
-        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.lookup_at(0, pa, 7).is_some());
+        let l1_hit = op == Op::Load
+            && l1d
+                .as_mut()
+                .is_some_and(|c| c.lookup_at(0, pa, 7).is_some());
         let c = if l1_hit {
             stats.l1_data_hits += 1;
             cost.l1_data
-        } else if m.l2d.as_mut().is_some_and(|c| c.lookup_at(0, pa, 7).is_some()) {
+        } else if m
+            .l2d
+            .as_mut()
+            .is_some_and(|c| c.lookup_at(0, pa, 7).is_some())
+        {
             stats.l2_data_hits += 1;
             if op == Op::Load {
                 if let Some(c) = l1d.as_mut() {

@@ -69,7 +69,11 @@ impl SimtMachine {
     ///
     /// # Errors
     /// A description of what the core or a driver refused.
-    pub fn new(host_pages: u64, gpu: GpuKind, tlbs: HierarchyConfig) -> Result<SimtMachine, String> {
+    pub fn new(
+        host_pages: u64,
+        gpu: GpuKind,
+        tlbs: HierarchyConfig,
+    ) -> Result<SimtMachine, String> {
         let defaults = HostCpuConfig::default();
         let table_frames = host_pages.div_ceil(512) + 256;
         let config = HostCpuConfig {
@@ -79,10 +83,18 @@ impl SimtMachine {
         };
         let (gm, cpu) = HostCpu::boot(config).map_err(|e| format!("{e:?}"))?;
         let space = gm
-            .as_create(VirtAddr::new(1 << 32), VirtAddr::new(1 << 39), AllocPolicy::empty())
+            .as_create(
+                VirtAddr::new(1 << 32),
+                VirtAddr::new(1 << 39),
+                AllocPolicy::empty(),
+            )
             .map_err(|e| e.to_string())?;
         let shared = gpu == GpuKind::Integrated;
-        let cpu_mode = if shared { MmuMode::Shared } else { MmuMode::Coherent };
+        let cpu_mode = if shared {
+            MmuMode::Shared
+        } else {
+            MmuMode::Coherent
+        };
         gm.as_attach(space, gm.host(), cpu_mode, true)
             .map_err(|e| e.to_string())?;
         let (gpu, id, mode) = match gpu {
@@ -102,7 +114,9 @@ impl SimtMachine {
                 (Gpu::Discrete(g), id, MmuMode::Coherent)
             }
         };
-        let got = gm.as_attach(space, id, mode, true).map_err(|e| e.to_string())?;
+        let got = gm
+            .as_attach(space, id, mode, true)
+            .map_err(|e| e.to_string())?;
         if got != mode {
             return Err(format!("GPU attached in {got:?} mode, wanted {mode:?}"));
         }
@@ -121,7 +135,11 @@ impl SimtMachine {
     /// # Errors
     /// As [`SimtMachine::new`].
     pub fn mesc(data_pages: u64) -> Result<SimtMachine, String> {
-        SimtMachine::new(data_pages + 1024, GpuKind::Integrated, mesc_tlbs(MESC_UNITS))
+        SimtMachine::new(
+            data_pages + 1024,
+            GpuKind::Integrated,
+            mesc_tlbs(MESC_UNITS),
+        )
     }
 
     /// The GMEM instance.
@@ -163,7 +181,8 @@ impl SimtMachine {
         };
         let port = Port::new(wrap(mmu), self.cpu.memory_map().clone(), local);
         let id = self.port().id().ok_or("GPU not created")?;
-        port.bind(id).map_err(|d| format!("already bound to {d:?}"))?;
+        port.bind(id)
+            .map_err(|d| format!("already bound to {d:?}"))?;
         Ok(port)
     }
 
@@ -242,7 +261,11 @@ impl SimtMachine {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         for (i, c) in bytes.chunks(PAGE_SIZE as usize).enumerate() {
             self.cpu
-                .store(&self.gm, VirtAddr::new(r.start.as_u64() + i as u64 * PAGE_SIZE), c)
+                .store(
+                    &self.gm,
+                    VirtAddr::new(r.start.as_u64() + i as u64 * PAGE_SIZE),
+                    c,
+                )
                 .map_err(|e| format!("host store: {e}"))?;
         }
         Ok(())
@@ -265,7 +288,11 @@ impl SimtMachine {
         let mut bytes = vec![0u8; n * 4];
         for (i, c) in bytes.chunks_mut(PAGE_SIZE as usize).enumerate() {
             self.cpu
-                .load(&self.gm, VirtAddr::new(r.start.as_u64() + i as u64 * PAGE_SIZE), c)
+                .load(
+                    &self.gm,
+                    VirtAddr::new(r.start.as_u64() + i as u64 * PAGE_SIZE),
+                    c,
+                )
                 .map_err(|e| format!("host load: {e}"))?;
         }
         Ok(bytes
@@ -279,7 +306,11 @@ impl SimtMachine {
     /// # Errors
     /// As [`SimtMachine::download`].
     pub fn download_f32(&self, r: Region, n: usize) -> Result<Vec<f32>, String> {
-        Ok(self.download(r, n)?.into_iter().map(f32::from_bits).collect())
+        Ok(self
+            .download(r, n)?
+            .into_iter()
+            .map(f32::from_bits)
+            .collect())
     }
 
     /// Launch `kernel` with round-robin dispatch and loose round-robin warp scheduling.

@@ -130,27 +130,22 @@ impl OccupancyModel for Calculator {
             return Err(OccupancyError::TooManyRegisters(k.registers_per_thread));
         }
         if k.shared_bytes_per_block > self.shared_bytes {
-            return Err(OccupancyError::TooMuchSharedMemory(k.shared_bytes_per_block));
+            return Err(OccupancyError::TooMuchSharedMemory(
+                k.shared_bytes_per_block,
+            ));
         }
         let warps = t.div_ceil(32);
         let by_blocks = self.max_blocks;
         let by_warps = (self.max_warps / warps).min(self.max_threads / (warps * 32));
-        let regs_per_warp =
-            (k.registers_per_thread * 32).div_ceil(self.register_granularity) * self.register_granularity;
-        let by_regs = if regs_per_warp == 0 {
-            u32::MAX
-        } else {
-            (self.registers / regs_per_warp) / warps
-        };
-        let shared = k
-            .shared_bytes_per_block
-            .div_ceil(self.shared_granularity)
-            * self.shared_granularity;
-        let by_shared = if shared == 0 {
-            u32::MAX
-        } else {
-            self.shared_bytes / shared
-        };
+        let rg = self.register_granularity.max(1);
+        let regs_per_warp = (k.registers_per_thread * 32).div_ceil(rg) * rg;
+        let by_regs = self
+            .registers
+            .checked_div(regs_per_warp)
+            .map_or(u32::MAX, |w| w / warps);
+        let sg = self.shared_granularity.max(1);
+        let shared = k.shared_bytes_per_block.div_ceil(sg) * sg;
+        let by_shared = self.shared_bytes.checked_div(shared).unwrap_or(u32::MAX);
         let (blocks, limiter) = [
             (by_blocks, Limiter::Blocks),
             (by_warps, Limiter::Warps),
@@ -197,13 +192,19 @@ mod tests {
         assert_eq!((o.blocks_per_sm, o.warps_per_sm), (8, 64));
         // 64 registers per thread: 65536 / (64*32) = 32 warps = 4 blocks of 8 warps.
         let o = c.occupancy(&k(256, 64, 0)).unwrap();
-        assert_eq!((o.blocks_per_sm, o.warps_per_sm, o.limiter), (4, 32, Limiter::Registers));
+        assert_eq!(
+            (o.blocks_per_sm, o.warps_per_sm, o.limiter),
+            (4, 32, Limiter::Registers)
+        );
         // 40 KiB of shared memory: 2 blocks.
         let o = c.occupancy(&k(128, 16, 40 << 10)).unwrap();
         assert_eq!((o.blocks_per_sm, o.limiter), (2, Limiter::SharedMemory));
         // Tiny blocks: the block limit.
         let o = c.occupancy(&k(32, 16, 0)).unwrap();
-        assert_eq!((o.blocks_per_sm, o.warps_per_sm, o.limiter), (32, 32, Limiter::Blocks));
+        assert_eq!(
+            (o.blocks_per_sm, o.warps_per_sm, o.limiter),
+            (32, 32, Limiter::Blocks)
+        );
         // Register granularity: 33 registers round up to 36 per thread-warp granule.
         let o = c.occupancy(&k(1024, 33, 0)).unwrap();
         assert_eq!(o.blocks_per_sm, 1);
@@ -212,13 +213,25 @@ mod tests {
     #[test]
     fn impossible_kernels_are_typed_errors() {
         let c = Calculator::maxwell();
-        assert_eq!(c.occupancy(&k(0, 8, 0)), Err(OccupancyError::BadBlockSize(0)));
-        assert_eq!(c.occupancy(&k(2048, 8, 0)), Err(OccupancyError::BadBlockSize(2048)));
-        assert_eq!(c.occupancy(&k(64, 300, 0)), Err(OccupancyError::TooManyRegisters(300)));
+        assert_eq!(
+            c.occupancy(&k(0, 8, 0)),
+            Err(OccupancyError::BadBlockSize(0))
+        );
+        assert_eq!(
+            c.occupancy(&k(2048, 8, 0)),
+            Err(OccupancyError::BadBlockSize(2048))
+        );
+        assert_eq!(
+            c.occupancy(&k(64, 300, 0)),
+            Err(OccupancyError::TooManyRegisters(300))
+        );
         assert_eq!(
             c.occupancy(&k(64, 8, 200_000)),
             Err(OccupancyError::TooMuchSharedMemory(200_000))
         );
-        assert_eq!(c.occupancy(&k(1024, 255, 0)), Err(OccupancyError::TooManyRegisters(255)));
+        assert_eq!(
+            c.occupancy(&k(1024, 255, 0)),
+            Err(OccupancyError::TooManyRegisters(255))
+        );
     }
 }

@@ -30,14 +30,25 @@ fn check_replay(m: &SimtMachine, name: &str) {
     assert_eq!(r.caches.l2, d(b.l2, l.l2), "{name}: L2");
     assert_eq!(r.caches.walks, l.walks - b.walks, "{name}: walks");
     assert_eq!(r.caches.walk_reads, l.walk_reads - b.walk_reads, "{name}");
-    assert_eq!(r.caches.walk_faults, l.walk_faults - b.walk_faults, "{name}");
-    assert_eq!(r.translations, live.translations - before.translations, "{name}");
+    assert_eq!(
+        r.caches.walk_faults,
+        l.walk_faults - b.walk_faults,
+        "{name}"
+    );
+    assert_eq!(
+        r.translations,
+        live.translations - before.translations,
+        "{name}"
+    );
     // A smaller shared TLB changes the counters: the replay really models the caches.
     let mut small = mesc_tlbs(MESC_UNITS);
     small.l2 = Some(gmem_sim::TlbConfig::new(4, 4, gmem_sim::Replacement::Lru));
     let mut caches = TlbHierarchy::new(small).unwrap();
     let s = replay(&mut caches, &log, 4);
-    assert!(s.caches.l2.hits < r.caches.l2.hits, "{name}: smaller L2, fewer hits");
+    assert!(
+        s.caches.l2.hits < r.caches.l2.hits,
+        "{name}: smaller L2, fewer hits"
+    );
 }
 
 #[test]
@@ -45,7 +56,10 @@ fn replaying_a_recorded_stream_gives_the_live_counters() {
     // Integrated (no faults, shared table) and discrete (faults, migrations and
     // invalidations in the stream).
     for name in ["atax", "bfs-rmat"] {
-        check_replay(&SimtMachine::mesc(pages_needed(name, Size::Quick)).unwrap(), name);
+        check_replay(
+            &SimtMachine::mesc(pages_needed(name, Size::Quick)).unwrap(),
+            name,
+        );
         let p = pages_needed(name, Size::Quick) + 1024;
         let m = SimtMachine::new(p, GpuKind::Discrete { pages: p }, mesc_tlbs(MESC_UNITS)).unwrap();
         check_replay(&m, name);
@@ -59,16 +73,19 @@ fn every_cached_translation_equals_a_fresh_walk_after_runs_and_migrations() {
     let m = SimtMachine::new(p, GpuKind::Discrete { pages: p / 2 }, mesc_tlbs(MESC_UNITS)).unwrap();
     let o = run(&m, "bfs-uniform", Size::Quick).unwrap();
     assert!(o.verified);
-    let span = |m: &SimtMachine| {
+    let span = || {
         let lo = 1u64 << 32;
         (lo..lo + (p << 12)).step_by(4096)
     };
-    let checked = m.audit_tlbs(span(&m)).unwrap();
+    let checked = m.audit_tlbs(span()).unwrap();
     assert!(checked > 0);
     // Another workload on the same GPU: video memory is full, so the core evicts the
     // BFS pages (unmap, invalidate, copy) while the GPU runs; check again.
     let o = run(&m, "vectoradd", Size::Quick).unwrap();
     assert!(o.verified);
-    assert!(m.audit_tlbs(span(&m)).unwrap() > 0);
-    assert!(m.port().stats().faults > 0, "data faulted over to the discrete GPU");
+    assert!(m.audit_tlbs(span()).unwrap() > 0);
+    assert!(
+        m.port().stats().faults > 0,
+        "data faulted over to the discrete GPU"
+    );
 }

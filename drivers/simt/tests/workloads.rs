@@ -9,7 +9,10 @@ fn every_workload_matches_its_cpu_reference_at_the_quick_size() {
         let m = SimtMachine::mesc(pages_needed(name, Size::Quick)).unwrap();
         let o = run(&m, name, Size::Quick).unwrap();
         assert!(o.verified, "{name}: max error {}", o.max_error);
-        assert!(o.stats.memory_instructions > 0 && o.stats.cycles > 0, "{name}");
+        assert!(
+            o.stats.memory_instructions > 0 && o.stats.cycles > 0,
+            "{name}"
+        );
         let mmu = m.gpu_mmu().caches;
         // Every request looks up its unit's L1 once; a faulted instruction replays
         // its pages (at most 32) after the fault.

@@ -6,12 +6,12 @@
 //! edge range, then each neighbour), lanes of a warp have different degrees so the
 //! warp runs until its longest lane is done with the others masked off.
 
+use super::spec::{Spec, SpecKernel, MAX_OPS};
 use super::{max_rel_error, Outcome, Size};
 use crate::engine::RunStats;
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram};
 use crate::machine::SimtMachine;
 use crate::occupancy::KernelResources;
-use super::spec::{Spec, SpecKernel, MAX_OPS};
 
 /// A graph in compressed sparse rows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,7 +207,9 @@ impl Kernel for Gather {
 
 impl GatherWarp {
     fn pending(&self) -> u32 {
-        (0..32).filter(|&l| self.live & (1 << l) != 0 && self.beg[l] < self.end[l]).fold(0, |m, l| m | 1 << l)
+        (0..32)
+            .filter(|&l| self.live & (1 << l) != 0 && self.beg[l] < self.end[l])
+            .fold(0, |m, l| m | 1 << l)
     }
 }
 
@@ -217,9 +219,13 @@ impl WarpProgram for GatherWarp {
         loop {
             match self.step {
                 Step::Level => {
-                    let Mode::Bfs { levels, .. } = g.mode else { unreachable!("BFS step") };
+                    let Mode::Bfs { levels, .. } = g.mode else {
+                        unreachable!("BFS step")
+                    };
                     let live = self.live;
-                    if !io.lanes(|l| (live & (1 << l) != 0).then_some(levels + 4 * (base + l as u64))) {
+                    if !io
+                        .lanes(|l| (live & (1 << l) != 0).then_some(levels + 4 * (base + l as u64)))
+                    {
                         self.step = Step::Done;
                         continue;
                     }
@@ -238,7 +244,9 @@ impl WarpProgram for GatherWarp {
                         self.live = keep;
                     }
                     let live = self.live;
-                    if !io.lanes(|l| (live & (1 << l) != 0).then_some(g.row + 4 * (base + l as u64))) {
+                    if !io
+                        .lanes(|l| (live & (1 << l) != 0).then_some(g.row + 4 * (base + l as u64)))
+                    {
                         self.step = Step::Done;
                         continue;
                     }
@@ -252,7 +260,9 @@ impl WarpProgram for GatherWarp {
                         }
                     }
                     let live = self.live;
-                    io.lanes(|l| (live & (1 << l) != 0).then_some(g.row + 4 * (base + l as u64 + 1)));
+                    io.lanes(|l| {
+                        (live & (1 << l) != 0).then_some(g.row + 4 * (base + l as u64 + 1))
+                    });
                     self.step = Step::Ends;
                     return Op::Load;
                 }
@@ -303,9 +313,14 @@ impl WarpProgram for GatherWarp {
                             }
                             self.hits = fresh;
                             if fresh != 0 {
-                                let Mode::Bfs { levels, .. } = g.mode else { unreachable!() };
+                                let Mode::Bfs { levels, .. } = g.mode else {
+                                    unreachable!()
+                                };
                                 let nbr = self.nbr;
-                                io.lanes(|l| (fresh & (1 << l) != 0).then_some(levels + 4 * u64::from(nbr[l])));
+                                io.lanes(|l| {
+                                    (fresh & (1 << l) != 0)
+                                        .then_some(levels + 4 * u64::from(nbr[l]))
+                                });
                                 io.value = [level + 1; 32];
                                 self.step = Step::Flag;
                                 return Op::Store;
@@ -323,7 +338,9 @@ impl WarpProgram for GatherWarp {
                     return Op::Compute(2);
                 }
                 Step::Flag => {
-                    let Mode::Bfs { flag, .. } = g.mode else { unreachable!() };
+                    let Mode::Bfs { flag, .. } = g.mode else {
+                        unreachable!()
+                    };
                     let hits = self.hits;
                     io.lanes(|l| (hits & (1 << l) != 0).then_some(flag));
                     io.value = [1; 32];
@@ -426,7 +443,11 @@ pub fn run(m: &SimtMachine, name: &str, size: Size) -> Result<Outcome, String> {
                 n,
                 row: row.start.as_u64(),
                 col: col.start.as_u64(),
-                mode: Mode::Bfs { level, levels: levels.start.as_u64(), flag: flag.start.as_u64() },
+                mode: Mode::Bfs {
+                    level,
+                    levels: levels.start.as_u64(),
+                    flag: flag.start.as_u64(),
+                },
             };
             total.plus(&m.launch(&k).map_err(|e| e.to_string())?);
             if m.download(flag, 1)?[0] == 0 {
@@ -436,14 +457,24 @@ pub fn run(m: &SimtMachine, name: &str, size: Size) -> Result<Outcome, String> {
         let got = m.download(levels, n as usize)?;
         let want = bfs_ref(&g, 0);
         let ok = got == want;
-        return Ok(Outcome { name: name.into(), stats: total, verified: ok, max_error: if ok { 0.0 } else { 1.0 }, footprint });
+        return Ok(Outcome {
+            name: name.into(),
+            stats: total,
+            verified: ok,
+            max_error: if ok { 0.0 } else { 1.0 },
+            footprint,
+        });
     }
     // PageRank: pull over in-edges, 3 iterations.
     let t = g.transpose();
     let inv: Vec<f32> = (0..n as usize)
         .map(|u| {
             let d = g.row[u + 1] - g.row[u];
-            if d == 0 { 0.0 } else { 1.0 / d as f32 }
+            if d == 0 {
+                0.0
+            } else {
+                1.0 / d as f32
+            }
         })
         .collect();
     let row = m.upload(&t.row)?;
@@ -454,9 +485,23 @@ pub fn run(m: &SimtMachine, name: &str, size: Size) -> Result<Outcome, String> {
     let contrib = m.alloc(n * 4)?;
     let base = (1.0 - DAMPING) / n as f32;
     for _ in 0..3 {
-        let c = SpecKernel::new(Contrib { n, rank: rank.start.as_u64(), inv_deg: inv_r.start.as_u64(), out: contrib.start.as_u64() });
+        let c = SpecKernel::new(Contrib {
+            n,
+            rank: rank.start.as_u64(),
+            inv_deg: inv_r.start.as_u64(),
+            out: contrib.start.as_u64(),
+        });
         total.plus(&m.launch(&c).map_err(|e| e.to_string())?);
-        let k = Gather { n, row: row.start.as_u64(), col: col.start.as_u64(), mode: Mode::Pull { contrib: contrib.start.as_u64(), out: rank.start.as_u64(), base } };
+        let k = Gather {
+            n,
+            row: row.start.as_u64(),
+            col: col.start.as_u64(),
+            mode: Mode::Pull {
+                contrib: contrib.start.as_u64(),
+                out: rank.start.as_u64(),
+                base,
+            },
+        };
         total.plus(&m.launch(&k).map_err(|e| e.to_string())?);
     }
     let mut want = rank0;
@@ -479,5 +524,11 @@ pub fn run(m: &SimtMachine, name: &str, size: Size) -> Result<Outcome, String> {
         &got.iter().map(|x| x * scale).collect::<Vec<_>>(),
         &want.iter().map(|x| x * scale).collect::<Vec<_>>(),
     );
-    Ok(Outcome { name: name.into(), stats: total, verified: err < 1e-3, max_error: err, footprint })
+    Ok(Outcome {
+        name: name.into(),
+        stats: total,
+        verified: err < 1e-3,
+        max_error: err,
+        footprint,
+    })
 }

@@ -49,7 +49,10 @@ pub const WORKLOADS: &[&str] = &[
 
 /// Whether the MESC paper counts `name` as translation-sensitive.
 pub fn sensitive(name: &str) -> bool {
-    matches!(name, "atax" | "bicg" | "mvt" | "gesummv" | "bfs-uniform" | "bfs-rmat")
+    matches!(
+        name,
+        "atax" | "bicg" | "mvt" | "gesummv" | "bfs-uniform" | "bfs-rmat"
+    )
 }
 
 /// What a workload run produced.
@@ -133,7 +136,10 @@ pub fn run(m: &SimtMachine, name: &str, size: Size) -> Result<Outcome, String> {
         "bfs-uniform" | "bfs-rmat" | "pagerank-uniform" | "pagerank-rmat" => {
             graph::run(m, name, size)
         }
-        _ => Err(format!("unknown workload {name}; known: {}", WORKLOADS.join(", "))),
+        _ => Err(format!(
+            "unknown workload {name}; known: {}",
+            WORKLOADS.join(", ")
+        )),
     }
 }
 
@@ -143,7 +149,11 @@ pub fn max_rel_error(got: &[f32], want: &[f32]) -> f64 {
         .zip(want)
         .map(|(&g, &w)| ((g - w).abs() / w.abs().max(1.0)) as f64)
         .fold(0.0, f64::max)
-        + if got.len() == want.len() { 0.0 } else { f64::INFINITY }
+        + if got.len() == want.len() {
+            0.0
+        } else {
+            f64::INFINITY
+        }
 }
 
 const TOLERANCE: f64 = 1e-3;
@@ -262,11 +272,23 @@ fn polybench(m: &SimtMachine, name: &str, n: u64) -> Result<Outcome, String> {
             let tmp = m.alloc(n * 4)?;
             let y = m.alloc(n * 4)?;
             footprint += 2 * n * 4;
-            let rows = |v, out| MatVec { n, a: a.start.as_u64(), rows: true, v, out };
+            let rows = |v, out| MatVec {
+                n,
+                a: a.start.as_u64(),
+                rows: true,
+                v,
+                out,
+            };
             launch(m, rows(x.start.as_u64(), tmp.start.as_u64()), &mut total)?;
             launch(
                 m,
-                MatVec { n, a: a.start.as_u64(), rows: false, v: tmp.start.as_u64(), out: y.start.as_u64() },
+                MatVec {
+                    n,
+                    a: a.start.as_u64(),
+                    rows: false,
+                    v: tmp.start.as_u64(),
+                    out: y.start.as_u64(),
+                },
                 &mut total,
             )?;
             let t = matvec_ref(&a_h, nn, true, &x_h);
@@ -278,8 +300,28 @@ fn polybench(m: &SimtMachine, name: &str, n: u64) -> Result<Outcome, String> {
             let s = m.alloc(n * 4)?;
             let q = m.alloc(n * 4)?;
             footprint += 3 * n * 4;
-            launch(m, MatVec { n, a: a.start.as_u64(), rows: false, v: x.start.as_u64(), out: s.start.as_u64() }, &mut total)?;
-            launch(m, MatVec { n, a: a.start.as_u64(), rows: true, v: p.start.as_u64(), out: q.start.as_u64() }, &mut total)?;
+            launch(
+                m,
+                MatVec {
+                    n,
+                    a: a.start.as_u64(),
+                    rows: false,
+                    v: x.start.as_u64(),
+                    out: s.start.as_u64(),
+                },
+                &mut total,
+            )?;
+            launch(
+                m,
+                MatVec {
+                    n,
+                    a: a.start.as_u64(),
+                    rows: true,
+                    v: p.start.as_u64(),
+                    out: q.start.as_u64(),
+                },
+                &mut total,
+            )?;
             let mut got = m.download_f32(s, nn)?;
             got.extend(m.download_f32(q, nn)?);
             let mut want = matvec_ref(&a_h, nn, false, &x_h);
@@ -292,8 +334,28 @@ fn polybench(m: &SimtMachine, name: &str, n: u64) -> Result<Outcome, String> {
             let x1 = m.alloc(n * 4)?;
             let x2 = m.alloc(n * 4)?;
             footprint += 3 * n * 4;
-            launch(m, MatVec { n, a: a.start.as_u64(), rows: true, v: x.start.as_u64(), out: x1.start.as_u64() }, &mut total)?;
-            launch(m, MatVec { n, a: a.start.as_u64(), rows: false, v: y2.start.as_u64(), out: x2.start.as_u64() }, &mut total)?;
+            launch(
+                m,
+                MatVec {
+                    n,
+                    a: a.start.as_u64(),
+                    rows: true,
+                    v: x.start.as_u64(),
+                    out: x1.start.as_u64(),
+                },
+                &mut total,
+            )?;
+            launch(
+                m,
+                MatVec {
+                    n,
+                    a: a.start.as_u64(),
+                    rows: false,
+                    v: y2.start.as_u64(),
+                    out: x2.start.as_u64(),
+                },
+                &mut total,
+            )?;
             let mut got = m.download_f32(x1, nn)?;
             got.extend(m.download_f32(x2, nn)?);
             let mut want = matvec_ref(&a_h, nn, true, &x_h);
@@ -305,15 +367,35 @@ fn polybench(m: &SimtMachine, name: &str, n: u64) -> Result<Outcome, String> {
             let b = m.upload_f32(&b_h)?;
             let y = m.alloc(n * 4)?;
             footprint += (n * n + n) * 4;
-            launch(m, Gesummv { n, a: a.start.as_u64(), b: b.start.as_u64(), x: x.start.as_u64(), y: y.start.as_u64() }, &mut total)?;
+            launch(
+                m,
+                Gesummv {
+                    n,
+                    a: a.start.as_u64(),
+                    b: b.start.as_u64(),
+                    x: x.start.as_u64(),
+                    y: y.start.as_u64(),
+                },
+                &mut total,
+            )?;
             let ax = matvec_ref(&a_h, nn, true, &x_h);
             let bx = matvec_ref(&b_h, nn, true, &x_h);
-            let want = ax.iter().zip(&bx).map(|(p, q)| ALPHA * p + BETA * q).collect();
+            let want = ax
+                .iter()
+                .zip(&bx)
+                .map(|(p, q)| ALPHA * p + BETA * q)
+                .collect();
             (m.download_f32(y, nn)?, want)
         }
     };
     let err = max_rel_error(&got, &want);
-    Ok(Outcome { name: name.into(), stats: total, verified: err < TOLERANCE, max_error: err, footprint })
+    Ok(Outcome {
+        name: name.into(),
+        stats: total,
+        verified: err < TOLERANCE,
+        max_error: err,
+        footprint,
+    })
 }
 
 /// `c[i] = a[i] + b[i]`.
@@ -353,10 +435,25 @@ fn vectoradd(m: &SimtMachine, n: u64) -> Result<Outcome, String> {
     let b = m.upload_f32(&b_h)?;
     let c = m.upload_f32(&vec![0.0; n as usize])?;
     let mut total = RunStats::default();
-    launch(m, VecAdd { n, a: a.start.as_u64(), b: b.start.as_u64(), c: c.start.as_u64() }, &mut total)?;
+    launch(
+        m,
+        VecAdd {
+            n,
+            a: a.start.as_u64(),
+            b: b.start.as_u64(),
+            c: c.start.as_u64(),
+        },
+        &mut total,
+    )?;
     let want: Vec<f32> = a_h.iter().zip(&b_h).map(|(x, y)| x + y).collect();
     let err = max_rel_error(&m.download_f32(c, n as usize)?, &want);
-    Ok(Outcome { name: "vectoradd".into(), stats: total, verified: err == 0.0, max_error: err, footprint: 3 * n * 4 })
+    Ok(Outcome {
+        name: "vectoradd".into(),
+        stats: total,
+        verified: err == 0.0,
+        max_error: err,
+        footprint: 3 * n * 4,
+    })
 }
 
 /// Polybench 2DCONV's 3×3 coefficients, row by row.
@@ -397,7 +494,15 @@ fn conv2d(m: &SimtMachine, n: u64) -> Result<Outcome, String> {
     let a = m.upload_f32(&a_h)?;
     let b = m.upload_f32(&vec![0.0; (n * n) as usize])?;
     let mut total = RunStats::default();
-    launch(m, Conv2d { n, a: a.start.as_u64(), b: b.start.as_u64() }, &mut total)?;
+    launch(
+        m,
+        Conv2d {
+            n,
+            a: a.start.as_u64(),
+            b: b.start.as_u64(),
+        },
+        &mut total,
+    )?;
     let nn = n as usize;
     let mut want = vec![0f32; nn * nn];
     for i in 1..nn - 1 {
@@ -412,7 +517,13 @@ fn conv2d(m: &SimtMachine, n: u64) -> Result<Outcome, String> {
         }
     }
     let err = max_rel_error(&m.download_f32(b, nn * nn)?, &want);
-    Ok(Outcome { name: "2dconv".into(), stats: total, verified: err < TOLERANCE, max_error: err, footprint: 2 * n * n * 4 })
+    Ok(Outcome {
+        name: "2dconv".into(),
+        stats: total,
+        verified: err < TOLERANCE,
+        max_error: err,
+        footprint: 2 * n * n * 4,
+    })
 }
 
 /// Naive SGEMM: `C[i][j] = Σ_k A[i][k] B[k][j]`, a thread per element.
@@ -435,7 +546,11 @@ impl Spec for Sgemm {
     }
     fn addr(&self, t: u64, k: u64, op: usize) -> Option<u64> {
         let (i, j) = (t / self.n, t % self.n);
-        Some(if op == 0 { self.a + 4 * (i * self.n + k) } else { self.b + 4 * (k * self.n + j) })
+        Some(if op == 0 {
+            self.a + 4 * (i * self.n + k)
+        } else {
+            self.b + 4 * (k * self.n + j)
+        })
     }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 2], v: &[f32; MAX_OPS]) {
         acc[0] += v[0] * v[1];
@@ -452,7 +567,16 @@ fn sgemm(m: &SimtMachine, n: u64) -> Result<Outcome, String> {
     let b = m.upload_f32(&b_h)?;
     let c = m.alloc(n * n * 4)?;
     let mut total = RunStats::default();
-    launch(m, Sgemm { n, a: a.start.as_u64(), b: b.start.as_u64(), c: c.start.as_u64() }, &mut total)?;
+    launch(
+        m,
+        Sgemm {
+            n,
+            a: a.start.as_u64(),
+            b: b.start.as_u64(),
+            c: c.start.as_u64(),
+        },
+        &mut total,
+    )?;
     let nn = n as usize;
     let mut want = vec![0f32; nn * nn];
     for i in 0..nn {
@@ -465,7 +589,13 @@ fn sgemm(m: &SimtMachine, n: u64) -> Result<Outcome, String> {
         }
     }
     let err = max_rel_error(&m.download_f32(c, nn * nn)?, &want);
-    Ok(Outcome { name: "sgemm".into(), stats: total, verified: err < TOLERANCE, max_error: err, footprint: 3 * n * n * 4 })
+    Ok(Outcome {
+        name: "sgemm".into(),
+        stats: total,
+        verified: err < TOLERANCE,
+        max_error: err,
+        footprint: 3 * n * n * 4,
+    })
 }
 
 /// Rodinia hotspot, one time step per launch: each cell moves toward its neighbours'
@@ -530,7 +660,16 @@ fn hotspot(m: &SimtMachine, n: u64) -> Result<Outcome, String> {
     let steps = 2;
     let (mut src, mut dst) = (t0, t1);
     for _ in 0..steps {
-        launch(m, Hotspot { n, temp: src.start.as_u64(), power: p.start.as_u64(), out: dst.start.as_u64() }, &mut total)?;
+        launch(
+            m,
+            Hotspot {
+                n,
+                temp: src.start.as_u64(),
+                power: p.start.as_u64(),
+                out: dst.start.as_u64(),
+            },
+            &mut total,
+        )?;
         std::mem::swap(&mut src, &mut dst);
     }
     let nn = n as usize;
@@ -553,5 +692,11 @@ fn hotspot(m: &SimtMachine, n: u64) -> Result<Outcome, String> {
         cur = next;
     }
     let err = max_rel_error(&m.download_f32(src, nn * nn)?, &cur);
-    Ok(Outcome { name: "hotspot".into(), stats: total, verified: err < TOLERANCE, max_error: err, footprint: 3 * n * n * 4 })
+    Ok(Outcome {
+        name: "hotspot".into(),
+        stats: total,
+        verified: err < TOLERANCE,
+        max_error: err,
+        footprint: 3 * n * n * 4,
+    })
 }

@@ -79,7 +79,9 @@ pub struct SpecWarp<S> {
 impl<S: Spec> Kernel for SpecKernel<S> {
     type Warp = SpecWarp<S>;
     fn blocks(&self) -> u64 {
-        self.spec.threads().div_ceil(u64::from(self.threads_per_block))
+        self.spec
+            .threads()
+            .div_ceil(u64::from(self.threads_per_block))
     }
     fn resources(&self) -> KernelResources {
         KernelResources {
@@ -107,7 +109,11 @@ impl<S: Spec> Kernel for SpecKernel<S> {
             k: 0,
             op: 0,
             pending: None,
-            phase: if active == 0 { Phase::Done } else { Phase::Load },
+            phase: if active == 0 {
+                Phase::Done
+            } else {
+                Phase::Load
+            },
             acc: [[0.0; 2]; 32],
             vals: [[0.0; MAX_OPS]; 32],
         }
@@ -152,8 +158,12 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                     }
                     for l in 0..32 {
                         if self.active & (1 << l) != 0 {
-                            self.spec
-                                .fold(self.base + l as u64, self.k, &mut self.acc[l], &self.vals[l]);
+                            self.spec.fold(
+                                self.base + l as u64,
+                                self.k,
+                                &mut self.acc[l],
+                                &self.vals[l],
+                            );
                         }
                     }
                     self.k += 1;
@@ -169,7 +179,10 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                     });
                     for l in 0..32 {
                         if io.active(l) {
-                            io.value[l] = self.spec.result(self.base + l as u64, &self.acc[l]).to_bits();
+                            io.value[l] = self
+                                .spec
+                                .result(self.base + l as u64, &self.acc[l])
+                                .to_bits();
                         }
                     }
                     self.phase = Phase::Done;
