@@ -1,4 +1,4 @@
-//! The SIMT engine: runs a [`Kernel`] on a device's [`Port`] in lockstep warps.
+//! The SIMT engine: runs a [`Kernel`] on a device's [`gmem_sim::Port`] in lockstep warps.
 //!
 //! ## Model
 //! The grid's blocks are queued in order; the [`Dispatch`] policy pins some to units
@@ -11,7 +11,7 @@
 //! transactions, each distinct page among them is one translation request by that unit
 //! (its L1 TLB, the shared TLB, a walk of the real table, or a fault served by the
 //! core and retried), and the bytes move in simulated memory while invalidations of the
-//! device wait ([`Port::with_pages`]). The [`CostModel`] turns what served each request
+//! device wait ([`gmem_sim::Port::with_pages`]). The [`CostModel`] turns what served each request
 //! into the cycles the warp waits. When a block's last warp exits its slot takes the
 //! next block.
 //!
