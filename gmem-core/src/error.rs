@@ -129,6 +129,8 @@ pub enum RegionError {
     BadProt(Prot),
     /// The granularity is not a power of two between 4 KiB and 1 GiB.
     BadGranularity(u64),
+    /// The space already names the most memories it can (255).
+    TooManyMemories(DeviceId),
 }
 
 /// Errors of `dev_fault`.
@@ -159,6 +161,9 @@ pub enum FaultError {
     Mmu(MmuError),
     /// A data mover failed.
     Memory(MemError),
+    /// The space already names the most memories it can (255) and cannot place a page
+    /// in one more: the device's memory is refused rather than aliased.
+    TooManyMemories(DeviceId),
 }
 
 display_via_debug!(

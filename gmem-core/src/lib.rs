@@ -48,6 +48,7 @@ pub mod fault;
 pub mod flags;
 pub mod gmem;
 pub mod handle;
+pub mod kpi;
 mod lpt;
 pub mod mmu;
 pub mod physmem;

@@ -127,6 +127,8 @@ pub(crate) struct PhysMem {
     frames: Vec<FrameMeta>,
     queues: [List; 3],
     pending: u64,
+    /// Set while `dev_destroy` retires the memory: no frame is handed out any more.
+    retired: bool,
 }
 
 fn queue_of(state: FrameState) -> Option<usize> {
@@ -148,7 +150,23 @@ impl PhysMem {
             frames: Vec::new(),
             queues: [List::EMPTY; 3],
             pending: 0,
+            retired: false,
         }
+    }
+
+    /// Stop (or, with `false`, resume) handing out frames: the device is being
+    /// destroyed. Returns the frames still in use (on a queue or pending); retiring
+    /// succeeds only when that is 0, and then leaves the memory retired.
+    pub fn retire(&mut self, retire: bool) -> u64 {
+        let c = self.counts();
+        let used = c.active + c.inactive + c.wired + c.pending;
+        self.retired = retire && used == 0;
+        used
+    }
+
+    /// Whether [`PhysMem::retire`] retired the memory.
+    pub fn is_retired(&self) -> bool {
+        self.retired
     }
 
     /// Add `[begin, end)` to the device's memory.
@@ -296,6 +314,9 @@ impl PhysMem {
         wired: bool,
         limit: Option<FrameConstraint>,
     ) -> Option<u64> {
+        if self.retired {
+            return None;
+        }
         let pa = match limit {
             None if pages == 1 => self.arena.alloc(PAGE_SIZE).ok()?,
             _ => {

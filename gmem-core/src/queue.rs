@@ -85,12 +85,28 @@ impl Default for MmuQueue {
     }
 }
 
-/// Callbacks ready to run once the space lock is dropped. Each counts as in flight until
-/// it has returned (or unwound), or until the batch is dropped unrun.
-#[must_use = "completion callbacks must be run after the lock is dropped"]
+/// Callbacks ready to run once the space lock is dropped. Dropping the batch runs them,
+/// in the order their requests completed; each counts as in flight until it has
+/// returned (or unwound), and if one panics the rest are dropped unrun and no longer
+/// counted.
 pub(crate) struct Ready {
+    pending: Unrun,
+}
+
+/// The callbacks of a [`Ready`] batch not started yet; dropping them unrun (after a
+/// panic in an earlier one) takes them out of the in-flight count.
+struct Unrun {
     callbacks: Vec<(Callback, Result<(), MmuError>)>,
     in_flight: Arc<AtomicUsize>,
+}
+
+impl Drop for Unrun {
+    fn drop(&mut self) {
+        let n = self.callbacks.len();
+        if n > 0 {
+            self.in_flight.fetch_sub(n, Ordering::Release);
+        }
+    }
 }
 
 /// Marks one callback finished when dropped, even by unwinding.
@@ -102,21 +118,12 @@ impl Drop for Finished<'_> {
     }
 }
 
-impl Ready {
-    pub fn run(mut self) {
-        for (cb, r) in core::mem::take(&mut self.callbacks) {
-            let _finished = Finished(&self.in_flight);
-            cb(r);
-        }
-    }
-}
-
 impl Drop for Ready {
     fn drop(&mut self) {
-        // Callbacks not run (a panic in an earlier one) are no longer in flight.
-        let n = self.callbacks.len();
-        if n > 0 {
-            self.in_flight.fetch_sub(n, Ordering::Release);
+        self.pending.callbacks.reverse();
+        while let Some((cb, r)) = self.pending.callbacks.pop() {
+            let _finished = Finished(&self.pending.in_flight);
+            cb(r);
         }
     }
 }
@@ -126,16 +133,20 @@ impl MmuQueue {
         self.requests.len()
     }
 
-    /// Take the callbacks whose requests completed.
-    pub fn take_ready(&mut self) -> Ready {
+    /// Take the callbacks whose requests completed (`None` when there are none); the
+    /// caller drops the batch, which runs them, after releasing the space lock.
+    pub fn take_ready(&mut self) -> Option<Ready> {
+        if self.ready.is_empty() {
+            return None;
+        }
         let callbacks = core::mem::take(&mut self.ready);
-        if !callbacks.is_empty() {
-            self.in_flight.fetch_add(callbacks.len(), Ordering::Acquire);
-        }
-        Ready {
-            callbacks,
-            in_flight: self.in_flight.clone(),
-        }
+        self.in_flight.fetch_add(callbacks.len(), Ordering::Acquire);
+        Some(Ready {
+            pending: Unrun {
+                callbacks,
+                in_flight: self.in_flight.clone(),
+            },
+        })
     }
 
     /// Run a callback as soon as the lock is dropped (a synchronous request's
@@ -172,7 +183,7 @@ impl SpaceState {
         #[cfg(gmem_loom_bug = "frames_before_invalidation")]
         let discard = {
             for &(mem, pfn) in &discard.frames {
-                self.memories[mem as usize].phys.lock().free(pfn);
+                self.memories.get(mem).phys.lock().free(pfn);
             }
             Discard {
                 frames: Vec::new(),
@@ -269,7 +280,7 @@ impl SpaceState {
         for (req, result) in requests.into_iter().zip(results) {
             if let Op::Unmap { discard, va } = req.op {
                 for (mem, pfn) in discard.frames {
-                    self.memories[mem as usize].phys.lock().free(pfn);
+                    self.memories.get(mem).phys.lock().free(pfn);
                 }
                 self.clear_pending(discard.first, discard.pages);
                 if let Some((start, len)) = va {

@@ -120,6 +120,11 @@ impl TableStore {
             .unwrap_or_default()
     }
 
+    /// Whether `root` names a live (created, not yet destroyed) table.
+    pub fn is_live(&self, root: PageTableRoot) -> bool {
+        self.tables.lock().1.contains_key(&root.0)
+    }
+
     /// Number of live tables.
     pub fn tables(&self) -> usize {
         self.tables.lock().1.len()

@@ -32,8 +32,9 @@ use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::MmuQueue;
+use crate::queue::Ready;
 use crate::stats::Counters;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -191,7 +192,69 @@ pub(crate) struct SpaceInner {
     pub range: VaRange,
     pub policy: AllocPolicy,
     pub arena: Arena,
-    pub state: Mutex<SpaceState>,
+    state: Mutex<SpaceState>,
+}
+
+impl SpaceInner {
+    pub fn new(
+        id: SpaceId,
+        range: VaRange,
+        policy: AllocPolicy,
+        arena: Arena,
+        host: Arc<DeviceInner>,
+    ) -> SpaceInner {
+        SpaceInner {
+            id,
+            range,
+            policy,
+            arena,
+            state: Mutex::new(SpaceState::new(host)),
+        }
+    }
+
+    /// Lock the space's state for one operation. Dropping the guard releases the lock
+    /// and then runs the completion callbacks that became ready meanwhile, so that no
+    /// callback runs under the lock (callbacks may call the KPI again).
+    pub fn lock(&self) -> Locked<'_> {
+        Locked {
+            state: self.state.lock(),
+            after: None,
+        }
+    }
+
+    /// [`SpaceInner::lock`] if the lock is free (cross-space eviction).
+    pub fn try_lock(&self) -> Option<Locked<'_>> {
+        Some(Locked {
+            state: self.state.try_lock()?,
+            after: None,
+        })
+    }
+}
+
+/// The lock of one space's state, held for one operation; see [`SpaceInner::lock`].
+pub(crate) struct Locked<'a> {
+    // Field order is drop order: the lock is released first, then the callbacks run.
+    state: MutexGuard<'a, SpaceState>,
+    after: Option<Ready>,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.after = self.state.queue.take_ready();
+    }
+}
+
+impl core::ops::Deref for Locked<'_> {
+    type Target = SpaceState;
+    fn deref(&self) -> &SpaceState {
+        &self.state
+    }
+}
+
+impl core::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut SpaceState {
+        &mut self.state
+    }
 }
 
 pub(crate) struct SpaceState {
@@ -201,11 +264,89 @@ pub(crate) struct SpaceState {
     pub tables: Vec<Option<PageTable>>,
     pub attached: Vec<Option<Attachment>>,
     /// Memories frames of this space live in; an entry's `mem` indexes this list.
-    pub memories: Vec<Arc<DeviceInner>>,
+    pub memories: Memories,
     pub queue: MmuQueue,
     pub sets: Slots<MappingSet>,
     pub next_region_id: u64,
     pub bounce: Vec<u8>,
+}
+
+/// A space already names [`MAX_MEMORIES`] memories and cannot name one more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TooManyMemories;
+
+/// Memories a space can name at once (a page entry's `mem` is one byte; [`NO_MEM`] is
+/// reserved for "no frame").
+pub const MAX_MEMORIES: usize = NO_MEM as usize;
+
+/// The memories frames of one space live in; a page entry's `mem` byte indexes it.
+///
+/// Slot 0 is the host. A slot is added the first time a frame of that memory backs a
+/// page of the space, and emptied only by `dev_destroy` once no entry names it, so an
+/// index stays valid as long as an entry holds it and a destroyed device is not kept
+/// alive by the spaces it once served.
+pub(crate) struct Memories {
+    slots: Vec<Option<Arc<DeviceInner>>>,
+}
+
+impl Memories {
+    fn new(host: Arc<DeviceInner>) -> Memories {
+        Memories {
+            slots: alloc::vec![Some(host)],
+        }
+    }
+
+    /// The memory an entry names. Every populated entry names a live slot (checked by
+    /// `check_invariants`).
+    pub fn get(&self, mem: u8) -> &Arc<DeviceInner> {
+        self.slots[mem as usize]
+            .as_ref()
+            .expect("a page entry names a live memory slot")
+    }
+
+    /// The memory an entry names, if the slot is live.
+    pub fn try_get(&self, mem: u8) -> Option<&Arc<DeviceInner>> {
+        self.slots.get(mem as usize).and_then(Option::as_ref)
+    }
+
+    /// The slot of device `id`, if the space names it.
+    pub fn position(&self, id: DeviceId) -> Option<u8> {
+        self.slots
+            .iter()
+            .position(|d| d.as_ref().is_some_and(|d| d.id == id))
+            .map(|i| i as u8)
+    }
+
+    /// The slot of `dev`, taking a free one if the space does not name it yet.
+    pub fn index_of(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
+        if let Some(i) = self.position(dev.id) {
+            return Ok(i);
+        }
+        if let Some(i) = self.slots.iter().position(Option::is_none) {
+            self.slots[i] = Some(dev.clone());
+            return Ok(i as u8);
+        }
+        if self.slots.len() >= MAX_MEMORIES {
+            return Err(TooManyMemories);
+        }
+        self.slots.push(Some(dev.clone()));
+        Ok((self.slots.len() - 1) as u8)
+    }
+
+    /// Empty the slot of device `id` (no entry may name it any more).
+    pub fn forget(&mut self, id: DeviceId) {
+        if let Some(i) = self.position(id) {
+            self.slots[i as usize] = None;
+        }
+    }
+
+    /// Live slots with their indices.
+    pub fn iter(&self) -> impl Iterator<Item = (u8, &Arc<DeviceInner>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.as_ref().map(|d| (i as u8, d)))
+    }
 }
 
 /// One contiguous run of pages of one table, collected for unmapping.
@@ -216,14 +357,14 @@ pub(crate) struct TableRun {
 }
 
 impl SpaceState {
-    pub fn new(host: Arc<DeviceInner>) -> SpaceState {
+    fn new(host: Arc<DeviceInner>) -> SpaceState {
         SpaceState {
             alive: true,
             regions: BTreeMap::new(),
             lpt: LogicalPageTable::default(),
             tables: Vec::new(),
             attached: Vec::new(),
-            memories: alloc::vec![host],
+            memories: Memories::new(host),
             queue: MmuQueue::default(),
             sets: Slots::default(),
             next_region_id: 1,
@@ -257,13 +398,26 @@ impl SpaceState {
             .position(|a| a.as_ref().is_some_and(|a| a.dev.id == dev))
     }
 
+    /// The root of the page table device `dev` uses, if it is attached.
+    pub fn root_of(&self, dev: DeviceId) -> Option<PageTableRoot> {
+        let t = self.attached[self.slot_of(dev)?].as_ref()?.table;
+        Some(self.tables.get(t)?.as_ref()?.root)
+    }
+
+    /// How many pages of the space have their frame in device `dev`'s memory.
+    pub fn pages_in_memory(&self, dev: DeviceId) -> u64 {
+        let Some(m) = self.memories.position(dev) else {
+            return 0;
+        };
+        self.lpt
+            .iter()
+            .filter(|(_, e)| e.is_populated() && e.mem == m)
+            .count() as u64
+    }
+
     /// Index of `dev` in the memory list, adding it if needed.
-    pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> u8 {
-        if let Some(i) = self.memories.iter().position(|d| d.id == dev.id) {
-            return i as u8;
-        }
-        self.memories.push(dev.clone());
-        (self.memories.len() - 1) as u8
+    pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
+        self.memories.index_of(dev)
     }
 
     /// Mask of tables that must hold every populated page (replicate mode).
@@ -305,7 +459,7 @@ impl SpaceState {
             len: pages << PAGE_SHIFT,
             prot,
             page_size: crate::addr::PageSize::Size4K,
-            memory: self.memories[mem as usize].id,
+            memory: self.memories.get(mem).id,
         };
         table.mmu.map(table.root, &run)?;
         Counters::add(&stats.mmu_maps, 1);
@@ -433,7 +587,7 @@ impl SpaceState {
         if e.mem == NO_MEM || e.has(EXTERNAL) {
             return;
         }
-        let mut phys = self.memories[e.mem as usize].phys.lock();
+        let mut phys = self.memories.get(e.mem).phys.lock();
         if pending {
             phys.quarantine(e.pfn)
         } else {
@@ -544,3 +698,5 @@ pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
     }
     runs
 }
+
+mod ops;
