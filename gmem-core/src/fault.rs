@@ -309,22 +309,39 @@ impl SpaceState {
                 },
             );
         }
-        if let Err(e) = self.map_run(stats, t, first, pages, pfn, mem, prot) {
-            let mut phys = target.phys.lock();
-            for k in 0..pages {
-                self.lpt.take(first + k);
-                phys.free(pfn + k);
-            }
+        let replicas = self.replica_mask();
+        if let Err(e) = self
+            .map_run(stats, t, first, pages, pfn, mem, prot)
+            .and_then(|()| self.mirror(stats, first, pages, replicas))
+        {
+            self.unpopulate(stats, first, pages, target, pfn);
             return Err(e.into());
         }
-        let replicas = self.replica_mask();
-        self.mirror(stats, first, pages, replicas)?;
         Counters::add(&stats.pages_zeroed, pages);
         Counters::add(&stats.faults_zero_fill, 1);
         Ok(FaultResolution {
             kind: FaultKind::ZeroFill,
             pages,
         })
+    }
+
+    /// Undo the population of fresh pages `[first, first + pages)` backed by frames
+    /// `pfn..` of `target`: unmap them from every table that got them (invalidating),
+    /// forget their entries, free their frames. The space is as before the population.
+    fn unpopulate(
+        &mut self,
+        stats: &Counters,
+        first: u64,
+        pages: u64,
+        target: &Arc<DeviceInner>,
+        pfn: u64,
+    ) {
+        self.unmap_pages(stats, first, pages, u32::MAX, false);
+        let mut phys = target.phys.lock();
+        for k in 0..pages {
+            self.lpt.take(first + k);
+            phys.free(pfn + k);
+        }
     }
 
     /// One frame in `target` for page `vpn`, evicting to host memory if `target` is a
@@ -519,9 +536,12 @@ impl SpaceState {
                 ..PageEntry::EMPTY
             },
         );
-        Counters::add(&cx.counters.pages_zeroed, 1);
         let replicas = self.replica_mask();
-        self.mirror(cx.counters, vpn, 1, replicas)?;
+        if let Err(e) = self.mirror(cx.counters, vpn, 1, replicas) {
+            self.unpopulate(cx.counters, vpn, 1, target, pfn);
+            return Err(e.into());
+        }
+        Counters::add(&cx.counters.pages_zeroed, 1);
         Ok(())
     }
 

@@ -151,6 +151,7 @@ pub struct TestMmu {
     record: bool,
     tlb: Mutex<TlbState>,
     fail_next_maps: Mutex<u32>,
+    fail_next_protects: Mutex<u32>,
     /// Held shared by every access from translation to the end of its memory access,
     /// and exclusively by invalidation: an invalidation completes only after the
     /// accesses that may have used a stale translation have finished, as a real TLB
@@ -176,6 +177,7 @@ impl TestMmu {
                 misses: 0,
             }),
             fail_next_maps: Mutex::new(0),
+            fail_next_protects: Mutex::new(0),
             inflight: RwLock::new(()),
         }
     }
@@ -195,6 +197,12 @@ impl TestMmu {
     /// Make the next `n` calls to `map` fail with `OutOfTableMemory`.
     pub fn fail_next_maps(&self, n: u32) {
         *self.fail_next_maps.lock() = n;
+    }
+
+    /// Make the next `n` `protect` calls fail with `OutOfTableMemory` after changing
+    /// the first page of their range (a driver that fails half-way through a run).
+    pub fn fail_next_protects(&self, n: u32) {
+        *self.fail_next_protects.lock() = n;
     }
 
     /// The table store.
@@ -309,11 +317,18 @@ impl Mmu for TestMmu {
         });
     }
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError> {
+        let fail = {
+            let mut f = self.fail_next_protects.lock();
+            let fail = *f > 0;
+            *f = f.saturating_sub(1);
+            fail
+        };
         {
             let mut t = self.store.tables.lock();
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
-                for v in first..first + range.pages() {
+                let pages = if fail { 1 } else { range.pages() };
+                for v in first..first + pages {
                     if let Some(p) = table.get_mut(&v) {
                         p.prot = prot;
                     }
@@ -326,6 +341,9 @@ impl Mmu for TestMmu {
             range,
             prot,
         });
+        if fail {
+            return Err(MmuError::OutOfTableMemory);
+        }
         Ok(())
     }
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]) {

@@ -1620,7 +1620,10 @@ impl KpiRunner {
         }
         match (already, res) {
             (Some(true) | None, Err(RegionError::AlreadyMapped)) => {
-                // A callback given with a failed call is dropped unrun.
+                // A misuse: nothing changed (not even a queue drain), and a callback
+                // given with the failed call is dropped unrun.
+                self.summary.rejected += 1;
+                self.unchanged(ctx);
                 return;
             }
             (Some(false) | None, Ok(())) => {}

@@ -66,9 +66,9 @@ impl Gmem {
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
-        self.with_region(region, |gm, space, st| {
+        self.with_region(region, |cx, space, st| {
             let start = region.start.as_u64();
-            let (first, pages) = st.settle(gm, space, region);
+            let (first, pages) = st.settle(cx, space, region);
             let rec = st.regions.remove(&start).expect("checked");
             if let Some(set) = rec.set {
                 if let Some(s) = st.sets.get_mut(set.index, set.generation) {
@@ -76,16 +76,16 @@ impl Gmem {
                 }
             }
             if flags.contains(MapFlags::ASYNC) {
-                let d = st.discard_pages(&gm.counters, first, pages, true);
+                let d = st.discard_pages(cx.counters, first, pages, true);
                 st.enqueue_unmap(
-                    &gm.counters,
+                    cx.counters,
                     &space.arena,
                     d,
                     Some((rec.reserve_start, rec.reserve_len)),
                     callback,
                 );
             } else {
-                st.discard_pages(&gm.counters, first, pages, false);
+                st.discard_pages(cx.counters, first, pages, false);
                 let freed = space.arena.free(rec.reserve_start, rec.reserve_len);
                 debug_assert!(freed.is_ok(), "region range release failed: {freed:?}");
                 st.queue.complete_now(callback, Ok(()));
@@ -112,7 +112,7 @@ impl Gmem {
         let memdev = self
             .device(memory)
             .ok_or(RegionError::UnknownDevice(memory))?;
-        self.with_region(region, |gm, space, st| {
+        self.with_region(region, |cx, space, st| {
             let start = region.start.as_u64();
             let (len, already) = {
                 let r = st.region(region).expect("checked");
@@ -141,9 +141,8 @@ impl Gmem {
                     }
                 }
             }
-            if st.any_pending(first, pages) {
-                st.drain(&gm.counters, &space.arena);
-            }
+            // A populated entry (a queued map's included) makes this a misuse, found
+            // before anything changes; a queued unmap leaves no populated entry.
             if already
                 || st
                     .lpt
@@ -151,6 +150,9 @@ impl Gmem {
                     .any(|(_, e)| e.is_populated())
             {
                 return Err(RegionError::AlreadyMapped);
+            }
+            if st.any_pending(first, pages) {
+                st.drain(cx.counters, &space.arena);
             }
             let asynchronous = flags.contains(MapFlags::ASYNC);
             let mem = st
@@ -179,9 +181,9 @@ impl Gmem {
             };
             let mask = st.wired_mask();
             if asynchronous {
-                st.enqueue_map(&gm.counters, &space.arena, first, pages, callback);
-            } else if let Err(e) = st.mirror(&gm.counters, first, pages, mask) {
-                st.discard_pages(&gm.counters, first, pages, false);
+                st.enqueue_map(cx.counters, &space.arena, first, pages, callback);
+            } else if let Err(e) = st.mirror(cx.counters, first, pages, mask) {
+                st.discard_pages(cx.counters, first, pages, false);
                 let r = st.region_mut(region).expect("checked");
                 (r.prot, r.explicit, r.set) = old;
                 r.mapped = false;
@@ -209,8 +211,8 @@ impl Gmem {
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
-        self.with_region(region, |gm, space, st| {
-            st.unmap_region(gm, space, region, flags, callback);
+        self.with_region(region, |cx, space, st| {
+            st.unmap_region(cx, space, region, flags, callback);
             Ok(())
         })
     }
@@ -229,13 +231,13 @@ impl Gmem {
                 return Err(RegionError::NoMemory(d));
             }
         }
-        self.with_region(region, |gm, space, st| {
+        self.with_region(region, |cx, space, st| {
             let was = st.region(region).expect("checked").placement.mode;
             if placement.mode == PlacementMode::Unique && was != PlacementMode::Unique {
                 // Remote access let several tables map one frame; unique allows one.
                 // Drop every mapping of such pages (replicas stay): the next fault
                 // places each page by the new policy.
-                let (first, pages) = st.settle(gm, space, region);
+                let (first, pages) = st.settle(cx, space, region);
                 let replicas = st.replica_mask();
                 let touched: Vec<(u64, u32)> = st
                     .lpt
@@ -243,7 +245,7 @@ impl Gmem {
                     .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
                     .map(|(v, e)| (v, e.mapped & !replicas))
                     .collect();
-                st.unmap_entries(&gm.counters, &touched, false);
+                st.unmap_entries(cx.counters, &touched, false);
             }
             st.region_mut(region).expect("checked").placement = placement;
             Ok(())
@@ -269,8 +271,8 @@ impl Gmem {
         if prot.is_empty() {
             return Err(RegionError::BadProt(prot));
         }
-        self.with_region(region, |gm, space, st| {
-            let (first, pages) = st.settle(gm, space, region);
+        self.with_region(region, |cx, space, st| {
+            let (first, pages) = st.settle(cx, space, region);
             let touched: Vec<(u64, u32)> = st
                 .lpt
                 .entries_in(first, pages)
@@ -278,14 +280,11 @@ impl Gmem {
                 .map(|(v, e)| (v, e.mapped))
                 .collect();
             let runs = crate::space::table_runs(&touched);
-            for run in &runs {
-                let table = st.tables[run.table]
-                    .as_ref()
-                    .expect("mapped tables are live");
-                table.mmu.protect(table.root, run.range, prot)?;
+            let old = st.region(region).map_or(prot, |r| r.prot);
+            st.protect_runs(cx.counters, &runs, prot, old)?;
+            if let Some(r) = st.region_mut(region) {
+                r.prot = prot;
             }
-            st.invalidate(&gm.counters, &runs);
-            st.region_mut(region).expect("checked").prot = prot;
             Ok(())
         })
     }
@@ -307,9 +306,9 @@ impl Gmem {
         } else {
             self.host.clone()
         };
-        self.with_region_faulting(region, |gm, space, st, first, pages| {
+        self.with_region_faulting(region, |cx, space, st, first, pages| {
             let prefetch = prefetch && !st.region(region).expect("checked").explicit;
-            st.migrate_range(gm, space, first, pages, &dest, prefetch)
+            st.migrate_range(cx, space, first, pages, &dest, prefetch)
         })
     }
 
@@ -320,13 +319,13 @@ impl Gmem {
     /// tables of every device that cannot fault. Returns the pages newly wired. On error
     /// no page of the region is left wired by this call.
     pub fn region_wire(&self, region: Region) -> Result<u64, FaultError> {
-        self.with_region_faulting(region, |gm, space, st, first, pages| {
+        self.with_region_faulting(region, |cx, space, st, first, pages| {
             let rec = st.region(region).expect("checked");
             let (placement, explicit) = (rec.placement.target, rec.explicit);
             if explicit {
                 Ok(0)
             } else {
-                st.wire_range(gm, space, first, pages, placement)
+                st.wire_range(cx, space, first, pages, placement)
             }
         })
     }
@@ -336,8 +335,8 @@ impl Gmem {
     /// fault lose them; the others fault them back under the region's policy). Caller-given frames
     /// (`region_map`) stay wired.
     pub fn region_unwire(&self, region: Region) -> Result<(), RegionError> {
-        self.with_region(region, |gm, space, st| {
-            let (first, pages) = st.settle(gm, space, region);
+        self.with_region(region, |cx, space, st| {
+            let (first, pages) = st.settle(cx, space, region);
             let wired: Vec<(u64, PageEntry)> = st
                 .lpt
                 .entries_in(first, pages)
@@ -351,7 +350,7 @@ impl Gmem {
                 .filter(|(_, e)| e.mapped & mask != 0)
                 .map(|(v, e)| (*v, e.mapped & mask))
                 .collect();
-            st.unmap_entries(&gm.counters, &touched, false);
+            st.unmap_entries(cx.counters, &touched, false);
             for (v, _) in wired {
                 st.set_page_wired(v, false);
             }

@@ -564,6 +564,50 @@ impl SpaceState {
         runs
     }
 
+    /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
+    /// if the driver fails on a run, the runs changed so far (and the failed one, which
+    /// the driver may have changed in part) get `old` back and are invalidated before
+    /// the error is returned. A run the driver cannot restore either loses its mapping
+    /// (unmap cannot fail; a faultable user faults it back with the region's
+    /// protection) and, in a table that must hold it eagerly, is mapped again.
+    pub fn protect_runs(
+        &mut self,
+        stats: &Counters,
+        runs: &[TableRun],
+        prot: Prot,
+        old: Prot,
+    ) -> Result<(), MmuError> {
+        for (i, run) in runs.iter().enumerate() {
+            let Some(table) = self.tables[run.table].as_ref() else {
+                continue;
+            };
+            let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
+                continue;
+            };
+            let changed = &runs[..=i];
+            let mut lost = Vec::new();
+            for r in changed {
+                if let Some(t) = self.tables[r.table].as_ref() {
+                    if t.mmu.protect(t.root, r.range, old).is_err() {
+                        lost.push(*r);
+                    }
+                }
+            }
+            self.invalidate(stats, changed);
+            for r in lost {
+                let first = r.range.start.vpn().0;
+                let pages = r.range.len >> PAGE_SHIFT;
+                self.unmap_pages(stats, first, pages, 1 << r.table, false);
+                let eager = self.wired_mask() & (1 << r.table);
+                // Best effort: the error returned is the first one.
+                let _ = self.mirror(stats, first, pages, eager);
+            }
+            return Err(err);
+        }
+        self.invalidate(stats, runs);
+        Ok(())
+    }
+
     /// Invalidate, for each table touched by `runs`, the TLB of every device using it:
     /// one call per device with the table's whole list of ranges.
     pub fn invalidate(&self, stats: &Counters, runs: &[TableRun]) {
