@@ -35,7 +35,9 @@
 
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
-#![forbid(unsafe_code)]
+// `unsafe` appears only as the `FrameSource` contract (an `unsafe trait`); no unsafe
+// operation is performed anywhere in the crate.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 extern crate alloc;

@@ -30,7 +30,7 @@
 //!
 //! Everything is deterministic: no clocks, no threads of its own, seeded randomness.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod dma;
