@@ -34,6 +34,8 @@ pub enum AddrError {
     },
 }
 
+impl core::error::Error for AddrError {}
+
 impl fmt::Display for AddrError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -33,7 +33,7 @@
 
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceInner;
-use crate::error::FaultError;
+use crate::error::{FaultError, MoveError};
 use crate::flags::{DevCaps, Prot};
 use crate::gmem::Ctx;
 use crate::lpt::{PageEntry, PENDING};
@@ -118,7 +118,17 @@ impl SpaceState {
                 dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
             };
             let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
-            return self.zero_fill(cx, space, t, &target, vpn, g, rfirst, rfirst + rpages, prot);
+            return Ok(self.zero_fill(
+                cx,
+                space,
+                t,
+                &target,
+                vpn,
+                g,
+                rfirst,
+                rfirst + rpages,
+                prot,
+            )?);
         }
 
         let here = self.memories.get(e.mem).clone();
@@ -268,7 +278,7 @@ impl SpaceState {
         rfirst: u64,
         rend: u64,
         prot: Prot,
-    ) -> Result<FaultResolution, FaultError> {
+    ) -> Result<FaultResolution, MoveError> {
         let stats = cx.counters;
         let g = g.max(1);
         let b0 = vpn & !(g - 1);
@@ -276,7 +286,7 @@ impl SpaceState {
             g > 1 && b0 >= rfirst && b0 + g <= rend && self.lpt.entries_in(b0, g).next().is_none();
         let mem = self
             .mem_index(target)
-            .map_err(|_| FaultError::TooManyMemories(target.id))?;
+            .map_err(|_| MoveError::TooManyMemories(target.id))?;
         let (first, pages, pfn) = match whole
             .then(|| {
                 let limit = frame_limit(target, b0, g);
@@ -293,7 +303,7 @@ impl SpaceState {
         let memory = target
             .memory
             .as_ref()
-            .ok_or(FaultError::OutOfMemory(target.id))?;
+            .ok_or(MoveError::OutOfMemory(target.id))?;
         if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), pages << PAGE_SHIFT) {
             let mut phys = target.phys.lock();
             (0..pages).for_each(|k| phys.free(pfn + k));
@@ -352,7 +362,7 @@ impl SpaceState {
         space: &SpaceInner,
         target: &Arc<DeviceInner>,
         vpn: u64,
-    ) -> Result<u64, FaultError> {
+    ) -> Result<u64, MoveError> {
         let limit = frame_limit(target, vpn, 1);
         loop {
             if let Some(pfn) = target
@@ -363,7 +373,7 @@ impl SpaceState {
                 return Ok(pfn);
             }
             if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
-                return Err(FaultError::OutOfMemory(target.id));
+                return Err(MoveError::OutOfMemory(target.id));
             }
         }
     }
@@ -376,7 +386,7 @@ impl SpaceState {
         space: &SpaceInner,
         dev: &Arc<DeviceInner>,
         keep_vpn: u64,
-    ) -> Result<bool, FaultError> {
+    ) -> Result<bool, MoveError> {
         let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
         for (pfn, owner) in candidates {
             let evicted = if owner.space == space.id {
@@ -403,7 +413,7 @@ impl SpaceState {
         vpn: u64,
         dev: &Arc<DeviceInner>,
         pfn: u64,
-    ) -> Result<bool, FaultError> {
+    ) -> Result<bool, MoveError> {
         let e = self.lpt.get(vpn);
         if !e.is_populated()
             || e.pfn != pfn
@@ -424,7 +434,7 @@ impl SpaceState {
             .lock()
             .alloc_run(1, 1, space_id, vpn, false, limit)
         else {
-            return Err(FaultError::OutOfMemory(host.id));
+            return Err(MoveError::OutOfMemory(host.id));
         };
         self.move_page(cx, vpn, &host, new)?;
         Counters::add(&cx.counters.evictions, 1);
@@ -438,7 +448,7 @@ impl SpaceState {
         space: &SpaceInner,
         vpn: u64,
         target: &Arc<DeviceInner>,
-    ) -> Result<(), FaultError> {
+    ) -> Result<(), MoveError> {
         let new = self.alloc_frame(cx, space, target, vpn)?;
         self.move_page(cx, vpn, target, new)
     }
@@ -451,13 +461,13 @@ impl SpaceState {
         vpn: u64,
         to: &Arc<DeviceInner>,
         new: u64,
-    ) -> Result<(), FaultError> {
+    ) -> Result<(), MoveError> {
         let stats = cx.counters;
         let e = self.lpt.get(vpn);
         let from = self.memories.get(e.mem).clone();
         let Ok(mem) = self.mem_index(to) else {
             to.phys.lock().free(new);
-            return Err(FaultError::TooManyMemories(to.id));
+            return Err(MoveError::TooManyMemories(to.id));
         };
         // Mappings first: once every TLB is invalidated no device can still write the
         // old frame, so the copy below sees the page's final bytes. (On a copy failure
@@ -515,15 +525,15 @@ impl SpaceState {
         space: &SpaceInner,
         vpn: u64,
         target: &Arc<DeviceInner>,
-    ) -> Result<(), FaultError> {
+    ) -> Result<(), MoveError> {
         let mem = self
             .mem_index(target)
-            .map_err(|_| FaultError::TooManyMemories(target.id))?;
+            .map_err(|_| MoveError::TooManyMemories(target.id))?;
         let pfn = self.alloc_frame(cx, space, target, vpn)?;
         let memory = target
             .memory
             .as_ref()
-            .ok_or(FaultError::OutOfMemory(target.id))?;
+            .ok_or(MoveError::OutOfMemory(target.id))?;
         if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE) {
             target.phys.lock().free(pfn);
             return Err(e.into());
@@ -557,7 +567,7 @@ impl SpaceState {
         pages: u64,
         target: &Arc<DeviceInner>,
         prefetch: bool,
-    ) -> Result<u64, FaultError> {
+    ) -> Result<u64, MoveError> {
         if self.any_pending(first, pages) {
             self.drain(cx.counters, &space.arena);
         }

@@ -66,11 +66,15 @@ pub mod vmem;
 pub use addr::{AddrError, PageSize, Pfn, PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
 pub use check::Violation;
 pub use device::DeviceDesc;
-pub use error::{AllocError, AttachError, DeviceError, FaultError, RegionError, SpaceError};
+pub use error::{
+    AllocError, AttachError, DeviceError, FaultError, LookupError, MapError, PolicyError,
+    PopulateError, ProtectError, RegionError, SetError, SpaceError,
+};
 pub use fault::{FaultKind, FaultResolution};
 pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
+pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
     DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
 };
@@ -78,6 +82,7 @@ pub use physmem::FrameCounts;
 pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;
 pub use space::{
-    AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region, RegionInfo,
+    Activation, AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region,
+    RegionInfo,
 };
 pub use stats::Stats;

@@ -135,6 +135,9 @@ pub enum MemError {
     Hardware(u32),
 }
 
+impl core::error::Error for MmuError {}
+impl core::error::Error for MemError {}
+
 impl fmt::Display for MemError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

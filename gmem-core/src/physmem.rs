@@ -120,6 +120,22 @@ pub enum RegisterError {
     TooLarge,
 }
 
+impl core::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RegisterError::BadRange { begin, end } => {
+                write!(f, "[{begin}, {end}) is empty or not page aligned")
+            }
+            RegisterError::Overlaps { begin } => {
+                write!(f, "range at {begin} overlaps memory registered before")
+            }
+            RegisterError::TooLarge => f.write_str("more frames than a device can name"),
+        }
+    }
+}
+
+impl core::error::Error for RegisterError {}
+
 /// The local physical memory of one device.
 pub(crate) struct PhysMem {
     arena: Arena,

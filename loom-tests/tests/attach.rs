@@ -45,7 +45,8 @@ fn a_switch_racing_a_detach_never_activates_a_destroyed_table() {
         let d = s.add_device(7, DevCaps::FAULTABLE, 0x8000_0000, 1);
         let sp = space(&s);
         let id = s.devices[d].id;
-        s.gm.as_attach(sp, id, MmuMode::Coherent, false).unwrap();
+        s.gm.as_attach(sp, id, MmuMode::Coherent, Activation::Leave)
+            .unwrap();
         let s = Arc::new(s);
         let switcher = {
             let s = s.clone();
@@ -82,7 +83,9 @@ fn an_attach_racing_a_destroy_lets_exactly_one_win() {
         let s = Arc::new(s);
         let attacher = {
             let s = s.clone();
-            loom::thread::spawn(move || s.gm.as_attach(sp, id, MmuMode::Coherent, false))
+            loom::thread::spawn(move || {
+                s.gm.as_attach(sp, id, MmuMode::Coherent, Activation::Leave)
+            })
         };
         let destroyed = s.gm.dev_destroy(id);
         let attached = attacher.join().unwrap();

@@ -1,15 +1,15 @@
 //! KPI: address spaces (`gm_as_*`) — create, destroy, attach, allocate, look up, synchronize.
 
 use crate::addr::{VaRange, VirtAddr, PAGE_SIZE};
-use crate::error::{AllocError, AttachError, RegionError, SpaceError};
+use crate::error::{AllocError, AttachError, LookupError, SpaceError};
 use crate::flags::{AllocPolicy, Prot};
 use crate::gmem::Gmem;
 use crate::handle::{DeviceId, SpaceId};
 use crate::kpi::region::info;
 use crate::lpt::PageEntry;
 use crate::space::{
-    AllocRequest, Attachment, MmuMode, PageTable, Placement, Region, RegionInfo, RegionRec,
-    SpaceInner, MAX_TABLES,
+    Activation, AllocRequest, Attachment, MmuMode, PageTable, Placement, Region, RegionInfo,
+    RegionRec, SpaceInner, MAX_TABLES,
 };
 use crate::sync::Arc;
 use crate::vmem::FitPolicy;
@@ -121,7 +121,7 @@ impl Gmem {
         space_id: SpaceId,
         id: DeviceId,
         mode: MmuMode,
-        activate: bool,
+        activation: Activation,
     ) -> Result<MmuMode, AttachError> {
         let space = self
             .space(space_id)
@@ -212,7 +212,7 @@ impl Gmem {
         // its `StillAttached` check in between.
         #[cfg(gmem_loom_bug = "attach_binds_after_unlock")]
         dev.binding.lock().attached.push(space_id);
-        if activate {
+        if activation == Activation::Switch {
             self.dev_switch(id, space_id)?;
         }
         Ok(effective)
@@ -319,14 +319,14 @@ impl Gmem {
     }
 
     /// The region holding `va` (`gm_as_lookup`).
-    pub fn as_lookup(&self, space_id: SpaceId, va: VirtAddr) -> Result<RegionInfo, RegionError> {
+    pub fn as_lookup(&self, space_id: SpaceId, va: VirtAddr) -> Result<RegionInfo, LookupError> {
         let space = self
             .space(space_id)
-            .ok_or(RegionError::UnknownSpace(space_id))?;
+            .ok_or(LookupError::UnknownSpace(space_id))?;
         let st = space.lock();
         let (start, r) = st
             .region_at(va.as_u64())
-            .ok_or(RegionError::NotAllocated(va))?;
+            .ok_or(LookupError::NotAllocated(va))?;
         Ok(info(space_id, start, r))
     }
 

@@ -56,6 +56,15 @@ pub enum MmuMode {
     Replicate,
 }
 
+/// Whether `as_attach` also makes the space the device's active one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Switch the device to the space, as [`crate::Gmem::dev_switch`] does.
+    Switch,
+    /// Leave the device active where it is (or nowhere).
+    Leave,
+}
+
 /// Where a fault places a page that has no frame yet (`gm_region_placement_t`'s device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlacementTarget {
@@ -153,6 +162,7 @@ impl AllocRequest {
     }
 }
 
+#[derive(Clone, Copy)]
 pub(crate) struct RegionRec {
     pub id: u64,
     pub len: u64,

@@ -1,33 +1,47 @@
 //! Space-state operations shared by several KPI calls: settling a region against the queue, wiring, unmapping a region, filling and detaching page tables.
 
-use crate::error::FaultError;
+use crate::error::MoveError;
 use crate::flags::MapFlags;
 use crate::gmem::Ctx;
 use crate::handle::SpaceId;
+use crate::kpi::region::Checked;
 use crate::lpt::{PENDING, WIRED};
 use crate::queue::Callback;
-use crate::space::{MmuMode, PlacementTarget, Region, SpaceInner, SpaceState};
+use crate::space::{MmuMode, PlacementTarget, Region, RegionRec, SpaceInner, SpaceState};
 use crate::stats::Counters;
 use alloc::vec::Vec;
 
 impl SpaceState {
-    /// The pages of a live region, after draining the queue if any of them has a
-    /// request pending (an operation never races a queued invalidation).
-    pub(crate) fn settle(
-        &mut self,
-        cx: &Ctx<'_>,
-        space: &SpaceInner,
-        region: Region,
-    ) -> (u64, u64) {
-        let len = self
-            .region(region)
-            .expect("the caller checked the region")
-            .len;
-        let (first, pages) = SpaceState::pages_of(region.start.as_u64(), len);
-        if self.any_pending(first, pages) {
+    /// Drain the queue if any page of a checked region has a request pending (an
+    /// operation never races a queued invalidation).
+    pub(crate) fn settle(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+        if self.any_pending(c.first, c.pages) {
             self.drain(cx.counters, &space.arena);
         }
-        (first, pages)
+    }
+
+    /// Write back a checked region's record (after a change the caller made to a copy).
+    pub(crate) fn put_region(&mut self, c: &Checked, rec: RegionRec) {
+        if let Some(r) = self.region_mut(c.region) {
+            *r = rec;
+        }
+    }
+
+    /// Remove a checked region's record, and the region from its mapping set.
+    pub(crate) fn remove_region(&mut self, c: &Checked) {
+        self.regions.remove(&c.region.start.as_u64());
+        self.leave_set(c);
+    }
+
+    /// Take a checked region out of its mapping set.
+    fn leave_set(&mut self, c: &Checked) {
+        if let Some(s) = c
+            .rec
+            .set
+            .and_then(|s| self.sets.get_mut(s.index, s.generation))
+        {
+            s.regions.retain(|x| *x != c.region);
+        }
     }
 
     /// Pin (or unpin) a populated page: its entry's wired mark and its frame's queue.
@@ -51,7 +65,7 @@ impl SpaceState {
         first: u64,
         pages: u64,
         target: PlacementTarget,
-    ) -> Result<u64, FaultError> {
+    ) -> Result<u64, MoveError> {
         if self.any_pending(first, pages) {
             self.drain(cx.counters, &space.arena);
         }
@@ -76,7 +90,7 @@ impl SpaceState {
             let mask = self.wired_mask();
             result = self
                 .mirror(cx.counters, first, pages, mask)
-                .map_err(FaultError::Mmu);
+                .map_err(MoveError::Mmu);
         }
         if let Err(err) = result {
             let mask = self.wired_mask() & !self.replica_mask();
@@ -99,15 +113,12 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        region: Region,
+        c: &Checked,
         flags: MapFlags,
         callback: Option<Callback>,
     ) {
-        if self.region(region).is_none() {
-            self.queue.complete_now(callback, Ok(()));
-            return;
-        }
-        let (first, pages) = self.settle(cx, space, region);
+        let (first, pages) = (c.first, c.pages);
+        self.settle(cx, space, c);
         if flags.contains(MapFlags::ASYNC) {
             let d = self.discard_pages(cx.counters, first, pages, true);
             self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
@@ -115,13 +126,27 @@ impl SpaceState {
             self.discard_pages(cx.counters, first, pages, false);
             self.queue.complete_now(callback, Ok(()));
         }
-        let r = self.region_mut(region).expect("still allocated");
-        r.mapped = false;
-        if let Some(set) = r.set.take() {
-            if let Some(s) = self.sets.get_mut(set.index, set.generation) {
-                s.regions.retain(|x| *x != region);
-            }
-        }
+        self.leave_set(c);
+        self.put_region(
+            c,
+            RegionRec {
+                mapped: false,
+                set: None,
+                ..c.rec
+            },
+        );
+    }
+
+    /// Resolve a region handle of this space into a checked region, if it is live.
+    pub(crate) fn check(&self, region: Region) -> Option<Checked> {
+        let rec = *self.region(region)?;
+        let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
+        Some(Checked {
+            region,
+            rec,
+            first,
+            pages,
+        })
     }
 
     /// Fill a new table with what it must hold eagerly: every populated page for a
