@@ -5,7 +5,7 @@
 //! virtual ranges — so the core can ask for a naturally aligned run of frames (a 2 MiB
 //! block for bulk zeroing) or a single frame with the same call.
 //!
-//! Every frame has a small record ([`FrameMeta`]): its state and, when in use, its
+//! Every frame has a small record (`FrameMeta`): its state and, when in use, its
 //! reverse mapping (which address space and virtual page it backs). Frames in use sit
 //! on one of three queues, doubly linked through their records by index:
 //! - **active**: recently faulted in;
@@ -16,7 +16,7 @@
 //! invalidated) is **pending**: on no queue and not in the arena until the invalidation
 //! completed. The states partition the registered frames:
 //! `free + active + inactive + wired + pending = registered` (checked by
-//! [`PhysMem::check`]).
+//! `PhysMem::check`).
 //!
 //! Aging is by fault order (the core sees faults, not accessed bits): eviction takes the
 //! head of the inactive queue; when the inactive queue holds less than a third of the

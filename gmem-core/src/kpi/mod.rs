@@ -8,9 +8,9 @@
 //! | [`mapping_set`] | `mapping_set_create`, `mapping_set_unmap`, `mapping_set_destroy` |
 //!
 //! Each call resolves its handles (a stale handle is a typed error), locks the one
-//! space it works on through [`crate::gmem::Gmem::lock_space`] — whose guard, when
+//! space it works on through `SpaceInner::lock` — whose guard, when
 //! dropped, releases the lock and then runs the completion callbacks that became ready —
-//! and does its work in [`crate::space`], [`crate::fault`] and [`crate::queue`].
+//! and does its work in [`crate::space`], [`crate::fault`] and `queue`.
 
 pub mod device;
 pub mod mapping_set;

@@ -1,7 +1,7 @@
 //! KPI: regions (`gm_region_*`) — map, unmap, deallocate, policy, protection, migration, wiring.
 //!
 //! Every call resolves its [`Region`] handle once, under the space lock
-//! ([`Gmem::with_region`]), and passes the checked record on: the closures get a copy
+//! (`Gmem::with_region`), and passes the checked record on: the closures get a copy
 //! of it with the region's page span and write changes back with
 //! `SpaceState::put_region`.
 

@@ -5,11 +5,11 @@
 //!   policy, guard pages and quantum caches as asked);
 //! - the regions, by start address, each with its protection, placement policy and
 //!   preparation granularity;
-//! - the logical page table ([`crate::lpt`]);
+//! - the logical page table (`lpt`);
 //! - up to 32 page tables, each created by a driver and used by one device (coherent or
 //!   replicate mode) or several devices of the same format (shared mode);
 //! - the attachments (which device uses which table);
-//! - the asynchronous MMU queue ([`crate::queue`]).
+//! - the asynchronous MMU queue (`queue`).
 //!
 //! All of it sits behind one lock per space. The KPI functions in [`crate::Gmem`] take
 //! the lock, call into the methods here, drop the lock and then run whatever completion
@@ -18,12 +18,12 @@
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of
-//! where a page lives goes through [`SpaceState::unmap_pages`]: remove the mappings from
+//! where a page lives goes through `SpaceState::unmap_pages`: remove the mappings from
 //! every table that has them, invalidate the TLB of every device using those tables
 //! (one call per device with the whole list of ranges), and only then release frames or
 //! virtual ranges. Replicate-mode tables mirror every populated page, and tables of
 //! devices that cannot fault get every wired page; both are refreshed whenever a page
-//! moves ([`SpaceState::mirror`]).
+//! moves (`SpaceState::mirror`).
 
 use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceInner;
@@ -285,7 +285,7 @@ pub(crate) struct SpaceState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TooManyMemories;
 
-/// Memories a space can name at once (a page entry's `mem` is one byte; [`NO_MEM`] is
+/// Memories a space can name at once (a page entry's `mem` is one byte; `NO_MEM` is
 /// reserved for "no frame").
 pub const MAX_MEMORIES: usize = NO_MEM as usize;
 
@@ -551,7 +551,7 @@ impl SpaceState {
         self.unmap_entries(stats, &touched, defer)
     }
 
-    /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
+    /// `SpaceState::unmap_pages` for an address-ordered list of `(vpn, table bits)`.
     pub fn unmap_entries(
         &mut self,
         stats: &Counters,
