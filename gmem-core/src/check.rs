@@ -46,6 +46,9 @@ fn fail<T>(what: &'static str, at: Option<u64>) -> Result<T, Violation> {
 
 impl Gmem {
     /// Check the invariants of one address space and of every memory it uses.
+    ///
+    /// # Errors
+    /// The first [`Violation`] found, or one naming a stale space handle.
     pub fn check_invariants(&self, id: SpaceId) -> Result<(), Violation> {
         let Some(space) = self.space(id) else {
             return fail("unknown address space", None);

@@ -39,6 +39,7 @@
 // operation is performed anywhere in the crate.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 extern crate alloc;
 

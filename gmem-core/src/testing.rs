@@ -638,6 +638,11 @@ impl TestSystem {
     /// would: translate (TLB, then table walk); on a miss or a protection fault drop the
     /// translation, report the fault to the core and retry. `f` runs with the
     /// translation while the access is in flight (an invalidation waits for it).
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn access<R>(
         &self,
         dev: usize,
@@ -678,11 +683,21 @@ impl TestSystem {
     }
 
     /// Translate `va` for device `dev` (an index), faulting as hardware would.
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn translate(&self, dev: usize, va: VirtAddr, access: Prot) -> Result<Pte, AccessError> {
         self.access(dev, va, access, |p| p)
     }
 
     /// Store `data` at `va` through device `dev`.
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn write(&self, dev: usize, va: VirtAddr, data: &[u8]) -> Result<(), AccessError> {
         let mut done = 0usize;
         while done < data.len() {
@@ -705,6 +720,11 @@ impl TestSystem {
     }
 
     /// Load `len` bytes at `va` through device `dev`.
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn read(&self, dev: usize, va: VirtAddr, len: usize) -> Result<Vec<u8>, AccessError> {
         let mut out = alloc::vec![0u8; len];
         let mut done = 0usize;

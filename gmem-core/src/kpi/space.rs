@@ -36,6 +36,10 @@ impl Gmem {
     // ----- address spaces ------------------------------------------------------------
 
     /// Create an address space over `[begin, end)` (`gm_as_create`).
+    ///
+    /// # Errors
+    /// [`SpaceError`] for an empty, unaligned or overflowing range, or a policy naming two
+    /// fits.
     pub fn as_create(
         &self,
         begin: VirtAddr,
@@ -86,6 +90,9 @@ impl Gmem {
 
     /// Destroy an address space (`gm_as_destroy`): drain its queue, detach every device,
     /// free every frame and region.
+    ///
+    /// # Errors
+    /// [`SpaceError::UnknownSpace`] for a stale handle (a double destroy).
     pub fn as_destroy(&self, id: SpaceId) -> Result<(), SpaceError> {
         let space = self.space(id).ok_or(SpaceError::UnknownSpace(id))?;
         {
@@ -116,6 +123,11 @@ impl Gmem {
 
     /// Attach a device to a space (`gm_as_attach`). Returns the mode in effect: shared
     /// falls back to coherent when no attached table has the device's format.
+    ///
+    /// # Errors
+    /// [`AttachError`]: a stale space or device (or one being destroyed), a device already
+    /// attached, 32 attachments or tables already, or a driver that cannot create or fill
+    /// the table; nothing changes then.
     pub fn as_attach(
         &self,
         space_id: SpaceId,
@@ -219,6 +231,11 @@ impl Gmem {
     }
 
     /// Allocate a region (`gm_as_alloc`).
+    ///
+    /// # Errors
+    /// [`AllocError`]: a stale space, an argument that is not a page multiple or power of
+    /// two, contradictory constraints, no free range, or an injected failure; the arena is
+    /// unchanged.
     pub fn as_alloc(&self, space_id: SpaceId, req: AllocRequest) -> Result<Region, AllocError> {
         use crate::addr::AddrError;
         let space = self
@@ -319,6 +336,9 @@ impl Gmem {
     }
 
     /// The region holding `va` (`gm_as_lookup`).
+    ///
+    /// # Errors
+    /// [`LookupError`] for a stale space or an address no region holds.
     pub fn as_lookup(&self, space_id: SpaceId, va: VirtAddr) -> Result<RegionInfo, LookupError> {
         let space = self
             .space(space_id)
@@ -331,6 +351,9 @@ impl Gmem {
     }
 
     /// Every region of a space, in address order.
+    ///
+    /// # Errors
+    /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_regions(&self, space_id: SpaceId) -> Result<Vec<RegionInfo>, SpaceError> {
         let space = self
             .space(space_id)
@@ -349,6 +372,9 @@ impl Gmem {
     /// drained the request and is still running callbacks, which this call waits for.
     /// A completion callback must therefore not call `as_synchronize` on its own space
     /// (it would wait for itself); every other KPI call is allowed in a callback.
+    ///
+    /// # Errors
+    /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_synchronize(&self, space_id: SpaceId) -> Result<(), SpaceError> {
         let space = self
             .space(space_id)
@@ -365,6 +391,9 @@ impl Gmem {
     }
 
     /// Requests the space's MMU queue holds before it drains by itself (at least 1).
+    ///
+    /// # Errors
+    /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_set_batch_limit(&self, space_id: SpaceId, limit: usize) -> Result<(), SpaceError> {
         let space = self
             .space(space_id)
@@ -374,6 +403,9 @@ impl Gmem {
     }
 
     /// Number of queued asynchronous requests.
+    ///
+    /// # Errors
+    /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_pending(&self, space_id: SpaceId) -> Result<usize, SpaceError> {
         let space = self
             .space(space_id)
@@ -383,6 +415,9 @@ impl Gmem {
     }
 
     /// The vmem statistics of the space's virtual-range arena.
+    ///
+    /// # Errors
+    /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_arena_stats(&self, space_id: SpaceId) -> Result<vmem::ArenaStats, SpaceError> {
         Ok(self
             .space(space_id)
@@ -392,6 +427,9 @@ impl Gmem {
     }
 
     /// Failure injection for tests: every `n`-th region allocation of the space fails.
+    ///
+    /// # Errors
+    /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_fail_every(&self, space_id: SpaceId, n: u32) -> Result<(), SpaceError> {
         self.space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?
