@@ -1,0 +1,16 @@
+//! `gmem-regdem`: register demotion (RegDem) into unused GPU shared memory.
+//!
+//! The seed paper (`papers/regdem.txt`) describes a binary translator that lowers a
+//! kernel's register count below an occupancy cliff by moving ("demoting") some
+//! registers into shared memory the kernel leaves unused, and a compile-time predictor
+//! that picks the best of several code variants. This crate rebuilds it on a model GPU:
+//!
+//! - [`occupancy`]: the SM resource model of a Maxwell-class GPU and NVIDIA's occupancy
+//!   rules (the step cliffs of §2). The SIMT GPU model takes its resident warps from here.
+//!
+//! The crate is std-only and has no dependency on `gmem-core`: it manages the device's
+//! on-chip memory at compile time, not its address spaces.
+
+pub mod occupancy;
+
+pub use occupancy::{occupancy, KernelResources, Limiter, Occupancy, OccupancyError, SmConfig};
