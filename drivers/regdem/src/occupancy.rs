@@ -291,17 +291,11 @@ pub fn occupancy(sm: &SmConfig, k: &KernelResources) -> Result<Occupancy, Occupa
     }
     let by_threads = sm.max_warps() / warps_per_block;
     let by_blocks = sm.max_blocks;
-    let by_regs = if regs_per_warp == 0 {
-        u32::MAX
-    } else {
-        let per_part = sm.registers / sm.register_sub_partitions;
-        (per_part / regs_per_warp) * sm.register_sub_partitions / warps_per_block
-    };
-    let by_smem = if smem == 0 {
-        u32::MAX
-    } else {
-        sm.shared_bytes / smem
-    };
+    let per_part = sm.registers / sm.register_sub_partitions;
+    let by_regs = per_part.checked_div(regs_per_warp).map_or(u32::MAX, |w| {
+        w * sm.register_sub_partitions / warps_per_block
+    });
+    let by_smem = sm.shared_bytes.checked_div(smem).unwrap_or(u32::MAX);
     let mut blocks = by_threads;
     let mut limiter = Limiter::Threads;
     for (n, l) in [
