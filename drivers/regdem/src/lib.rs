@@ -5,7 +5,7 @@
 //! registers into shared memory the kernel leaves unused, and a compile-time predictor
 //! that picks the best of several code variants. This crate rebuilds it on a model GPU:
 //!
-//! - [`occupancy`]: the SM resource model of a Maxwell-class GPU and NVIDIA's occupancy
+//! - [`mod@occupancy`]: the SM resource model of a Maxwell-class GPU and NVIDIA's occupancy
 //!   rules (the step cliffs of §2). The SIMT GPU model takes its resident warps from here.
 //!
 //! The crate is std-only and has no dependency on `gmem-core`: it manages the device's
