@@ -11,6 +11,18 @@
 //! The crate is std-only and has no dependency on `gmem-core`: it manages the device's
 //! on-chip memory at compile time, not its address spaces.
 
+pub mod compact;
+pub mod demote;
+pub mod interp;
+pub mod ir;
+pub mod kernels;
+pub mod lang;
+pub mod liveness;
 pub mod occupancy;
+pub mod optimize;
+pub mod predict;
+pub mod sched;
+pub mod sim;
+pub mod variants;
 
 pub use occupancy::{occupancy, KernelResources, Limiter, Occupancy, OccupancyError, SmConfig};
