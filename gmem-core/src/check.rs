@@ -85,7 +85,7 @@ impl Gmem {
         for (vpn, e) in st.lpt.iter() {
             let va = vpn << crate::addr::PAGE_SHIFT;
             let region = st.region_at(va);
-            if e.has(PENDING) && queue_empty {
+            if e.has(PENDING) && queue_empty && st.queue.strict_in_flight == 0 {
                 return fail("page pending with an empty queue", Some(vpn));
             }
             if region.is_none() && !(e.has(PENDING) && !e.is_populated() && e.mapped == 0) {

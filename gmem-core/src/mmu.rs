@@ -127,7 +127,14 @@ pub trait Mmu: Send + Sync {
     /// what was changed.
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError>;
     /// Invalidate this device's TLB entries for every range in `ranges` (one coalesced
-    /// batch; the driver may turn it into a full flush).
+    /// batch; the driver may turn it into a full flush). When it returns, no access
+    /// through a stale translation of those ranges is in flight.
+    ///
+    /// The core may call this without the space lock (a strict `region_dealloc`
+    /// invalidates outside it), concurrently with other calls on the same MMU, and for a
+    /// `root` that a concurrent detach destroyed meanwhile: the driver must then treat
+    /// it as a harmless flush (that detach already invalidated everything the table
+    /// held).
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]);
     /// Invalidate every TLB entry of this device for `root`.
     fn invalidate_all(&self, root: PageTableRoot);

@@ -16,6 +16,7 @@ use crate::space::{
     Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
     SpaceState,
 };
+use crate::sync::Arc;
 use alloc::vec::Vec;
 
 /// A region resolved under its space's lock: the handle, a copy of its record and the
@@ -101,7 +102,7 @@ impl Gmem {
     fn with_region<R, E: From<RegionError>>(
         &self,
         region: Region,
-        f: impl FnOnce(&Ctx<'_>, &SpaceInner, &mut SpaceState, Checked) -> Result<R, E>,
+        f: impl FnOnce(&Ctx<'_>, &Arc<SpaceInner>, &mut SpaceState, Checked) -> Result<R, E>,
     ) -> Result<R, E> {
         let space = self
             .space(region.space)
@@ -141,21 +142,24 @@ impl Gmem {
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
-        self.with_region(region, |cx, space, st, c| {
+        let pending = self.with_region(region, |cx, space, st, c| {
             st.settle(cx, space, &c);
             st.remove_region(&c);
+            let d = st.discard_pages(cx.counters, c.first, c.pages, true);
+            let va = Some((c.rec.reserve_start, c.rec.reserve_len));
             if flags.contains(MapFlags::ASYNC) {
-                let d = st.discard_pages(cx.counters, c.first, c.pages, true);
-                let va = Some((c.rec.reserve_start, c.rec.reserve_len));
                 st.enqueue_unmap(cx.counters, &space.arena, d, va, callback);
+                Ok::<_, RegionError>(None)
             } else {
-                st.discard_pages(cx.counters, c.first, c.pages, false);
-                let freed = space.arena.free(c.rec.reserve_start, c.rec.reserve_len);
-                debug_assert!(freed.is_ok(), "region range release failed: {freed:?}");
-                st.queue.complete_now(callback, Ok(()));
+                Ok(st.defer_invalidation(space, d, va, callback))
             }
-            Ok(())
-        })
+        })?;
+        // Strict: the invalidation completes before this returns, but without the
+        // space lock, so other threads' calls on the space go on meanwhile.
+        if let Some(p) = pending {
+            p.complete(&self.counters);
+        }
+        Ok(())
     }
 
     /// Map the region onto caller-given frames, wired (`gm_region_map`; the bus_dma

@@ -359,6 +359,21 @@ impl Memories {
     }
 }
 
+/// One device's TLB invalidation of ranges of one page table.
+pub(crate) struct Shootdown {
+    mmu: Arc<dyn Mmu>,
+    root: PageTableRoot,
+    ranges: Vec<VaRange>,
+}
+
+impl Shootdown {
+    /// Invalidate and count it.
+    pub fn run(&self, stats: &Counters) {
+        self.mmu.invalidate(self.root, &self.ranges);
+        Counters::add(&stats.invalidations, 1);
+    }
+}
+
 /// One contiguous run of pages of one table, collected for unmapping.
 #[derive(Clone, Copy)]
 pub(crate) struct TableRun {
@@ -621,19 +636,34 @@ impl SpaceState {
     /// Invalidate, for each table touched by `runs`, the TLB of every device using it:
     /// one call per device with the table's whole list of ranges.
     pub fn invalidate(&self, stats: &Counters, runs: &[TableRun]) {
-        let mut ranges: Vec<VaRange> = Vec::new();
+        for s in self.shootdowns(runs) {
+            s.run(stats);
+        }
+    }
+
+    /// The TLB invalidations `runs` need: for each table they touch, one per device
+    /// using it, with the table's whole list of ranges.
+    pub fn shootdowns(&self, runs: &[TableRun]) -> Vec<Shootdown> {
+        let mut out = Vec::new();
         for (t, table) in self.tables.iter().enumerate() {
             let Some(table) = table else { continue };
-            ranges.clear();
-            ranges.extend(runs.iter().filter(|r| r.table == t).map(|r| r.range));
+            let ranges: Vec<VaRange> = runs
+                .iter()
+                .filter(|r| r.table == t)
+                .map(|r| r.range)
+                .collect();
             if ranges.is_empty() {
                 continue;
             }
             for a in self.attached.iter().flatten().filter(|a| a.table == t) {
-                a.dev.mmu.invalidate(table.root, &ranges);
-                Counters::add(&stats.invalidations, 1);
+                out.push(Shootdown {
+                    mmu: a.dev.mmu.clone(),
+                    root: table.root,
+                    ranges: ranges.clone(),
+                });
             }
         }
+        out
     }
 
     /// Give a frame back to its memory (or quarantine it until its invalidation).
