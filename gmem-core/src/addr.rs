@@ -34,6 +34,8 @@ pub enum AddrError {
     },
 }
 
+impl core::error::Error for AddrError {}
+
 impl fmt::Display for AddrError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -61,6 +63,9 @@ macro_rules! address_type {
             }
 
             /// The address `raw`, which must be aligned to the base page size.
+            ///
+            /// # Errors
+            /// [`AddrError::Unaligned`] if `raw` is not a multiple of 4 KiB.
             pub const fn new_page_aligned(raw: u64) -> Result<Self, AddrError> {
                 if raw % PAGE_SIZE == 0 {
                     Ok(Self(raw))
@@ -225,6 +230,10 @@ pub struct VaRange {
 impl VaRange {
     /// A checked range: page aligned start and length, non-empty, no overflow past
     /// the top of the 64-bit space (the range may end exactly at 2^64).
+    ///
+    /// # Errors
+    /// [`AddrError`] if `start` is not page aligned, `len` is 0 or not a page multiple, or
+    /// the range overflows.
     pub fn new(start: VirtAddr, len: u64) -> Result<Self, AddrError> {
         if !start.is_page_aligned() {
             return Err(AddrError::Unaligned {

@@ -46,11 +46,14 @@ fn fail<T>(what: &'static str, at: Option<u64>) -> Result<T, Violation> {
 
 impl Gmem {
     /// Check the invariants of one address space and of every memory it uses.
+    ///
+    /// # Errors
+    /// The first [`Violation`] found, or one naming a stale space handle.
     pub fn check_invariants(&self, id: SpaceId) -> Result<(), Violation> {
         let Some(space) = self.space(id) else {
             return fail("unknown address space", None);
         };
-        let st = space.state.lock();
+        let st = space.lock();
         let live_tables: u32 = st
             .tables
             .iter()
@@ -82,7 +85,7 @@ impl Gmem {
         for (vpn, e) in st.lpt.iter() {
             let va = vpn << crate::addr::PAGE_SHIFT;
             let region = st.region_at(va);
-            if e.has(PENDING) && queue_empty {
+            if e.has(PENDING) && queue_empty && st.queue.strict_in_flight == 0 {
                 return fail("page pending with an empty queue", Some(vpn));
             }
             if region.is_none() && !(e.has(PENDING) && !e.is_populated() && e.mapped == 0) {
@@ -97,9 +100,9 @@ impl Gmem {
                 }
                 continue;
             }
-            if e.mem as usize >= st.memories.len() {
+            let Some(memory) = st.memories.try_get(e.mem) else {
                 return fail("page names an unknown memory", Some(vpn));
-            }
+            };
             if let Some((_, r)) = region {
                 if r.placement.mode == PlacementMode::Unique
                     && !e.has(WIRED)
@@ -120,12 +123,12 @@ impl Gmem {
                 }
             }
             if e.has(EXTERNAL) {
-                if st.memories[e.mem as usize].phys.lock().contains(e.pfn) {
+                if memory.phys.lock().contains(e.pfn) {
                     return fail("caller-given frame lies in managed memory", Some(vpn));
                 }
                 continue;
             }
-            let phys = st.memories[e.mem as usize].phys.lock();
+            let phys = memory.phys.lock();
             match phys.state(e.pfn) {
                 Some(FrameState::Active | FrameState::Inactive | FrameState::Wired) => {}
                 _ => return fail("page's frame is not in use", Some(vpn)),
@@ -137,7 +140,7 @@ impl Gmem {
             owned.push((e.mem, e.pfn));
         }
         // 2. the space owns exactly the frames its table names; queues are sound.
-        for (m, dev) in st.memories.iter().enumerate() {
+        for (m, dev) in st.memories.iter() {
             let phys = dev.phys.lock();
             if let Err(what) = phys.check() {
                 return fail(what, None);
@@ -146,7 +149,7 @@ impl Gmem {
                 .in_use()
                 .filter(|(_, _, o)| o.is_some_and(|o| o.space == id))
                 .count();
-            let named = owned.iter().filter(|(mem, _)| *mem as usize == m).count();
+            let named = owned.iter().filter(|(mem, _)| *mem == m).count();
             if mine != named {
                 return fail(
                     "space owns frames its logical page table does not name",

@@ -14,6 +14,7 @@ use crate::physmem::PhysMem;
 use crate::space::SpaceInner;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use alloc::string::String;
+use alloc::sync::Weak;
 use alloc::vec::Vec;
 use core::any::Any;
 
@@ -33,10 +34,30 @@ pub struct DeviceDesc {
 }
 
 /// Which spaces a device is attached to and where it is active.
+///
+/// Changed only under the lock of the space concerned (lock order: space state, then
+/// binding), so a space's attachment list and its devices' bindings always agree. The
+/// active space is held weakly: a space keeps its attached devices alive, a device does
+/// not keep its space alive, so the two never form a reference cycle.
 #[derive(Default)]
 pub(crate) struct Binding {
     pub attached: Vec<SpaceId>,
-    pub active: Option<Arc<SpaceInner>>,
+    pub active: Option<Weak<SpaceInner>>,
+    /// Set by `dev_destroy` once it has checked that nothing is attached: a concurrent
+    /// `as_attach` that comes later sees it and refuses.
+    pub destroyed: bool,
+}
+
+impl Binding {
+    /// The space the device is active in, if it still exists.
+    pub fn active_space(&self) -> Option<Arc<SpaceInner>> {
+        self.active.as_ref().and_then(Weak::upgrade)
+    }
+
+    /// Whether the device is active in the space `id`.
+    pub fn is_active_in(&self, id: SpaceId) -> bool {
+        self.active_space().is_some_and(|s| s.id == id)
+    }
 }
 
 pub(crate) struct DeviceInner {

@@ -33,9 +33,9 @@
 
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceInner;
-use crate::error::FaultError;
+use crate::error::{FaultError, MoveError};
 use crate::flags::{DevCaps, Prot};
-use crate::gmem::Gmem;
+use crate::gmem::Ctx;
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
 use crate::space::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
@@ -77,13 +77,13 @@ impl SpaceState {
     /// Serve a fault of the device in attachment `slot`.
     pub(crate) fn fault(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         slot: usize,
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        let stats = &gm.counters;
+        let stats = cx.counters;
         let (rstart, prot, placement, granularity, explicit, rlen) =
             match self.region_at(va.as_u64()) {
                 Some((s, r)) => (s, r.prot, r.placement, r.granularity, r.explicit, r.len),
@@ -105,7 +105,7 @@ impl SpaceState {
             .expect("faulting device is attached");
         let dev = att.dev.clone();
         let t = att.table;
-        let target = self.target_of(gm, &dev, placement.target);
+        let target = self.target_of(cx, &dev, placement.target);
         let e = self.lpt.get(vpn);
 
         if !e.is_populated() {
@@ -118,13 +118,23 @@ impl SpaceState {
                 dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
             };
             let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
-            return self.zero_fill(gm, space, t, &target, vpn, g, rfirst, rfirst + rpages, prot);
+            return Ok(self.zero_fill(
+                cx,
+                space,
+                t,
+                &target,
+                vpn,
+                g,
+                rfirst,
+                rfirst + rpages,
+                prot,
+            )?);
         }
 
-        let here = self.memories[e.mem as usize].clone();
+        let here = self.memories.get(e.mem).clone();
         // A mapping is remote when the frame is not in the faulter's own memory (its
         // local memory, or host memory for a device without one).
-        let remote = here.id != self.target_of(gm, &dev, PlacementTarget::Faulting).id;
+        let remote = here.id != self.target_of(cx, &dev, PlacementTarget::Faulting).id;
         let mine = e.mapped & (1 << t) != 0;
         if SpaceState::is_wired(&e) {
             // Wired pages never move: map them where they are.
@@ -144,7 +154,7 @@ impl SpaceState {
                     self.unmap_pages(stats, vpn, 1, others, false);
                     self.map_in_place(stats, t, vpn, e, prot, mine, remote)
                 } else {
-                    self.migrate_and_map(gm, space, t, vpn, &target, prot)
+                    self.migrate_and_map(cx, space, t, vpn, &target, prot)
                 }
             }
             PlacementMode::RemoteAccess => {
@@ -156,7 +166,7 @@ impl SpaceState {
                         self.map_in_place(stats, t, vpn, e, prot, mine, remote)
                     }
                 } else if mine && hinted {
-                    let r = self.migrate_and_map(gm, space, t, vpn, &target, prot)?;
+                    let r = self.migrate_and_map(cx, space, t, vpn, &target, prot)?;
                     self.lpt.update(vpn, |e| e.hint = 0);
                     Ok(r)
                 } else {
@@ -182,7 +192,7 @@ impl SpaceState {
         if !mine {
             self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
         }
-        self.memories[e.mem as usize].phys.lock().touch(e.pfn);
+        self.memories.get(e.mem).phys.lock().touch(e.pfn);
         let (counter, kind) = if remote {
             (&stats.faults_remote, FaultKind::Remote)
         } else {
@@ -195,17 +205,17 @@ impl SpaceState {
     /// Migrate the page to `target`, then map it into table `t` and count it.
     fn migrate_and_map(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         t: usize,
         vpn: u64,
         target: &Arc<DeviceInner>,
         prot: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        self.migrate_page(gm, space, vpn, target)?;
+        self.migrate_page(cx, space, vpn, target)?;
         let n = self.lpt.get(vpn);
-        self.map_run(&gm.counters, t, vpn, 1, n.pfn, n.mem, prot)?;
-        Counters::add(&gm.counters.faults_migrate, 1);
+        self.map_run(cx.counters, t, vpn, 1, n.pfn, n.mem, prot)?;
+        Counters::add(&cx.counters.faults_migrate, 1);
         Ok(FaultResolution {
             kind: FaultKind::Migrated,
             pages: 1,
@@ -236,21 +246,21 @@ impl SpaceState {
     /// The memory a placement target names for a faulting device.
     pub(crate) fn target_of(
         &self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         dev: &Arc<DeviceInner>,
         target: PlacementTarget,
     ) -> Arc<DeviceInner> {
         match target {
-            PlacementTarget::Host => gm.host.clone(),
-            PlacementTarget::Device(id) => match gm.device(id) {
+            PlacementTarget::Host => cx.host.clone(),
+            PlacementTarget::Device(id) => match cx.device(id) {
                 Some(d) if d.has_memory() => d,
-                _ => gm.host.clone(),
+                _ => cx.host.clone(),
             },
             PlacementTarget::Faulting => {
                 if dev.has_memory() {
                     dev.clone()
                 } else {
-                    gm.host.clone()
+                    cx.host.clone()
                 }
             }
         }
@@ -259,7 +269,7 @@ impl SpaceState {
     #[allow(clippy::too_many_arguments)]
     fn zero_fill(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         t: usize,
         target: &Arc<DeviceInner>,
@@ -268,13 +278,15 @@ impl SpaceState {
         rfirst: u64,
         rend: u64,
         prot: Prot,
-    ) -> Result<FaultResolution, FaultError> {
-        let stats = &gm.counters;
+    ) -> Result<FaultResolution, MoveError> {
+        let stats = cx.counters;
         let g = g.max(1);
         let b0 = vpn & !(g - 1);
         let whole =
             g > 1 && b0 >= rfirst && b0 + g <= rend && self.lpt.entries_in(b0, g).next().is_none();
-        let mem = self.mem_index(target);
+        let mem = self
+            .mem_index(target)
+            .map_err(|_| MoveError::TooManyMemories(target.id))?;
         let (first, pages, pfn) = match whole
             .then(|| {
                 let limit = frame_limit(target, b0, g);
@@ -286,12 +298,12 @@ impl SpaceState {
             .flatten()
         {
             Some(pfn) => (b0, g, pfn),
-            None => (vpn, 1, self.alloc_frame(gm, space, target, vpn)?),
+            None => (vpn, 1, self.alloc_frame(cx, space, target, vpn)?),
         };
         let memory = target
             .memory
             .as_ref()
-            .ok_or(FaultError::OutOfMemory(target.id))?;
+            .ok_or(MoveError::OutOfMemory(target.id))?;
         if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), pages << PAGE_SHIFT) {
             let mut phys = target.phys.lock();
             (0..pages).for_each(|k| phys.free(pfn + k));
@@ -307,16 +319,14 @@ impl SpaceState {
                 },
             );
         }
-        if let Err(e) = self.map_run(stats, t, first, pages, pfn, mem, prot) {
-            let mut phys = target.phys.lock();
-            for k in 0..pages {
-                self.lpt.take(first + k);
-                phys.free(pfn + k);
-            }
+        let replicas = self.replica_mask();
+        if let Err(e) = self
+            .map_run(stats, t, first, pages, pfn, mem, prot)
+            .and_then(|()| self.mirror(stats, first, pages, replicas))
+        {
+            self.unpopulate(stats, first, pages, target, pfn);
             return Err(e.into());
         }
-        let replicas = self.replica_mask();
-        self.mirror(stats, first, pages, replicas)?;
         Counters::add(&stats.pages_zeroed, pages);
         Counters::add(&stats.faults_zero_fill, 1);
         Ok(FaultResolution {
@@ -325,15 +335,34 @@ impl SpaceState {
         })
     }
 
+    /// Undo the population of fresh pages `[first, first + pages)` backed by frames
+    /// `pfn..` of `target`: unmap them from every table that got them (invalidating),
+    /// forget their entries, free their frames. The space is as before the population.
+    fn unpopulate(
+        &mut self,
+        stats: &Counters,
+        first: u64,
+        pages: u64,
+        target: &Arc<DeviceInner>,
+        pfn: u64,
+    ) {
+        self.unmap_pages(stats, first, pages, u32::MAX, false);
+        let mut phys = target.phys.lock();
+        for k in 0..pages {
+            self.lpt.take(first + k);
+            phys.free(pfn + k);
+        }
+    }
+
     /// One frame in `target` for page `vpn`, evicting to host memory if `target` is a
     /// full device memory.
     pub(crate) fn alloc_frame(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         target: &Arc<DeviceInner>,
         vpn: u64,
-    ) -> Result<u64, FaultError> {
+    ) -> Result<u64, MoveError> {
         let limit = frame_limit(target, vpn, 1);
         loop {
             if let Some(pfn) = target
@@ -343,8 +372,8 @@ impl SpaceState {
             {
                 return Ok(pfn);
             }
-            if target.caps.contains(DevCaps::HOST) || !self.evict_from(gm, space, target, vpn)? {
-                return Err(FaultError::OutOfMemory(target.id));
+            if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
+                return Err(MoveError::OutOfMemory(target.id));
             }
         }
     }
@@ -353,18 +382,18 @@ impl SpaceState {
     /// spaces only if their lock is free) to host memory. Returns whether one was.
     fn evict_from(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         dev: &Arc<DeviceInner>,
         keep_vpn: u64,
-    ) -> Result<bool, FaultError> {
+    ) -> Result<bool, MoveError> {
         let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
         for (pfn, owner) in candidates {
             let evicted = if owner.space == space.id {
-                owner.vpn != keep_vpn && self.evict_page(gm, owner.vpn, dev, pfn)?
-            } else if let Some(other) = gm.space(owner.space) {
-                match other.state.try_lock() {
-                    Some(mut st) => st.evict_page(gm, owner.vpn, dev, pfn)?,
+                owner.vpn != keep_vpn && self.evict_page(cx, owner.vpn, dev, pfn)?
+            } else if let Some(other) = cx.space(owner.space) {
+                match other.try_lock() {
+                    Some(mut st) => st.evict_page(cx, owner.vpn, dev, pfn)?,
                     None => false,
                 }
             } else {
@@ -380,15 +409,15 @@ impl SpaceState {
     /// Move page `vpn` (frame `pfn` of `dev`) to host memory.
     pub(crate) fn evict_page(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         vpn: u64,
         dev: &Arc<DeviceInner>,
         pfn: u64,
-    ) -> Result<bool, FaultError> {
+    ) -> Result<bool, MoveError> {
         let e = self.lpt.get(vpn);
         if !e.is_populated()
             || e.pfn != pfn
-            || self.memories[e.mem as usize].id != dev.id
+            || self.memories.get(e.mem).id != dev.id
             || e.has(PENDING)
             || SpaceState::is_wired(&e)
         {
@@ -398,44 +427,48 @@ impl SpaceState {
         let Some(space_id) = owner else {
             return Ok(false);
         };
-        let host = gm.host.clone();
+        let host = cx.host.clone();
         let limit = frame_limit(&host, vpn, 1);
         let Some(new) = host
             .phys
             .lock()
             .alloc_run(1, 1, space_id, vpn, false, limit)
         else {
-            return Err(FaultError::OutOfMemory(host.id));
+            return Err(MoveError::OutOfMemory(host.id));
         };
-        self.move_page(gm, vpn, &host, new)?;
-        Counters::add(&gm.counters.evictions, 1);
+        self.move_page(cx, vpn, &host, new)?;
+        Counters::add(&cx.counters.evictions, 1);
         Ok(true)
     }
 
     /// Move page `vpn` to `target` (migration under unique or on the remote hint).
     fn migrate_page(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         vpn: u64,
         target: &Arc<DeviceInner>,
-    ) -> Result<(), FaultError> {
-        let new = self.alloc_frame(gm, space, target, vpn)?;
-        self.move_page(gm, vpn, target, new)
+    ) -> Result<(), MoveError> {
+        let new = self.alloc_frame(cx, space, target, vpn)?;
+        self.move_page(cx, vpn, target, new)
     }
 
     /// Tear down every mapping of `vpn` (unmap + invalidate), then copy its bytes into
     /// frame `new` of `to`, free the old frame, re-mirror. `new` is already allocated and owned by this page.
     pub(crate) fn move_page(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         vpn: u64,
         to: &Arc<DeviceInner>,
         new: u64,
-    ) -> Result<(), FaultError> {
-        let stats = &gm.counters;
+    ) -> Result<(), MoveError> {
+        let stats = cx.counters;
         let e = self.lpt.get(vpn);
-        let from = self.memories[e.mem as usize].clone();
+        let from = self.memories.get(e.mem).clone();
+        let Ok(mem) = self.mem_index(to) else {
+            to.phys.lock().free(new);
+            return Err(MoveError::TooManyMemories(to.id));
+        };
         // Mappings first: once every TLB is invalidated no device can still write the
         // old frame, so the copy below sees the page's final bytes. (On a copy failure
         // the page stays where it is; the dropped mappings fault back in.)
@@ -444,7 +477,6 @@ impl SpaceState {
             to.phys.lock().free(new);
             return Err(err.into());
         }
-        let mem = self.mem_index(to);
         self.release_frame(&e, false);
         self.lpt.update(vpn, |x| {
             x.mem = mem;
@@ -489,21 +521,23 @@ impl SpaceState {
     /// mirror maps it).
     pub(crate) fn prepare_page(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         vpn: u64,
         target: &Arc<DeviceInner>,
-    ) -> Result<(), FaultError> {
-        let pfn = self.alloc_frame(gm, space, target, vpn)?;
+    ) -> Result<(), MoveError> {
+        let mem = self
+            .mem_index(target)
+            .map_err(|_| MoveError::TooManyMemories(target.id))?;
+        let pfn = self.alloc_frame(cx, space, target, vpn)?;
         let memory = target
             .memory
             .as_ref()
-            .ok_or(FaultError::OutOfMemory(target.id))?;
+            .ok_or(MoveError::OutOfMemory(target.id))?;
         if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE) {
             target.phys.lock().free(pfn);
             return Err(e.into());
         }
-        let mem = self.mem_index(target);
         self.lpt.set(
             vpn,
             PageEntry {
@@ -512,9 +546,12 @@ impl SpaceState {
                 ..PageEntry::EMPTY
             },
         );
-        Counters::add(&gm.counters.pages_zeroed, 1);
         let replicas = self.replica_mask();
-        self.mirror(&gm.counters, vpn, 1, replicas)?;
+        if let Err(e) = self.mirror(cx.counters, vpn, 1, replicas) {
+            self.unpopulate(cx.counters, vpn, 1, target, pfn);
+            return Err(e.into());
+        }
+        Counters::add(&cx.counters.pages_zeroed, 1);
         Ok(())
     }
 
@@ -524,27 +561,27 @@ impl SpaceState {
     /// moved or prepared.
     pub(crate) fn migrate_range(
         &mut self,
-        gm: &Gmem,
+        cx: &Ctx<'_>,
         space: &SpaceInner,
         first: u64,
         pages: u64,
         target: &Arc<DeviceInner>,
         prefetch: bool,
-    ) -> Result<u64, FaultError> {
+    ) -> Result<u64, MoveError> {
         if self.any_pending(first, pages) {
-            self.drain(&gm.counters, &space.arena);
+            self.drain(cx.counters, &space.arena);
         }
         let mut done = 0;
         for vpn in first..first + pages {
             let e = self.lpt.get(vpn);
             if e.is_populated() {
-                if SpaceState::is_wired(&e) || self.memories[e.mem as usize].id == target.id {
+                if SpaceState::is_wired(&e) || self.memories.get(e.mem).id == target.id {
                     continue;
                 }
-                self.migrate_page(gm, space, vpn, target)?;
+                self.migrate_page(cx, space, vpn, target)?;
                 done += 1;
             } else if prefetch {
-                self.prepare_page(gm, space, vpn, target)?;
+                self.prepare_page(cx, space, vpn, target)?;
                 done += 1;
             }
         }

@@ -35,8 +35,11 @@
 
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
-#![forbid(unsafe_code)]
+// `unsafe` appears only as the `FrameSource` contract (an `unsafe trait`); no unsafe
+// operation is performed anywhere in the crate.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 extern crate alloc;
 
@@ -48,6 +51,7 @@ pub mod fault;
 pub mod flags;
 pub mod gmem;
 pub mod handle;
+pub mod kpi;
 mod lpt;
 pub mod mmu;
 pub mod physmem;
@@ -63,11 +67,15 @@ pub mod vmem;
 pub use addr::{AddrError, PageSize, Pfn, PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
 pub use check::Violation;
 pub use device::DeviceDesc;
-pub use error::{AllocError, AttachError, DeviceError, FaultError, RegionError, SpaceError};
+pub use error::{
+    AllocError, AttachError, DeviceError, FaultError, LookupError, MapError, PolicyError,
+    PopulateError, ProtectError, RegionError, SetError, SpaceError,
+};
 pub use fault::{FaultKind, FaultResolution};
 pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
+pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
     DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
 };
@@ -75,6 +83,7 @@ pub use physmem::FrameCounts;
 pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;
 pub use space::{
-    AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region, RegionInfo,
+    Activation, AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region,
+    RegionInfo,
 };
 pub use stats::Stats;

@@ -5,7 +5,7 @@
 //! virtual ranges — so the core can ask for a naturally aligned run of frames (a 2 MiB
 //! block for bulk zeroing) or a single frame with the same call.
 //!
-//! Every frame has a small record ([`FrameMeta`]): its state and, when in use, its
+//! Every frame has a small record (`FrameMeta`): its state and, when in use, its
 //! reverse mapping (which address space and virtual page it backs). Frames in use sit
 //! on one of three queues, doubly linked through their records by index:
 //! - **active**: recently faulted in;
@@ -16,7 +16,7 @@
 //! invalidated) is **pending**: on no queue and not in the arena until the invalidation
 //! completed. The states partition the registered frames:
 //! `free + active + inactive + wired + pending = registered` (checked by
-//! [`PhysMem::check`]).
+//! `PhysMem::check`).
 //!
 //! Aging is by fault order (the core sees faults, not accessed bits): eviction takes the
 //! head of the inactive queue; when the inactive queue holds less than a third of the
@@ -120,6 +120,22 @@ pub enum RegisterError {
     TooLarge,
 }
 
+impl core::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RegisterError::BadRange { begin, end } => {
+                write!(f, "[{begin}, {end}) is empty or not page aligned")
+            }
+            RegisterError::Overlaps { begin } => {
+                write!(f, "range at {begin} overlaps memory registered before")
+            }
+            RegisterError::TooLarge => f.write_str("more frames than a device can name"),
+        }
+    }
+}
+
+impl core::error::Error for RegisterError {}
+
 /// The local physical memory of one device.
 pub(crate) struct PhysMem {
     arena: Arena,
@@ -127,6 +143,8 @@ pub(crate) struct PhysMem {
     frames: Vec<FrameMeta>,
     queues: [List; 3],
     pending: u64,
+    /// Set while `dev_destroy` retires the memory: no frame is handed out any more.
+    retired: bool,
 }
 
 fn queue_of(state: FrameState) -> Option<usize> {
@@ -148,7 +166,23 @@ impl PhysMem {
             frames: Vec::new(),
             queues: [List::EMPTY; 3],
             pending: 0,
+            retired: false,
         }
+    }
+
+    /// Stop (or, with `false`, resume) handing out frames: the device is being
+    /// destroyed. Returns the frames still in use (on a queue or pending); retiring
+    /// succeeds only when that is 0, and then leaves the memory retired.
+    pub fn retire(&mut self, retire: bool) -> u64 {
+        let c = self.counts();
+        let used = c.active + c.inactive + c.wired + c.pending;
+        self.retired = retire && used == 0;
+        used
+    }
+
+    /// Whether [`PhysMem::retire`] retired the memory.
+    pub fn is_retired(&self) -> bool {
+        self.retired
     }
 
     /// Add `[begin, end)` to the device's memory.
@@ -296,6 +330,9 @@ impl PhysMem {
         wired: bool,
         limit: Option<FrameConstraint>,
     ) -> Option<u64> {
+        if self.retired {
+            return None;
+        }
         let pa = match limit {
             None if pages == 1 => self.arena.alloc(PAGE_SIZE).ok()?,
             _ => {

@@ -26,7 +26,7 @@
 
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MmuError;
-use crate::space::{SpaceState, TableRun};
+use crate::space::{Shootdown, SpaceInner, SpaceState, TableRun};
 use crate::stats::Counters;
 use crate::sync::{Arc, AtomicUsize, Ordering};
 use crate::vmem::Arena;
@@ -63,6 +63,41 @@ struct Request {
     callback: Option<Callback>,
 }
 
+/// A strict unmap whose page-table entries are cleared and whose TLB invalidation is
+/// still to be done, by the caller, *outside* the space lock (so that one thread's
+/// invalidation wait — microseconds on an IOMMU — does not hold up the other users of
+/// the space).
+///
+/// Until [`PendingInvalidation::complete`] the unmap keeps everything it released out
+/// of reach, exactly as a queued asynchronous unmap does: its frames stay quarantined,
+/// its pages stay marked pending, its virtual range stays reserved in the arena. Only
+/// `region_dealloc` defers this way: the region is gone, so no fault, map or unmap can
+/// touch its pages meanwhile, and a concurrent detach or space destruction only makes
+/// the invalidation redundant (drivers accept an invalidation of a root destroyed
+/// meanwhile, see `Mmu::invalidate`).
+#[must_use = "complete() the invalidation, or its frames and range stay quarantined"]
+pub(crate) struct PendingInvalidation {
+    space: Arc<SpaceInner>,
+    shootdowns: Vec<Shootdown>,
+    discard: Discard,
+    va: Option<(u64, u64)>,
+    callback: Option<Callback>,
+}
+
+impl PendingInvalidation {
+    /// Invalidate (no lock held), then release what the unmap held back and make its
+    /// callback ready.
+    pub fn complete(self, stats: &Counters) {
+        for s in &self.shootdowns {
+            s.run(stats);
+        }
+        let mut st = self.space.lock();
+        st.release_discarded(self.discard, self.va, &self.space.arena);
+        st.queue.strict_in_flight -= 1;
+        st.queue.complete_now(self.callback, Ok(()));
+    }
+}
+
 /// The queue itself (lives inside the space state).
 pub(crate) struct MmuQueue {
     requests: Vec<Request>,
@@ -72,6 +107,9 @@ pub(crate) struct MmuQueue {
     /// for them, so that when it returns every request queued before it has completed,
     /// callback included, whichever thread drained it.
     pub in_flight: Arc<AtomicUsize>,
+    /// Strict unmaps whose invalidation runs outside the lock right now
+    /// ([`PendingInvalidation`]): their pages are pending with no queued request.
+    pub strict_in_flight: usize,
 }
 
 impl Default for MmuQueue {
@@ -81,16 +119,33 @@ impl Default for MmuQueue {
             ready: Vec::new(),
             batch_limit: DEFAULT_BATCH_LIMIT,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            strict_in_flight: 0,
         }
     }
 }
 
-/// Callbacks ready to run once the space lock is dropped. Each counts as in flight until
-/// it has returned (or unwound), or until the batch is dropped unrun.
-#[must_use = "completion callbacks must be run after the lock is dropped"]
+/// Callbacks ready to run once the space lock is dropped. Dropping the batch runs them,
+/// in the order their requests completed; each counts as in flight until it has
+/// returned (or unwound), and if one panics the rest are dropped unrun and no longer
+/// counted.
 pub(crate) struct Ready {
+    pending: Unrun,
+}
+
+/// The callbacks of a [`Ready`] batch not started yet; dropping them unrun (after a
+/// panic in an earlier one) takes them out of the in-flight count.
+struct Unrun {
     callbacks: Vec<(Callback, Result<(), MmuError>)>,
     in_flight: Arc<AtomicUsize>,
+}
+
+impl Drop for Unrun {
+    fn drop(&mut self) {
+        let n = self.callbacks.len();
+        if n > 0 {
+            self.in_flight.fetch_sub(n, Ordering::Release);
+        }
+    }
 }
 
 /// Marks one callback finished when dropped, even by unwinding.
@@ -102,21 +157,12 @@ impl Drop for Finished<'_> {
     }
 }
 
-impl Ready {
-    pub fn run(mut self) {
-        for (cb, r) in core::mem::take(&mut self.callbacks) {
-            let _finished = Finished(&self.in_flight);
-            cb(r);
-        }
-    }
-}
-
 impl Drop for Ready {
     fn drop(&mut self) {
-        // Callbacks not run (a panic in an earlier one) are no longer in flight.
-        let n = self.callbacks.len();
-        if n > 0 {
-            self.in_flight.fetch_sub(n, Ordering::Release);
+        self.pending.callbacks.reverse();
+        while let Some((cb, r)) = self.pending.callbacks.pop() {
+            let _finished = Finished(&self.pending.in_flight);
+            cb(r);
         }
     }
 }
@@ -126,16 +172,20 @@ impl MmuQueue {
         self.requests.len()
     }
 
-    /// Take the callbacks whose requests completed.
-    pub fn take_ready(&mut self) -> Ready {
+    /// Take the callbacks whose requests completed (`None` when there are none); the
+    /// caller drops the batch, which runs them, after releasing the space lock.
+    pub fn take_ready(&mut self) -> Option<Ready> {
+        if self.ready.is_empty() {
+            return None;
+        }
         let callbacks = core::mem::take(&mut self.ready);
-        if !callbacks.is_empty() {
-            self.in_flight.fetch_add(callbacks.len(), Ordering::Acquire);
-        }
-        Ready {
-            callbacks,
-            in_flight: self.in_flight.clone(),
-        }
+        self.in_flight.fetch_add(callbacks.len(), Ordering::Acquire);
+        Some(Ready {
+            pending: Unrun {
+                callbacks,
+                in_flight: self.in_flight.clone(),
+            },
+        })
     }
 
     /// Run a callback as soon as the lock is dropped (a synchronous request's
@@ -172,7 +222,7 @@ impl SpaceState {
         #[cfg(gmem_loom_bug = "frames_before_invalidation")]
         let discard = {
             for &(mem, pfn) in &discard.frames {
-                self.memories[mem as usize].phys.lock().free(pfn);
+                self.memories.get(mem).phys.lock().free(pfn);
             }
             Discard {
                 frames: Vec::new(),
@@ -227,6 +277,46 @@ impl SpaceState {
         }
     }
 
+    /// The invalidation of a discard completed: its frames go back to their memories,
+    /// its pages lose their pending marks, its virtual range (if any) returns to the
+    /// arena.
+    fn release_discarded(&mut self, discard: Discard, va: Option<(u64, u64)>, arena: &Arena) {
+        for (mem, pfn) in discard.frames {
+            self.memories.get(mem).phys.lock().free(pfn);
+        }
+        self.clear_pending(discard.first, discard.pages);
+        if let Some((start, len)) = va {
+            let freed = arena.free(start, len);
+            debug_assert!(freed.is_ok(), "deferred range release failed: {freed:?}");
+        }
+    }
+
+    /// Turn a discard (from `discard_pages(.., defer = true)`) into a strict unmap whose
+    /// TLB invalidation runs outside the space lock: see [`PendingInvalidation`]. With
+    /// nothing to invalidate it completes at once and `None` is returned.
+    pub fn defer_invalidation(
+        &mut self,
+        space: &Arc<SpaceInner>,
+        discard: Discard,
+        va: Option<(u64, u64)>,
+        callback: Option<Callback>,
+    ) -> Option<PendingInvalidation> {
+        let shootdowns = self.shootdowns(&discard.runs);
+        if shootdowns.is_empty() {
+            self.release_discarded(discard, va, &space.arena);
+            self.queue.complete_now(callback, Ok(()));
+            return None;
+        }
+        self.queue.strict_in_flight += 1;
+        Some(PendingInvalidation {
+            space: space.clone(),
+            shootdowns,
+            discard,
+            va,
+            callback,
+        })
+    }
+
     /// Complete every queued request: page-table updates of maps, one coalesced TLB
     /// invalidation per device for all unmaps, then release frames and ranges, then
     /// make the callbacks ready.
@@ -268,14 +358,7 @@ impl SpaceState {
         }
         for (req, result) in requests.into_iter().zip(results) {
             if let Op::Unmap { discard, va } = req.op {
-                for (mem, pfn) in discard.frames {
-                    self.memories[mem as usize].phys.lock().free(pfn);
-                }
-                self.clear_pending(discard.first, discard.pages);
-                if let Some((start, len)) = va {
-                    let freed = arena.free(start, len);
-                    debug_assert!(freed.is_ok(), "queued range release failed: {freed:?}");
-                }
+                self.release_discarded(discard, va, arena);
             }
             if let Some(cb) = req.callback {
                 self.queue.ready.push((cb, result));

@@ -5,11 +5,11 @@
 //!   policy, guard pages and quantum caches as asked);
 //! - the regions, by start address, each with its protection, placement policy and
 //!   preparation granularity;
-//! - the logical page table ([`crate::lpt`]);
+//! - the logical page table (`lpt`);
 //! - up to 32 page tables, each created by a driver and used by one device (coherent or
 //!   replicate mode) or several devices of the same format (shared mode);
 //! - the attachments (which device uses which table);
-//! - the asynchronous MMU queue ([`crate::queue`]).
+//! - the asynchronous MMU queue (`queue`).
 //!
 //! All of it sits behind one lock per space. The KPI functions in [`crate::Gmem`] take
 //! the lock, call into the methods here, drop the lock and then run whatever completion
@@ -18,12 +18,12 @@
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of
-//! where a page lives goes through [`SpaceState::unmap_pages`]: remove the mappings from
+//! where a page lives goes through `SpaceState::unmap_pages`: remove the mappings from
 //! every table that has them, invalidate the TLB of every device using those tables
 //! (one call per device with the whole list of ranges), and only then release frames or
 //! virtual ranges. Replicate-mode tables mirror every populated page, and tables of
 //! devices that cannot fault get every wired page; both are refreshed whenever a page
-//! moves ([`SpaceState::mirror`]).
+//! moves (`SpaceState::mirror`).
 
 use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceInner;
@@ -32,8 +32,9 @@ use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::MmuQueue;
+use crate::queue::Ready;
 use crate::stats::Counters;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -53,6 +54,15 @@ pub enum MmuMode {
     /// A page table of its own that mirrors every populated page eagerly, for devices
     /// that must see all memory without faulting.
     Replicate,
+}
+
+/// Whether `as_attach` also makes the space the device's active one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Switch the device to the space, as [`crate::Gmem::dev_switch`] does.
+    Switch,
+    /// Leave the device active where it is (or nowhere).
+    Leave,
 }
 
 /// Where a fault places a page that has no frame yet (`gm_region_placement_t`'s device).
@@ -152,6 +162,7 @@ impl AllocRequest {
     }
 }
 
+#[derive(Clone, Copy)]
 pub(crate) struct RegionRec {
     pub id: u64,
     pub len: u64,
@@ -191,7 +202,69 @@ pub(crate) struct SpaceInner {
     pub range: VaRange,
     pub policy: AllocPolicy,
     pub arena: Arena,
-    pub state: Mutex<SpaceState>,
+    state: Mutex<SpaceState>,
+}
+
+impl SpaceInner {
+    pub fn new(
+        id: SpaceId,
+        range: VaRange,
+        policy: AllocPolicy,
+        arena: Arena,
+        host: Arc<DeviceInner>,
+    ) -> SpaceInner {
+        SpaceInner {
+            id,
+            range,
+            policy,
+            arena,
+            state: Mutex::new(SpaceState::new(host)),
+        }
+    }
+
+    /// Lock the space's state for one operation. Dropping the guard releases the lock
+    /// and then runs the completion callbacks that became ready meanwhile, so that no
+    /// callback runs under the lock (callbacks may call the KPI again).
+    pub fn lock(&self) -> Locked<'_> {
+        Locked {
+            state: self.state.lock(),
+            after: None,
+        }
+    }
+
+    /// [`SpaceInner::lock`] if the lock is free (cross-space eviction).
+    pub fn try_lock(&self) -> Option<Locked<'_>> {
+        Some(Locked {
+            state: self.state.try_lock()?,
+            after: None,
+        })
+    }
+}
+
+/// The lock of one space's state, held for one operation; see [`SpaceInner::lock`].
+pub(crate) struct Locked<'a> {
+    // Field order is drop order: the lock is released first, then the callbacks run.
+    state: MutexGuard<'a, SpaceState>,
+    after: Option<Ready>,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.after = self.state.queue.take_ready();
+    }
+}
+
+impl core::ops::Deref for Locked<'_> {
+    type Target = SpaceState;
+    fn deref(&self) -> &SpaceState {
+        &self.state
+    }
+}
+
+impl core::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut SpaceState {
+        &mut self.state
+    }
 }
 
 pub(crate) struct SpaceState {
@@ -201,11 +274,104 @@ pub(crate) struct SpaceState {
     pub tables: Vec<Option<PageTable>>,
     pub attached: Vec<Option<Attachment>>,
     /// Memories frames of this space live in; an entry's `mem` indexes this list.
-    pub memories: Vec<Arc<DeviceInner>>,
+    pub memories: Memories,
     pub queue: MmuQueue,
     pub sets: Slots<MappingSet>,
     pub next_region_id: u64,
     pub bounce: Vec<u8>,
+}
+
+/// A space already names [`MAX_MEMORIES`] memories and cannot name one more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TooManyMemories;
+
+/// Memories a space can name at once (a page entry's `mem` is one byte; `NO_MEM` is
+/// reserved for "no frame").
+pub const MAX_MEMORIES: usize = NO_MEM as usize;
+
+/// The memories frames of one space live in; a page entry's `mem` byte indexes it.
+///
+/// Slot 0 is the host. A slot is added the first time a frame of that memory backs a
+/// page of the space, and emptied only by `dev_destroy` once no entry names it, so an
+/// index stays valid as long as an entry holds it and a destroyed device is not kept
+/// alive by the spaces it once served.
+pub(crate) struct Memories {
+    slots: Vec<Option<Arc<DeviceInner>>>,
+}
+
+impl Memories {
+    fn new(host: Arc<DeviceInner>) -> Memories {
+        Memories {
+            slots: alloc::vec![Some(host)],
+        }
+    }
+
+    /// The memory an entry names. Every populated entry names a live slot (checked by
+    /// `check_invariants`).
+    pub fn get(&self, mem: u8) -> &Arc<DeviceInner> {
+        self.slots[mem as usize]
+            .as_ref()
+            .expect("a page entry names a live memory slot")
+    }
+
+    /// The memory an entry names, if the slot is live.
+    pub fn try_get(&self, mem: u8) -> Option<&Arc<DeviceInner>> {
+        self.slots.get(mem as usize).and_then(Option::as_ref)
+    }
+
+    /// The slot of device `id`, if the space names it.
+    pub fn position(&self, id: DeviceId) -> Option<u8> {
+        self.slots
+            .iter()
+            .position(|d| d.as_ref().is_some_and(|d| d.id == id))
+            .map(|i| i as u8)
+    }
+
+    /// The slot of `dev`, taking a free one if the space does not name it yet.
+    pub fn index_of(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
+        if let Some(i) = self.position(dev.id) {
+            return Ok(i);
+        }
+        if let Some(i) = self.slots.iter().position(Option::is_none) {
+            self.slots[i] = Some(dev.clone());
+            return Ok(i as u8);
+        }
+        if self.slots.len() >= MAX_MEMORIES {
+            return Err(TooManyMemories);
+        }
+        self.slots.push(Some(dev.clone()));
+        Ok((self.slots.len() - 1) as u8)
+    }
+
+    /// Empty the slot of device `id` (no entry may name it any more).
+    pub fn forget(&mut self, id: DeviceId) {
+        if let Some(i) = self.position(id) {
+            self.slots[i as usize] = None;
+        }
+    }
+
+    /// Live slots with their indices.
+    pub fn iter(&self) -> impl Iterator<Item = (u8, &Arc<DeviceInner>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.as_ref().map(|d| (i as u8, d)))
+    }
+}
+
+/// One device's TLB invalidation of ranges of one page table.
+pub(crate) struct Shootdown {
+    mmu: Arc<dyn Mmu>,
+    root: PageTableRoot,
+    ranges: Vec<VaRange>,
+}
+
+impl Shootdown {
+    /// Invalidate and count it.
+    pub fn run(&self, stats: &Counters) {
+        self.mmu.invalidate(self.root, &self.ranges);
+        Counters::add(&stats.invalidations, 1);
+    }
 }
 
 /// One contiguous run of pages of one table, collected for unmapping.
@@ -216,14 +382,14 @@ pub(crate) struct TableRun {
 }
 
 impl SpaceState {
-    pub fn new(host: Arc<DeviceInner>) -> SpaceState {
+    fn new(host: Arc<DeviceInner>) -> SpaceState {
         SpaceState {
             alive: true,
             regions: BTreeMap::new(),
             lpt: LogicalPageTable::default(),
             tables: Vec::new(),
             attached: Vec::new(),
-            memories: alloc::vec![host],
+            memories: Memories::new(host),
             queue: MmuQueue::default(),
             sets: Slots::default(),
             next_region_id: 1,
@@ -257,13 +423,26 @@ impl SpaceState {
             .position(|a| a.as_ref().is_some_and(|a| a.dev.id == dev))
     }
 
+    /// The root of the page table device `dev` uses, if it is attached.
+    pub fn root_of(&self, dev: DeviceId) -> Option<PageTableRoot> {
+        let t = self.attached[self.slot_of(dev)?].as_ref()?.table;
+        Some(self.tables.get(t)?.as_ref()?.root)
+    }
+
+    /// How many pages of the space have their frame in device `dev`'s memory.
+    pub fn pages_in_memory(&self, dev: DeviceId) -> u64 {
+        let Some(m) = self.memories.position(dev) else {
+            return 0;
+        };
+        self.lpt
+            .iter()
+            .filter(|(_, e)| e.is_populated() && e.mem == m)
+            .count() as u64
+    }
+
     /// Index of `dev` in the memory list, adding it if needed.
-    pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> u8 {
-        if let Some(i) = self.memories.iter().position(|d| d.id == dev.id) {
-            return i as u8;
-        }
-        self.memories.push(dev.clone());
-        (self.memories.len() - 1) as u8
+    pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
+        self.memories.index_of(dev)
     }
 
     /// Mask of tables that must hold every populated page (replicate mode).
@@ -305,7 +484,7 @@ impl SpaceState {
             len: pages << PAGE_SHIFT,
             prot,
             page_size: crate::addr::PageSize::Size4K,
-            memory: self.memories[mem as usize].id,
+            memory: self.memories.get(mem).id,
         };
         table.mmu.map(table.root, &run)?;
         Counters::add(&stats.mmu_maps, 1);
@@ -387,7 +566,7 @@ impl SpaceState {
         self.unmap_entries(stats, &touched, defer)
     }
 
-    /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
+    /// `SpaceState::unmap_pages` for an address-ordered list of `(vpn, table bits)`.
     pub fn unmap_entries(
         &mut self,
         stats: &Counters,
@@ -410,22 +589,81 @@ impl SpaceState {
         runs
     }
 
+    /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
+    /// if the driver fails on a run, the runs changed so far (and the failed one, which
+    /// the driver may have changed in part) get `old` back and are invalidated before
+    /// the error is returned. A run the driver cannot restore either loses its mapping
+    /// (unmap cannot fail; a faultable user faults it back with the region's
+    /// protection) and, in a table that must hold it eagerly, is mapped again.
+    pub fn protect_runs(
+        &mut self,
+        stats: &Counters,
+        runs: &[TableRun],
+        prot: Prot,
+        old: Prot,
+    ) -> Result<(), MmuError> {
+        for (i, run) in runs.iter().enumerate() {
+            let Some(table) = self.tables[run.table].as_ref() else {
+                continue;
+            };
+            let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
+                continue;
+            };
+            let changed = &runs[..=i];
+            let mut lost = Vec::new();
+            for r in changed {
+                if let Some(t) = self.tables[r.table].as_ref() {
+                    if t.mmu.protect(t.root, r.range, old).is_err() {
+                        lost.push(*r);
+                    }
+                }
+            }
+            self.invalidate(stats, changed);
+            for r in lost {
+                let first = r.range.start.vpn().0;
+                let pages = r.range.len >> PAGE_SHIFT;
+                self.unmap_pages(stats, first, pages, 1 << r.table, false);
+                let eager = self.wired_mask() & (1 << r.table);
+                // Best effort: the error returned is the first one.
+                let _ = self.mirror(stats, first, pages, eager);
+            }
+            return Err(err);
+        }
+        self.invalidate(stats, runs);
+        Ok(())
+    }
+
     /// Invalidate, for each table touched by `runs`, the TLB of every device using it:
     /// one call per device with the table's whole list of ranges.
     pub fn invalidate(&self, stats: &Counters, runs: &[TableRun]) {
-        let mut ranges: Vec<VaRange> = Vec::new();
+        for s in self.shootdowns(runs) {
+            s.run(stats);
+        }
+    }
+
+    /// The TLB invalidations `runs` need: for each table they touch, one per device
+    /// using it, with the table's whole list of ranges.
+    pub fn shootdowns(&self, runs: &[TableRun]) -> Vec<Shootdown> {
+        let mut out = Vec::new();
         for (t, table) in self.tables.iter().enumerate() {
             let Some(table) = table else { continue };
-            ranges.clear();
-            ranges.extend(runs.iter().filter(|r| r.table == t).map(|r| r.range));
+            let ranges: Vec<VaRange> = runs
+                .iter()
+                .filter(|r| r.table == t)
+                .map(|r| r.range)
+                .collect();
             if ranges.is_empty() {
                 continue;
             }
             for a in self.attached.iter().flatten().filter(|a| a.table == t) {
-                a.dev.mmu.invalidate(table.root, &ranges);
-                Counters::add(&stats.invalidations, 1);
+                out.push(Shootdown {
+                    mmu: a.dev.mmu.clone(),
+                    root: table.root,
+                    ranges: ranges.clone(),
+                });
             }
         }
+        out
     }
 
     /// Give a frame back to its memory (or quarantine it until its invalidation).
@@ -433,7 +671,7 @@ impl SpaceState {
         if e.mem == NO_MEM || e.has(EXTERNAL) {
             return;
         }
-        let mut phys = self.memories[e.mem as usize].phys.lock();
+        let mut phys = self.memories.get(e.mem).phys.lock();
         if pending {
             phys.quarantine(e.pfn)
         } else {
@@ -544,3 +782,5 @@ pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
     }
     runs
 }
+
+mod ops;
