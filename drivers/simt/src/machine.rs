@@ -12,8 +12,10 @@ use crate::cost::CostModel;
 use crate::dispatch::{Dispatch, LooseRoundRobin, RoundRobin, WarpScheduler};
 use crate::engine::{run, Device, Launch, RunStats, SimtError};
 use crate::kernel::Kernel;
-use crate::occupancy::{Calculator, OccupancyModel};
-use gmem_core::{AllocPolicy, AllocRequest, Gmem, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE};
+use crate::occupancy::{OccupancyModel, SmConfig};
+use gmem_core::{
+    Activation, AllocPolicy, AllocRequest, Gmem, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE,
+};
 use gmem_dgpu::{Dgpu, DgpuConfig};
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_igpu::Igpu;
@@ -95,7 +97,7 @@ impl SimtMachine {
         } else {
             MmuMode::Coherent
         };
-        gm.as_attach(space, gm.host(), cpu_mode, true)
+        gm.as_attach(space, gm.host(), cpu_mode, Activation::Switch)
             .map_err(|e| e.to_string())?;
         let (gpu, id, mode) = match gpu {
             GpuKind::Integrated => {
@@ -115,7 +117,7 @@ impl SimtMachine {
             }
         };
         let got = gm
-            .as_attach(space, id, mode, true)
+            .as_attach(space, id, mode, Activation::Switch)
             .map_err(|e| e.to_string())?;
         if got != mode {
             return Err(format!("GPU attached in {got:?} mode, wanted {mode:?}"));
@@ -125,7 +127,7 @@ impl SimtMachine {
             cpu,
             gpu,
             space,
-            occupancy: Box::new(Calculator::maxwell()),
+            occupancy: Box::new(SmConfig::maxwell()),
             cost: CostModel::calibrated(),
         })
     }

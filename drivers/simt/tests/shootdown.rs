@@ -74,7 +74,10 @@ fn a_store_racing_a_migration_reaches_the_new_frame() {
         let store = s.spawn(|| port.store_u32(m.gm(), 0, va, 7));
         reached_rx.recv().unwrap();
         // The store holds a translation to the video-memory frame; move the page home.
-        let moved = m.gm().region_migrate(r, m.gm().host(), false).unwrap();
+        let moved = m
+            .gm()
+            .region_migrate(r, m.gm().host(), gmem_core::MigrateScope::Populated)
+            .unwrap();
         assert_eq!(moved, 1);
         let _ = go_tx.send(());
         store.join().unwrap().unwrap();
