@@ -351,21 +351,35 @@ fn run_full_report(out: &str) -> Result<Report, String> {
     // GMEM Table 3: prints its own table and writes out/iommu.{csv,json,svg}.
     println!();
     let iommu = iommu_bench::run(2000, 20_000, out)?;
+    // The SIMT GPU model (MESC geometry, integrated GPU): every workload, full size.
+    println!();
+    let simt_rows = simt::run(
+        gmem_simt::workloads::WORKLOADS,
+        gmem_simt::workloads::Size::Full,
+        false,
+    )?;
+    let simt_table = simt::table(&simt_rows);
+    print!("{simt_table}");
+    let dir = std::path::Path::new(out);
+    std::fs::write(dir.join("simt.txt"), &simt_table).map_err(|e| e.to_string())?;
+    std::fs::write(
+        dir.join("simt.json"),
+        serde_json::to_string_pretty(&simt_rows).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
     let failed = rows.iter().filter(|r| !r.verified).count()
         + t4.iter().filter(|r| !r.verified).count()
+        + simt_rows.iter().filter(|r| !r.verified).count()
         + usize::from(!iommu.ok());
-    let mut r = Report::new(format!(
-        "gmem-harness report: {} runs",
-        rows.len() + t4.len()
-    ));
-    r.row("runs", (rows.len() + t4.len()) as u64);
+    let runs = rows.len() + t4.len() + simt_rows.len();
+    let mut r = Report::new(format!("gmem-harness report: {runs} runs"));
+    r.row("runs", runs as u64);
     r.row("runs that differ from their reference", failed as u64);
     r.verify(
         failed == 0,
         if failed == 0 {
             format!(
-                "all {} runs match their CPU-only references and every DMA of the IOMMU churn landed its bytes; report in {out}/report.md",
-                rows.len() + t4.len()
+                "all {runs} runs match their CPU-only references and every DMA of the IOMMU churn landed its bytes; report in {out}/report.md, SIMT table in {out}/simt.txt"
             )
         } else {
             format!("{failed} runs differ")
