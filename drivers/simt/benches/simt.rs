@@ -28,7 +28,7 @@ impl Spec for Stream {
     fn addr(&self, t: u64, _k: u64, _op: usize) -> Option<u64> {
         Some(self.a + 4 * t)
     }
-    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 2], v: &[f32; MAX_OPS]) {
+    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] = v[0] + 1.0;
     }
     fn out(&self, t: u64) -> Option<u64> {
@@ -56,7 +56,7 @@ impl Spec for Rows {
     fn addr(&self, t: u64, k: u64, _op: usize) -> Option<u64> {
         Some(self.a + 4 * (t * self.n + k))
     }
-    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 2], v: &[f32; MAX_OPS]) {
+    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] += v[0];
     }
     fn out(&self, t: u64) -> Option<u64> {

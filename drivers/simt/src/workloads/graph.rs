@@ -387,7 +387,7 @@ impl Spec for Contrib {
     fn addr(&self, t: u64, _k: u64, op: usize) -> Option<u64> {
         Some(if op == 0 { self.rank } else { self.inv_deg } + 4 * t)
     }
-    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 2], v: &[f32; MAX_OPS]) {
+    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] = v[0] * v[1];
     }
     fn out(&self, t: u64) -> Option<u64> {

@@ -1,5 +1,5 @@
 //! Thread-per-output kernels described by a [`Spec`]: each thread runs `steps`
-//! iterations, each loading a few operands and folding them into two accumulators,
+//! iterations, each loading a few operands and folding them into four accumulators,
 //! then stores one result. ATAX, BICG, MVT, GESUMMV, 2DCONV, vector add, SGEMM and
 //! hotspot are all of this shape (the Polybench-GPU and Rodinia CUDA versions).
 
@@ -20,12 +20,12 @@ pub trait Spec: Send + Sync + 'static {
     fn operands(&self) -> usize;
     /// Address of operand `op` of iteration `k` of thread `t` (`None`: not loaded, 0).
     fn addr(&self, t: u64, k: u64, op: usize) -> Option<u64>;
-    /// Fold iteration `k`'s operands into the accumulators.
-    fn fold(&self, t: u64, k: u64, acc: &mut [f32; 2], v: &[f32; MAX_OPS]);
+    /// Fold iteration `k`'s operands into the four accumulators.
+    fn fold(&self, t: u64, k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]);
     /// Where thread `t` stores its result (`None`: the thread does nothing).
     fn out(&self, t: u64) -> Option<u64>;
     /// The value stored.
-    fn result(&self, t: u64, acc: &[f32; 2]) -> f32 {
+    fn result(&self, t: u64, acc: &[f32; 4]) -> f32 {
         let _ = t;
         acc[0]
     }
@@ -72,7 +72,7 @@ pub struct SpecWarp<S> {
     op: usize,
     pending: Option<usize>,
     phase: Phase,
-    acc: [[f32; 2]; 32],
+    acc: [[f32; 4]; 32],
     vals: [[f32; MAX_OPS]; 32],
 }
 
@@ -114,7 +114,7 @@ impl<S: Spec> Kernel for SpecKernel<S> {
             } else {
                 Phase::Load
             },
-            acc: [[0.0; 2]; 32],
+            acc: [[0.0; 4]; 32],
             vals: [[0.0; MAX_OPS]; 32],
         }
     }
