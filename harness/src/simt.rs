@@ -7,7 +7,7 @@
 //! integrated (walking the CPU's x86-64 table, the paper's setting) or discrete.
 
 use gmem_simt::machine::{mesc_tlbs, GpuKind, SimtMachine, MESC_UNITS};
-use gmem_simt::workloads::{self, pages_needed, sensitive, Size, WORKLOADS};
+use gmem_simt::workloads::{self, classified, pages_needed, sensitive, Size, WORKLOADS};
 use std::fmt::Write as _;
 
 /// One verified SIMT run.
@@ -17,6 +17,9 @@ pub struct SimtRow {
     pub workload: String,
     /// Translation-sensitive in the MESC paper's classification.
     pub sensitive: bool,
+    /// In one of the two compared classes (otherwise `sensitive` is false and means
+    /// nothing).
+    pub classified: bool,
     /// GPU kind.
     pub gpu: String,
     /// Bytes of data.
@@ -78,6 +81,7 @@ pub fn run(names: &[&str], size: Size, discrete: bool) -> Result<Vec<SimtRow>, S
         rows.push(SimtRow {
             workload: name.into(),
             sensitive: sensitive(name),
+            classified: classified(name),
             gpu: gpu.into(),
             footprint: o.footprint,
             warps_per_unit: s.warps_per_unit,
@@ -146,7 +150,11 @@ pub fn table(rows: &[SimtRow]) -> String {
             s,
             "{:<17} {:>4} {:>10} {:>5} {:>10} {:>10} {:>6.3} {:>6.3}-{:<6.3} {:>6.3} {:>9.1} {:>11} {:>6.2} {:>7.2} {:>8}",
             r.workload,
-            if r.sensitive { "yes" } else { "no" },
+            match (r.classified, r.sensitive) {
+                (false, _) => "-",
+                (true, true) => "yes",
+                (true, false) => "no",
+            },
             r.gpu,
             r.warps_per_unit,
             r.memory_instructions,
@@ -163,7 +171,11 @@ pub fn table(rows: &[SimtRow]) -> String {
         );
     }
     let avg = |sens: bool, f: fn(&SimtRow) -> f64| {
-        let v: Vec<f64> = rows.iter().filter(|r| r.sensitive == sens).map(f).collect();
+        let v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.classified && r.sensitive == sens)
+            .map(f)
+            .collect();
         if v.is_empty() {
             f64::NAN
         } else {

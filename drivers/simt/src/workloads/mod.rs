@@ -61,6 +61,12 @@ pub fn sensitive(name: &str) -> bool {
     )
 }
 
+/// Whether `name` is in one of the two classes the SIMT issue compares (sensitive:
+/// ATAX, BICG, MVT, GESUMMV, BFS; insensitive: vector add, 2DCONV, SGEMM, hotspot).
+pub fn classified(name: &str) -> bool {
+    sensitive(name) || matches!(name, "vectoradd" | "2dconv" | "sgemm" | "hotspot")
+}
+
 /// What a workload run produced.
 #[derive(Clone, Debug)]
 pub struct Outcome {
