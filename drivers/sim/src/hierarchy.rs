@@ -203,7 +203,8 @@ impl TlbHierarchy {
             return Some((leaf, Level::L1));
         }
         let (_, leaf) = self.l2.as_mut()?.lookup(root, va)?;
-        self.l1[u].insert(root, va, leaf.shift, leaf);
+        // The L1 lookup just missed `va` in every size.
+        self.l1[u].insert_missing(root, va, leaf.shift, leaf);
         Some((leaf, Level::L2))
     }
 

@@ -159,6 +159,8 @@ pub struct Tlb<V> {
     asids: Vec<u64>,
     /// Each slot's LRU / FIFO stamp (compact, for victim selection).
     stamps: Vec<u64>,
+    /// Valid ways per set.
+    filled: Vec<u32>,
     clock: u64,
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
@@ -195,6 +197,7 @@ impl<V: Copy> Tlb<V> {
             keys: vec![INVALID; entries],
             asids: vec![0; entries],
             stamps: vec![0; entries],
+            filled: vec![0; config.sets],
             clock: 0,
             rng,
             shifts: 0,
@@ -236,14 +239,31 @@ impl<V: Copy> Tlb<V> {
         let tag = va >> shift;
         let k = key(tag, shift);
         let r = self.set_of(tag);
-        (r.start..r.end).find(|&i| self.keys[i] == k && self.asids[i] == asid)
+        // Branch-free over the set (the compiler vectorises it): a key is in a set once
+        // per asid, so the last match is the only one.
+        let (keys, asids) = (&self.keys[r.clone()], &self.asids[r.clone()]);
+        let mut hit = usize::MAX;
+        for (i, (&x, &a)) in keys.iter().zip(asids).enumerate() {
+            if x == k && a == asid {
+                hit = i;
+            }
+        }
+        (hit != usize::MAX).then_some(r.start + hit)
     }
 
     fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<Entry<V>> {
         self.keys[i] = e.as_ref().map_or(INVALID, |e| key(e.tag, e.shift));
         self.asids[i] = e.as_ref().map_or(0, |e| e.asid);
         self.stamps[i] = e.as_ref().map_or(0, |e| e.stamp);
-        std::mem::replace(&mut self.slots[i], e)
+        let set = i / self.config.ways;
+        let new = e.is_some();
+        let old = std::mem::replace(&mut self.slots[i], e);
+        match (old.is_some(), new) {
+            (false, true) => self.filled[set] += 1,
+            (true, false) => self.filled[set] -= 1,
+            _ => {}
+        }
+        old
     }
 
     fn shift_list(&self) -> impl Iterator<Item = u8> + '_ {
@@ -317,6 +337,31 @@ impl<V: Copy> Tlb<V> {
     /// same key is overwritten; otherwise a free way is used, or the policy's victim is
     /// evicted. Returns the evicted entry's `(asid, page address)` if one was.
     pub fn insert(&mut self, asid: u64, va: u64, shift: u8, value: V) -> Option<(u64, u64)> {
+        self.insert_inner(asid, va, shift, value, true)
+    }
+
+    /// [`Tlb::insert`] for a key the caller just looked up and missed (no entry of
+    /// `asid` translates `va` in any size): skips the search for an entry to overwrite.
+    /// Inserting a key that is present would duplicate it; use [`Tlb::insert`] then.
+    pub fn insert_missing(
+        &mut self,
+        asid: u64,
+        va: u64,
+        shift: u8,
+        value: V,
+    ) -> Option<(u64, u64)> {
+        debug_assert!(!self.holds(asid, va), "insert_missing of a present key");
+        self.insert_inner(asid, va, shift, value, false)
+    }
+
+    fn insert_inner(
+        &mut self,
+        asid: u64,
+        va: u64,
+        shift: u8,
+        value: V,
+        search: bool,
+    ) -> Option<(u64, u64)> {
         let shift = shift.min(63);
         self.clock += 1;
         self.shifts |= 1 << shift;
@@ -329,31 +374,30 @@ impl<V: Copy> Tlb<V> {
             value,
             stamp: self.clock,
         };
-        // One pass over the set: the same key, the first free way, the oldest stamp.
-        let range = self.set_of(tag);
-        let k = key(tag, shift);
-        let (mut free, mut oldest) = (None, range.start);
-        for i in range.clone() {
-            let x = self.keys[i];
-            if x == k && self.asids[i] == asid {
+        if search {
+            if let Some(i) = self.find(asid, va, shift) {
                 self.put(i, Some(entry));
                 return None;
             }
-            if x == INVALID {
-                free.get_or_insert(i);
-            } else if self.stamps[i] < self.stamps[oldest] || self.keys[oldest] == INVALID {
-                oldest = i;
-            }
         }
-        if let Some(i) = free {
-            self.put(i, Some(entry));
-            return None;
+        let range = self.set_of(tag);
+        let set = range.start / self.config.ways;
+        if self.filled[set] < self.config.ways as u32 {
+            if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
+                self.put(range.start + i, Some(entry));
+                return None;
+            }
         }
         let victim = match self.config.policy {
             Replacement::Random { .. } => {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
-            Replacement::Lru | Replacement::Fifo => oldest,
+            Replacement::Lru | Replacement::Fifo => {
+                // The set is full: the smallest stamp, first of equals.
+                let stamps = &self.stamps[range.clone()];
+                let oldest = stamps.iter().copied().fold(u64::MAX, u64::min);
+                range.start + stamps.iter().position(|&x| x == oldest).expect("a way")
+            }
         };
         let old = self.put(victim, Some(entry)).expect("full set");
         self.stats.evictions += 1;
@@ -407,13 +451,11 @@ impl<V: Copy> Tlb<V> {
                 }
             }
         } else {
-            for (slot, k) in self.slots.iter_mut().zip(self.keys.iter_mut()) {
-                if matches!(slot, Some(e) if e.asid == asid
+            for i in 0..self.slots.len() {
+                if matches!(&self.slots[i], Some(e) if e.asid == asid
                     && ranges.iter().any(|&(s, l)| l > 0 && e.overlaps(s, l)))
                 {
-                    *slot = None;
-                    *k = INVALID;
-                    // (the stamp of a free way is never read)
+                    self.put(i, None);
                     dropped += 1;
                 }
             }
@@ -426,10 +468,9 @@ impl<V: Copy> Tlb<V> {
     pub fn flush_asid(&mut self, asid: u64) -> u64 {
         self.stats.invalidations += 1;
         let mut dropped = 0;
-        for (slot, k) in self.slots.iter_mut().zip(self.keys.iter_mut()) {
-            if matches!(slot, Some(e) if e.asid == asid) {
-                *slot = None;
-                *k = INVALID;
+        for i in 0..self.slots.len() {
+            if matches!(&self.slots[i], Some(e) if e.asid == asid) {
+                self.put(i, None);
                 dropped += 1;
             }
         }
@@ -443,6 +484,7 @@ impl<V: Copy> Tlb<V> {
         let dropped = self.len() as u64;
         self.slots.iter_mut().for_each(|s| *s = None);
         self.keys.iter_mut().for_each(|k| *k = INVALID);
+        self.filled.iter_mut().for_each(|f| *f = 0);
         self.shifts = 0;
         self.stats.invalidated += dropped;
         dropped
