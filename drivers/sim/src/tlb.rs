@@ -248,7 +248,7 @@ impl<V: Copy> Tlb<V> {
                 hit = i;
             }
         }
-        (hit != usize::MAX).then_some(r.start + hit)
+        (hit != usize::MAX).then(|| r.start + hit)
     }
 
     fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<Entry<V>> {
