@@ -157,7 +157,7 @@ pub struct Device<'a> {
 }
 
 /// Launch options.
-pub struct Launch<'a> {
+pub struct Launch<'a, 'o> {
     /// Occupancy calculation.
     pub occupancy: &'a dyn OccupancyModel,
     /// Block dispatch.
@@ -168,6 +168,16 @@ pub struct Launch<'a> {
     pub cost: &'a CostModel,
     /// Page size used to split a warp's transactions into translation requests.
     pub page_shift: u8,
+    /// Told about every 128-byte transaction (traffic accounting by where the frame
+    /// lives, e.g. per memory stack), if given.
+    pub observer: Option<&'o mut (dyn AccessObserver + 'o)>,
+}
+
+/// Sees every transaction a launch makes.
+pub trait AccessObserver {
+    /// Unit `unit` moved the 128 bytes at physical `pa` (a store if `store`), through a
+    /// translation served as `served`.
+    fn transaction(&mut self, unit: usize, pa: u64, store: bool, served: Served);
 }
 
 struct Memory {
@@ -189,7 +199,7 @@ struct Memory {
 pub fn run<K: Kernel>(
     dev: Device<'_>,
     kernel: &K,
-    launch: Launch<'_>,
+    mut launch: Launch<'_, '_>,
 ) -> Result<RunStats, SimtError> {
     let res = kernel.resources();
     let Occupancy {
@@ -297,6 +307,7 @@ pub fn run<K: Kernel>(
                     &mut mem,
                     &mut unit.l1d,
                     &mut stats,
+                    &mut launch.observer,
                 )
                 .map_err(|e| match e {
                     MemError::Coalesce(error) => SimtError::Coalesce { block, error },
@@ -408,6 +419,7 @@ fn memory(
     m: &mut Memory,
     l1d: &mut Option<Tlb<()>>,
     stats: &mut RunStats,
+    observer: &mut Option<&mut (dyn AccessObserver + '_)>,
 ) -> Result<u64, MemError> {
     m.co.fill(&io.addr, io.mask, page_shift)
         .map_err(MemError::Coalesce)?;
@@ -434,6 +446,9 @@ fn memory(
                     .expect("pages come from the transactions");
                 let pa = PhysAddr::new(res[pi].pa.as_u64() + (t - (t & pmask)));
                 line_pa[ti] = pa.as_u64();
+                if let Some(o) = observer.as_mut() {
+                    o.transaction(u, pa.as_u64(), op == Op::Store, res[pi].served);
+                }
                 res[pi]
                     .memory
                     .read(pa, &mut lines[ti])

@@ -10,7 +10,7 @@
 
 use crate::cost::CostModel;
 use crate::dispatch::{Dispatch, LooseRoundRobin, RoundRobin, WarpScheduler};
-use crate::engine::{run, Device, Launch, RunStats, SimtError};
+use crate::engine::{run, AccessObserver, Device, Launch, RunStats, SimtError};
 use crate::kernel::Kernel;
 use crate::occupancy::{OccupancyModel, SmConfig};
 use gmem_core::{
@@ -335,6 +335,20 @@ impl SimtMachine {
         dispatch: &mut dyn Dispatch,
         scheduler: &dyn Fn() -> Box<dyn WarpScheduler>,
     ) -> Result<RunStats, SimtError> {
+        self.launch_observed(kernel, dispatch, scheduler, None)
+    }
+
+    /// [`SimtMachine::launch_with`], telling `observer` about every transaction.
+    ///
+    /// # Errors
+    /// As [`crate::engine::run`].
+    pub fn launch_observed<K: Kernel>(
+        &self,
+        kernel: &K,
+        dispatch: &mut dyn Dispatch,
+        scheduler: &dyn Fn() -> Box<dyn WarpScheduler>,
+        observer: Option<&mut dyn AccessObserver>,
+    ) -> Result<RunStats, SimtError> {
         run(
             Device {
                 gm: &self.gm,
@@ -347,6 +361,7 @@ impl SimtMachine {
                 scheduler,
                 cost: &self.cost,
                 page_shift: 12,
+                observer,
             },
         )
     }

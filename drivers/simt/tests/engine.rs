@@ -1,8 +1,9 @@
 //! Engine behaviour: dispatch policies place blocks where they say, occupancy bounds the
 //! resident warps, divergence masks lanes, errors are typed.
 
+use gmem_sim::Served;
 use gmem_simt::dispatch::{Affinity, Greedy, LooseRoundRobin, WarpScheduler};
-use gmem_simt::engine::SimtError;
+use gmem_simt::engine::{AccessObserver, SimtError};
 use gmem_simt::kernel::{Kernel, Op, WarpIo, WarpProgram};
 use gmem_simt::machine::{mesc_tlbs, GpuKind, SimtMachine};
 use gmem_simt::occupancy::KernelResources;
@@ -176,4 +177,40 @@ fn impossible_kernels_and_bad_addresses_are_typed_errors() {
         regs: 32,
     };
     assert!(matches!(m.launch(&k), Err(SimtError::Coalesce { .. })));
+}
+
+#[test]
+fn an_observer_sees_every_transaction_with_its_unit() {
+    struct Count(Vec<u64>, u64);
+    impl AccessObserver for Count {
+        fn transaction(&mut self, unit: usize, _pa: u64, store: bool, _s: Served) {
+            self.0[unit] += 1;
+            self.1 += u64::from(store);
+        }
+    }
+    let m = machine();
+    let n = 4096u64;
+    let r = m.upload(&vec![0; n as usize]).unwrap();
+    let k = Evens {
+        n,
+        base: r.start.as_u64(),
+        tpb: 256,
+        regs: 32,
+    };
+    let mut c = Count(vec![0; 4], 0);
+    let s = m
+        .launch_observed(
+            &k,
+            &mut Affinity::new(|b| Some(b as usize % 2)),
+            &lrr,
+            Some(&mut c),
+        )
+        .unwrap();
+    assert_eq!(c.0.iter().sum::<u64>(), s.transactions);
+    assert_eq!(c.1, s.transactions, "the kernel only stores");
+    assert!(
+        c.0[0] > 0 && c.0[1] > 0 && c.0[2] == 0 && c.0[3] == 0,
+        "{:?}",
+        c.0
+    );
 }
