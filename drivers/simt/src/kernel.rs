@@ -61,6 +61,23 @@ impl WarpIo {
         self.mask != 0
     }
 
+    /// [`WarpIo::lanes`] over the lanes of `candidates` only (the others are masked
+    /// off without calling `f`).
+    pub fn lanes_of(&mut self, candidates: u32, mut f: impl FnMut(usize) -> Option<u64>) -> bool {
+        let mut mask = 0;
+        let mut c = candidates;
+        while c != 0 {
+            let l = c.trailing_zeros() as usize;
+            c &= c - 1;
+            if let Some(a) = f(l) {
+                self.addr[l] = a;
+                mask |= 1 << l;
+            }
+        }
+        self.mask = mask;
+        mask != 0
+    }
+
     /// Lane `l`'s value as an `f32`.
     pub fn f32(&self, l: usize) -> f32 {
         f32::from_bits(self.value[l])

@@ -123,13 +123,18 @@ impl<S: Spec> Kernel for SpecKernel<S> {
 impl<S: Spec> WarpProgram for SpecWarp<S> {
     fn next(&mut self, io: &mut WarpIo) -> Op {
         if let Some(op) = self.pending.take() {
-            for l in 0..32 {
-                if io.active(l) {
-                    self.vals[l][op] = io.f32(l);
-                } else {
-                    // An active thread that skipped this operand reads 0.
-                    self.vals[l][op] = 0.0;
-                }
+            let mut m = io.mask;
+            while m != 0 {
+                let l = m.trailing_zeros() as usize;
+                m &= m - 1;
+                self.vals[l][op] = io.f32(l);
+            }
+            // An active thread that skipped this operand reads 0.
+            let mut z = self.active & !io.mask;
+            while z != 0 {
+                let l = z.trailing_zeros() as usize;
+                z &= z - 1;
+                self.vals[l][op] = 0.0;
             }
         }
         loop {
@@ -143,28 +148,28 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                         let op = self.op;
                         self.op += 1;
                         let (spec, base, k, active) = (&self.spec, self.base, self.k, self.active);
-                        if io.lanes(|l| {
-                            (active & (1 << l) != 0)
-                                .then(|| spec.addr(base + l as u64, k, op))
-                                .flatten()
-                        }) {
+                        if io.lanes_of(active, |l| spec.addr(base + l as u64, k, op)) {
                             self.pending = Some(op);
                             return Op::Load;
                         }
-                        for v in self.vals.iter_mut() {
-                            v[op] = 0.0;
+                        let mut z = active;
+                        while z != 0 {
+                            let l = z.trailing_zeros() as usize;
+                            z &= z - 1;
+                            self.vals[l][op] = 0.0;
                         }
                         continue;
                     }
-                    for l in 0..32 {
-                        if self.active & (1 << l) != 0 {
-                            self.spec.fold(
-                                self.base + l as u64,
-                                self.k,
-                                &mut self.acc[l],
-                                &self.vals[l],
-                            );
-                        }
+                    let mut m = self.active;
+                    while m != 0 {
+                        let l = m.trailing_zeros() as usize;
+                        m &= m - 1;
+                        self.spec.fold(
+                            self.base + l as u64,
+                            self.k,
+                            &mut self.acc[l],
+                            &self.vals[l],
+                        );
                     }
                     self.k += 1;
                     self.op = 0;
