@@ -302,6 +302,21 @@ impl SpaceState {
         callback: Option<Callback>,
     ) -> Option<PendingInvalidation> {
         let shootdowns = self.shootdowns(&discard.runs);
+        // Deliberately broken (loom model `strict` must catch it): the frames and the
+        // range are released under the lock, before the unlocked invalidation.
+        #[cfg(gmem_loom_bug = "strict_release_before_invalidation")]
+        let (discard, va) = {
+            self.release_discarded(discard, va, &space.arena);
+            (
+                Discard {
+                    runs: Vec::new(),
+                    frames: Vec::new(),
+                    first: 0,
+                    pages: 0,
+                },
+                None,
+            )
+        };
         if shootdowns.is_empty() {
             self.release_discarded(discard, va, &space.arena);
             self.queue.complete_now(callback, Ok(()));
