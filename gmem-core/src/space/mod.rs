@@ -11,10 +11,13 @@
 //! - the attachments (which device uses which table);
 //! - the asynchronous MMU queue (`queue`).
 //!
-//! All of it sits behind one lock per space. The KPI functions in [`crate::Gmem`] take
-//! the lock, call into the methods here, drop the lock and then run whatever completion
-//! callbacks became ready, so callbacks may call the KPI again (all of it but
-//! `as_synchronize` on their own space, which waits for callbacks in flight).
+//! All of it sits behind one lock per space (`SpaceInner::lock`, whose guard runs the
+//! callbacks that became ready after releasing it, so callbacks may call the KPI again —
+//! all of it but `as_synchronize` on their own space, which waits for callbacks in
+//! flight). The state's fields are private to this module and its children, one per
+//! concern: `attach` (tables and attachments), `fault` (the fault path), `queue` (the
+//! queue's work: enqueue, drain, strict unmaps), `ops` (region operations shared by
+//! several calls), `check` (the invariants). The KPI modules reach it through methods.
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of
@@ -31,8 +34,8 @@ use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
-use crate::queue::MmuQueue;
 use crate::queue::Ready;
+use crate::queue::{Callback, MmuQueue};
 use crate::stats::Counters;
 use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::vmem::Arena;
@@ -267,18 +270,30 @@ impl core::ops::DerefMut for Locked<'_> {
     }
 }
 
+///
+/// Its fields are private to this module and its children (`attach`, `fault`,
+/// `queue`, `ops`, `check`), each of which owns one concern; the KPI modules in
+/// [`crate::kpi`] reach the state only through methods.
 pub(crate) struct SpaceState {
-    pub alive: bool,
-    pub regions: BTreeMap<u64, RegionRec>,
-    pub lpt: LogicalPageTable,
-    pub tables: Vec<Option<PageTable>>,
-    pub attached: Vec<Option<Attachment>>,
+    /// Cleared by `as_destroy`; a dead space refuses every call.
+    alive: bool,
+    /// Regions by start address.
+    regions: BTreeMap<u64, RegionRec>,
+    /// The logical page table: where each page lives and which tables map it.
+    lpt: LogicalPageTable,
+    /// Page tables by index (a page entry's mapping bit `t` names `tables[t]`).
+    tables: Vec<Option<PageTable>>,
+    /// Attachment slots (which device uses which table).
+    attached: Vec<Option<Attachment>>,
     /// Memories frames of this space live in; an entry's `mem` indexes this list.
-    pub memories: Memories,
-    pub queue: MmuQueue,
-    pub sets: Slots<MappingSet>,
-    pub next_region_id: u64,
-    pub bounce: Vec<u8>,
+    memories: Memories,
+    /// The asynchronous MMU queue.
+    queue: MmuQueue,
+    /// Mapping sets.
+    sets: Slots<MappingSet>,
+    next_region_id: u64,
+    /// Migration's bounce buffer (one page).
+    bounce: Vec<u8>,
 }
 
 /// A space already names [`MAX_MEMORIES`] memories and cannot name one more.
@@ -395,6 +410,102 @@ impl SpaceState {
             next_region_id: 1,
             bounce: alloc::vec![0; PAGE_SIZE as usize],
         }
+    }
+
+    /// Whether the space is alive (not destroyed).
+    pub fn is_alive(&self) -> bool {
+        self.alive
+    }
+
+    /// Record a new region `[start, start + len)` reserved as `[reserve_start,
+    /// reserve_start + reserve_len)` in the arena; `None` if the space is dead.
+    pub fn insert_region(
+        &mut self,
+        start: u64,
+        len: u64,
+        reserve_start: u64,
+        reserve_len: u64,
+    ) -> Option<u64> {
+        if !self.alive {
+            return None;
+        }
+        let id = self.next_region_id;
+        self.next_region_id += 1;
+        self.regions.insert(
+            start,
+            RegionRec {
+                id,
+                len,
+                reserve_start,
+                reserve_len,
+                prot: Prot::RW,
+                placement: Placement::default(),
+                granularity: 0,
+                explicit: false,
+                mapped: false,
+                set: None,
+            },
+        );
+        Some(id)
+    }
+
+    /// Every region with its start, in address order.
+    pub fn regions(&self) -> impl Iterator<Item = (u64, &RegionRec)> {
+        self.regions.iter().map(|(s, r)| (*s, r))
+    }
+
+    /// Requests the queue holds before it drains by itself (at least 1).
+    pub fn set_batch_limit(&mut self, limit: usize) {
+        self.queue.batch_limit = limit.max(1);
+    }
+
+    /// Queued asynchronous requests.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The counter of callbacks handed to threads and not finished (`as_synchronize`
+    /// waits for it to reach 0).
+    pub fn callbacks_in_flight(&self) -> Arc<crate::sync::AtomicUsize> {
+        self.queue.in_flight.clone()
+    }
+
+    /// Run `callback` with `result` once the lock is released.
+    pub fn complete_now(&mut self, callback: Option<Callback>, result: Result<(), MmuError>) {
+        self.queue.complete_now(callback, result);
+    }
+
+    /// Forget the memory of device `id` (destroyed; no page names it).
+    pub fn forget_memory(&mut self, id: DeviceId) {
+        self.memories.forget(id);
+    }
+
+    /// Create an empty mapping set.
+    pub fn new_set(&mut self) -> MappingSetId {
+        let (index, generation) = self.sets.insert_with(|_, _| MappingSet {
+            regions: Vec::new(),
+        });
+        MappingSetId { index, generation }
+    }
+
+    /// Empty a mapping set, returning its regions (`None` for a stale handle).
+    pub fn take_set(&mut self, set: MappingSetId) -> Option<Vec<Region>> {
+        let s = self.sets.get_mut(set.index, set.generation)?;
+        Some(core::mem::take(&mut s.regions))
+    }
+
+    /// Destroy a mapping set; its regions stay mapped and belong to no set. `false` for
+    /// a stale handle.
+    pub fn destroy_set(&mut self, set: MappingSetId) -> bool {
+        let Some(s) = self.sets.remove(set.index, set.generation) else {
+            return false;
+        };
+        for r in s.regions {
+            if let Some(rec) = self.region_mut(r) {
+                rec.set = None;
+            }
+        }
+        true
     }
 
     /// The region holding `va`, with its start.
@@ -783,4 +894,8 @@ pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
     runs
 }
 
+mod attach;
+mod check;
+mod fault;
 mod ops;
+mod queue;
