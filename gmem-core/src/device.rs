@@ -74,7 +74,65 @@ pub(crate) struct DeviceInner {
     pub binding: Mutex<Binding>,
 }
 
+/// Frames of one device's memory allocated for pages and not yet committed to them.
+///
+/// Dropping the run gives its frames back, so no error path between allocation and
+/// commitment (zeroing, copying, mapping) can leak them; [`FrameRun::commit`] hands
+/// them over to the pages for good.
+#[must_use = "commit the frames to their pages, or drop the run to free them"]
+pub(crate) struct FrameRun {
+    dev: Arc<DeviceInner>,
+    pfn: u64,
+    /// Frames still owned by the run (0 once committed).
+    pages: u64,
+}
+
+impl FrameRun {
+    /// The first frame.
+    pub fn pfn(&self) -> u64 {
+        self.pfn
+    }
+
+    /// The frames now belong to the pages they were allocated for.
+    pub fn commit(mut self) -> u64 {
+        self.pages = 0;
+        self.pfn
+    }
+}
+
+impl Drop for FrameRun {
+    fn drop(&mut self) {
+        if self.pages > 0 {
+            let mut phys = self.dev.phys.lock();
+            for k in 0..self.pages {
+                phys.free(self.pfn + k);
+            }
+        }
+    }
+}
+
 impl DeviceInner {
+    /// Allocate `pages` frames aligned to `align` pages for the pages of `space` from
+    /// `vpn`, within the driver's constraint `limit`.
+    pub fn alloc_frames(
+        self: &Arc<Self>,
+        pages: u64,
+        align: u64,
+        space: SpaceId,
+        vpn: u64,
+        limit: Option<crate::mmu::FrameConstraint>,
+    ) -> Option<FrameRun> {
+        let pfn = self
+            .phys
+            .lock()
+            .alloc_run(pages, align, space, vpn, false, limit)?;
+        Some(FrameRun {
+            dev: self.clone(),
+            pfn,
+            pages,
+        })
+    }
+
     pub fn faultable(&self) -> bool {
         self.caps.contains(DevCaps::FAULTABLE)
     }

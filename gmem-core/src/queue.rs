@@ -37,7 +37,9 @@ pub type Callback = Box<dyn FnOnce(Result<(), MmuError>) + Send>;
 /// Requests a queue holds before it drains by itself.
 pub const DEFAULT_BATCH_LIMIT: usize = 64;
 
-/// What discarding pages left to do later.
+/// What discarding pages left to do later: the runs whose invalidation is owed, the
+/// quarantined frames, the pages marked pending.
+#[must_use = "a discard's invalidation must be queued or completed before its frames and pages are released"]
 pub(crate) struct Discard {
     pub runs: Vec<TableRun>,
     pub frames: Vec<(u8, u64)>,

@@ -143,7 +143,7 @@ impl Gmem {
         let pending = self.with_region(region, |cx, space, st, c| {
             st.settle(cx, space, &c);
             st.remove_region(&c);
-            let d = st.discard_pages(cx.counters, c.first, c.pages, true);
+            let d = st.discard_pages_deferred(cx.counters, c.first, c.pages);
             let va = Some((c.rec.reserve_start, c.rec.reserve_len));
             if flags.contains(MapFlags::ASYNC) {
                 st.enqueue_unmap(cx.counters, &space.arena, d, va, callback);

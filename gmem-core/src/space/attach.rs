@@ -185,7 +185,7 @@ impl SpaceState {
                 .map(|(v, _)| (v, 1u32 << t))
                 .collect();
             touched.sort_unstable();
-            self.unmap_entries(stats, &touched, false);
+            self.unmap_entries(stats, &touched);
             let table = self.tables[t].take().expect("live table");
             table.mmu.destroy_page_table(table.root);
         } else {

@@ -3,7 +3,7 @@
 
 use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
-use crate::device::DeviceInner;
+use crate::device::{DeviceInner, FrameRun};
 use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
 use crate::flags::{DevCaps, Prot};
@@ -95,7 +95,7 @@ impl SpaceState {
                 if mine && others == 0 {
                     self.spurious(stats, t, vpn)
                 } else if here.id == target.id {
-                    self.unmap_pages(stats, vpn, 1, others, false);
+                    self.unmap_pages(stats, vpn, 1, others);
                     self.map_in_place(stats, t, vpn, e, prot, mine, remote)
                 } else {
                     self.migrate_and_map(cx, space, t, vpn, &target, prot)
@@ -231,28 +231,19 @@ impl SpaceState {
         let mem = self
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
-        let (first, pages, pfn) = match whole
-            .then(|| {
-                let limit = frame_limit(target, b0, g);
-                target
-                    .phys
-                    .lock()
-                    .alloc_run(g, g, space.id, b0, false, limit)
-            })
-            .flatten()
-        {
-            Some(pfn) => (b0, g, pfn),
+        let block = whole
+            .then(|| target.alloc_frames(g, g, space.id, b0, frame_limit(target, b0, g)))
+            .flatten();
+        let (first, pages, run) = match block {
+            Some(run) => (b0, g, run),
             None => (vpn, 1, self.alloc_frame(cx, space, target, vpn)?),
         };
+        let pfn = run.pfn();
         let memory = target
             .memory
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
-        if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), pages << PAGE_SHIFT) {
-            let mut phys = target.phys.lock();
-            (0..pages).for_each(|k| phys.free(pfn + k));
-            return Err(e.into());
-        }
+        memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), pages << PAGE_SHIFT)?;
         for k in 0..pages {
             self.lpt.set(
                 first + k,
@@ -268,9 +259,10 @@ impl SpaceState {
             .map_run(stats, t, first, pages, pfn, mem, prot)
             .and_then(|()| self.mirror(stats, first, pages, replicas))
         {
-            self.unpopulate(stats, first, pages, target, pfn);
+            self.unpopulate(stats, first, pages);
             return Err(e.into());
         }
+        run.commit();
         Counters::add(&stats.pages_zeroed, pages);
         Counters::add(&stats.faults_zero_fill, 1);
         Ok(FaultResolution {
@@ -279,22 +271,13 @@ impl SpaceState {
         })
     }
 
-    /// Undo the population of fresh pages `[first, first + pages)` backed by frames
-    /// `pfn..` of `target`: unmap them from every table that got them (invalidating),
-    /// forget their entries, free their frames. The space is as before the population.
-    fn unpopulate(
-        &mut self,
-        stats: &Counters,
-        first: u64,
-        pages: u64,
-        target: &Arc<DeviceInner>,
-        pfn: u64,
-    ) {
-        self.unmap_pages(stats, first, pages, u32::MAX, false);
-        let mut phys = target.phys.lock();
+    /// Undo the population of fresh pages `[first, first + pages)` whose frames are
+    /// still an uncommitted [`FrameRun`]: unmap them from every table that got them
+    /// (invalidating) and forget their entries; dropping the run then frees the frames.
+    fn unpopulate(&mut self, stats: &Counters, first: u64, pages: u64) {
+        self.unmap_pages(stats, first, pages, u32::MAX);
         for k in 0..pages {
             self.lpt.take(first + k);
-            phys.free(pfn + k);
         }
     }
 
@@ -306,15 +289,11 @@ impl SpaceState {
         space: &SpaceInner,
         target: &Arc<DeviceInner>,
         vpn: u64,
-    ) -> Result<u64, MoveError> {
+    ) -> Result<FrameRun, MoveError> {
         let limit = frame_limit(target, vpn, 1);
         loop {
-            if let Some(pfn) = target
-                .phys
-                .lock()
-                .alloc_run(1, 1, space.id, vpn, false, limit)
-            {
-                return Ok(pfn);
+            if let Some(run) = target.alloc_frames(1, 1, space.id, vpn, limit) {
+                return Ok(run);
             }
             if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
                 return Err(MoveError::OutOfMemory(target.id));
@@ -373,11 +352,7 @@ impl SpaceState {
         };
         let host = cx.host.clone();
         let limit = frame_limit(&host, vpn, 1);
-        let Some(new) = host
-            .phys
-            .lock()
-            .alloc_run(1, 1, space_id, vpn, false, limit)
-        else {
+        let Some(new) = host.alloc_frames(1, 1, space_id, vpn, limit) else {
             return Err(MoveError::OutOfMemory(host.id));
         };
         self.move_page(cx, vpn, &host, new)?;
@@ -398,29 +373,28 @@ impl SpaceState {
     }
 
     /// Tear down every mapping of `vpn` (unmap + invalidate), then copy its bytes into
-    /// frame `new` of `to`, free the old frame, re-mirror. `new` is already allocated and owned by this page.
+    /// frame run `new` of `to` (committed once the bytes are there; on a failure before
+    /// that it is freed and the page stays where it was), free the old frame,
+    /// re-mirror.
     pub(crate) fn move_page(
         &mut self,
         cx: &Ctx<'_>,
         vpn: u64,
         to: &Arc<DeviceInner>,
-        new: u64,
+        new: FrameRun,
     ) -> Result<(), MoveError> {
         let stats = cx.counters;
         let e = self.lpt.get(vpn);
         let from = self.memories.get(e.mem).clone();
-        let Ok(mem) = self.mem_index(to) else {
-            to.phys.lock().free(new);
-            return Err(MoveError::TooManyMemories(to.id));
-        };
+        let mem = self
+            .mem_index(to)
+            .map_err(|_| MoveError::TooManyMemories(to.id))?;
         // Mappings first: once every TLB is invalidated no device can still write the
         // old frame, so the copy below sees the page's final bytes. (On a copy failure
         // the page stays where it is; the dropped mappings fault back in.)
-        self.unmap_pages(stats, vpn, 1, u32::MAX, false);
-        if let Err(err) = self.copy_page(&from, e.pfn, to, new) {
-            to.phys.lock().free(new);
-            return Err(err.into());
-        }
+        self.unmap_pages(stats, vpn, 1, u32::MAX);
+        self.copy_page(&from, e.pfn, to, new.pfn())?;
+        let new = new.commit();
         self.release_frame(&e, false);
         self.lpt.update(vpn, |x| {
             x.mem = mem;
@@ -473,15 +447,13 @@ impl SpaceState {
         let mem = self
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
-        let pfn = self.alloc_frame(cx, space, target, vpn)?;
+        let run = self.alloc_frame(cx, space, target, vpn)?;
+        let pfn = run.pfn();
         let memory = target
             .memory
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
-        if let Err(e) = memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE) {
-            target.phys.lock().free(pfn);
-            return Err(e.into());
-        }
+        memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE)?;
         self.lpt.set(
             vpn,
             PageEntry {
@@ -492,9 +464,10 @@ impl SpaceState {
         );
         let replicas = self.replica_mask();
         if let Err(e) = self.mirror(cx.counters, vpn, 1, replicas) {
-            self.unpopulate(cx.counters, vpn, 1, target, pfn);
+            self.unpopulate(cx.counters, vpn, 1);
             return Err(e.into());
         }
+        run.commit();
         Counters::add(&cx.counters.pages_zeroed, 1);
         Ok(())
     }

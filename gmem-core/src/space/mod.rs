@@ -35,7 +35,7 @@ use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
-use crate::queue::{Callback, MmuQueue};
+use crate::queue::{Callback, Discard, MmuQueue};
 use crate::stats::Counters;
 use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::vmem::Arena;
@@ -374,6 +374,10 @@ impl Memories {
     }
 }
 
+/// Table runs whose entries were cleared and whose TLB invalidation is still owed.
+#[must_use = "cleared entries must be invalidated before anything they mapped is reused"]
+struct OwedInvalidation(Vec<TableRun>);
+
 /// One device's TLB invalidation of ranges of one page table.
 pub(crate) struct Shootdown {
     mmu: Arc<dyn Mmu>,
@@ -658,32 +662,26 @@ impl SpaceState {
 
     /// Remove the mappings of `[first, first+pages)` from every table in `mask`: one
     /// `unmap` per contiguous run and table, then one `invalidate` per device of each
-    /// table with all its runs (unless `defer` is set, in which case the runs are
-    /// returned for a later coalesced invalidation).
-    pub fn unmap_pages(
-        &mut self,
-        stats: &Counters,
-        first: u64,
-        pages: u64,
-        mask: u32,
-        defer: bool,
-    ) -> Vec<TableRun> {
+    /// table with all its runs.
+    pub fn unmap_pages(&mut self, stats: &Counters, first: u64, pages: u64, mask: u32) {
         let touched: Vec<(u64, u32)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.mapped & mask != 0)
             .map(|(v, e)| (v, e.mapped & mask))
             .collect();
-        self.unmap_entries(stats, &touched, defer)
+        self.unmap_entries(stats, &touched);
     }
 
-    /// `SpaceState::unmap_pages` for an address-ordered list of `(vpn, table bits)`.
-    pub fn unmap_entries(
-        &mut self,
-        stats: &Counters,
-        touched: &[(u64, u32)],
-        defer: bool,
-    ) -> Vec<TableRun> {
+    /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
+    pub fn unmap_entries(&mut self, stats: &Counters, touched: &[(u64, u32)]) {
+        let owed = self.clear_entries(stats, touched);
+        self.invalidate(stats, &owed.0);
+    }
+
+    /// Remove the mappings `touched` names from their tables without invalidating:
+    /// the runs whose invalidation is owed come back as a value that must be used.
+    fn clear_entries(&mut self, stats: &Counters, touched: &[(u64, u32)]) -> OwedInvalidation {
         let runs = table_runs(touched);
         for &(v, bits) in touched {
             self.lpt.update(v, |e| e.mapped &= !bits);
@@ -694,10 +692,7 @@ impl SpaceState {
                 Counters::add(&stats.mmu_unmaps, 1);
             }
         }
-        if !defer {
-            self.invalidate(stats, &runs);
-        }
-        runs
+        OwedInvalidation(runs)
     }
 
     /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
@@ -733,7 +728,7 @@ impl SpaceState {
             for r in lost {
                 let first = r.range.start.vpn().0;
                 let pages = r.range.len >> PAGE_SHIFT;
-                self.unmap_pages(stats, first, pages, 1 << r.table, false);
+                self.unmap_pages(stats, first, pages, 1 << r.table);
                 let eager = self.wired_mask() & (1 << r.table);
                 // Best effort: the error returned is the first one.
                 let _ = self.mirror(stats, first, pages, eager);
@@ -797,41 +792,50 @@ impl SpaceState {
             .any(|(_, e)| e.has(PENDING))
     }
 
-    /// Remove every page of `[first, first+pages)`: unmap everywhere, release frames.
-    /// With `defer`, the invalidation, the frame release and `va_release` wait in the
-    /// queue; otherwise all happens now and the caller releases the range.
-    pub fn discard_pages(
-        &mut self,
-        stats: &Counters,
-        first: u64,
-        pages: u64,
-        defer: bool,
-    ) -> crate::queue::Discard {
-        let runs = self.unmap_pages(stats, first, pages, u32::MAX, defer);
+    /// Remove every page of `[first, first+pages)` now: unmap everywhere, invalidate,
+    /// release frames (the caller releases the range).
+    pub fn discard_pages(&mut self, stats: &Counters, first: u64, pages: u64) {
+        self.unmap_pages(stats, first, pages, u32::MAX);
+        let entries: Vec<(u64, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+        for (v, e) in entries {
+            self.release_frame(&e, false);
+            self.lpt.take(v);
+        }
+    }
+
+    /// Remove every page of `[first, first+pages)` but owe the invalidation: the
+    /// entries are cleared at once (new translations fault), the frames quarantined and
+    /// the pages marked pending. The returned [`Discard`] must go to the queue
+    /// (`enqueue_unmap`) or to a strict unmap completed outside the lock
+    /// (`defer_invalidation`), which invalidate and then release.
+    pub fn discard_pages_deferred(&mut self, stats: &Counters, first: u64, pages: u64) -> Discard {
+        let touched: Vec<(u64, u32)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.mapped != 0)
+            .map(|(v, e)| (v, e.mapped))
+            .collect();
+        let owed = self.clear_entries(stats, &touched);
         let entries: Vec<(u64, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         let mut frames = Vec::new();
         for (v, e) in entries {
             // A frame of ours waits, quarantined, for the deferred invalidation; the
             // page stays marked pending until then.
-            let quarantine = defer && e.is_populated() && !e.has(EXTERNAL);
+            let quarantine = e.is_populated() && !e.has(EXTERNAL);
             self.release_frame(&e, quarantine);
             if quarantine {
                 frames.push((e.mem, e.pfn));
             }
-            if defer {
-                self.lpt.set(
-                    v,
-                    PageEntry {
-                        flags: PENDING,
-                        ..PageEntry::EMPTY
-                    },
-                );
-            } else {
-                self.lpt.take(v);
-            }
+            self.lpt.set(
+                v,
+                PageEntry {
+                    flags: PENDING,
+                    ..PageEntry::EMPTY
+                },
+            );
         }
-        crate::queue::Discard {
-            runs,
+        Discard {
+            runs: owed.0,
             frames,
             first,
             pages,

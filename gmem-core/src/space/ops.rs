@@ -104,7 +104,7 @@ impl SpaceState {
                 .map(|v| (*v, self.lpt.get(*v).mapped & mask))
                 .filter(|(_, m)| *m != 0)
                 .collect();
-            self.unmap_entries(cx.counters, &touched, false);
+            self.unmap_entries(cx.counters, &touched);
             for vpn in wired {
                 self.set_page_wired(vpn, false);
             }
@@ -125,10 +125,10 @@ impl SpaceState {
         let (first, pages) = (c.first, c.pages);
         self.settle(cx, space, c);
         if flags.contains(MapFlags::ASYNC) {
-            let d = self.discard_pages(cx.counters, first, pages, true);
+            let d = self.discard_pages_deferred(cx.counters, first, pages);
             self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
         } else {
-            self.discard_pages(cx.counters, first, pages, false);
+            self.discard_pages(cx.counters, first, pages);
             self.queue.complete_now(callback, Ok(()));
         }
         self.leave_set(c);
@@ -239,7 +239,7 @@ impl SpaceState {
         if asynchronous {
             self.enqueue_map(cx.counters, &space.arena, first, pages, callback);
         } else if let Err(e) = self.mirror(cx.counters, first, pages, mask) {
-            self.discard_pages(cx.counters, first, pages, false);
+            self.discard_pages(cx.counters, first, pages);
             self.put_region(c, c.rec);
             return Err(e.into());
         } else {
@@ -263,7 +263,7 @@ impl SpaceState {
             .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
             .map(|(v, e)| (v, e.mapped & !replicas))
             .collect();
-        self.unmap_entries(cx.counters, &touched, false);
+        self.unmap_entries(cx.counters, &touched);
     }
 
     /// `region_protect` under the lock: change every table's protection of the
@@ -303,7 +303,7 @@ impl SpaceState {
             .filter(|(_, e)| e.mapped & mask != 0)
             .map(|(v, e)| (*v, e.mapped & mask))
             .collect();
-        self.unmap_entries(cx.counters, &touched, false);
+        self.unmap_entries(cx.counters, &touched);
         for (v, _) in wired {
             self.set_page_wired(v, false);
         }

@@ -13,7 +13,7 @@ use crate::queue::{Callback, Discard, Op, PendingInvalidation, Request};
 
 impl SpaceState {
     /// Queue an unmap whose entries are already cleared (`discard` came from
-    /// `discard_pages(.., defer = true)`); `va` is a reservation to release afterwards.
+    /// `discard_pages_deferred`); `va` is a reservation to release afterwards.
     pub fn enqueue_unmap(
         &mut self,
         stats: &Counters,
@@ -110,7 +110,7 @@ impl SpaceState {
         }
     }
 
-    /// Turn a discard (from `discard_pages(.., defer = true)`) into a strict unmap whose
+    /// Turn a discard (from `discard_pages_deferred`) into a strict unmap whose
     /// TLB invalidation runs outside the space lock: see [`PendingInvalidation`]. With
     /// nothing to invalidate it completes at once and `None` is returned.
     pub fn defer_invalidation(
