@@ -29,15 +29,23 @@
 mod imp {
     pub use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+    /// How a thread waits for a held lock: spinning (a kernel, which holds spin locks
+    /// with preemption off), or yielding its CPU with the `std` feature (a user-space
+    /// host, where a lock holder can be descheduled).
+    #[cfg(not(feature = "std"))]
+    type Relax = spin::relax::Spin;
+    #[cfg(feature = "std")]
+    type Relax = spin::relax::Yield;
+
     /// A mutual-exclusion spin lock.
-    pub struct Mutex<T>(spin::Mutex<T>);
+    pub struct Mutex<T>(spin::mutex::Mutex<T, Relax>);
     /// Guard of a [`Mutex`].
     pub type MutexGuard<'a, T> = spin::MutexGuard<'a, T>;
 
     impl<T> Mutex<T> {
         /// A new unlocked mutex.
         pub const fn new(value: T) -> Self {
-            Self(spin::Mutex::new(value))
+            Self(spin::mutex::Mutex::new(value))
         }
         /// Lock, spinning until the lock is free.
         #[inline]
@@ -58,16 +66,16 @@ mod imp {
     }
 
     /// A reader-writer spin lock.
-    pub struct RwLock<T>(spin::RwLock<T>);
+    pub struct RwLock<T>(spin::rwlock::RwLock<T, Relax>);
     /// Shared guard of an [`RwLock`].
     pub type RwLockReadGuard<'a, T> = spin::RwLockReadGuard<'a, T>;
     /// Exclusive guard of an [`RwLock`].
-    pub type RwLockWriteGuard<'a, T> = spin::RwLockWriteGuard<'a, T>;
+    pub type RwLockWriteGuard<'a, T> = spin::rwlock::RwLockWriteGuard<'a, T, Relax>;
 
     impl<T> RwLock<T> {
         /// A new unlocked reader-writer lock.
         pub const fn new(value: T) -> Self {
-            Self(spin::RwLock::new(value))
+            Self(spin::rwlock::RwLock::new(value))
         }
         /// Shared lock.
         #[inline]
