@@ -7,6 +7,7 @@
 //! active in. One device, the host CPU, is created with the [`crate::Gmem`] instance:
 //! its memory is the swap space of every device memory.
 
+use crate::addr::{Pfn, Vpn};
 use crate::flags::{DevCaps, PageSizes};
 use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::{DeviceMemory, Mmu};
@@ -82,19 +83,19 @@ pub(crate) struct DeviceInner {
 #[must_use = "commit the frames to their pages, or drop the run to free them"]
 pub(crate) struct FrameRun {
     dev: Arc<DeviceInner>,
-    pfn: u64,
+    pfn: Pfn,
     /// Frames still owned by the run (0 once committed).
     pages: u64,
 }
 
 impl FrameRun {
     /// The first frame.
-    pub fn pfn(&self) -> u64 {
+    pub fn pfn(&self) -> Pfn {
         self.pfn
     }
 
     /// The frames now belong to the pages they were allocated for.
-    pub fn commit(mut self) -> u64 {
+    pub fn commit(mut self) -> Pfn {
         self.pages = 0;
         self.pfn
     }
@@ -105,7 +106,7 @@ impl Drop for FrameRun {
         if self.pages > 0 {
             let mut phys = self.dev.phys.lock();
             for k in 0..self.pages {
-                phys.free(self.pfn + k);
+                phys.free(self.pfn.add(k));
             }
         }
     }
@@ -119,7 +120,7 @@ impl DeviceInner {
         pages: u64,
         align: u64,
         space: SpaceId,
-        vpn: u64,
+        vpn: Vpn,
         limit: Option<crate::mmu::FrameConstraint>,
     ) -> Option<FrameRun> {
         let pfn = self

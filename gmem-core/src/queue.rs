@@ -24,6 +24,7 @@
 //! The queue drains on `as_synchronize`, when it holds `batch_limit` requests, and
 //! before any operation that touches a pending page.
 
+use crate::addr::{Pfn, Vpn};
 use crate::mmu::MmuError;
 use crate::space::{Shootdown, SpaceInner, TableRun};
 use crate::stats::Counters;
@@ -42,8 +43,8 @@ pub const DEFAULT_BATCH_LIMIT: usize = 64;
 #[must_use = "a discard's invalidation must be queued or completed before its frames and pages are released"]
 pub(crate) struct Discard {
     pub runs: Vec<TableRun>,
-    pub frames: Vec<(u8, u64)>,
-    pub first: u64,
+    pub frames: Vec<(u8, Pfn)>,
+    pub first: Vpn,
     pub pages: u64,
 }
 
@@ -53,7 +54,7 @@ pub(crate) enum Op {
         va: Option<(u64, u64)>,
     },
     Map {
-        first: u64,
+        first: Vpn,
         pages: u64,
     },
 }

@@ -5,7 +5,7 @@
 //! of it with the region's page span and write changes back with
 //! `SpaceState::put_region`.
 
-use crate::addr::{PhysAddr, VaRange, VirtAddr, PAGE_SIZE};
+use crate::addr::{PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
 use crate::error::{MapError, PolicyError, PopulateError, ProtectError, RegionError};
 use crate::flags::{MapFlags, Prot};
 use crate::gmem::{Ctx, Gmem};
@@ -24,7 +24,7 @@ pub(crate) struct Checked {
     pub region: Region,
     pub rec: RegionRec,
     /// First page number.
-    pub first: u64,
+    pub first: Vpn,
     /// Pages spanned.
     pub pages: u64,
 }

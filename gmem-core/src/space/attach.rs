@@ -6,6 +6,7 @@
 //! races this closes).
 
 use super::{Attachment, MmuMode, PageTable, SpaceState, MAX_TABLES};
+use crate::addr::Vpn;
 use crate::device::DeviceInner;
 use crate::error::AttachError;
 use crate::handle::SpaceId;
@@ -113,7 +114,7 @@ impl SpaceState {
         for slot in 0..self.attached.len() {
             self.detach_slot(stats, slot, id);
         }
-        let entries: Vec<(u64, PageEntry)> = self.lpt.iter().collect();
+        let entries: Vec<(Vpn, PageEntry)> = self.lpt.iter().collect();
         for (v, e) in entries {
             self.release_frame(&e, false);
             self.lpt.take(v);
@@ -137,7 +138,7 @@ impl SpaceState {
         if !all && table.faultable {
             return Ok(());
         }
-        let mut vpns: Vec<u64> = self
+        let mut vpns: Vec<Vpn> = self
             .lpt
             .iter()
             .filter(|(_, e)| e.is_populated() && (all || e.has(WIRED)) && !e.has(PENDING))
@@ -178,7 +179,7 @@ impl SpaceState {
             .as_ref()
             .map_or(0, |tb| tb.users & !(1 << slot));
         if users == 0 {
-            let mut touched: Vec<(u64, u32)> = self
+            let mut touched: Vec<(Vpn, u32)> = self
                 .lpt
                 .iter()
                 .filter(|(_, e)| e.mapped & (1 << t) != 0)
@@ -205,7 +206,7 @@ impl SpaceState {
             table.faultable = faultable;
         }
         let hint = (slot + 1) as u8;
-        let hinted: Vec<u64> = self
+        let hinted: Vec<Vpn> = self
             .lpt
             .iter()
             .filter(|(_, e)| e.hint == hint)

@@ -2,6 +2,7 @@
 //! on one space's state and the memories it uses.
 
 use super::{PlacementMode, SpaceInner, SpaceState};
+use crate::addr::{Pfn, Vpn};
 use crate::check::{fail, Violation};
 use crate::handle::SpaceId;
 use crate::lpt::{EXTERNAL, PENDING, WIRED};
@@ -39,8 +40,8 @@ impl SpaceState {
             prev_end = start + r.len;
         }
 
-        let mut owned: Vec<(u8, u64)> = Vec::new();
-        for (vpn, e) in st.lpt.iter() {
+        let mut owned: Vec<(u8, Pfn)> = Vec::new();
+        for (Vpn(vpn), e) in st.lpt.iter() {
             let va = vpn << crate::addr::PAGE_SHIFT;
             let region = st.region_at(va);
             if e.has(PENDING) && queue_empty && st.queue.strict_in_flight == 0 {
@@ -92,7 +93,7 @@ impl SpaceState {
                 _ => return fail("page's frame is not in use", Some(vpn)),
             }
             match phys.owner(e.pfn) {
-                Some(o) if o.space == id && o.vpn == vpn => {}
+                Some(o) if o.space == id && o.vpn == Vpn(vpn) => {}
                 _ => return fail("frame's reverse mapping does not point back", Some(vpn)),
             }
             owned.push((e.mem, e.pfn));

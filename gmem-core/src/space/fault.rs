@@ -2,7 +2,7 @@
 //! fault, zero-fill, migration, eviction, prefetch.
 
 use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
-use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::addr::{Pfn, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::{DeviceInner, FrameRun};
 use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
@@ -40,7 +40,7 @@ impl SpaceState {
                 allowed: prot,
             });
         }
-        let vpn = va.vpn().0;
+        let vpn = va.vpn();
         if self.lpt.get(vpn).has(PENDING) {
             self.drain(stats, &space.arena);
         }
@@ -127,7 +127,7 @@ impl SpaceState {
         &mut self,
         stats: &Counters,
         t: usize,
-        vpn: u64,
+        vpn: Vpn,
         e: PageEntry,
         prot: Prot,
         mine: bool,
@@ -152,7 +152,7 @@ impl SpaceState {
         cx: &Ctx<'_>,
         space: &SpaceInner,
         t: usize,
-        vpn: u64,
+        vpn: Vpn,
         target: &Arc<DeviceInner>,
         prot: Prot,
     ) -> Result<FaultResolution, FaultError> {
@@ -170,12 +170,12 @@ impl SpaceState {
         &mut self,
         stats: &Counters,
         t: usize,
-        vpn: u64,
+        vpn: Vpn,
     ) -> Result<FaultResolution, FaultError> {
         let runs = [crate::space::TableRun {
             table: t,
             range: crate::addr::VaRange {
-                start: VirtAddr::new(vpn << PAGE_SHIFT),
+                start: vpn.addr(),
                 len: PAGE_SIZE,
             },
         }];
@@ -217,15 +217,15 @@ impl SpaceState {
         space: &SpaceInner,
         t: usize,
         target: &Arc<DeviceInner>,
-        vpn: u64,
+        vpn: Vpn,
         g: u64,
-        rfirst: u64,
-        rend: u64,
+        rfirst: Vpn,
+        rend: Vpn,
         prot: Prot,
     ) -> Result<FaultResolution, MoveError> {
         let stats = cx.counters;
         let g = g.max(1);
-        let b0 = vpn & !(g - 1);
+        let b0 = vpn.align_down(g);
         let whole =
             g > 1 && b0 >= rfirst && b0 + g <= rend && self.lpt.entries_in(b0, g).next().is_none();
         let mem = self
@@ -243,7 +243,7 @@ impl SpaceState {
             .memory
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
-        memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), pages << PAGE_SHIFT)?;
+        memory.zero(pfn.addr(), pages << PAGE_SHIFT)?;
         for k in 0..pages {
             self.lpt.set(
                 first + k,
@@ -274,7 +274,7 @@ impl SpaceState {
     /// Undo the population of fresh pages `[first, first + pages)` whose frames are
     /// still an uncommitted [`FrameRun`]: unmap them from every table that got them
     /// (invalidating) and forget their entries; dropping the run then frees the frames.
-    fn unpopulate(&mut self, stats: &Counters, first: u64, pages: u64) {
+    fn unpopulate(&mut self, stats: &Counters, first: Vpn, pages: u64) {
         self.unmap_pages(stats, first, pages, u32::MAX);
         for k in 0..pages {
             self.lpt.take(first + k);
@@ -288,7 +288,7 @@ impl SpaceState {
         cx: &Ctx<'_>,
         space: &SpaceInner,
         target: &Arc<DeviceInner>,
-        vpn: u64,
+        vpn: Vpn,
     ) -> Result<FrameRun, MoveError> {
         let limit = frame_limit(target, vpn, 1);
         loop {
@@ -308,7 +308,7 @@ impl SpaceState {
         cx: &Ctx<'_>,
         space: &SpaceInner,
         dev: &Arc<DeviceInner>,
-        keep_vpn: u64,
+        keep_vpn: Vpn,
     ) -> Result<bool, MoveError> {
         let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
         for (pfn, owner) in candidates {
@@ -333,9 +333,9 @@ impl SpaceState {
     pub(crate) fn evict_page(
         &mut self,
         cx: &Ctx<'_>,
-        vpn: u64,
+        vpn: Vpn,
         dev: &Arc<DeviceInner>,
-        pfn: u64,
+        pfn: Pfn,
     ) -> Result<bool, MoveError> {
         let e = self.lpt.get(vpn);
         if !e.is_populated()
@@ -365,7 +365,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        vpn: u64,
+        vpn: Vpn,
         target: &Arc<DeviceInner>,
     ) -> Result<(), MoveError> {
         let new = self.alloc_frame(cx, space, target, vpn)?;
@@ -379,7 +379,7 @@ impl SpaceState {
     pub(crate) fn move_page(
         &mut self,
         cx: &Ctx<'_>,
-        vpn: u64,
+        vpn: Vpn,
         to: &Arc<DeviceInner>,
         new: FrameRun,
     ) -> Result<(), MoveError> {
@@ -417,20 +417,22 @@ impl SpaceState {
     fn copy_page(
         &mut self,
         from: &Arc<DeviceInner>,
-        src: u64,
+        src: Pfn,
         to: &Arc<DeviceInner>,
-        dst: u64,
+        dst: Pfn,
     ) -> Result<(), MemError> {
-        let src_mem = from.memory.as_ref().ok_or(MemError::OutOfRange {
-            pa: PhysAddr::new(src << PAGE_SHIFT),
-        })?;
-        let dst_mem = to.memory.as_ref().ok_or(MemError::OutOfRange {
-            pa: PhysAddr::new(dst << PAGE_SHIFT),
-        })?;
+        let src_mem = from
+            .memory
+            .as_ref()
+            .ok_or(MemError::OutOfRange { pa: src.addr() })?;
+        let dst_mem = to
+            .memory
+            .as_ref()
+            .ok_or(MemError::OutOfRange { pa: dst.addr() })?;
         let mut buf = core::mem::take(&mut self.bounce);
         let r = src_mem
-            .read(PhysAddr::new(src << PAGE_SHIFT), &mut buf)
-            .and_then(|()| dst_mem.write(PhysAddr::new(dst << PAGE_SHIFT), &buf));
+            .read(src.addr(), &mut buf)
+            .and_then(|()| dst_mem.write(dst.addr(), &buf));
         self.bounce = buf;
         r
     }
@@ -441,7 +443,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        vpn: u64,
+        vpn: Vpn,
         target: &Arc<DeviceInner>,
     ) -> Result<(), MoveError> {
         let mem = self
@@ -453,7 +455,7 @@ impl SpaceState {
             .memory
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
-        memory.zero(PhysAddr::new(pfn << PAGE_SHIFT), PAGE_SIZE)?;
+        memory.zero(pfn.addr(), PAGE_SIZE)?;
         self.lpt.set(
             vpn,
             PageEntry {
@@ -480,7 +482,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        first: u64,
+        first: Vpn,
         pages: u64,
         target: &Arc<DeviceInner>,
         prefetch: bool,
@@ -489,7 +491,7 @@ impl SpaceState {
             self.drain(cx.counters, &space.arena);
         }
         let mut done = 0;
-        for vpn in first..first + pages {
+        for vpn in first.span(pages) {
             let e = self.lpt.get(vpn);
             if e.is_populated() {
                 if SpaceState::is_wired(&e) || self.memories.get(e.mem).id == target.id {
@@ -509,8 +511,8 @@ impl SpaceState {
 const _: () = assert!(MAX_TABLES <= 32);
 
 /// The driver's constraint on frames of `dev` backing `pages` pages from `vpn`.
-fn frame_limit(dev: &DeviceInner, vpn: u64, pages: u64) -> Option<crate::mmu::FrameConstraint> {
+fn frame_limit(dev: &DeviceInner, vpn: Vpn, pages: u64) -> Option<crate::mmu::FrameConstraint> {
     dev.memory
         .as_ref()
-        .and_then(|m| m.frame_constraint(VirtAddr::new(vpn << PAGE_SHIFT), pages))
+        .and_then(|m| m.frame_constraint(vpn.addr(), pages))
 }

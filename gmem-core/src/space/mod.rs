@@ -28,7 +28,7 @@
 //! devices that cannot fault get every wired page; both are refreshed whenever a page
 //! moves (`SpaceState::mirror`).
 
-use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
@@ -586,16 +586,16 @@ impl SpaceState {
         &mut self,
         stats: &Counters,
         t: usize,
-        first: u64,
+        first: Vpn,
         pages: u64,
-        pfn: u64,
+        pfn: Pfn,
         mem: u8,
         prot: Prot,
     ) -> Result<(), MmuError> {
         let table = self.tables[t].as_ref().expect("mapping into a live table");
         let run = MapRun {
-            va: VirtAddr::new(first << PAGE_SHIFT),
-            pa: crate::addr::PhysAddr::new(pfn << PAGE_SHIFT),
+            va: first.addr(),
+            pa: pfn.addr(),
             len: pages << PAGE_SHIFT,
             prot,
             page_size: crate::addr::PageSize::Size4K,
@@ -603,7 +603,7 @@ impl SpaceState {
         };
         table.mmu.map(table.root, &run)?;
         Counters::add(&stats.mmu_maps, 1);
-        for v in first..first + pages {
+        for v in first.span(pages) {
             self.lpt.update(v, |e| e.mapped |= 1 << t);
         }
         Ok(())
@@ -614,14 +614,14 @@ impl SpaceState {
     pub fn mirror(
         &mut self,
         stats: &Counters,
-        first: u64,
+        first: Vpn,
         pages: u64,
         mask: u32,
     ) -> Result<(), MmuError> {
         if mask == 0 {
             return Ok(());
         }
-        let entries: Vec<(u64, PageEntry)> = self
+        let entries: Vec<(Vpn, PageEntry)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.is_populated())
@@ -650,7 +650,7 @@ impl SpaceState {
                     n += 1;
                 }
                 let prot = self
-                    .region_at(v0 << PAGE_SHIFT)
+                    .region_at(v0.addr().as_u64())
                     .map(|(_, r)| r.prot)
                     .unwrap_or(Prot::READ);
                 self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
@@ -663,8 +663,8 @@ impl SpaceState {
     /// Remove the mappings of `[first, first+pages)` from every table in `mask`: one
     /// `unmap` per contiguous run and table, then one `invalidate` per device of each
     /// table with all its runs.
-    pub fn unmap_pages(&mut self, stats: &Counters, first: u64, pages: u64, mask: u32) {
-        let touched: Vec<(u64, u32)> = self
+    pub fn unmap_pages(&mut self, stats: &Counters, first: Vpn, pages: u64, mask: u32) {
+        let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.mapped & mask != 0)
@@ -674,14 +674,14 @@ impl SpaceState {
     }
 
     /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
-    pub fn unmap_entries(&mut self, stats: &Counters, touched: &[(u64, u32)]) {
+    pub fn unmap_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) {
         let owed = self.clear_entries(stats, touched);
         self.invalidate(stats, &owed.0);
     }
 
     /// Remove the mappings `touched` names from their tables without invalidating:
     /// the runs whose invalidation is owed come back as a value that must be used.
-    fn clear_entries(&mut self, stats: &Counters, touched: &[(u64, u32)]) -> OwedInvalidation {
+    fn clear_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) -> OwedInvalidation {
         let runs = table_runs(touched);
         for &(v, bits) in touched {
             self.lpt.update(v, |e| e.mapped &= !bits);
@@ -726,7 +726,7 @@ impl SpaceState {
             }
             self.invalidate(stats, changed);
             for r in lost {
-                let first = r.range.start.vpn().0;
+                let first = r.range.start.vpn();
                 let pages = r.range.len >> PAGE_SHIFT;
                 self.unmap_pages(stats, first, pages, 1 << r.table);
                 let eager = self.wired_mask() & (1 << r.table);
@@ -786,7 +786,7 @@ impl SpaceState {
     }
 
     /// Whether any page of `[first, first+pages)` has a queued unmap or map.
-    pub fn any_pending(&self, first: u64, pages: u64) -> bool {
+    pub fn any_pending(&self, first: Vpn, pages: u64) -> bool {
         self.lpt
             .entries_in(first, pages)
             .any(|(_, e)| e.has(PENDING))
@@ -794,9 +794,9 @@ impl SpaceState {
 
     /// Remove every page of `[first, first+pages)` now: unmap everywhere, invalidate,
     /// release frames (the caller releases the range).
-    pub fn discard_pages(&mut self, stats: &Counters, first: u64, pages: u64) {
+    pub fn discard_pages(&mut self, stats: &Counters, first: Vpn, pages: u64) {
         self.unmap_pages(stats, first, pages, u32::MAX);
-        let entries: Vec<(u64, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+        let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         for (v, e) in entries {
             self.release_frame(&e, false);
             self.lpt.take(v);
@@ -808,15 +808,15 @@ impl SpaceState {
     /// the pages marked pending. The returned [`Discard`] must go to the queue
     /// (`enqueue_unmap`) or to a strict unmap completed outside the lock
     /// (`defer_invalidation`), which invalidate and then release.
-    pub fn discard_pages_deferred(&mut self, stats: &Counters, first: u64, pages: u64) -> Discard {
-        let touched: Vec<(u64, u32)> = self
+    pub fn discard_pages_deferred(&mut self, stats: &Counters, first: Vpn, pages: u64) -> Discard {
+        let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.mapped != 0)
             .map(|(v, e)| (v, e.mapped))
             .collect();
         let owed = self.clear_entries(stats, &touched);
-        let entries: Vec<(u64, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+        let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         let mut frames = Vec::new();
         for (v, e) in entries {
             // A frame of ours waits, quarantined, for the deferred invalidation; the
@@ -843,8 +843,8 @@ impl SpaceState {
     }
 
     /// Pages a region covers: `(first vpn, count)`.
-    pub fn pages_of(start: u64, len: u64) -> (u64, u64) {
-        (start >> PAGE_SHIFT, len >> PAGE_SHIFT)
+    pub fn pages_of(start: u64, len: u64) -> (Vpn, u64) {
+        (Vpn(start >> PAGE_SHIFT), len >> PAGE_SHIFT)
     }
 
     /// Whether a page is wired.
@@ -854,7 +854,7 @@ impl SpaceState {
 }
 
 /// Group an address-ordered list of `(vpn, table bits)` into contiguous runs per table.
-pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
+pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
     let mut runs: Vec<TableRun> = Vec::new();
     let mut open: [Option<(u64, u64)>; MAX_TABLES] = [None; MAX_TABLES];
     let close = |t: usize, s: u64, n: u64, runs: &mut Vec<TableRun>| {
@@ -869,7 +869,7 @@ pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
     // Only the tables this page maps or that have a run open need a look: a page
     // costs its set bits, not all 32 slots.
     let mut open_mask = 0u32;
-    for &(v, bits) in touched {
+    for &(Vpn(v), bits) in touched {
         let mut look = bits | open_mask;
         while look != 0 {
             let t = look.trailing_zeros() as usize;

@@ -1,6 +1,6 @@
 //! Space-state operations shared by several KPI calls: settling a region against the queue, wiring, unmapping a region, filling and detaching page tables.
 
-use crate::addr::PhysAddr;
+use crate::addr::{PhysAddr, Vpn};
 use crate::device::DeviceInner;
 use crate::error::{MapError, MoveError};
 use crate::flags::MapFlags;
@@ -50,7 +50,7 @@ impl SpaceState {
     }
 
     /// Pin (or unpin) a populated page: its entry's wired mark and its frame's queue.
-    pub(crate) fn set_page_wired(&mut self, vpn: u64, wired: bool) {
+    pub(crate) fn set_page_wired(&mut self, vpn: Vpn, wired: bool) {
         let e = self.lpt.update(vpn, |x| {
             if wired {
                 x.flags |= WIRED;
@@ -67,7 +67,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        first: u64,
+        first: Vpn,
         pages: u64,
         target: PlacementTarget,
     ) -> Result<u64, MoveError> {
@@ -77,7 +77,7 @@ impl SpaceState {
         let dest = self.target_of(cx, cx.host, target);
         let mut wired = Vec::new();
         let mut result = Ok(());
-        for vpn in first..first + pages {
+        for vpn in first.span(pages) {
             let e = self.lpt.get(vpn);
             if e.has(WIRED) {
                 continue;
@@ -99,7 +99,7 @@ impl SpaceState {
         }
         if let Err(err) = result {
             let mask = self.wired_mask() & !self.replica_mask();
-            let touched: Vec<(u64, u32)> = wired
+            let touched: Vec<(Vpn, u32)> = wired
                 .iter()
                 .map(|v| (*v, self.lpt.get(*v).mapped & mask))
                 .filter(|(_, m)| *m != 0)
@@ -191,7 +191,7 @@ impl SpaceState {
             }
             if let Some(f) = frames
                 .iter()
-                .find(|f| !f.is_page_aligned() || phys.contains(f.pfn().0))
+                .find(|f| !f.is_page_aligned() || phys.contains(f.pfn()))
             {
                 return Err(MapError::BadFrame(*f));
             }
@@ -218,7 +218,7 @@ impl SpaceState {
             self.lpt.set(
                 first + k as u64,
                 PageEntry {
-                    pfn: f.pfn().0,
+                    pfn: f.pfn(),
                     mem,
                     flags: WIRED | EXTERNAL | extra,
                     ..PageEntry::EMPTY
@@ -257,7 +257,7 @@ impl SpaceState {
     pub(crate) fn drop_shared_mappings(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
         self.settle(cx, space, c);
         let replicas = self.replica_mask();
-        let touched: Vec<(u64, u32)> = self
+        let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(c.first, c.pages)
             .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
@@ -276,7 +276,7 @@ impl SpaceState {
         prot: Prot,
     ) -> Result<(), MmuError> {
         self.settle(cx, space, c);
-        let touched: Vec<(u64, u32)> = self
+        let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(c.first, c.pages)
             .filter(|(_, e)| e.mapped != 0)
@@ -290,7 +290,7 @@ impl SpaceState {
     /// frames stay) and drop every mapping of them but the replicas.
     pub(crate) fn unwire_region(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
         self.settle(cx, space, c);
-        let wired: Vec<(u64, PageEntry)> = self
+        let wired: Vec<(Vpn, PageEntry)> = self
             .lpt
             .entries_in(c.first, c.pages)
             .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
@@ -298,7 +298,7 @@ impl SpaceState {
         // Every mapping but the replicas goes: the next fault places the page by the
         // region's policy again (a wired page may be mapped by several tables).
         let mask = !self.replica_mask();
-        let touched: Vec<(u64, u32)> = wired
+        let touched: Vec<(Vpn, u32)> = wired
             .iter()
             .filter(|(_, e)| e.mapped & mask != 0)
             .map(|(v, e)| (*v, e.mapped & mask))

@@ -1,6 +1,7 @@
 //! The queue's work on the space state (the theory is in [`crate::queue`]): enqueue,
 //! drain, release after invalidation, strict unmaps deferred out of the lock.
 
+use crate::addr::Vpn;
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MmuError;
 use crate::space::{SpaceInner, SpaceState, TableRun};
@@ -58,7 +59,7 @@ impl SpaceState {
         &mut self,
         stats: &Counters,
         arena: &Arena,
-        first: u64,
+        first: Vpn,
         pages: u64,
         callback: Option<Callback>,
     ) {
@@ -74,8 +75,8 @@ impl SpaceState {
 
     /// The requests on `[first, first + pages)` completed: clear their pending marks; a
     /// page left with nothing but the mark (an unmapped one) is forgotten.
-    pub(crate) fn clear_pending(&mut self, first: u64, pages: u64) {
-        let pending: Vec<u64> = self
+    pub(crate) fn clear_pending(&mut self, first: Vpn, pages: u64) {
+        let pending: Vec<Vpn> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.has(PENDING))
