@@ -6,7 +6,7 @@
 //! `Mmu` and translates every access through the caches.
 
 use gmem_sim::{HierarchyConfig, Replacement, SimMmu, TlbConfig};
-use gmem_x86pt::X86Tables;
+use crate::device::X86Tables;
 
 /// The host CPU's MMU.
 pub type CpuMmu = SimMmu<X86Tables>;

@@ -7,7 +7,10 @@
 //! and a page-walk cache.
 
 use gmem_sim::{HierarchyConfig, Replacement, SimMmu, TlbConfig};
-use gmem_x86pt::X86Tables;
+use gmem_sim::RadixTables;
+use gmem_x86pt::X86Codec;
+
+type X86Tables = RadixTables<X86Codec>;
 
 /// The integrated GPU's MMU.
 pub type IgpuMmu = SimMmu<X86Tables>;

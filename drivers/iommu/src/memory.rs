@@ -29,6 +29,7 @@
 //! at once.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, RwLock};
+use gmem_ptengine::AtomicTableMemory;
 use gmem_core::{PageTableRoot, PhysAddr, PAGE_SIZE};
 use gmem_sim::WalkerId;
 use std::collections::HashMap;
@@ -208,7 +209,7 @@ impl TableMemory {
     }
 
     /// A zeroed frame, or `None` when every frame is in use.
-    pub(crate) fn alloc(&self) -> Option<u64> {
+    fn alloc_frame(&self) -> Option<u64> {
         let i = {
             let mut f = self.free.lock();
             let Some(i) = f.free.pop() else {
@@ -231,7 +232,7 @@ impl TableMemory {
     }
 
     /// Give a frame back to the free list.
-    pub(crate) fn free(&self, pa: u64) {
+    pub(crate) fn free_frame(&self, pa: u64) {
         if let Some(i) = self.frame_of(pa) {
             self.free.lock().free.push(i as u32);
         }
@@ -276,7 +277,7 @@ impl TableMemory {
         });
         r.freed_after_invalidation += (before - r.retired.len()) as u64;
         for f in freed {
-            self.free(f);
+            self.free_frame(f);
         }
     }
 
@@ -306,7 +307,7 @@ impl TableMemory {
     }
 
     /// Table page `frame` of `root` was unlinked: free it once no walker can reach it.
-    pub(crate) fn retire(&self, root: u64, frame: u64) {
+    fn retire_frame(&self, root: u64, frame: u64) {
         let mut r = self.reclaim.lock();
         let waiting: Vec<WalkerId> = r
             .active
@@ -317,7 +318,7 @@ impl TableMemory {
         if waiting.is_empty() {
             r.freed_at_once += 1;
             drop(r);
-            self.free(frame);
+            self.free_frame(frame);
             return;
         }
         r.retired.push(Retired {
@@ -342,6 +343,61 @@ impl TableMemory {
     }
 }
 
+/// The engine's view: entries are the atomic words (acquire loads, release stores,
+/// atomic swap and compare-exchange), counts the frames' atomic counters.
+impl gmem_ptengine::TableMemory for TableMemory {
+    fn read(&self, pa: u64) -> Option<u64> {
+        self.word(pa).map(|w| w.load(Ordering::Acquire))
+    }
+    fn write(&self, pa: u64, raw: u64) -> Option<()> {
+        self.word(pa).map(|w| w.store(raw, Ordering::Release))
+    }
+    fn swap(&self, pa: u64, raw: u64) -> Option<u64> {
+        self.word(pa).map(|w| w.swap(raw, Ordering::AcqRel))
+    }
+    fn compare_exchange(&self, pa: u64, current: u64, new: u64) -> Option<Result<u64, u64>> {
+        self.word(pa).map(|w| install(w, current, new))
+    }
+    fn alloc(&self) -> Option<u64> {
+        self.alloc_frame()
+    }
+    fn free(&self, table: u64) {
+        self.free_frame(table)
+    }
+    fn retire(&self, root: u64, table: u64) {
+        self.retire_frame(root, table)
+    }
+    fn count(&self, table: u64, delta: i32) -> Option<u32> {
+        let c = &self.meta(table)?.count;
+        Some(match delta {
+            0 => c.load(Ordering::Acquire),
+            d if d > 0 => c.fetch_add(d as u32, Ordering::AcqRel) + d as u32,
+            d => c.fetch_sub(d.unsigned_abs(), Ordering::AcqRel) - d.unsigned_abs(),
+        })
+    }
+}
+
+impl AtomicTableMemory for TableMemory {}
+
+/// Install `new` in `e` if it still holds `current`; otherwise what it holds.
+#[cfg(not(gmem_loom_bug = "iommu_cas_plain_store"))]
+fn install(e: &AtomicU64, current: u64, new: u64) -> Result<u64, u64> {
+    e.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+}
+
+/// Broken variant for the loom model: check, then store, as two steps. Two mappers can
+/// both see the entry empty and both install; the first table is overwritten and what
+/// was mapped through it is lost.
+#[cfg(gmem_loom_bug = "iommu_cas_plain_store")]
+fn install(e: &AtomicU64, current: u64, new: u64) -> Result<u64, u64> {
+    let seen = e.load(Ordering::Acquire);
+    if seen != current {
+        return Err(seen);
+    }
+    e.store(new, Ordering::Release);
+    Ok(seen)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,13 +405,13 @@ mod tests {
     #[test]
     fn frames_come_zeroed_lowest_first_and_exhaustion_is_counted() {
         let m = TableMemory::new(PhysAddr::new(0x10_0000), 2).unwrap();
-        let a = m.alloc().unwrap();
+        let a = m.alloc_frame().unwrap();
         m.word(a + 8).unwrap().store(7, Ordering::Relaxed);
-        let b = m.alloc().unwrap();
+        let b = m.alloc_frame().unwrap();
         assert_eq!((a, b), (0x10_0000, 0x10_1000));
-        assert_eq!(m.alloc(), None);
-        m.free(a);
-        let c = m.alloc().unwrap();
+        assert_eq!(m.alloc_frame(), None);
+        m.free_frame(a);
+        let c = m.alloc_frame().unwrap();
         assert_eq!(c, a);
         assert_eq!(m.read_u64(PhysAddr::new(a + 8)), Some(0));
         let s = m.stats();
@@ -380,19 +436,19 @@ mod tests {
         let (a, b) = (m.new_walker(), m.new_walker());
         m.activated(a, Some(PageTableRoot(1)));
         m.activated(b, Some(PageTableRoot(1)));
-        let f = m.alloc().unwrap();
-        m.retire(1, f);
+        let f = m.alloc_frame().unwrap();
+        m.retire_frame(1, f);
         m.invalidated(a, PageTableRoot(1));
         m.invalidated(b, PageTableRoot(2));
         assert_eq!(m.stats().waiting, 1);
         m.activated(b, None);
         let s = m.stats();
         assert_eq!((s.waiting, s.in_use, s.freed_after_invalidation), (0, 0, 1));
-        let g = m.alloc().unwrap();
-        m.retire(9, g);
+        let g = m.alloc_frame().unwrap();
+        m.retire_frame(9, g);
         assert_eq!(m.stats().freed_at_once, 1);
-        let h = m.alloc().unwrap();
-        m.retire(1, h);
+        let h = m.alloc_frame().unwrap();
+        m.retire_frame(1, h);
         m.destroyed(1);
         assert_eq!(m.stats().in_use, 0);
     }

@@ -375,7 +375,10 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
     /// Replace the large leaf `raw` at `epa` (at `level`) by a table of the equivalent
     /// smaller leaves (from the leaf's reserve page if it has one).
     fn split(&self, epa: u64, raw: u64, level: u32) -> Result<u64> {
-        let reserved = self.reserves.lock().remove(&epa);
+        let reserved = match self.split_reserve {
+            true => self.reserves.lock().remove(&epa),
+            false => None,
+        };
         let t = match reserved {
             Some(t) => t,
             None => self.alloc()?,
@@ -454,12 +457,22 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
         Ok(true)
     }
 
-    /// Clear the entry `epa` of `table` (a leaf or reserved entry at `level`).
-    fn clear(&self, table: u64, epa: u64) -> Result<bool> {
-        self.swap(epa, 0)?;
+    /// Free the split reserve of the large leaf that was at `epa`, if it had one (the
+    /// reserve lock is never taken without split reserves, so the concurrent
+    /// disciplines never meet it).
+    fn drop_reserve(&self, epa: u64) {
+        if !self.split_reserve {
+            return;
+        }
         if let Some(r) = self.reserves.lock().remove(&epa) {
             self.memory.free(r);
         }
+    }
+
+    /// Clear the entry `epa` of `table` (a leaf or reserved entry at `level`).
+    fn clear(&self, table: u64, epa: u64) -> Result<bool> {
+        self.swap(epa, 0)?;
+        self.drop_reserve(epa);
         self.counters.leaves_cleared.add(1);
         Ok(self.count(table, -1) == Some(0))
     }
@@ -663,11 +676,7 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
                     self.memory.free(t);
                 }
             }
-            Entry::Leaf(_) if level > 0 => {
-                if let Some(r) = self.reserves.lock().remove(&epa) {
-                    self.memory.free(r);
-                }
-            }
+            Entry::Leaf(_) if level > 0 => self.drop_reserve(epa),
             _ => {}
         }
     }

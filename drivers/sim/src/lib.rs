@@ -55,7 +55,7 @@ pub use map::{MapError, MemoryMap};
 pub use memory::{BoundsError, MemoryStats, SimMemory};
 pub use mmu::{Miss, MmuStats, SimMmu, Translator};
 pub use port::{AccessError, Port, PortStats, DEFAULT_MAX_FAULTS};
-pub use radix::{PteCodec, RadixTables, TableStats};
+pub use radix::{PteCodec, RadixTables, SimTableMemory, TableStats};
 pub use reclaim::{ReclaimStats, TableReclaim};
 pub use tlb::{Replacement, Tlb, TlbConfig, TlbConfigError, TlbStats};
 
