@@ -102,11 +102,19 @@ impl Codec for GpuCodec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         (table.as_u64() & !ADDR_MASK == 0).then(|| table.as_u64() | VALID)
     }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, _: u32, memory: DeviceId, bits: u64) -> Option<u64> {
+    fn leaf(
+        &self,
+        frame: PhysAddr,
+        prot: Prot,
+        _: u32,
+        memory: Option<DeviceId>,
+        bits: u64,
+    ) -> Option<u64> {
         if bits != 0 {
             return None;
         }
-        GpuCodec::encode_leaf(frame, prot, self.me.get() == Some(&memory))
+        let local = memory.is_some_and(|m| self.me.get() == Some(&m));
+        GpuCodec::encode_leaf(frame, prot, local)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         if raw & VALID == 0 {

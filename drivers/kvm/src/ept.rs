@@ -91,7 +91,14 @@ impl Codec for EptCodec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         (table.as_u64() & !ADDR_MASK == 0).then(|| table.as_u64() | R | W | X)
     }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _: DeviceId, bits: u64) -> Option<u64> {
+    fn leaf(
+        &self,
+        frame: PhysAddr,
+        prot: Prot,
+        level: u32,
+        _: Option<DeviceId>,
+        bits: u64,
+    ) -> Option<u64> {
         let f = frame.as_u64();
         if f & !ADDR_MASK != 0 || f % level_size(level) != 0 || bits != 0 {
             return None;
@@ -165,7 +172,7 @@ mod tests {
     fn leaves_encode_and_decode_permissions_size_and_memory_type() {
         let c = EptCodec::default();
         let raw = c
-            .leaf(PhysAddr::new(0x1234_5000), Prot::RW, 0, dev(), 0)
+            .leaf(PhysAddr::new(0x1234_5000), Prot::RW, 0, Some(dev()), 0)
             .unwrap();
         assert_eq!(raw, 0x1234_5000 | R | W | MEMTYPE_WB);
         assert_eq!(
@@ -180,18 +187,18 @@ mod tests {
             })
         );
         let big = c
-            .leaf(PhysAddr::new(0x20_0000), Prot::RWX, 1, dev(), 0)
+            .leaf(PhysAddr::new(0x20_0000), Prot::RWX, 1, Some(dev()), 0)
             .unwrap();
         assert!(matches!(c.decode(big, 1), Entry::Leaf(l) if l.shift == 21 && l.prot == Prot::RWX));
-        assert_eq!(c.leaf(PhysAddr::new(0x21_0000), Prot::RW, 1, dev(), 0), None);
-        assert_eq!(c.leaf(PhysAddr::new(1 << 52), Prot::RW, 0, dev(), 0), None);
+        assert_eq!(c.leaf(PhysAddr::new(0x21_0000), Prot::RW, 1, Some(dev()), 0), None);
+        assert_eq!(c.leaf(PhysAddr::new(1 << 52), Prot::RW, 0, Some(dev()), 0), None);
     }
 
     #[test]
     fn write_only_is_read_write_and_an_entry_without_rwx_is_not_present() {
         let c = EptCodec::default();
         let raw = c
-            .leaf(PhysAddr::new(0x1000), Prot::WRITE, 0, dev(), 0)
+            .leaf(PhysAddr::new(0x1000), Prot::WRITE, 0, Some(dev()), 0)
             .unwrap();
         assert_eq!(raw & (R | W | X), R | W);
         assert_eq!(c.decode(0x1000 | MEMTYPE_WB, 0), Entry::NotPresent);
@@ -205,7 +212,7 @@ mod tests {
     fn protect_split_and_access_bits_keep_the_frame() {
         let c = EptCodec::default();
         let raw = c
-            .leaf(PhysAddr::new(0x40_0000), Prot::RW, 1, dev(), 0)
+            .leaf(PhysAddr::new(0x40_0000), Prot::RW, 1, Some(dev()), 0)
             .unwrap();
         let ro = c.with_prot(c.used(raw, Prot::WRITE), Prot::READ, 1).unwrap();
         assert_eq!(ro & ADDR_MASK, 0x40_0000);

@@ -88,8 +88,9 @@ pub struct Run {
     pub len: u64,
     /// Permissions of every leaf.
     pub prot: Prot,
-    /// The device whose memory holds the frames (for an aperture bit).
-    pub memory: DeviceId,
+    /// The device whose memory holds the frames (for an aperture bit), if the caller
+    /// knows one.
+    pub memory: Option<DeviceId>,
     /// Format bits for every leaf of the run ([`Leaf::bits`]).
     pub bits: u64,
 }
@@ -102,7 +103,7 @@ impl Run {
             pa: run.pa.as_u64(),
             len: run.len,
             prot: run.prot,
-            memory: run.memory,
+            memory: Some(run.memory),
             bits: 0,
         }
     }
@@ -136,7 +137,7 @@ pub trait Codec {
         frame: PhysAddr,
         prot: Prot,
         level: u32,
-        memory: DeviceId,
+        memory: Option<DeviceId>,
         bits: u64,
     ) -> Option<u64>;
     /// Decode `raw` found at `level`.

@@ -65,7 +65,8 @@ pub enum ConfigError {
     /// derived bits (a split and a recomputation read and write many entries at once,
     /// which only a serialised edit can do).
     NeedsPlainCodec,
-    /// The codec has no level, more than six, or large leaves at level 0 or the top.
+    /// The codec has no level, more than six, or large leaves at level 0 or above the
+    /// top.
     BadGeometry,
 }
 
@@ -135,7 +136,8 @@ pub struct Walked {
 
 #[derive(Clone, Copy)]
 enum Op<'a> {
-    Map(&'a Run),
+    /// The run, and the large-leaf levels allowed (a subset of the codec's).
+    Map(&'a Run, u32),
     Unmap,
     Protect(Prot),
 }
@@ -167,11 +169,11 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
     ///
     /// # Errors
     /// [`ConfigError::BadGeometry`] for a codec with no level or more than six, or
-    /// large leaves at level 0 or at the top.
+    /// large leaves at level 0 or beyond the top.
     pub fn new(codec: C, memory: M) -> core::result::Result<Self, ConfigError> {
         let levels = codec.levels();
-        let top_bit = 1u32.checked_shl(levels.saturating_sub(1)).unwrap_or(0);
-        if levels == 0 || levels > 6 || codec.large_levels() & (1 | top_bit) != 0 {
+        let beyond = u32::MAX.checked_shl(levels).unwrap_or(0);
+        if levels == 0 || levels > 6 || codec.large_levels() & (1 | beyond) != 0 {
             return Err(ConfigError::BadGeometry);
         }
         Ok(Engine {
@@ -279,6 +281,15 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
     /// the whole range of the run is unmapped again (under [`Discipline::Rw`] the
     /// caller then collapses `run.va`'s path as the writer).
     pub fn map(&self, root: u64, run: &Run) -> Result<()> {
+        self.map_limited(root, run, u32::MAX)
+    }
+
+    /// [`Engine::map`] with large leaves only at the levels of `large` (a mask of
+    /// levels, like [`Codec::large_levels`], intersected with the codec's).
+    ///
+    /// # Errors
+    /// As [`Engine::map`].
+    pub fn map_limited(&self, root: u64, run: &Run, large: u32) -> Result<()> {
         let page = gmem_core::PAGE_SIZE;
         if run.len == 0
             || run.len % page != 0
@@ -296,7 +307,7 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
             self.top(),
             run.va,
             last,
-            Op::Map(run),
+            Op::Map(run, large & self.codec.large_levels()),
             &mut done,
         );
         if let Err(e) = r {
@@ -500,9 +511,9 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
             let raw = self.read(epa)?;
             let entry = self.codec.decode(raw, level);
             let child = match (op, entry) {
-                (Op::Map(run), e) if !matches!(e, Entry::Table(_) | Entry::Reserved) => {
+                (Op::Map(run, large), e) if !matches!(e, Entry::Table(_) | Entry::Reserved) => {
                     let fits = level == 0
-                        || (self.codec.large_levels() & (1 << level) != 0
+                        || (large & (1 << level) != 0
                             && whole
                             && (run.pa + (va - run.va)) % size == 0);
                     if fits && self.put_leaf(table, epa, e, va, level, run)? {
@@ -514,7 +525,7 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
                         Some(self.install(table, epa, raw, level)?)
                     }
                 }
-                (Op::Map(_), Entry::Reserved) => return Err(EditError::Reserved { va }),
+                (Op::Map(..), Entry::Reserved) => return Err(EditError::Reserved { va }),
                 (_, Entry::NotPresent) => None,
                 (Op::Unmap, Entry::Leaf(_) | Entry::Reserved) if whole || level == 0 => {
                     hit_zero |= self.clear(table, epa)?;

@@ -77,7 +77,7 @@ impl Codec for TestCodec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         Some(table.as_u64() | VALID)
     }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _: DeviceId, bits: u64) -> Option<u64> {
+    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _: Option<DeviceId>, bits: u64) -> Option<u64> {
         let f = frame.as_u64();
         if f & !ADDR != 0 || f % level_size(level) != 0 || bits > 0xf || prot.is_empty() {
             return None;
@@ -213,8 +213,8 @@ impl Rng {
     }
 }
 
-fn dev() -> DeviceId {
-    DeviceId::from_raw(0, 1)
+fn dev() -> Option<DeviceId> {
+    Some(DeviceId::from_raw(0, 1))
 }
 
 const PROTS: [Prot; 3] = [Prot::READ, Prot::RW, Prot::RWX];
@@ -577,7 +577,7 @@ fn concurrent_disciplines_refuse_large_leaves_and_derived_bits_and_rw_reports_em
         Engine::new(c(1, false), VecMemory::new(4, true)),
         Err(ConfigError::BadGeometry)
     ));
-    assert!(Engine::new(c(1 << 3, false), VecMemory::new(4, true)).is_err());
+    assert!(Engine::new(c(1 << 4, false), VecMemory::new(4, true)).is_err());
     let e = Engine::concurrent(c(0, false), VecMemory::new(8, true), Discipline::Rw).unwrap();
     let root = e.create_root().unwrap();
     let run = Run {

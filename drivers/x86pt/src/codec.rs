@@ -58,7 +58,14 @@ impl Codec for X86Codec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         (table.as_u64() & !crate::pte::ADDR_MASK == 0).then(|| X86Pte::table(table).0)
     }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _: DeviceId, bits: u64) -> Option<u64> {
+    fn leaf(
+        &self,
+        frame: PhysAddr,
+        prot: Prot,
+        level: u32,
+        _: Option<DeviceId>,
+        bits: u64,
+    ) -> Option<u64> {
         if bits != 0 {
             return None;
         }
