@@ -8,11 +8,11 @@
 
 use crate::mmu::{igpu_tlbs, IgpuMmu};
 use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem};
+use gmem_sim::RadixTables;
 use gmem_sim::{
     AccessError, Grid, HierarchyConfig, LaunchError, LaunchStats, MemoryMap, MmuStats, Port,
     PortStats, SimMmu, TlbConfigError, WorkItem,
 };
-use gmem_sim::RadixTables;
 use gmem_x86pt::X86Codec;
 
 type X86Tables = RadixTables<X86Codec>;

@@ -29,8 +29,8 @@
 //! at once.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, RwLock};
-use gmem_ptengine::AtomicTableMemory;
 use gmem_core::{PageTableRoot, PhysAddr, PAGE_SIZE};
+use gmem_ptengine::AtomicTableMemory;
 use gmem_sim::WalkerId;
 use std::collections::HashMap;
 use std::fmt;

@@ -43,8 +43,8 @@ use gmem_core::{
     MapRun, MmuError, PageSizes, PageTableFormat, PageTableRoot, PhysAddr, Prot, VaRange, VirtAddr,
     PAGE_SIZE,
 };
-use gmem_ptengine::{Discipline as EngineDiscipline, EditError, EditStats, Engine, Run};
 use gmem_ptengine::TableMemory as _;
+use gmem_ptengine::{Discipline as EngineDiscipline, EditStats, Engine, Run};
 use gmem_sim::radix::walk_cached;
 use gmem_sim::{Leaf, TableFormat, Tlb, Walk, WalkerId};
 use gmem_x86pt::X86Codec;
@@ -94,18 +94,6 @@ pub struct IoTableStats {
     pub memory: TableMemoryStats,
 }
 
-fn mmu_error(e: EditError) -> MmuError {
-    match e {
-        EditError::OutOfTableMemory => MmuError::OutOfTableMemory,
-        EditError::Unsupported { va } => MmuError::Unsupported {
-            va: VirtAddr::new(va),
-        },
-        EditError::BadEntry { .. } | EditError::Reserved { .. } => {
-            MmuError::Hardware(HW_BAD_ENTRY)
-        }
-    }
-}
-
 /// IOMMU page tables of one discipline.
 pub struct IoTables {
     discipline: Discipline,
@@ -124,10 +112,12 @@ impl IoTables {
     ) -> Result<IoTables, TableMemoryError> {
         let memory = TableMemory::new(base, frames)?;
         // 4 KiB leaves only, no derived bits: every discipline accepts the codec.
-        let engine = Engine::concurrent(X86Codec::default(), memory, discipline.engine())
-            .map_err(|_| TableMemoryError::BadRange {
-                base: base.as_u64(),
-                frames,
+        let engine =
+            Engine::concurrent(X86Codec::default(), memory, discipline.engine()).map_err(|_| {
+                TableMemoryError::BadRange {
+                    base: base.as_u64(),
+                    frames,
+                }
             })?;
         Ok(IoTables { discipline, engine })
     }
@@ -220,7 +210,10 @@ impl TableFormat for IoTables {
     }
 
     fn create(&self) -> Result<PageTableRoot, MmuError> {
-        let t = self.engine.create_root().map_err(mmu_error)?;
+        let t = self
+            .engine
+            .create_root()
+            .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))?;
         if let Some(m) = self.memory().meta(t) {
             m.root.store(true, Ordering::Release);
         }
@@ -271,7 +264,7 @@ impl TableFormat for IoTables {
                 result
             }
         };
-        result.map_err(mmu_error)
+        result.map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))
     }
 
     fn unmap(&self, root: PageTableRoot, range: VaRange) {

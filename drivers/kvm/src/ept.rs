@@ -190,8 +190,14 @@ mod tests {
             .leaf(PhysAddr::new(0x20_0000), Prot::RWX, 1, Some(dev()), 0)
             .unwrap();
         assert!(matches!(c.decode(big, 1), Entry::Leaf(l) if l.shift == 21 && l.prot == Prot::RWX));
-        assert_eq!(c.leaf(PhysAddr::new(0x21_0000), Prot::RW, 1, Some(dev()), 0), None);
-        assert_eq!(c.leaf(PhysAddr::new(1 << 52), Prot::RW, 0, Some(dev()), 0), None);
+        assert_eq!(
+            c.leaf(PhysAddr::new(0x21_0000), Prot::RW, 1, Some(dev()), 0),
+            None
+        );
+        assert_eq!(
+            c.leaf(PhysAddr::new(1 << 52), Prot::RW, 0, Some(dev()), 0),
+            None
+        );
     }
 
     #[test]
@@ -214,7 +220,9 @@ mod tests {
         let raw = c
             .leaf(PhysAddr::new(0x40_0000), Prot::RW, 1, Some(dev()), 0)
             .unwrap();
-        let ro = c.with_prot(c.used(raw, Prot::WRITE), Prot::READ, 1).unwrap();
+        let ro = c
+            .with_prot(c.used(raw, Prot::WRITE), Prot::READ, 1)
+            .unwrap();
         assert_eq!(ro & ADDR_MASK, 0x40_0000);
         assert_eq!(ro & (R | W | X | A | D | PS), R | A | D | PS);
         let part = c.split(raw, 1, 3);

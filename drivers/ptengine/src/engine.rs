@@ -6,7 +6,7 @@ use crate::memory::{AtomicTableMemory, TableMemory};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt;
-use gmem_core::{PhysAddr, Prot};
+use gmem_core::{MmuError, PhysAddr, Prot, VirtAddr};
 use spin::Mutex;
 
 /// How edits synchronise with each other (the crate docs' section 4).
@@ -45,6 +45,22 @@ pub enum EditError {
         /// The first address concerned.
         va: u64,
     },
+}
+
+impl EditError {
+    /// The core's error for this one: `Unsupported` and `OutOfTableMemory` as they are,
+    /// [`EditError::BadEntry`] as `Hardware(bad_entry)` and [`EditError::Reserved`] as
+    /// `Hardware(reserved)` (each driver's own codes).
+    pub fn to_mmu(self, bad_entry: u32, reserved: u32) -> MmuError {
+        match self {
+            EditError::OutOfTableMemory => MmuError::OutOfTableMemory,
+            EditError::Unsupported { va } => MmuError::Unsupported {
+                va: VirtAddr::new(va),
+            },
+            EditError::BadEntry { .. } => MmuError::Hardware(bad_entry),
+            EditError::Reserved { .. } => MmuError::Hardware(reserved),
+        }
+    }
 }
 
 impl fmt::Display for EditError {

@@ -77,7 +77,14 @@ impl Codec for TestCodec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         Some(table.as_u64() | VALID)
     }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _: Option<DeviceId>, bits: u64) -> Option<u64> {
+    fn leaf(
+        &self,
+        frame: PhysAddr,
+        prot: Prot,
+        level: u32,
+        _: Option<DeviceId>,
+        bits: u64,
+    ) -> Option<u64> {
         let f = frame.as_u64();
         if f & !ADDR != 0 || f % level_size(level) != 0 || bits > 0xf || prot.is_empty() {
             return None;

@@ -97,18 +97,6 @@ impl TableMemory for SimTableMemory {
     }
 }
 
-fn mmu_error(e: EditError) -> MmuError {
-    match e {
-        EditError::OutOfTableMemory => MmuError::OutOfTableMemory,
-        EditError::Unsupported { va } => MmuError::Unsupported {
-            va: VirtAddr::new(va),
-        },
-        EditError::BadEntry { .. } | EditError::Reserved { .. } => {
-            MmuError::Hardware(HW_BAD_ENTRY)
-        }
-    }
-}
-
 /// The tables of one format in one memory.
 pub struct RadixTables<C: PteCodec> {
     engine: Engine<C, SimTableMemory>,
@@ -207,7 +195,10 @@ impl<C: PteCodec + Send + Sync + 'static> TableFormat for RadixTables<C> {
 
     fn create(&self) -> Result<PageTableRoot, MmuError> {
         let mut roots = lock(&self.roots);
-        let t = self.engine.create_root().map_err(mmu_error)?;
+        let t = self
+            .engine
+            .create_root()
+            .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))?;
         roots.insert(t);
         Ok(PageTableRoot(t))
     }
@@ -229,16 +220,16 @@ impl<C: PteCodec + Send + Sync + 'static> TableFormat for RadixTables<C> {
             return Err(MmuError::Hardware(HW_UNKNOWN_ROOT));
         }
         let r = gmem_ptengine::Run::of(run);
-        self.engine.map(root.0, &r).map_err(mmu_error)
+        self.engine
+            .map(root.0, &r)
+            .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))
     }
 
     fn unmap(&self, root: PageTableRoot, range: VaRange) {
         let roots = lock(&self.roots);
         if roots.contains(&root.0) {
             // With split reserves an unmap of a valid range cannot fail.
-            let _ = self
-                .engine
-                .unmap(root.0, range.start.as_u64(), range.len);
+            let _ = self.engine.unmap(root.0, range.start.as_u64(), range.len);
         }
     }
 
@@ -250,7 +241,7 @@ impl<C: PteCodec + Send + Sync + 'static> TableFormat for RadixTables<C> {
         self.engine
             .protect(root.0, range.start.as_u64(), range.len, prot)
             .map(|_| ())
-            .map_err(mmu_error)
+            .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))
     }
 
     fn walk(

@@ -46,11 +46,11 @@ use crate::pte::{
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use gmem_core::sync::{AtomicU64, Mutex, Ordering};
-use gmem_ptengine::{level_size, EditError, Edited, Engine, Run, TableMemory};
 use gmem_core::{
     FrameSource, MapRun, Mmu, MmuError, PageSize, PageSizes, PageTableFormat, PageTableRoot,
     PhysAddr, Prot, VaRange, VirtAddr, PAGE_SIZE,
 };
+use gmem_ptengine::{level_size, EditError, Edited, Engine, Run, TableMemory};
 
 /// The format id of Sv39 tables (`"S9"`): two Sv39 devices may share one table.
 pub const SV39_FORMAT: PageTableFormat = PageTableFormat(0x5339);
@@ -195,17 +195,6 @@ impl<H: Sv39Hardware> TableMemory for Sv39Memory<H> {
     }
 }
 
-fn mmu_error(e: EditError) -> MmuError {
-    match e {
-        EditError::OutOfTableMemory => MmuError::OutOfTableMemory,
-        EditError::Unsupported { va } => MmuError::Unsupported {
-            va: VirtAddr::new(va),
-        },
-        EditError::Reserved { .. } => MmuError::Hardware(HW_RESERVED_ENTRY),
-        EditError::BadEntry { .. } => MmuError::Hardware(HW_BAD_FRAME),
-    }
-}
-
 /// The Sv39 MMU driver of one hart.
 pub struct Sv39<H: Sv39Hardware> {
     engine: Engine<Sv39Codec, Sv39Memory<H>>,
@@ -252,7 +241,9 @@ impl<H: Sv39Hardware> Sv39<H> {
         // The codec's geometry is fixed and valid.
         let engine =
             Engine::new(Sv39Codec, memory).map_err(|_| MmuError::Hardware(HW_BAD_FRAME))?;
-        let template = engine.create_root().map_err(mmu_error)?;
+        let template = engine
+            .create_root()
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
         let mut d = Sv39 {
             engine,
             config,
@@ -308,7 +299,7 @@ impl<H: Sv39Hardware> Sv39<H> {
         };
         self.engine
             .map(self.template.as_u64(), &run)
-            .map_err(mmu_error)
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))
     }
 
     /// The driver's configuration.
@@ -484,7 +475,10 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
     }
 
     fn create_page_table(&self) -> Result<PageTableRoot, MmuError> {
-        let root = self.engine.create_root().map_err(mmu_error)?;
+        let root = self
+            .engine
+            .create_root()
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
         let root = PhysAddr::new(root);
         if Pte::table(root).is_none() {
             self.engine.memory().free(root.as_u64());
@@ -547,7 +541,9 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
         }
         // 4 KiB leaves only; on error the engine has taken the run back (its emptied
         // tables are retired and freed at the next full fence).
-        self.engine.map_limited(root.0, &r, 0).map_err(mmu_error)?;
+        self.engine
+            .map_limited(root.0, &r, 0)
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
         self.counters().pages_mapped.add(run.len / PAGE_SIZE);
         self.fence_ranges(&[run.range()]);
         Ok(())

@@ -136,7 +136,9 @@ fn random_map_unmap_protect_sequences_agree_with_the_model_leaf_by_leaf_and_walk
             }
         }
         let s = t.stats();
-        assert!(s.edits.leaves_small > 0 && s.edits.leaves_cleared > 0 && s.edits.leaves_protected > 0);
+        assert!(
+            s.edits.leaves_small > 0 && s.edits.leaves_cleared > 0 && s.edits.leaves_protected > 0
+        );
         if large {
             assert!(s.edits.leaves_large > 0, "{s:?}");
             assert!(s.edits.splits > 0, "{s:?}");
@@ -279,7 +281,10 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
     t.map(root, &run(0x4000_0000, 0x20_0000, 1024, Prot::RW, dev))
         .unwrap();
     let s = t.stats();
-    assert_eq!((s.edits.leaves_large, s.edits.leaves_small, s.tables_in_use), (2, 0, 5));
+    assert_eq!(
+        (s.edits.leaves_large, s.edits.leaves_small, s.tables_in_use),
+        (2, 0, 5)
+    );
     let l = t.lookup(root, VirtAddr::new(0x4012_3456)).unwrap();
     assert_eq!(
         (l.shift, l.translate(VirtAddr::new(0x4012_3456))),
