@@ -337,14 +337,14 @@ fn run_sequence(seed: u64, large: u32, derived: bool, counted: bool, reserve: bo
                 }
             }
         }
-        let got = expand(&e, root);
-        if got != model {
-            let diff = got.iter().zip(model.iter()).find(|(a, b)| a != b);
-            panic!(
-                "seed {seed} step {step}: tree {} pages, model {}; first difference {diff:?}",
-                got.len(),
-                model.len()
-            );
+        // The whole tree every fifth step, walks and derived bits every step.
+        if step % 5 == 4 {
+            let got = expand(&e, root);
+            if got != model {
+                let diff = got.iter().zip(model.iter()).find(|(a, b)| a != b);
+                let (g, m) = (got.len(), model.len());
+                panic!("seed {seed} step {step}: tree {g} pages, model {m}; first {diff:?}");
+            }
         }
         assert_eq!(
             e.check_derived(root),
@@ -366,6 +366,7 @@ fn run_sequence(seed: u64, large: u32, derived: bool, counted: bool, reserve: bo
             assert_eq!(got, want, "seed {seed} step {step}: walk of {v:#x}");
         }
     }
+    assert_eq!(expand(&e, root), model, "seed {seed}: final tree");
     let s = e.stats();
     if large != 0 {
         assert!(s.leaves_large > 0 && s.splits > 0, "{s:?}");
@@ -384,7 +385,7 @@ fn run_sequence(seed: u64, large: u32, derived: bool, counted: bool, reserve: bo
 
 #[test]
 fn random_edits_agree_with_the_model_and_reclaim_every_emptied_table() {
-    for seed in 1..=3 {
+    for seed in 1..=2 {
         run_sequence(seed * 0x9e37_79b9, 0b110, true, true, true);
         run_sequence(seed * 0x1234_5677, 0b010, true, false, true);
         run_sequence(seed * 0x5151_5151, 0, false, true, false);
@@ -393,7 +394,7 @@ fn random_edits_agree_with_the_model_and_reclaim_every_emptied_table() {
 
 #[test]
 fn without_a_split_reserve_edits_still_agree_with_what_the_tree_holds() {
-    for seed in 1..=3 {
+    for seed in 1..=2 {
         run_sequence(seed * 0x7777_1111, 0b010, true, true, false);
     }
 }
