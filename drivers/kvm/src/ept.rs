@@ -1,5 +1,5 @@
-//! The guest CPU's MMU: Intel's extended page tables (EPT) as a [`PteCodec`], and the
-//! guest's translation caches.
+//! The guest CPU's MMU: Intel's extended page tables (EPT) as a codec of the shared
+//! page-table engine, and the guest's translation caches.
 //!
 //! ```text
 //!  63..52   51..12          11..10  9  8  7   6    5..3    2  1  0
