@@ -18,7 +18,7 @@
 //! module is the entry encoding.
 
 use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
-use gmem_ptengine::{Codec, Entry, Leaf};
+use gmem_ptengine::{Codec, Entry, Leaf, Run};
 use gmem_sim::RadixTables;
 use std::sync::OnceLock;
 
@@ -102,19 +102,9 @@ impl Codec for GpuCodec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         (table.as_u64() & !ADDR_MASK == 0).then(|| table.as_u64() | VALID)
     }
-    fn leaf(
-        &self,
-        frame: PhysAddr,
-        prot: Prot,
-        _: u32,
-        memory: Option<DeviceId>,
-        bits: u64,
-    ) -> Option<u64> {
-        if bits != 0 {
-            return None;
-        }
-        let local = memory.is_some_and(|m| self.me.get() == Some(&m));
-        GpuCodec::encode_leaf(frame, prot, local)
+    fn leaf(&self, frame: PhysAddr, _: u32, run: &Run) -> Option<u64> {
+        let local = run.memory.is_some_and(|m| self.me.get() == Some(&m));
+        GpuCodec::encode_leaf(frame, run.prot, local)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         if raw & VALID == 0 {

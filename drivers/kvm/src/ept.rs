@@ -18,8 +18,8 @@
 //! walk are the shared engine's ([`gmem_ptengine::Engine`], in host memory through
 //! [`gmem_sim::RadixTables`]).
 
-use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
-use gmem_ptengine::{level_shift, level_size, Codec, Entry};
+use gmem_core::{PageTableFormat, PhysAddr, Prot};
+use gmem_ptengine::{level_shift, level_size, Codec, Entry, Run};
 use gmem_sim::{HierarchyConfig, Leaf, RadixTables, Replacement, SimMmu, TlbConfig};
 
 /// The format id of EPT tables.
@@ -91,20 +91,13 @@ impl Codec for EptCodec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         (table.as_u64() & !ADDR_MASK == 0).then(|| table.as_u64() | R | W | X)
     }
-    fn leaf(
-        &self,
-        frame: PhysAddr,
-        prot: Prot,
-        level: u32,
-        _: Option<DeviceId>,
-        bits: u64,
-    ) -> Option<u64> {
+    fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64> {
         let f = frame.as_u64();
-        if f & !ADDR_MASK != 0 || f % level_size(level) != 0 || bits != 0 {
+        if f & !ADDR_MASK != 0 || f % level_size(level) != 0 {
             return None;
         }
         let ps = if level > 0 { PS } else { 0 };
-        Some(f | prot_bits(prot) | MEMTYPE_WB | ps)
+        Some(f | prot_bits(run.prot) | MEMTYPE_WB | ps)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         if raw & (R | W | X) == 0 {
@@ -163,16 +156,25 @@ pub fn ept_tlbs(vcpus: usize) -> HierarchyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gmem_core::DeviceId;
 
-    fn dev() -> DeviceId {
-        DeviceId::from_raw(0, 1)
+    fn run(prot: Prot) -> Run {
+        let memory = Some(DeviceId::from_raw(0, 1));
+        Run {
+            va: 0,
+            pa: 0,
+            len: 0x1000,
+            prot,
+            memory,
+            bits: 0,
+        }
     }
 
     #[test]
     fn leaves_encode_and_decode_permissions_size_and_memory_type() {
         let c = EptCodec::default();
         let raw = c
-            .leaf(PhysAddr::new(0x1234_5000), Prot::RW, 0, Some(dev()), 0)
+            .leaf(PhysAddr::new(0x1234_5000), 0, &run(Prot::RW))
             .unwrap();
         assert_eq!(raw, 0x1234_5000 | R | W | MEMTYPE_WB);
         assert_eq!(
@@ -187,25 +189,17 @@ mod tests {
             })
         );
         let big = c
-            .leaf(PhysAddr::new(0x20_0000), Prot::RWX, 1, Some(dev()), 0)
+            .leaf(PhysAddr::new(0x20_0000), 1, &run(Prot::RWX))
             .unwrap();
         assert!(matches!(c.decode(big, 1), Entry::Leaf(l) if l.shift == 21 && l.prot == Prot::RWX));
-        assert_eq!(
-            c.leaf(PhysAddr::new(0x21_0000), Prot::RW, 1, Some(dev()), 0),
-            None
-        );
-        assert_eq!(
-            c.leaf(PhysAddr::new(1 << 52), Prot::RW, 0, Some(dev()), 0),
-            None
-        );
+        assert_eq!(c.leaf(PhysAddr::new(0x21_0000), 1, &run(Prot::RW)), None);
+        assert_eq!(c.leaf(PhysAddr::new(1 << 52), 0, &run(Prot::RW)), None);
     }
 
     #[test]
     fn write_only_is_read_write_and_an_entry_without_rwx_is_not_present() {
         let c = EptCodec::default();
-        let raw = c
-            .leaf(PhysAddr::new(0x1000), Prot::WRITE, 0, Some(dev()), 0)
-            .unwrap();
+        let raw = c.leaf(PhysAddr::new(0x1000), 0, &run(Prot::WRITE)).unwrap();
         assert_eq!(raw & (R | W | X), R | W);
         assert_eq!(c.decode(0x1000 | MEMTYPE_WB, 0), Entry::NotPresent);
         let t = c.table(PhysAddr::new(0x7000)).unwrap();
@@ -217,9 +211,7 @@ mod tests {
     #[test]
     fn protect_split_and_access_bits_keep_the_frame() {
         let c = EptCodec::default();
-        let raw = c
-            .leaf(PhysAddr::new(0x40_0000), Prot::RW, 1, Some(dev()), 0)
-            .unwrap();
+        let raw = c.leaf(PhysAddr::new(0x40_0000), 1, &run(Prot::RW)).unwrap();
         let ro = c
             .with_prot(c.used(raw, Prot::WRITE), Prot::READ, 1)
             .unwrap();

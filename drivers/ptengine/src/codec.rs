@@ -130,16 +130,14 @@ pub trait Codec {
     }
     /// An entry pointing to the table at `table`; `None`: the format cannot reach it.
     fn table(&self, table: PhysAddr) -> Option<u64>;
-    /// A leaf at `level` mapping `frame` with `prot` and format bits `bits`; `memory`
-    /// is the device whose memory holds the frame. `None`: not encodable.
-    fn leaf(
-        &self,
-        frame: PhysAddr,
-        prot: Prot,
-        level: u32,
-        memory: Option<DeviceId>,
-        bits: u64,
-    ) -> Option<u64>;
+    /// The format bits a run may ask for ([`Run::bits`]); a map asking for others is
+    /// refused as `Unsupported` before anything is encoded. Default: none.
+    fn format_bits(&self) -> u64 {
+        0
+    }
+    /// A leaf at `level` mapping `frame`, part of `run` (its permissions, memory and
+    /// format bits). `None`: not encodable.
+    fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64>;
     /// Decode `raw` found at `level`.
     fn decode(&self, raw: u64, level: u32) -> Entry;
     /// `raw` (a leaf at `level`) with its permissions replaced by `prot`; `None`: the

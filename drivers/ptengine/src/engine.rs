@@ -311,6 +311,7 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
             || run.len % page != 0
             || run.va % page != 0
             || run.pa % page != 0
+            || run.bits & !self.codec.format_bits() != 0
             || !self.codec.va_ok(run.va, run.len)
         {
             return Err(EditError::Unsupported { va: run.va });
@@ -464,7 +465,7 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
         let pa = run.pa + (va - run.va);
         let leaf = self
             .codec
-            .leaf(PhysAddr::new(pa), run.prot, level, run.memory, run.bits)
+            .leaf(PhysAddr::new(pa), level, run)
             .ok_or(EditError::Unsupported { va })?;
         if level > 0 && self.split_reserve && old == Entry::NotPresent {
             let Some(r) = self.memory.alloc() else {

@@ -12,8 +12,8 @@
 
 use crate::driver::SV39_FORMAT;
 use crate::pte::{is_canonical_range, sign_extend, LeafAttrs, Pte, PteFlags, PteKind, LEVELS};
-use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
-use gmem_ptengine::{level_shift, level_size, Codec, Entry, Leaf};
+use gmem_core::{PageTableFormat, PhysAddr, Prot};
+use gmem_ptengine::{level_shift, level_size, Codec, Entry, Leaf, Run};
 
 /// The Sv39 encoding.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,23 +38,18 @@ impl Codec for Sv39Codec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         Pte::table(table).map(|p| p.0)
     }
-    fn leaf(
-        &self,
-        frame: PhysAddr,
-        prot: Prot,
-        level: u32,
-        _: Option<DeviceId>,
-        bits: u64,
-    ) -> Option<u64> {
-        let attrs = PteFlags::U | PteFlags::G;
-        if bits & !attrs.bits() != 0 || frame.as_u64() % level_size(level) != 0 {
+    fn format_bits(&self) -> u64 {
+        (PteFlags::U | PteFlags::G).bits()
+    }
+    fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64> {
+        if frame.as_u64() % level_size(level) != 0 {
             return None;
         }
         let attrs = LeafAttrs {
-            user: bits & PteFlags::U.bits() != 0,
-            global: bits & PteFlags::G.bits() != 0,
+            user: run.bits & PteFlags::U.bits() != 0,
+            global: run.bits & PteFlags::G.bits() != 0,
         };
-        Pte::leaf(frame, prot, attrs).map(|p| p.0)
+        Pte::leaf(frame, run.prot, attrs).map(|p| p.0)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         match Pte(raw).decode() {

@@ -9,8 +9,8 @@
 //! atomic table memory, or a kernel's physical memory).
 
 use crate::pte::{is_canonical_range, level_size, Decoded, X86Flags, X86Pte, LEVELS};
-use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
-use gmem_ptengine::{Codec, Entry, Leaf};
+use gmem_core::{PageTableFormat, PhysAddr, Prot};
+use gmem_ptengine::{Codec, Entry, Leaf, Run};
 
 /// The format id of x86-64 4-level tables (`"x86"` + 64): devices with it share tables.
 pub const X86_FORMAT: PageTableFormat = PageTableFormat(0x8664);
@@ -58,18 +58,8 @@ impl Codec for X86Codec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         (table.as_u64() & !crate::pte::ADDR_MASK == 0).then(|| X86Pte::table(table).0)
     }
-    fn leaf(
-        &self,
-        frame: PhysAddr,
-        prot: Prot,
-        level: u32,
-        _: Option<DeviceId>,
-        bits: u64,
-    ) -> Option<u64> {
-        if bits != 0 {
-            return None;
-        }
-        X86Pte::leaf(frame, prot, self.config.user, level > 0).map(|p| p.0)
+    fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64> {
+        X86Pte::leaf(frame, run.prot, self.config.user, level > 0).map(|p| p.0)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         match X86Pte(raw).decode(level) {
