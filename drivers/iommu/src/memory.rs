@@ -23,16 +23,14 @@
 //! ## Reclamation
 //! A table page that an unmap unlinked may still be cached by a walker's page-walk
 //! cache, so it is *retired*: tagged with the walkers translating with its root at that
-//! moment, and freed when each of them has invalidated that root or switched away (the
-//! rule of [`gmem_sim::TableReclaim`], which is tied to a `SimMemory` frame pool and so is
-//! restated here for this memory). A page retired while no walker uses its root is freed
-//! at once.
+//! moment, and freed when each of them has invalidated that root or switched away. The
+//! rule and its books are the shared engine's ([`gmem_ptengine::Retirement`]); this
+//! memory only gives it its free list.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, RwLock};
 use gmem_core::{PageTableRoot, PhysAddr, PAGE_SIZE};
-use gmem_ptengine::AtomicTableMemory;
+use gmem_ptengine::{AtomicTableMemory, Retirement};
 use gmem_sim::WalkerId;
-use std::collections::HashMap;
 use std::fmt;
 
 /// Entries per table frame.
@@ -102,21 +100,6 @@ impl Default for FrameMeta {
     }
 }
 
-struct Retired {
-    root: u64,
-    frame: u64,
-    waiting: Vec<WalkerId>,
-}
-
-#[derive(Default)]
-struct Reclaim {
-    next: u32,
-    active: HashMap<WalkerId, u64>,
-    retired: Vec<Retired>,
-    freed_at_once: u64,
-    freed_after_invalidation: u64,
-}
-
 struct FreeList {
     free: Vec<u32>,
     peak: u64,
@@ -130,7 +113,7 @@ pub struct TableMemory {
     words: Box<[AtomicU64]>,
     meta: Box<[FrameMeta]>,
     free: Mutex<FreeList>,
-    reclaim: Mutex<Reclaim>,
+    books: Retirement,
 }
 
 impl fmt::Debug for TableMemory {
@@ -170,7 +153,7 @@ impl TableMemory {
                 peak: 0,
                 exhausted: 0,
             }),
-            reclaim: Mutex::new(Reclaim::default()),
+            books: Retirement::new(),
         })
     }
 
@@ -244,7 +227,7 @@ impl TableMemory {
             let f = self.free.lock();
             (f.free.len() as u64, f.peak, f.exhausted)
         };
-        let r = self.reclaim.lock();
+        let r = self.books.stats();
         TableMemoryStats {
             frames: self.frames,
             in_use: self.frames - free,
@@ -252,94 +235,42 @@ impl TableMemory {
             exhausted,
             freed_at_once: r.freed_at_once,
             freed_after_invalidation: r.freed_after_invalidation,
-            waiting: r.retired.len() as u64,
+            waiting: r.waiting,
         }
     }
 
-    // ----- reclamation ---------------------------------------------------------------
+    // ----- reclamation (the shared rule, over this memory's free list) ---------------
 
     /// A new walker id.
     pub(crate) fn new_walker(&self) -> WalkerId {
-        let mut r = self.reclaim.lock();
-        r.next += 1;
-        WalkerId(r.next)
-    }
-
-    fn release(&self, r: &mut Reclaim) {
-        let before = r.retired.len();
-        let mut freed = Vec::new();
-        r.retired.retain(|x| {
-            let keep = !x.waiting.is_empty();
-            if !keep {
-                freed.push(x.frame);
-            }
-            keep
-        });
-        r.freed_after_invalidation += (before - r.retired.len()) as u64;
-        for f in freed {
-            self.free_frame(f);
-        }
+        self.books.new_walker()
     }
 
     /// `walker` now translates with `root` (its caches were flushed by the switch).
     pub(crate) fn activated(&self, walker: WalkerId, root: Option<PageTableRoot>) {
-        let mut r = self.reclaim.lock();
-        match root {
-            Some(x) => r.active.insert(walker, x.0),
-            None => r.active.remove(&walker),
-        };
-        for x in r.retired.iter_mut() {
-            x.waiting.retain(|w| *w != walker);
-        }
-        self.release(&mut r);
+        self.books
+            .activated(walker, root.map(|r| r.0), |f| self.free_frame(f))
     }
 
     /// `walker` dropped every cached entry of `root`.
     pub(crate) fn invalidated(&self, walker: WalkerId, root: PageTableRoot) {
-        let mut r = self.reclaim.lock();
-        if r.retired.is_empty() {
-            return;
-        }
-        for x in r.retired.iter_mut().filter(|x| x.root == root.0) {
-            x.waiting.retain(|w| *w != walker);
-        }
-        self.release(&mut r);
+        self.books
+            .invalidated(walker, root.0, |f| self.free_frame(f))
     }
 
     /// Table page `frame` of `root` was unlinked: free it once no walker can reach it.
     fn retire_frame(&self, root: u64, frame: u64) {
-        let mut r = self.reclaim.lock();
-        let waiting: Vec<WalkerId> = r
-            .active
-            .iter()
-            .filter(|(_, x)| **x == root)
-            .map(|(w, _)| *w)
-            .collect();
-        if waiting.is_empty() {
-            r.freed_at_once += 1;
-            drop(r);
-            self.free_frame(frame);
-            return;
-        }
-        r.retired.push(Retired {
-            root,
-            frame,
-            waiting,
-        });
+        self.books.retire(root, frame, |f| self.free_frame(f))
     }
 
     /// Whether a page unlinked from `root` still waits for a walker's invalidation.
     pub(crate) fn has_retired(&self, root: u64) -> bool {
-        self.reclaim.lock().retired.iter().any(|x| x.root == root)
+        self.books.has_retired(root)
     }
 
     /// `root` was destroyed: free whatever it still has retired.
     pub(crate) fn destroyed(&self, root: u64) {
-        let mut r = self.reclaim.lock();
-        for x in r.retired.iter_mut().filter(|x| x.root == root) {
-            x.waiting.clear();
-        }
-        self.release(&mut r);
+        self.books.destroyed(root, |f| self.free_frame(f))
     }
 }
 

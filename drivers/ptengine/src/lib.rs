@@ -57,7 +57,8 @@
 //! discipline an unmap that leaves a child table empty unlinks it (clears the parent
 //! entry) and *retires* it ([`TableMemory::retire`]): the page goes back to the memory
 //! only once no page-walk cache can still hold a pointer to it, which is the memory's
-//! rule to keep (a simulated walker registry, a full `sfence.vma` on a real hart). The
+//! rule to keep: [`Retirement`] (pages wait for the invalidations of the walkers that
+//! used their root) for simulated device walkers, a full `sfence.vma` on a real hart. The
 //! root is never reclaimed by an edit; [`Engine::free_tree`] frees a whole tree once
 //! no walker uses it.
 //!
@@ -92,6 +93,7 @@
 //! |---|---|
 //! | [`codec`] | [`Codec`], [`Entry`], [`Leaf`], [`Run`], the address geometry |
 //! | [`memory`] | [`TableMemory`], [`AtomicTableMemory`] |
+//! | [`retire`] | [`Retirement`]: unlinked pages released after the walkers' invalidations |
 //! | [`engine`] | [`Engine`]: the edits, the walk, reclamation, [`EditStats`] |
 //! | [`counters!`] | the one statistics macro of the page-table code |
 
@@ -106,12 +108,14 @@ extern crate std;
 pub mod codec;
 pub mod engine;
 pub mod memory;
+pub mod retire;
 #[cfg(test)]
 mod tests;
 
 pub use codec::{index, level_shift, level_size, Codec, Entry, Leaf, Run, ENTRIES};
 pub use engine::{ConfigError, Discipline, EditError, EditStats, Edited, Engine, Walked};
 pub use memory::{AtomicTableMemory, TableMemory};
+pub use retire::{RetireStats, Retirement, WalkerId};
 
 /// One statistics counter: relaxed atomic adds (statistics order nothing, so they are
 /// `core` atomics even in loom builds).

@@ -42,8 +42,7 @@ pub struct Walk {
 }
 
 /// A walker's identity for table reclamation (one per device MMU).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WalkerId(pub u32);
+pub use gmem_ptengine::WalkerId;
 
 /// A page-table format in simulated memory: the driver's MMU functions and the
 /// hardware's walk.
