@@ -311,6 +311,7 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
             || run.len % page != 0
             || run.va % page != 0
             || run.pa % page != 0
+            || run.pa.checked_add(run.len).is_none()
             || run.bits & !self.codec.format_bits() != 0
             || !self.codec.va_ok(run.va, run.len)
         {

@@ -562,6 +562,14 @@ fn a_failed_map_takes_its_run_back_and_its_tables_too() {
     assert!(e.lookup(root, 0x1f_f000).is_none());
     assert_eq!(e.memory().in_use(), 1);
     assert_eq!(e.stats().failed_maps, 1);
+    let top = Run {
+        pa: u64::MAX - 0xfff,
+        ..run
+    };
+    assert_eq!(
+        e.map(root, &top),
+        Err(EditError::Unsupported { va: run.va })
+    );
     assert_eq!(
         e.map(root, &Run { va: 1 << 48, ..run }),
         Err(EditError::Unsupported { va: 1 << 48 })
