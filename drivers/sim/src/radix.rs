@@ -162,6 +162,30 @@ impl<C: PteCodec + Send + Sync + 'static> RadixTables<C> {
         }
     }
 
+    /// [`TableFormat::map`] with format bits `bits` in every leaf of the run (what a
+    /// codec keeps per page and a TLB entry keeps with the translation).
+    ///
+    /// # Errors
+    /// As [`TableFormat::map`]; bits the codec does not define are `Unsupported`.
+    pub fn map_with_bits(
+        &self,
+        root: PageTableRoot,
+        run: &MapRun,
+        bits: u64,
+    ) -> Result<(), MmuError> {
+        let roots = lock(&self.roots);
+        if !roots.contains(&root.0) {
+            return Err(MmuError::Hardware(HW_UNKNOWN_ROOT));
+        }
+        let r = gmem_ptengine::Run {
+            bits,
+            ..gmem_ptengine::Run::of(run)
+        };
+        self.engine
+            .map(root.0, &r)
+            .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))
+    }
+
     /// Software lookup of `va` in `root`: no accessed/dirty side effects, nothing
     /// counted.
     pub fn lookup(&self, root: PageTableRoot, va: VirtAddr) -> Option<Leaf> {
@@ -215,14 +239,7 @@ impl<C: PteCodec + Send + Sync + 'static> TableFormat for RadixTables<C> {
     }
 
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
-        let roots = lock(&self.roots);
-        if !roots.contains(&root.0) {
-            return Err(MmuError::Hardware(HW_UNKNOWN_ROOT));
-        }
-        let r = gmem_ptengine::Run::of(run);
-        self.engine
-            .map(root.0, &r)
-            .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))
+        self.map_with_bits(root, run, 0)
     }
 
     fn unmap(&self, root: PageTableRoot, range: VaRange) {
@@ -305,5 +322,95 @@ pub fn walk_cached<C: PteCodec, M: TableMemory>(
         reads: w.reads,
         writes: w.writes,
         skipped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hierarchy::HierarchyConfig;
+    use crate::mmu::{SimMmu, Translator};
+    use crate::tlb::{Replacement, TlbConfig};
+    use gmem_core::{DeviceId, Mmu, PageSize, PAGE_SIZE};
+    use gmem_ptengine::{Leaf, Run};
+
+    /// Three levels; bit 0 valid, bits 1..3 R/W/X, bits 4..7 format bits, bit 8 a leaf
+    /// above level 0 (never used: no large leaves).
+    struct BitsCodec;
+
+    impl PteCodec for BitsCodec {
+        fn format(&self) -> PageTableFormat {
+            PageTableFormat(0xb175)
+        }
+        fn levels(&self) -> u32 {
+            3
+        }
+        fn va_ok(&self, va: u64, len: u64) -> bool {
+            len > 0 && va.checked_add(len).is_some_and(|e| e <= 1 << 39)
+        }
+        fn table(&self, table: PhysAddr) -> Option<u64> {
+            Some(table.as_u64() | 1)
+        }
+        fn format_bits(&self) -> u64 {
+            0xf
+        }
+        fn leaf(&self, frame: PhysAddr, _: u32, run: &Run) -> Option<u64> {
+            Some(frame.as_u64() | 1 | u64::from(run.prot.bits()) << 1 | run.bits << 4)
+        }
+        fn decode(&self, raw: u64, level: u32) -> Entry {
+            match (raw & 1, level) {
+                (0, _) => Entry::NotPresent,
+                (_, 1..) => Entry::Table(PhysAddr::new(raw & !0xfff)),
+                _ => Entry::Leaf(Leaf {
+                    frame: PhysAddr::new(raw & !0xfff),
+                    shift: 12,
+                    prot: Prot::from_bits_truncate(((raw >> 1) & 7) as u8),
+                    dirty: true,
+                    local: false,
+                    bits: (raw >> 4) & 0xf,
+                }),
+            }
+        }
+        fn with_prot(&self, raw: u64, prot: Prot, _: u32) -> Option<u64> {
+            Some((raw & !0xe) | u64::from(prot.bits()) << 1)
+        }
+        fn split(&self, raw: u64, _: u32, _: u64) -> u64 {
+            raw
+        }
+    }
+
+    #[test]
+    fn format_bits_reach_the_walk_and_stay_in_the_tlb_entry() {
+        let m = Arc::new(SimMemory::new("m", PhysAddr::new(0), 4 << 20).unwrap());
+        let tables = Arc::new(RadixTables::new(BitsCodec, m, PhysAddr::new(0), 16).unwrap());
+        let l1 = TlbConfig::new(4, 4, Replacement::Lru);
+        let config = HierarchyConfig {
+            units: 1,
+            l1,
+            l2: None,
+            walk_cache: None,
+        };
+        let mmu = SimMmu::new(tables.clone(), config).unwrap();
+        let root = mmu.create_page_table().unwrap();
+        let run = MapRun {
+            va: VirtAddr::new(0x40_0000),
+            pa: PhysAddr::new(0x20_0000),
+            len: 2 * PAGE_SIZE,
+            prot: Prot::RW,
+            page_size: PageSize::Size4K,
+            memory: DeviceId::from_raw(0, 1),
+        };
+        tables.map_with_bits(root, &run, 0b1010).unwrap();
+        assert!(
+            tables.map_with_bits(root, &run, 0x10).is_err(),
+            "undefined bits"
+        );
+        mmu.activate(Some(root));
+        let va = VirtAddr::new(0x40_1008);
+        let walked = mmu.translate(0, va, Prot::READ).unwrap();
+        let cached = mmu.translate(0, va, Prot::READ).unwrap();
+        assert_eq!((walked.bits, cached.bits), (0b1010, 0b1010));
+        assert_eq!(cached.translate(va), PhysAddr::new(0x20_1008));
+        assert_eq!(mmu.stats().translations, 1, "the second came from the TLB");
     }
 }
