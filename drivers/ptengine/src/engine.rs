@@ -273,13 +273,14 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
         self.alloc()
     }
 
-    fn is_empty(&self, table: u64) -> bool {
+    /// Whether `table` (at `level`) has no present entry: its count, or a scan.
+    fn is_empty(&self, table: u64, level: u32) -> bool {
         match self.memory.count(table, 0) {
             Some(n) => n == 0,
             None => (0..ENTRIES).all(|i| {
                 self.memory
                     .read(table + i * 8)
-                    .is_some_and(|raw| self.codec.decode(raw, 0) == Entry::NotPresent)
+                    .is_some_and(|raw| self.codec.decode(raw, level) == Entry::NotPresent)
             }),
         }
     }
@@ -594,7 +595,7 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
         }
         step.empty = matches!(op, Op::Unmap)
             && match self.discipline {
-                Discipline::Plain => self.is_empty(table),
+                Discipline::Plain => self.is_empty(table, level),
                 Discipline::Rw => hit_zero && level == 0,
                 Discipline::Cas => false,
             };
