@@ -797,8 +797,8 @@ pub fn edits_table(pairs: u64, reps: usize, memory: DeviceId) -> Result<Vec<Edit
                 mpairs_per_s: pairs as f64 / wall.as_secs_f64().max(1e-9) / 1e6,
                 cpu_ns_per_pair: cpu.as_secs_f64() * 1e9 / pairs as f64,
                 vs_locked: 0.0,
-                writer_reclaims: st.writer_reclaims,
-                cas_lost: st.cas_lost,
+                writer_reclaims: st.edits.writer_reclaims,
+                cas_lost: st.edits.cas_lost,
             });
         }
     }

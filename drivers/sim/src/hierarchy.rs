@@ -210,6 +210,7 @@ mod tests {
             prot: Prot::RW,
             dirty: true,
             local: false,
+            bits: 0,
         }
     }
 
