@@ -45,7 +45,11 @@ pub enum Strategy {
 
 impl Strategy {
     /// All strategies.
-    pub const ALL: [Strategy; 3] = [Strategy::Static, Strategy::LoopWeighted, Strategy::Conflicts];
+    pub const ALL: [Strategy; 3] = [
+        Strategy::Static,
+        Strategy::LoopWeighted,
+        Strategy::Conflicts,
+    ];
 
     /// A short name.
     pub fn name(&self) -> &'static str {
@@ -276,7 +280,10 @@ pub fn demote(k: &Kernel, sm: &SmConfig, opt: &Options) -> Result<Demotion, Demo
     let mut rdv_width = 1u32;
     let estimate = |remaining: u32, rdv_width: u32| {
         // Pairs stay aligned: an odd single count next to an RDV pair may pad by one.
-        remaining + rda_count + rdv_width + u32::from(rdv_width == 2 && (remaining + rda_count) % 2 == 1)
+        remaining
+            + rda_count
+            + rdv_width
+            + u32::from(rdv_width == 2 && (remaining + rda_count) % 2 == 1)
     };
     for &u in &order {
         if estimate(remaining, rdv_width) <= opt.target_registers {
@@ -383,7 +390,12 @@ pub fn demote(k: &Kernel, sm: &SmConfig, opt: &Options) -> Result<Demotion, Demo
             (Space::Shared, Some(a)) => {
                 Inst::new(Op::Sts, None, vec![Src::R(a), Src::R(v)], addr(w))
             }
-            _ => Inst::new(Op::Stl, None, vec![Src::R(v)], u32::from(w) * 4 + k.local_bytes),
+            _ => Inst::new(
+                Op::Stl,
+                None,
+                vec![Src::R(v)],
+                u32::from(w) * 4 + k.local_bytes,
+            ),
         };
         i.origin = Origin::SpillStore(w);
         i
@@ -439,7 +451,9 @@ pub fn demote(k: &Kernel, sm: &SmConfig, opt: &Options) -> Result<Demotion, Demo
         value_regs.extend(temps);
     }
     let registers_before_compaction = out.registers();
-    let compaction = opt.compact.then(|| compact::compact(&mut out, opt.bank_aware));
+    let compaction = opt
+        .compact
+        .then(|| compact::compact(&mut out, opt.bank_aware));
     let map = |r: Reg| -> Reg {
         compaction
             .as_ref()
@@ -464,8 +478,14 @@ pub fn demote(k: &Kernel, sm: &SmConfig, opt: &Options) -> Result<Demotion, Demo
         },
     );
     out.validate().map_err(DemoteError::Ir)?;
-    let spill_loads = out.insts().filter(|i| matches!(i.origin, Origin::SpillLoad(_))).count() as u32;
-    let spill_stores = out.insts().filter(|i| matches!(i.origin, Origin::SpillStore(_))).count() as u32;
+    let spill_loads = out
+        .insts()
+        .filter(|i| matches!(i.origin, Origin::SpillLoad(_)))
+        .count() as u32;
+    let spill_stores = out
+        .insts()
+        .filter(|i| matches!(i.origin, Origin::SpillStore(_)))
+        .count() as u32;
     out.name = k.name.clone();
     Ok(Demotion {
         kernel: out,

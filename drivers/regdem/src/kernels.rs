@@ -537,9 +537,19 @@ mod tests {
     #[test]
     fn every_bench_matches_its_cpu_reference() {
         for bench in [
-            Bench::Sgemm { tm: 4, tn: 4, k: 16 },
-            Bench::Nbody { unroll: 4, tiles: 1 },
-            Bench::Stencil { outputs: 8, tiles: 2 },
+            Bench::Sgemm {
+                tm: 4,
+                tn: 4,
+                k: 16,
+            },
+            Bench::Nbody {
+                unroll: 4,
+                tiles: 1,
+            },
+            Bench::Stencil {
+                outputs: 8,
+                tiles: 2,
+            },
             Bench::Butterfly { batches: 2 },
         ] {
             let k = bench.build(2).unwrap();
@@ -549,7 +559,15 @@ mod tests {
 
     #[test]
     fn unroll_knob_raises_register_pressure() {
-        let r = |u| Bench::Nbody { unroll: u, tiles: 1 }.build(1).unwrap().registers();
+        let r = |u| {
+            Bench::Nbody {
+                unroll: u,
+                tiles: 1,
+            }
+            .build(1)
+            .unwrap()
+            .registers()
+        };
         assert!(r(1) < r(4) && r(4) < r(8), "{} {} {}", r(1), r(4), r(8));
     }
 }

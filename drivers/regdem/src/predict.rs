@@ -153,7 +153,13 @@ mod tests {
     fn higher_occupancy_helps_a_latency_bound_kernel_in_the_prediction() {
         use crate::kernels::Bench;
         let sm = SmConfig::maxwell();
-        let k = Bench::Sgemm { tm: 4, tn: 4, k: 16 }.build(24).unwrap();
+        let k = Bench::Sgemm {
+            tm: 4,
+            tn: 4,
+            k: 16,
+        }
+        .build(24)
+        .unwrap();
         let p = predict(&k, &sm).unwrap();
         assert!(p.cycles > 0.0 && p.waves >= 1);
         let mut smaller = k.clone();

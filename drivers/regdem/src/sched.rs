@@ -101,7 +101,9 @@ impl Tracker {
                 if let Some(b) = (0..6u8).find(|&b| self.state[usize::from(b)].is_none()) {
                     return b;
                 }
-                (0..6u8).min_by_key(|&b| (self.remaining(b), b)).unwrap_or(0)
+                (0..6u8)
+                    .min_by_key(|&b| (self.remaining(b), b))
+                    .unwrap_or(0)
             }
         }
     }

@@ -367,9 +367,7 @@ pub fn simulate(
                         Class::Fp64 => fp64_free[s] <= t,
                         Class::Sfu => sfu_free[s] <= t,
                         Class::Shared => shared_free <= t + u64::from(cfg.queue_cycles),
-                        Class::Global | Class::Local => {
-                            mem_free <= t + u64::from(cfg.queue_cycles)
-                        }
+                        Class::Global | Class::Local => mem_free <= t + u64::from(cfg.queue_cycles),
                         _ => true,
                     };
                     if waits_ok && unit_ok {
@@ -405,7 +403,10 @@ pub fn simulate(
                     per_bank[usize::from(r) % 4] += 1;
                 }
             }
-            let bank_extra: u64 = per_bank.iter().map(|&c| u64::from(c.saturating_sub(1))).sum();
+            let bank_extra: u64 = per_bank
+                .iter()
+                .map(|&c| u64::from(c.saturating_sub(1)))
+                .sum();
             st.register_bank_conflicts += bank_extra;
             let issue = t + bank_extra;
             // Functional execution (all lanes) and memory footprint.
@@ -450,7 +451,9 @@ pub fn simulate(
             // Timing by class: (operand-read time for variable-latency ops, write time).
             let class = inst.op.class();
             let (read_at, write_at) = match class {
-                Class::Alu | Class::Branch | Class::Sync => (issue, issue + u64::from(cfg.alu_latency)),
+                Class::Alu | Class::Branch | Class::Sync => {
+                    (issue, issue + u64::from(cfg.alu_latency))
+                }
                 Class::S2r => (issue, issue + u64::from(cfg.s2r_latency)),
                 Class::Sfu => {
                     let busy = u64::from(32 / cfg.sfu_lanes.max(1));

@@ -81,11 +81,7 @@ pub fn cliffs(k: &Kernel, sm: &SmConfig, max: usize) -> Vec<u32> {
 /// # Errors
 /// [`DemoteError::SharedTooSmall`] if the spill area does not fit, or
 /// [`DemoteError::Ir`] if the result fails validation.
-pub fn local_to_shared(
-    k: &Kernel,
-    spill_words: u32,
-    sm: &SmConfig,
-) -> Result<Kernel, DemoteError> {
+pub fn local_to_shared(k: &Kernel, spill_words: u32, sm: &SmConfig) -> Result<Kernel, DemoteError> {
     let mut out = k.clone();
     let rda = out.registers() as u8;
     let t = out.threads_per_block;
@@ -248,7 +244,9 @@ pub fn evaluate(
     sm: &SmConfig,
     cfg: &SimConfig,
 ) -> Result<KernelResult, String> {
-    let k = bench.build(grid).map_err(|e| format!("{}: {e}", bench.name()))?;
+    let k = bench
+        .build(grid)
+        .map_err(|e| format!("{}: {e}", bench.name()))?;
     let g0 = interp::init_global(&k, seed);
     let want_ref = bench.reference(&k, &g0);
     let variants = generate(&k, sm);
@@ -263,7 +261,8 @@ pub fn evaluate(
         let s = sim::simulate(&v.kernel, sm, cfg, &mut gs)
             .map_err(|e| format!("{} {}: {e}", k.name, v.name))?;
         let sim_out = interp::outputs(&v.kernel, &gs);
-        let p = predict::predict(&v.kernel, sm).map_err(|e| format!("{} {}: {e}", k.name, v.name))?;
+        let p =
+            predict::predict(&v.kernel, sm).map_err(|e| format!("{} {}: {e}", k.name, v.name))?;
         if base_out.is_none() {
             base_out = Some(out.clone());
             base_cycles = s.cycles;
@@ -346,7 +345,13 @@ pub fn ablations(
     let full = Options::regdem(Strategy::LoopWeighted, t);
     let configs: [(&'static str, Options); 4] = [
         ("regdem", full),
-        ("no-compaction", Options { compact: false, ..full }),
+        (
+            "no-compaction",
+            Options {
+                compact: false,
+                ..full
+            },
+        ),
         (
             "no-barrier-tracker",
             Options {
@@ -354,7 +359,13 @@ pub fn ablations(
                 ..full
             },
         ),
-        ("no-optimisations", Options { optimize: false, ..full }),
+        (
+            "no-optimisations",
+            Options {
+                optimize: false,
+                ..full
+            },
+        ),
     ];
     let mut out = Vec::new();
     for (name, o) in configs {
