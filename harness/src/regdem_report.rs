@@ -19,64 +19,76 @@ const SEED: u64 = 0x5eed_0014;
 
 /// The benchmarks and the grid size: `quick` keeps CI at seconds.
 fn benches(quick: bool) -> (u32, Vec<Bench>) {
+    use Bench::*;
     if quick {
-        (
-            8,
-            vec![
-                Bench::Sgemm {
-                    tm: 4,
-                    tn: 4,
-                    k: 16,
-                },
-                Bench::Nbody {
-                    unroll: 8,
-                    tiles: 1,
-                },
-                Bench::Stencil {
-                    outputs: 20,
-                    tiles: 1,
-                },
-                Bench::Butterfly { batches: 1 },
-            ],
-        )
+        let list = vec![
+            Sgemm {
+                tm: 4,
+                tn: 4,
+                k: 16,
+            },
+            SgemmPrefetch {
+                tm: 6,
+                tn: 4,
+                k: 16,
+            },
+            Nbody {
+                unroll: 8,
+                tiles: 1,
+            },
+            Stencil {
+                outputs: 20,
+                tiles: 1,
+            },
+            Butterfly { batches: 1 },
+        ];
+        (8, list)
     } else {
-        (
-            30,
-            vec![
-                Bench::Sgemm {
-                    tm: 2,
-                    tn: 4,
-                    k: 64,
-                },
-                Bench::Sgemm {
-                    tm: 4,
-                    tn: 4,
-                    k: 64,
-                },
-                Bench::Sgemm {
-                    tm: 6,
-                    tn: 4,
-                    k: 64,
-                },
-                Bench::Nbody {
-                    unroll: 4,
-                    tiles: 1,
-                },
-                Bench::Nbody {
-                    unroll: 8,
-                    tiles: 1,
-                },
-                Bench::Stencil {
-                    outputs: 12,
-                    tiles: 2,
-                },
-                Bench::Stencil {
-                    outputs: 20,
-                    tiles: 2,
-                },
-                Bench::Butterfly { batches: 4 },
-            ],
-        )
+        let list = vec![
+            Sgemm {
+                tm: 2,
+                tn: 4,
+                k: 64,
+            },
+            Sgemm {
+                tm: 4,
+                tn: 4,
+                k: 64,
+            },
+            Sgemm {
+                tm: 6,
+                tn: 4,
+                k: 64,
+            },
+            SgemmPrefetch {
+                tm: 4,
+                tn: 4,
+                k: 64,
+            },
+            SgemmPrefetch {
+                tm: 6,
+                tn: 4,
+                k: 64,
+            },
+            Nbody {
+                unroll: 4,
+                tiles: 1,
+            },
+            Nbody {
+                unroll: 8,
+                tiles: 1,
+            },
+            Stencil {
+                outputs: 12,
+                tiles: 2,
+            },
+            Stencil {
+                outputs: 20,
+                tiles: 2,
+            },
+            Butterfly { batches: 4 },
+        ];
+        (30, list)
     }
 }
 
