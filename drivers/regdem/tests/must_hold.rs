@@ -261,3 +261,27 @@ fn interpreter_rejects_out_of_range_accesses() {
         Err(interp::ExecError::Global(_))
     ));
 }
+
+#[test]
+fn fp64_pairs_are_demoted_whole_through_an_aligned_value_pair() {
+    let sm = SmConfig::maxwell();
+    let k = Bench::Butterfly { batches: 1 }.build(1).unwrap();
+    let pair_bases: std::collections::BTreeSet<u8> =
+        k.insts().flat_map(|i| i.pair_bases()).collect();
+    let mut saw_pair = false;
+    for s in Strategy::ALL {
+        let d = demote(&k, &sm, &Options::regdem(s, 32)).unwrap();
+        for &r in &d.demoted {
+            if pair_bases.contains(&r) {
+                saw_pair = true;
+                assert!(d.demoted.contains(&(r + 1)), "{s:?}: R{r} demoted without R{}", r + 1);
+            }
+        }
+        d.kernel.validate().unwrap();
+        assert_eq!(
+            interp::run_outputs(&d.kernel, 21).unwrap(),
+            interp::run_outputs(&k, 21).unwrap()
+        );
+    }
+    assert!(saw_pair, "no strategy demoted an FP64 pair");
+}
