@@ -175,7 +175,8 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
                 "rows": json_rows,
                 "ablations": abls.iter().map(|a| serde_json::json!({
                     "kernel": a.kernel, "config": a.config, "registers": a.registers,
-                    "warps": a.warps, "cycles": a.cycles, "verified": a.verified,
+                    "warps": a.warps, "cycles": a.cycles,
+                    "spill_barrier_stall_cycles": a.spill_barrier_stall, "verified": a.verified,
                 })).collect::<Vec<_>>(),
                 "geomean_speedup_predicted": gm_pred,
                 "geomean_speedup_exhaustive": gm_best,
@@ -293,19 +294,20 @@ fn print_table(results: &[KernelResult], abls: &[Ablation], cfg: &SimConfig, gri
         }
     }
     if !abls.is_empty() {
-        println!("ablations (RegDem, loop-weighted candidates, first cliff):");
+        println!("ablations (RegDem, loop-weighted candidates, first cliff; spill-bar-st = cycles consumers of spill loads were held by barrier waits):");
         println!(
-            "{:<12} {:<20} {:>4} {:>5} {:>9} {:>4}",
-            "kernel", "config", "regs", "warps", "cycles", "ok"
+            "{:<12} {:<20} {:>4} {:>5} {:>9} {:>12} {:>4}",
+            "kernel", "config", "regs", "warps", "cycles", "spill-bar-st", "ok"
         );
         for a in abls {
             println!(
-                "{:<12} {:<20} {:>4} {:>5} {:>9} {:>4}",
+                "{:<12} {:<20} {:>4} {:>5} {:>9} {:>12} {:>4}",
                 a.kernel,
                 a.config,
                 a.registers,
                 a.warps,
                 a.cycles,
+                a.spill_barrier_stall,
                 if a.verified { "yes" } else { "NO" }
             );
         }
@@ -365,7 +367,8 @@ fn write(
         })).collect::<Vec<_>>(),
         "ablations": abls.iter().map(|a| serde_json::json!({
             "kernel": a.kernel, "config": a.config, "registers": a.registers,
-            "warps": a.warps, "cycles": a.cycles, "verified": a.verified,
+            "warps": a.warps, "cycles": a.cycles,
+                    "spill_barrier_stall_cycles": a.spill_barrier_stall, "verified": a.verified,
         })).collect::<Vec<_>>(),
         "geomean_speedup_predicted": gm_pred,
         "geomean_speedup_exhaustive": gm_best,

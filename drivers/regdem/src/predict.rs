@@ -106,8 +106,13 @@ pub fn predict(k: &Kernel, sm: &SmConfig) -> Result<Prediction, OccupancyError> 
                 let _ = lat;
                 *since += s;
             }
-            for bar in [inst.ctrl.wr_bar, inst.ctrl.rd_bar].into_iter().flatten() {
-                let est = f64::from(sched::estimate(inst.op.class()));
+            let wr = inst
+                .ctrl
+                .wr_bar
+                .map(|b| (b, sched::estimate(inst.op.class())));
+            let rd = inst.ctrl.rd_bar.map(|b| (b, sched::READ_STALL));
+            for (bar, est) in [wr, rd].into_iter().flatten() {
+                let est = f64::from(est);
                 let slot = &mut bars[usize::from(bar)];
                 *slot = Some(match *slot {
                     Some((l, e)) if l - e > est => (l, e),

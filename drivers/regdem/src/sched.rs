@@ -26,7 +26,9 @@
 //! barrier makes the consumer wait for unrelated, often long, work). Latency estimates
 //! are the compiler's, not the
 //! simulator's: [`GL_MEM_STALL`] = 200 and [`SH_MEM_STALL`] = 24 are the paper's values;
-//! the FP64, SFU and S2R estimates are ours (the paper names only the two memory ones).
+//! the FP64, SFU and S2R estimates are ours (the paper names only the two memory ones),
+//! and so is [`READ_STALL`]: a read barrier clears when the sources are read, long before
+//! a load's result returns.
 
 use crate::ir::{Class, Inst, Kernel, Op, Origin, Reg};
 
@@ -40,6 +42,9 @@ pub const SH_MEM_STALL: u32 = 24;
 pub const FP64_STALL: u32 = 40;
 /// The compiler's estimate of an SFU or S2R instruction (ours).
 pub const SFU_STALL: u32 = 20;
+/// The compiler's estimate of a *read* barrier: sources are read when the instruction is
+/// dispatched to its unit, a few cycles after issue, whatever its result latency (ours).
+pub const READ_STALL: u32 = 4;
 
 /// The compiler's latency estimate for an instruction class.
 pub fn estimate(class: Class) -> u32 {
@@ -69,9 +74,12 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// `b` was set by an instruction of latency class `class`.
+    /// `b` was set as the write barrier of an instruction of latency class `class`.
     pub fn set(&mut self, b: u8, class: Class) {
-        let est = estimate(class);
+        self.set_estimate(b, estimate(class));
+    }
+    /// `b` was set by an instruction expected to release it after `est` cycles.
+    pub fn set_estimate(&mut self, b: u8, est: u32) {
         let s = &mut self.state[usize::from(b)];
         // A counter barrier already in use completes with its slowest setter.
         *s = Some(match *s {
@@ -286,9 +294,9 @@ pub fn assign_barriers(k: &mut Kernel, opt: &AssignOptions<'_>) {
                 let mine = inst.ctrl.wr_bar.map_or(0, |x| 1u8 << x);
                 let bar = tracker.get_avoiding(opt.policy, avoid | mine);
                 inst.ctrl.rd_bar = Some(bar);
-                tracker.set(bar, class);
+                tracker.set_estimate(bar, READ_STALL);
             } else if let Some(bar) = inst.ctrl.rd_bar {
-                tracker.set(bar, class);
+                tracker.set_estimate(bar, READ_STALL);
             }
             let from_spill = matches!(inst.origin, Origin::SpillLoad(_));
             if let Some(bar) = inst.ctrl.wr_bar {
