@@ -280,7 +280,6 @@ fn sgemm(tm: u32, tn: u32, kd: u32, grid: u32, prefetch: bool) -> Result<Kernel,
                 bm,
                 bn,
                 c0,
-                tid,
                 tx,
                 ty,
                 cta,
@@ -345,7 +344,6 @@ struct SgemmParts {
     bm: u32,
     bn: u32,
     c0: u32,
-    tid: V,
     tx: V,
     ty: V,
     cta: V,
@@ -368,7 +366,6 @@ fn sgemm_prefetch(mut b: Builder, p: SgemmParts, kd: u32) -> Result<Kernel, IrEr
         bm,
         bn,
         c0,
-        tid,
         tx,
         ty,
         cta,
@@ -380,7 +377,6 @@ fn sgemm_prefetch(mut b: Builder, p: SgemmParts, kd: u32) -> Result<Kernel, IrEr
         a_start,
         b_start,
     } = p;
-    let _ = tid;
     let pa: Vec<V> = ga.iter().map(|g| b.ldg(*g, 0)).collect();
     let pb: Vec<V> = gb.iter().map(|g| b.ldg(*g, 0)).collect();
     let chunks = b.loop_begin(kd / KC);

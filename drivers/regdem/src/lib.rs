@@ -26,6 +26,8 @@
 //! The crate is std-only and has no dependency on `gmem-core`: it manages the device's
 //! on-chip memory at compile time, not its address spaces.
 
+#![deny(missing_docs)]
+
 pub mod compact;
 pub mod demote;
 pub mod interp;

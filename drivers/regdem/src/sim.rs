@@ -275,8 +275,7 @@ pub fn simulate(
     let mut t = 0u64;
     // Warps per slot are reused: slot s owns warp indices s*wpc .. (s+1)*wpc.
     for s in 0..slots {
-        for w in 0..warps_per_cta {
-            let _ = (s, w);
+        for _ in 0..warps_per_cta {
             warps.push(Warp {
                 cta: s,
                 first_tid: 0,
