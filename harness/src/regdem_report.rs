@@ -107,6 +107,10 @@ fn geomean(xs: impl Iterator<Item = f64>) -> f64 {
 
 /// Run the experiment and print it in `output`'s format; returns the report whose
 /// verification line says whether every variant was bit-identical and hazard-free.
+///
+/// # Errors
+/// A description of the first kernel that fails to build, interpret or simulate, or of
+/// a file that cannot be written.
 pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
     let sm = SmConfig::maxwell();
     let cfg = SimConfig::maxwell();
