@@ -13,7 +13,9 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gmem_core::testing::TestSystem;
-use gmem_core::{AllocPolicy, AllocRequest, MapFlags, MmuMode, Prot, SpaceId, VirtAddr, PAGE_SIZE};
+use gmem_core::{
+    Activation, AllocPolicy, AllocRequest, MapFlags, MmuMode, Prot, SpaceId, VirtAddr, PAGE_SIZE,
+};
 use std::time::{Duration, Instant};
 
 const BATCH: u64 = 4096;
@@ -34,7 +36,7 @@ fn setup() -> Setup {
         )
         .unwrap();
     sys.gm
-        .as_attach(space, sys.host().id, MmuMode::Coherent, true)
+        .as_attach(space, sys.host().id, MmuMode::Coherent, Activation::Switch)
         .unwrap();
     Setup { sys, space }
 }

@@ -132,9 +132,10 @@ fn main() {
             AllocPolicy::empty(),
         )
         .unwrap();
-    gm.as_attach(space, gm.host(), MmuMode::Coherent, true)
+    gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)
         .unwrap();
-    gm.as_attach(space, gpu, MmuMode::Coherent, true).unwrap();
+    gm.as_attach(space, gpu, MmuMode::Coherent, Activation::Switch)
+        .unwrap();
     let buf = gm
         .as_alloc(space, AllocRequest::new(16 * PAGE_SIZE))
         .unwrap();

@@ -7,6 +7,7 @@
 //! active in. One device, the host CPU, is created with the [`crate::Gmem`] instance:
 //! its memory is the swap space of every device memory.
 
+use crate::addr::{Pfn, Vpn};
 use crate::flags::{DevCaps, PageSizes};
 use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::{DeviceMemory, Mmu};
@@ -14,6 +15,7 @@ use crate::physmem::PhysMem;
 use crate::space::SpaceInner;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use alloc::string::String;
+use alloc::sync::Weak;
 use alloc::vec::Vec;
 use core::any::Any;
 
@@ -33,10 +35,30 @@ pub struct DeviceDesc {
 }
 
 /// Which spaces a device is attached to and where it is active.
+///
+/// Changed only under the lock of the space concerned (lock order: space state, then
+/// binding), so a space's attachment list and its devices' bindings always agree. The
+/// active space is held weakly: a space keeps its attached devices alive, a device does
+/// not keep its space alive, so the two never form a reference cycle.
 #[derive(Default)]
 pub(crate) struct Binding {
     pub attached: Vec<SpaceId>,
-    pub active: Option<Arc<SpaceInner>>,
+    pub active: Option<Weak<SpaceInner>>,
+    /// Set by `dev_destroy` once it has checked that nothing is attached: a concurrent
+    /// `as_attach` that comes later sees it and refuses.
+    pub destroyed: bool,
+}
+
+impl Binding {
+    /// The space the device is active in, if it still exists.
+    pub fn active_space(&self) -> Option<Arc<SpaceInner>> {
+        self.active.as_ref().and_then(Weak::upgrade)
+    }
+
+    /// Whether the device is active in the space `id`.
+    pub fn is_active_in(&self, id: SpaceId) -> bool {
+        self.active_space().is_some_and(|s| s.id == id)
+    }
 }
 
 pub(crate) struct DeviceInner {
@@ -53,7 +75,65 @@ pub(crate) struct DeviceInner {
     pub binding: Mutex<Binding>,
 }
 
+/// Frames of one device's memory allocated for pages and not yet committed to them.
+///
+/// Dropping the run gives its frames back, so no error path between allocation and
+/// commitment (zeroing, copying, mapping) can leak them; [`FrameRun::commit`] hands
+/// them over to the pages for good.
+#[must_use = "commit the frames to their pages, or drop the run to free them"]
+pub(crate) struct FrameRun {
+    dev: Arc<DeviceInner>,
+    pfn: Pfn,
+    /// Frames still owned by the run (0 once committed).
+    pages: u64,
+}
+
+impl FrameRun {
+    /// The first frame.
+    pub fn pfn(&self) -> Pfn {
+        self.pfn
+    }
+
+    /// The frames now belong to the pages they were allocated for.
+    pub fn commit(mut self) -> Pfn {
+        self.pages = 0;
+        self.pfn
+    }
+}
+
+impl Drop for FrameRun {
+    fn drop(&mut self) {
+        if self.pages > 0 {
+            let mut phys = self.dev.phys.lock();
+            for k in 0..self.pages {
+                phys.free(self.pfn.add(k));
+            }
+        }
+    }
+}
+
 impl DeviceInner {
+    /// Allocate `pages` frames aligned to `align` pages for the pages of `space` from
+    /// `vpn`, within the driver's constraint `limit`.
+    pub fn alloc_frames(
+        self: &Arc<Self>,
+        pages: u64,
+        align: u64,
+        space: SpaceId,
+        vpn: Vpn,
+        limit: Option<crate::mmu::FrameConstraint>,
+    ) -> Option<FrameRun> {
+        let pfn = self
+            .phys
+            .lock()
+            .alloc_run(pages, align, space, vpn, false, limit)?;
+        Some(FrameRun {
+            dev: self.clone(),
+            pfn,
+            pages,
+        })
+    }
+
     pub fn faultable(&self) -> bool {
         self.caps.contains(DevCaps::FAULTABLE)
     }

@@ -1,8 +1,27 @@
-//! Error enums: one per operation, variants with payloads (`gm_ret_t`).
+//! Error enums: one per family of calls whose failures differ, variants with payloads
+//! (`gm_ret_t`).
 //!
 //! Every KPI call either succeeds or returns one of these and leaves the state as it
-//! was: checks come before the first change. Variants name what was wrong with which
-//! value, so a driver can act on them and a test can assert them.
+//! was: checks come before the first change, and a driver failure after a change is
+//! rolled back. Variants name what was wrong with which value, so a driver can act on
+//! them and a test can assert them. Errors that wrap another (a region handle problem
+//! inside a [`MapError`], a driver's [`MmuError`]) expose it as
+//! [`core::error::Error::source`].
+//!
+//! | enum | calls |
+//! |---|---|
+//! | [`DeviceError`] | `Gmem::new`, `dev_create`, `dev_destroy`, `dev_register_physmem`, the `dev_*` queries |
+//! | [`SpaceError`] | `as_create`, `as_destroy`, `as_synchronize`, the `as_*` queries, `mapping_set_create` |
+//! | [`AttachError`] | `as_attach`, `dev_switch`, `dev_detach` |
+//! | [`AllocError`] | `as_alloc` |
+//! | [`LookupError`] | `as_lookup` |
+//! | [`RegionError`] | `region_info`, `region_unmap`, `region_dealloc`, `region_unwire` |
+//! | [`ProtectError`] | `region_protect` |
+//! | [`PolicyError`] | `region_set_policy`, `region_set_granularity` |
+//! | [`MapError`] | `region_map` |
+//! | [`PopulateError`] | `region_migrate`, `region_wire` |
+//! | [`SetError`] | `mapping_set_unmap`, `mapping_set_destroy` |
+//! | [`FaultError`] | `dev_fault` |
 
 use crate::addr::{AddrError, PhysAddr, VirtAddr};
 use crate::flags::{AllocPolicy, Prot};
@@ -13,17 +32,8 @@ use crate::space::Region;
 use crate::vmem;
 use core::fmt;
 
-macro_rules! display_via_debug {
-    ($($t:ty),*) => {$(
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                fmt::Debug::fmt(self, f)
-            }
-        }
-    )*};
-}
-
-/// Errors of `dev_create`, `dev_destroy` and `dev_register_physmem`.
+/// Errors of `Gmem::new`, `dev_create`, `dev_destroy`, `dev_register_physmem` and the
+/// device queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceError {
     /// The handle names no live device.
@@ -35,7 +45,8 @@ pub enum DeviceError {
         /// How many.
         spaces: usize,
     },
-    /// Frames of the device's memory still back pages of address spaces.
+    /// Frames of the device's memory (managed, or given to `region_map`) still back
+    /// pages of address spaces.
     MemoryInUse {
         /// How many frames.
         frames: u64,
@@ -48,7 +59,8 @@ pub enum DeviceError {
     No4KPages,
 }
 
-/// Errors of `as_create` and `as_destroy`.
+/// Errors of `as_create`, `as_destroy`, `as_synchronize`, the space queries and
+/// `mapping_set_create`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpaceError {
     /// The handle names no live address space.
@@ -64,7 +76,7 @@ pub enum SpaceError {
 pub enum AttachError {
     /// The handle names no live address space.
     UnknownSpace(SpaceId),
-    /// The handle names no live device.
+    /// The handle names no live device (or one being destroyed).
     UnknownDevice(DeviceId),
     /// The device is already attached to the space.
     AlreadyAttached,
@@ -72,7 +84,7 @@ pub enum AttachError {
     NotAttached,
     /// The space already has the maximum of 32 page tables or attachments.
     TooManyAttachments,
-    /// The driver could not create its page table.
+    /// The driver could not create or fill its page table.
     Mmu(MmuError),
 }
 
@@ -94,41 +106,103 @@ pub enum AllocError {
     Injected,
 }
 
-/// Errors of the region calls: `as_lookup`, `region_dealloc`, `region_map`,
-/// `region_unmap`, `region_set_policy`, `region_protect`, and of mapping sets.
+/// Errors of `as_lookup`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RegionError {
+pub enum LookupError {
     /// The handle names no live address space.
     UnknownSpace(SpaceId),
     /// No region of the space holds this address.
     NotAllocated(VirtAddr),
-    /// The region handle is stale (deallocated before) or from another space.
+}
+
+/// Errors of the calls that only resolve a region handle: `region_info`,
+/// `region_unmap`, `region_dealloc`, `region_unwire`. The other region calls wrap it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionError {
+    /// The handle's address space is gone.
+    UnknownSpace(SpaceId),
+    /// The region handle is stale (deallocated before).
     StaleRegion(Region),
-    /// The handle names no live device.
+}
+
+/// Errors of `region_protect`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProtectError {
+    /// The region handle does not resolve.
+    Region(RegionError),
+    /// Protection argument out of range (empty).
+    BadProt(Prot),
+    /// The driver failed to change a page table (every change was rolled back).
+    Mmu(MmuError),
+}
+
+/// Errors of `region_set_policy` and `region_set_granularity`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyError {
+    /// The region handle does not resolve.
+    Region(RegionError),
+    /// The placement target names no live device.
     UnknownDevice(DeviceId),
     /// The placement target has no registered memory.
     NoMemory(DeviceId),
-    /// `region_map` got a frame list of the wrong length.
+    /// The granularity is not a power of two between 4 KiB and 1 GiB.
+    BadGranularity(u64),
+}
+
+/// Errors of `region_map`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapError {
+    /// The region handle does not resolve.
+    Region(RegionError),
+    /// The memory device names no live device (or one being destroyed).
+    UnknownDevice(DeviceId),
+    /// Protection argument out of range (empty).
+    BadProt(Prot),
+    /// The frame list does not have one frame per page of the region.
     FrameCount {
         /// Pages in the region.
         expected: u64,
         /// Frames given.
         given: u64,
     },
-    /// A frame given to `region_map` is unaligned or not registered memory of its device.
+    /// A frame is not page aligned, or lies in memory the core manages for the device
+    /// (caller-given frames must stay outside it).
     BadFrame(PhysAddr),
-    /// A frame given to `region_map` already backs a page.
-    FrameInUse(PhysAddr),
-    /// The region is already mapped (unmap it first).
+    /// The region is already mapped, or some of its pages are populated (unmap first).
     AlreadyMapped,
     /// The mapping-set handle is stale or from another space.
     UnknownSet(MappingSetId),
+    /// The space already names the most memories it can (255).
+    TooManyMemories(DeviceId),
+    /// The driver failed to update a page table (nothing of the map remains).
+    Mmu(MmuError),
+}
+
+/// Errors of `region_migrate` and `region_wire`: the calls that allocate, zero-fill or
+/// move pages outside a fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PopulateError {
+    /// The region handle does not resolve.
+    Region(RegionError),
+    /// The target names no live device.
+    UnknownDevice(DeviceId),
+    /// Neither the target memory nor host memory (after eviction) has a free frame.
+    OutOfMemory(DeviceId),
+    /// The space already names the most memories it can (255).
+    TooManyMemories(DeviceId),
     /// The driver failed to update a page table.
     Mmu(MmuError),
-    /// Protection argument out of range (empty).
-    BadProt(Prot),
-    /// The granularity is not a power of two between 4 KiB and 1 GiB.
-    BadGranularity(u64),
+    /// A data mover failed.
+    Memory(MemError),
+}
+
+/// Errors of `mapping_set_unmap` and `mapping_set_destroy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetError {
+    /// The handle names no live address space.
+    UnknownSpace(SpaceId),
+    /// The mapping-set handle is stale or from another space.
+    UnknownSet(MappingSetId),
 }
 
 /// Errors of `dev_fault`.
@@ -159,29 +233,319 @@ pub enum FaultError {
     Mmu(MmuError),
     /// A data mover failed.
     Memory(MemError),
+    /// The space already names the most memories it can (255) and cannot place a page
+    /// in one more: the device's memory is refused rather than aliased.
+    TooManyMemories(DeviceId),
 }
 
-display_via_debug!(
-    DeviceError,
-    SpaceError,
-    AttachError,
-    AllocError,
-    RegionError,
-    FaultError
-);
+/// Why the core could not allocate, fill or move a page: the failures the fault path
+/// shares with `region_migrate` and `region_wire`, converted losslessly into each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MoveError {
+    OutOfMemory(DeviceId),
+    TooManyMemories(DeviceId),
+    Mmu(MmuError),
+    Memory(MemError),
+}
 
+impl From<MmuError> for MoveError {
+    fn from(e: MmuError) -> Self {
+        MoveError::Mmu(e)
+    }
+}
+impl From<MemError> for MoveError {
+    fn from(e: MemError) -> Self {
+        MoveError::Memory(e)
+    }
+}
+impl From<MoveError> for FaultError {
+    fn from(e: MoveError) -> Self {
+        match e {
+            MoveError::OutOfMemory(d) => FaultError::OutOfMemory(d),
+            MoveError::TooManyMemories(d) => FaultError::TooManyMemories(d),
+            MoveError::Mmu(e) => FaultError::Mmu(e),
+            MoveError::Memory(e) => FaultError::Memory(e),
+        }
+    }
+}
+impl From<MoveError> for PopulateError {
+    fn from(e: MoveError) -> Self {
+        match e {
+            MoveError::OutOfMemory(d) => PopulateError::OutOfMemory(d),
+            MoveError::TooManyMemories(d) => PopulateError::TooManyMemories(d),
+            MoveError::Mmu(e) => PopulateError::Mmu(e),
+            MoveError::Memory(e) => PopulateError::Memory(e),
+        }
+    }
+}
 impl From<MmuError> for FaultError {
     fn from(e: MmuError) -> Self {
         FaultError::Mmu(e)
     }
 }
-impl From<MemError> for FaultError {
-    fn from(e: MemError) -> Self {
-        FaultError::Memory(e)
+impl From<MmuError> for ProtectError {
+    fn from(e: MmuError) -> Self {
+        ProtectError::Mmu(e)
     }
 }
-impl From<MmuError> for RegionError {
+impl From<MmuError> for MapError {
     fn from(e: MmuError) -> Self {
-        RegionError::Mmu(e)
+        MapError::Mmu(e)
+    }
+}
+macro_rules! from_region {
+    ($($t:ident),*) => {$(
+        impl From<RegionError> for $t {
+            fn from(e: RegionError) -> Self {
+                $t::Region(e)
+            }
+        }
+    )*};
+}
+from_region!(ProtectError, PolicyError, MapError, PopulateError);
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::UnknownDevice(d) => write!(f, "no live device {d}"),
+            DeviceError::IsHost => f.write_str("the host CPU device cannot be destroyed"),
+            DeviceError::StillAttached { spaces } => {
+                write!(f, "device still attached to {spaces} address space(s)")
+            }
+            DeviceError::MemoryInUse { frames } => {
+                write!(
+                    f,
+                    "{frames} frame(s) of the device's memory still back pages"
+                )
+            }
+            DeviceError::NoMemoryInterface(d) => {
+                write!(f, "device {d} has no data mover for registered memory")
+            }
+            DeviceError::Register(e) => write!(f, "physical memory rejected: {e}"),
+            DeviceError::No4KPages => f.write_str("the MMU does not map 4 KiB pages"),
+        }
+    }
+}
+
+impl fmt::Display for SpaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpaceError::UnknownSpace(s) => write!(f, "no live address space {s}"),
+            SpaceError::BadRange(e) => write!(f, "bad address-space range: {e}"),
+            SpaceError::BadPolicy(p) => write!(f, "allocation policy {p:?} names two fits"),
+        }
+    }
+}
+
+impl fmt::Display for AttachError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttachError::UnknownSpace(s) => write!(f, "no live address space {s}"),
+            AttachError::UnknownDevice(d) => write!(f, "no live device {d}"),
+            AttachError::AlreadyAttached => f.write_str("device already attached to the space"),
+            AttachError::NotAttached => f.write_str("device not attached to the space"),
+            AttachError::TooManyAttachments => {
+                f.write_str("the space already has 32 page tables or attachments")
+            }
+            AttachError::Mmu(e) => write!(f, "driver failed on the page table: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllocError::UnknownSpace(s) => write!(f, "no live address space {s}"),
+            AllocError::BadArgument(e) => write!(f, "bad allocation argument: {e}"),
+            AllocError::BadConstraint(p) => write!(f, "contradictory constraints: {p:?}"),
+            AllocError::NoSpace { size } => write!(f, "no free range of {size:#x} bytes"),
+            AllocError::Injected => f.write_str("allocation failure injected for testing"),
+        }
+    }
+}
+
+impl fmt::Display for LookupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LookupError::UnknownSpace(s) => write!(f, "no live address space {s}"),
+            LookupError::NotAllocated(va) => write!(f, "no region holds {va:?}"),
+        }
+    }
+}
+
+impl fmt::Display for RegionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegionError::UnknownSpace(s) => write!(f, "the region's address space {s} is gone"),
+            RegionError::StaleRegion(r) => {
+                write!(f, "stale region handle at {:?} (deallocated)", r.start)
+            }
+        }
+    }
+}
+
+impl fmt::Display for ProtectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtectError::Region(e) => e.fmt(f),
+            ProtectError::BadProt(p) => write!(f, "protection {p:?} out of range"),
+            ProtectError::Mmu(e) => write!(f, "driver failed to change protection: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyError::Region(e) => e.fmt(f),
+            PolicyError::UnknownDevice(d) => write!(f, "placement target {d} is no live device"),
+            PolicyError::NoMemory(d) => write!(f, "placement target {d} has no memory"),
+            PolicyError::BadGranularity(g) => {
+                write!(
+                    f,
+                    "granularity {g:#x} is not a power of two in 4 KiB..=1 GiB"
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Display for MapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MapError::Region(e) => e.fmt(f),
+            MapError::UnknownDevice(d) => write!(f, "memory device {d} is no live device"),
+            MapError::BadProt(p) => write!(f, "protection {p:?} out of range"),
+            MapError::FrameCount { expected, given } => {
+                write!(f, "{given} frame(s) given for {expected} page(s)")
+            }
+            MapError::BadFrame(pa) => {
+                write!(f, "frame {pa:?} is unaligned or in memory the core manages")
+            }
+            MapError::AlreadyMapped => f.write_str("region already mapped or populated"),
+            MapError::UnknownSet(s) => write!(f, "no live mapping set {s}"),
+            MapError::TooManyMemories(d) => {
+                write!(f, "the space names 255 memories and cannot name {d}'s")
+            }
+            MapError::Mmu(e) => write!(f, "driver failed to map: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for PopulateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PopulateError::Region(e) => e.fmt(f),
+            PopulateError::UnknownDevice(d) => write!(f, "target {d} is no live device"),
+            PopulateError::OutOfMemory(d) => write!(f, "no free frame in {d}'s memory"),
+            PopulateError::TooManyMemories(d) => {
+                write!(f, "the space names 255 memories and cannot name {d}'s")
+            }
+            PopulateError::Mmu(e) => write!(f, "driver failed: {e}"),
+            PopulateError::Memory(e) => write!(f, "data mover failed: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for SetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SetError::UnknownSpace(s) => write!(f, "no live address space {s}"),
+            SetError::UnknownSet(s) => write!(f, "no live mapping set {s}"),
+        }
+    }
+}
+
+impl fmt::Display for FaultError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultError::UnknownDevice(d) => write!(f, "no live device {d}"),
+            FaultError::NotFaultable(d) => write!(f, "device {d} cannot take faults"),
+            FaultError::NotActive(d) => write!(f, "device {d} is active in no address space"),
+            FaultError::NotAllocated(va) => write!(f, "no region holds {va:?}"),
+            FaultError::NotMapped(va) => write!(f, "{va:?} was unmapped: nothing backs it"),
+            FaultError::ProtectionViolation {
+                va,
+                access,
+                allowed,
+            } => write!(
+                f,
+                "{access:?} access to {va:?} where the region allows {allowed:?}"
+            ),
+            FaultError::OutOfMemory(d) => {
+                write!(f, "no free frame in {d}'s memory, even after eviction")
+            }
+            FaultError::Mmu(e) => write!(f, "driver failed to map: {e}"),
+            FaultError::Memory(e) => write!(f, "data mover failed: {e}"),
+            FaultError::TooManyMemories(d) => {
+                write!(f, "the space names 255 memories and cannot name {d}'s")
+            }
+        }
+    }
+}
+
+impl core::error::Error for DeviceError {}
+impl core::error::Error for SpaceError {}
+impl core::error::Error for AllocError {}
+impl core::error::Error for LookupError {}
+impl core::error::Error for RegionError {}
+impl core::error::Error for SetError {}
+
+impl core::error::Error for AttachError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            AttachError::Mmu(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl core::error::Error for ProtectError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            ProtectError::Region(e) => Some(e),
+            ProtectError::Mmu(e) => Some(e),
+            ProtectError::BadProt(_) => None,
+        }
+    }
+}
+
+impl core::error::Error for PolicyError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            PolicyError::Region(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl core::error::Error for MapError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            MapError::Region(e) => Some(e),
+            MapError::Mmu(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl core::error::Error for PopulateError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            PopulateError::Region(e) => Some(e),
+            PopulateError::Mmu(e) => Some(e),
+            PopulateError::Memory(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl core::error::Error for FaultError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            FaultError::Mmu(e) => Some(e),
+            FaultError::Memory(e) => Some(e),
+            _ => None,
+        }
     }
 }

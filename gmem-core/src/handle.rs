@@ -123,6 +123,14 @@ impl<T> Slots<T> {
         }
     }
 
+    /// Clones of every live value, in slot order.
+    pub fn values(&self) -> Vec<T>
+    where
+        T: Clone,
+    {
+        self.slots.iter().filter_map(|(_, v)| v.clone()).collect()
+    }
+
     /// The `(index, generation)` of every live value.
     pub fn keys(&self) -> Vec<(u32, u32)> {
         self.slots

@@ -28,15 +28,27 @@
 //! | [`vmem`] | vmem arenas: virtual ranges and physical frames |
 //! | [`mmu`] | the driver-facing MMU and memory traits |
 //! | [`device`] | devices and their registered physical memory |
-//! | [`space`] | address spaces, regions, attachment, the KPI entry points |
+//! | [`gmem`] | the instance: device and space registries, statistics |
+//! | [`kpi`] | **the KPI entry points**, one module per object: [`kpi::device`] (`dev_*`), [`kpi::space`] (`as_*`), [`kpi::region`] (`region_*`), [`kpi::mapping_set`] (`mapping_set_*`) |
+//! | [`space`] | one address space's state behind its lock: regions, page tables, attachments (`attach`), the fault path (`fault`), the queue's work (`queue`), shared region operations (`ops`), its invariants (`check`) |
+//! | [`fault`] | what a fault answers, and the fault path's theory |
+//! | `queue` | the asynchronous MMU queue, callbacks, strict unmaps invalidated outside the lock |
+//! | [`physmem`] | one device's frames: queues, reverse map |
+//! | [`error`] | one error enum per call family |
+//! | [`sync`] | locks and atomics (loom-switchable) and **the lock order** |
+//! | [`check`] | `check_invariants` |
 //! | [`stats`] | counters a caller can read |
 //!
-//! The entry point is [`Gmem`], one instance per kernel.
+//! The entry point is [`Gmem`], one instance per kernel; a KPI call's path is
+//! `lib.rs` → [`kpi`] → the module named for its object.
 
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
-#![forbid(unsafe_code)]
+// `unsafe` appears only as the `FrameSource` contract (an `unsafe trait`); no unsafe
+// operation is performed anywhere in the crate.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 extern crate alloc;
 
@@ -48,6 +60,7 @@ pub mod fault;
 pub mod flags;
 pub mod gmem;
 pub mod handle;
+pub mod kpi;
 mod lpt;
 pub mod mmu;
 pub mod physmem;
@@ -63,11 +76,15 @@ pub mod vmem;
 pub use addr::{AddrError, PageSize, Pfn, PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
 pub use check::Violation;
 pub use device::DeviceDesc;
-pub use error::{AllocError, AttachError, DeviceError, FaultError, RegionError, SpaceError};
+pub use error::{
+    AllocError, AttachError, DeviceError, FaultError, LookupError, MapError, PolicyError,
+    PopulateError, ProtectError, RegionError, SetError, SpaceError,
+};
 pub use fault::{FaultKind, FaultResolution};
 pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
+pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
     DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
 };
@@ -75,6 +92,7 @@ pub use physmem::FrameCounts;
 pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;
 pub use space::{
-    AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region, RegionInfo,
+    Activation, AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region,
+    RegionInfo,
 };
 pub use stats::Stats;

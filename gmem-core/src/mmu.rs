@@ -103,18 +103,38 @@ pub trait Mmu: Send + Sync {
     /// The page sizes the hardware translates (4 KiB must be among them).
     fn page_sizes(&self) -> PageSizes;
     /// Create an empty page table.
+    ///
+    /// # Errors
+    /// [`MmuError::OutOfTableMemory`] when no page can be had for the root, or a
+    /// hardware-specific [`MmuError`].
     fn create_page_table(&self) -> Result<PageTableRoot, MmuError>;
     /// Destroy a page table the core no longer uses (all its mappings were unmapped and
     /// invalidated before).
     fn destroy_page_table(&self, root: PageTableRoot);
     /// Install a run of mappings. On error nothing of the run may remain mapped.
+    ///
+    /// # Errors
+    /// [`MmuError`] when a table page cannot be allocated or the run is outside what the
+    /// hardware translates; nothing of the run may then remain mapped.
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError>;
     /// Remove every mapping in `range` (pages that are not mapped are skipped).
     fn unmap(&self, root: PageTableRoot, range: VaRange);
     /// Change the protection of every mapping in `range`.
+    ///
+    /// # Errors
+    /// [`MmuError`] when the change needs a table page that cannot be had (splitting a
+    /// large leaf) or the hardware refuses; the core then restores the old protection on
+    /// what was changed.
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError>;
     /// Invalidate this device's TLB entries for every range in `ranges` (one coalesced
-    /// batch; the driver may turn it into a full flush).
+    /// batch; the driver may turn it into a full flush). When it returns, no access
+    /// through a stale translation of those ranges is in flight.
+    ///
+    /// The core may call this without the space lock (a strict `region_dealloc`
+    /// invalidates outside it), concurrently with other calls on the same MMU, and for a
+    /// `root` that a concurrent detach destroyed meanwhile: the driver must then treat
+    /// it as a harmless flush (that detach already invalidated everything the table
+    /// held).
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]);
     /// Invalidate every TLB entry of this device for `root`.
     fn invalidate_all(&self, root: PageTableRoot);
@@ -134,6 +154,9 @@ pub enum MemError {
     /// A hardware-specific failure, with the driver's code.
     Hardware(u32),
 }
+
+impl core::error::Error for MmuError {}
+impl core::error::Error for MemError {}
 
 impl fmt::Display for MemError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -166,10 +189,19 @@ pub struct FrameConstraint {
 pub trait DeviceMemory: Send + Sync {
     /// Fill `len` bytes from `pa` with zeros (bulk zeroing: `len` may be a whole 2 MiB
     /// block).
+    ///
+    /// # Errors
+    /// [`MemError`] when the range is not memory of this device or the hardware fails.
     fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError>;
     /// Read `buf.len()` bytes from `pa`.
+    ///
+    /// # Errors
+    /// [`MemError`] when the range is not memory of this device or the hardware fails.
     fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError>;
     /// Write `buf` at `pa`.
+    ///
+    /// # Errors
+    /// [`MemError`] when the range is not memory of this device or the hardware fails.
     fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError>;
     /// The constraint on frames that back `pages` pages from `va`, or `None` for any
     /// frame (the default). Asked before every allocation in this device's memory.

@@ -18,7 +18,17 @@ pub trait Platform: Send + Sync {
 
 /// A source of 4 KiB frames for page-table pages, as a kernel hands them to its MMU
 /// drivers.
-pub trait FrameSource: Send + Sync {
+///
+/// # Safety
+/// A driver writes page-table entries into the frames it gets and lets hardware walk
+/// them, so its soundness rests on this contract, which an implementor guarantees:
+/// - a frame returned by [`FrameSource::alloc_frame`] is 4 KiB aligned, zeroed, backed
+///   by real memory, and used by nothing else (no other owner, no other mapping that
+///   writes it) until it is given back with [`FrameSource::free_frame`];
+/// - no frame is handed out twice without a `free_frame` in between;
+/// - `free_frame` is only ever given frames this source handed out.
+#[allow(unsafe_code)]
+pub unsafe trait FrameSource: Send + Sync {
     /// A zeroed 4 KiB frame, or `None` when memory is exhausted.
     fn alloc_frame(&self) -> Option<PhysAddr>;
     /// Give back a frame obtained from [`FrameSource::alloc_frame`].

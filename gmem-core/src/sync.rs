@@ -7,24 +7,45 @@
 //! crate-specific (declared in the workspace's `check-cfg`) so that a dependant who uses
 //! loom for its own code does not switch the core into loom mode by accident.
 //!
-//! Lock order, outermost first: the device table, the space table, one address space's
-//! state, one device's attachment list, one device's physical memory, the arena inside
-//! it. Cross-space work (evicting a page of another space) uses `try_lock` and skips
-//! what it cannot lock, so no path waits for an address space while holding another.
+//! ## Lock order (the one place it is written down)
+//! Outermost first; a thread holding a lock may take only locks below it:
+//! 1. **one address space's state** (`SpaceInner::lock`). A second space's state is
+//!    taken only with `try_lock` (cross-space eviction), never waited for;
+//! 2. **one device's binding** (where it is attached and active; `as_attach`,
+//!    `dev_switch` and `detach_slot` change it under the space lock);
+//! 3. **one device's physical memory** (`PhysMem`: queues, reverse map, frame arena);
+//! 4. **leaves** — held only to copy a value in or out, with nothing taken under them:
+//!    the device and space registries of `Gmem` (a fault looks a placement target or an
+//!    eviction victim's space up while it holds a space lock), a space's range arena and
+//!    its quantum caches, a queue's in-flight counter.
+//!
+//! Calls into drivers (`Mmu`, `DeviceMemory`) happen with the space lock (and, for
+//! `activate`, the binding) held; a driver must not call back into the core from them.
+//! Completion callbacks run after every lock is released (the space guard runs them
+//! on drop). `dev_destroy` takes the binding, then the physical memory, then each space
+//! in turn, never two at once.
 
 #[cfg(not(gmem_loom))]
 mod imp {
     pub use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+    /// How a thread waits for a held lock: spinning (a kernel, which holds spin locks
+    /// with preemption off), or yielding its CPU with the `std` feature (a user-space
+    /// host, where a lock holder can be descheduled).
+    #[cfg(not(feature = "std"))]
+    type Relax = spin::relax::Spin;
+    #[cfg(feature = "std")]
+    type Relax = spin::relax::Yield;
+
     /// A mutual-exclusion spin lock.
-    pub struct Mutex<T>(spin::Mutex<T>);
+    pub struct Mutex<T>(spin::mutex::Mutex<T, Relax>);
     /// Guard of a [`Mutex`].
     pub type MutexGuard<'a, T> = spin::MutexGuard<'a, T>;
 
     impl<T> Mutex<T> {
         /// A new unlocked mutex.
         pub const fn new(value: T) -> Self {
-            Self(spin::Mutex::new(value))
+            Self(spin::mutex::Mutex::new(value))
         }
         /// Lock, spinning until the lock is free.
         #[inline]
@@ -45,16 +66,16 @@ mod imp {
     }
 
     /// A reader-writer spin lock.
-    pub struct RwLock<T>(spin::RwLock<T>);
+    pub struct RwLock<T>(spin::rwlock::RwLock<T, Relax>);
     /// Shared guard of an [`RwLock`].
     pub type RwLockReadGuard<'a, T> = spin::RwLockReadGuard<'a, T>;
     /// Exclusive guard of an [`RwLock`].
-    pub type RwLockWriteGuard<'a, T> = spin::RwLockWriteGuard<'a, T>;
+    pub type RwLockWriteGuard<'a, T> = spin::rwlock::RwLockWriteGuard<'a, T, Relax>;
 
     impl<T> RwLock<T> {
         /// A new unlocked reader-writer lock.
         pub const fn new(value: T) -> Self {
-            Self(spin::RwLock::new(value))
+            Self(spin::rwlock::RwLock::new(value))
         }
         /// Shared lock.
         #[inline]

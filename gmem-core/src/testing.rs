@@ -120,6 +120,11 @@ impl TableStore {
             .unwrap_or_default()
     }
 
+    /// Whether `root` names a live (created, not yet destroyed) table.
+    pub fn is_live(&self, root: PageTableRoot) -> bool {
+        self.tables.lock().1.contains_key(&root.0)
+    }
+
     /// Number of live tables.
     pub fn tables(&self) -> usize {
         self.tables.lock().1.len()
@@ -146,6 +151,7 @@ pub struct TestMmu {
     record: bool,
     tlb: Mutex<TlbState>,
     fail_next_maps: Mutex<u32>,
+    fail_next_protects: Mutex<u32>,
     /// Held shared by every access from translation to the end of its memory access,
     /// and exclusively by invalidation: an invalidation completes only after the
     /// accesses that may have used a stale translation have finished, as a real TLB
@@ -171,6 +177,7 @@ impl TestMmu {
                 misses: 0,
             }),
             fail_next_maps: Mutex::new(0),
+            fail_next_protects: Mutex::new(0),
             inflight: RwLock::new(()),
         }
     }
@@ -190,6 +197,12 @@ impl TestMmu {
     /// Make the next `n` calls to `map` fail with `OutOfTableMemory`.
     pub fn fail_next_maps(&self, n: u32) {
         *self.fail_next_maps.lock() = n;
+    }
+
+    /// Make the next `n` `protect` calls fail with `OutOfTableMemory` after changing
+    /// the first page of their range (a driver that fails half-way through a run).
+    pub fn fail_next_protects(&self, n: u32) {
+        *self.fail_next_protects.lock() = n;
     }
 
     /// The table store.
@@ -304,11 +317,18 @@ impl Mmu for TestMmu {
         });
     }
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError> {
+        let fail = {
+            let mut f = self.fail_next_protects.lock();
+            let fail = *f > 0;
+            *f = f.saturating_sub(1);
+            fail
+        };
         {
             let mut t = self.store.tables.lock();
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
-                for v in first..first + range.pages() {
+                let pages = if fail { 1 } else { range.pages() };
+                for v in first..first + pages {
                     if let Some(p) = table.get_mut(&v) {
                         p.prot = prot;
                     }
@@ -321,6 +341,9 @@ impl Mmu for TestMmu {
             range,
             prot,
         });
+        if fail {
+            return Err(MmuError::OutOfTableMemory);
+        }
         Ok(())
     }
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]) {
@@ -615,6 +638,11 @@ impl TestSystem {
     /// would: translate (TLB, then table walk); on a miss or a protection fault drop the
     /// translation, report the fault to the core and retry. `f` runs with the
     /// translation while the access is in flight (an invalidation waits for it).
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn access<R>(
         &self,
         dev: usize,
@@ -655,11 +683,21 @@ impl TestSystem {
     }
 
     /// Translate `va` for device `dev` (an index), faulting as hardware would.
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn translate(&self, dev: usize, va: VirtAddr, access: Prot) -> Result<Pte, AccessError> {
         self.access(dev, va, access, |p| p)
     }
 
     /// Store `data` at `va` through device `dev`.
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn write(&self, dev: usize, va: VirtAddr, data: &[u8]) -> Result<(), AccessError> {
         let mut done = 0usize;
         while done < data.len() {
@@ -682,6 +720,11 @@ impl TestSystem {
     }
 
     /// Load `len` bytes at `va` through device `dev`.
+    ///
+    /// # Errors
+    /// [`AccessError`]: the fault the core refused (with its typed [`FaultError`]), a
+    /// device that cannot fault touching an unmapped address, a translation to memory
+    /// no device has, or a retry that kept faulting.
     pub fn read(&self, dev: usize, va: VirtAddr, len: usize) -> Result<Vec<u8>, AccessError> {
         let mut out = alloc::vec![0u8; len];
         let mut done = 0usize;

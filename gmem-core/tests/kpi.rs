@@ -20,15 +20,20 @@ fn system() -> (TestSystem, SpaceId) {
     let space =
         s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
             .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
         .unwrap();
     (s, space)
 }
 
 fn gpu(s: &mut TestSystem, space: SpaceId, pages: u64) -> usize {
     let g = s.add_device(GPU, DevCaps::FAULTABLE, GPU_BASE, pages);
-    s.gm.as_attach(space, s.devices[g].id, MmuMode::Coherent, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[g].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
     g
 }
 
@@ -100,23 +105,28 @@ fn attach_modes_share_fall_back_and_reject_misuse() {
     let (mut s, space) = system();
     let host = s.host().id;
     assert_eq!(
-        s.gm.as_attach(space, host, MmuMode::Coherent, false),
+        s.gm.as_attach(space, host, MmuMode::Coherent, Activation::Leave),
         Err(AttachError::AlreadyAttached)
     );
     // Same format as the host's table: the iGPU shares it.
     let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);
     assert_eq!(
-        s.gm.as_attach(space, s.devices[igpu].id, MmuMode::Shared, true),
+        s.gm.as_attach(
+            space,
+            s.devices[igpu].id,
+            MmuMode::Shared,
+            Activation::Switch
+        ),
         Ok(MmuMode::Shared)
     );
     // A replicate table is never shared.
     let sp3 =
         s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
             .unwrap();
-    s.gm.as_attach(sp3, host, MmuMode::Replicate, false)
+    s.gm.as_attach(sp3, host, MmuMode::Replicate, Activation::Leave)
         .unwrap();
     assert_eq!(
-        s.gm.as_attach(sp3, s.devices[igpu].id, MmuMode::Shared, false),
+        s.gm.as_attach(sp3, s.devices[igpu].id, MmuMode::Shared, Activation::Leave),
         Ok(MmuMode::Coherent)
     );
     // A second space where the CPU attaches shared first: the iGPU then shares it.
@@ -124,16 +134,16 @@ fn attach_modes_share_fall_back_and_reject_misuse() {
         s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
             .unwrap();
     assert_eq!(
-        s.gm.as_attach(sp2, host, MmuMode::Shared, false),
+        s.gm.as_attach(sp2, host, MmuMode::Shared, Activation::Leave),
         Ok(MmuMode::Coherent)
     );
     assert_eq!(
-        s.gm.as_attach(sp2, s.devices[igpu].id, MmuMode::Shared, false),
+        s.gm.as_attach(sp2, s.devices[igpu].id, MmuMode::Shared, Activation::Leave),
         Ok(MmuMode::Shared)
     );
     let dgpu = s.add_device(GPU, DevCaps::FAULTABLE, GPU_BASE, 8);
     assert_eq!(
-        s.gm.as_attach(sp2, s.devices[dgpu].id, MmuMode::Shared, false),
+        s.gm.as_attach(sp2, s.devices[dgpu].id, MmuMode::Shared, Activation::Leave),
         Ok(MmuMode::Coherent)
     );
     let stale =
@@ -141,7 +151,7 @@ fn attach_modes_share_fall_back_and_reject_misuse() {
             .unwrap();
     s.gm.as_destroy(stale).unwrap();
     assert_eq!(
-        s.gm.as_attach(stale, host, MmuMode::Coherent, false),
+        s.gm.as_attach(stale, host, MmuMode::Coherent, Activation::Leave),
         Err(AttachError::UnknownSpace(stale))
     );
     assert_eq!(
@@ -163,7 +173,8 @@ fn switch_activates_in_one_space_at_a_time() {
     let sp2 =
         s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
             .unwrap();
-    s.gm.as_attach(sp2, host, MmuMode::Coherent, false).unwrap();
+    s.gm.as_attach(sp2, host, MmuMode::Coherent, Activation::Leave)
+        .unwrap();
     assert_eq!(s.gm.dev_active(host).unwrap(), Some(space));
     s.gm.dev_switch(host, sp2).unwrap();
     assert_eq!(s.gm.dev_active(host).unwrap(), Some(sp2));
@@ -283,7 +294,7 @@ fn guarded_regions_keep_an_unmapped_page_on_each_side() {
             AllocPolicy::GUARDED | AllocPolicy::FIRST_FIT,
         )
         .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
         .unwrap();
     let a =
         s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
@@ -492,7 +503,7 @@ fn bulk_zeroing_prepares_a_whole_block_with_one_fault() {
     s.gm.region_set_granularity(r, 1 << 21).unwrap();
     assert_eq!(
         s.gm.region_set_granularity(r, 3 << 12),
-        Err(RegionError::BadGranularity(3 << 12))
+        Err(PolicyError::BadGranularity(3 << 12))
     );
     s.take_events();
     let res =
@@ -569,7 +580,7 @@ fn named_placement_puts_cpu_faults_in_device_memory() {
     };
     assert_eq!(
         s.gm.region_set_policy(r, place(PlacementTarget::Device(nid))),
-        Err(RegionError::NoMemory(nid))
+        Err(PolicyError::NoMemory(nid))
     );
     s.gm.region_set_policy(r, place(PlacementTarget::Device(gid)))
         .unwrap();
@@ -588,7 +599,10 @@ fn region_migrate_and_prefetch_move_pages_before_any_fault() {
         s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
             .unwrap();
     s.write(0, r.start, b"hello").unwrap();
-    assert_eq!(s.gm.region_migrate(r, gid, true).unwrap(), 4);
+    assert_eq!(
+        s.gm.region_migrate(r, gid, MigrateScope::Prefetch).unwrap(),
+        4
+    );
     assert_eq!(s.gm.dev_frames(gid).unwrap().active, 4);
     let before = s.gm.stats().faults_migrate;
     assert_eq!(s.read(g, r.start, 5).unwrap(), b"hello");
@@ -611,22 +625,29 @@ fn wired_map_replicates_to_devices_that_cannot_fault_and_unmap_removes_everywher
     let (mut s, space) = system();
     let host = s.host().id;
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[io].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
     let r =
         s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
             .unwrap();
     assert_eq!(
         s.gm.region_map(
             r,
-            Prot::RW,
-            &external_frames(1),
-            host,
-            None,
-            MapFlags::empty(),
-            None
+            MapRequest {
+                prot: Prot::RW,
+                frames: &external_frames(1),
+                memory: host,
+                set: None,
+                flags: MapFlags::empty(),
+                callback: None
+            }
         ),
-        Err(RegionError::FrameCount {
+        Err(MapError::FrameCount {
             expected: 2,
             given: 1
         })
@@ -635,24 +656,28 @@ fn wired_map_replicates_to_devices_that_cannot_fault_and_unmap_removes_everywher
     assert_eq!(
         s.gm.region_map(
             r,
-            Prot::RW,
-            &[managed, managed],
-            host,
-            None,
-            MapFlags::empty(),
-            None
+            MapRequest {
+                prot: Prot::RW,
+                frames: &[managed, managed],
+                memory: host,
+                set: None,
+                flags: MapFlags::empty(),
+                callback: None
+            }
         ),
-        Err(RegionError::BadFrame(managed))
+        Err(MapError::BadFrame(managed))
     );
     s.take_events();
     s.gm.region_map(
         r,
-        Prot::RW,
-        &external_frames(2),
-        host,
-        None,
-        MapFlags::empty(),
-        None,
+        MapRequest {
+            prot: Prot::RW,
+            frames: &external_frames(2),
+            memory: host,
+            set: None,
+            flags: MapFlags::empty(),
+            callback: None,
+        },
     )
     .unwrap();
     let ev = s.take_events();
@@ -662,14 +687,16 @@ fn wired_map_replicates_to_devices_that_cannot_fault_and_unmap_removes_everywher
     assert_eq!(
         s.gm.region_map(
             r,
-            Prot::RW,
-            &external_frames(2),
-            host,
-            None,
-            MapFlags::empty(),
-            None
+            MapRequest {
+                prot: Prot::RW,
+                frames: &external_frames(2),
+                memory: host,
+                set: None,
+                flags: MapFlags::empty(),
+                callback: None
+            }
         ),
-        Err(RegionError::AlreadyMapped)
+        Err(MapError::AlreadyMapped)
     );
     s.write(io, r.start, b"dma").unwrap();
     assert_eq!(
@@ -732,7 +759,7 @@ fn async_unmaps_coalesce_into_one_invalidation_and_release_only_after_it() {
     );
     assert_eq!(
         s.gm.as_lookup(space, regions[0].start),
-        Err(RegionError::NotAllocated(regions[0].start))
+        Err(LookupError::NotAllocated(regions[0].start))
     );
     // The ranges are not handed out again before the invalidation.
     let fresh = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
@@ -788,21 +815,28 @@ fn queue_drains_itself_at_its_batch_limit_and_before_touching_a_pending_page() {
 fn async_map_reaches_non_faultable_devices_when_the_queue_drains() {
     let (mut s, space) = system();
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[io].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     let done = Arc::new(AtomicUsize::new(0));
     let d = done.clone();
     s.gm.region_map(
         r,
-        Prot::READ,
-        &external_frames(1),
-        s.host().id,
-        None,
-        MapFlags::ASYNC,
-        Some(Box::new(move |_| {
-            d.fetch_add(1, Ordering::SeqCst);
-        })),
+        MapRequest {
+            prot: Prot::READ,
+            frames: &external_frames(1),
+            memory: s.host().id,
+            set: None,
+            flags: MapFlags::ASYNC,
+            callback: Some(Box::new(move |_| {
+                d.fetch_add(1, Ordering::SeqCst);
+            })),
+        },
     )
     .unwrap();
     assert_eq!(s.read(io, r.start, 1), Err(AccessError::Unmapped(r.start)));
@@ -817,15 +851,30 @@ fn mapping_set_unmap_unmaps_every_member_with_one_callback() {
     let (mut s, space) = system();
     let host = s.host().id;
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[io].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
     let set = s.gm.mapping_set_create(space).unwrap();
     let mut regions = Vec::new();
     for i in 0..3u64 {
         let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         let f = [PhysAddr::new(0x7000_0000 + i * PAGE_SIZE)];
-        s.gm.region_map(r, Prot::RW, &f, host, Some(set), MapFlags::empty(), None)
-            .unwrap();
+        s.gm.region_map(
+            r,
+            MapRequest {
+                prot: Prot::RW,
+                frames: &f,
+                memory: host,
+                set: Some(set),
+                flags: MapFlags::empty(),
+                callback: None,
+            },
+        )
+        .unwrap();
         regions.push(r);
     }
     let done = Arc::new(AtomicUsize::new(0));
@@ -849,7 +898,7 @@ fn mapping_set_unmap_unmaps_every_member_with_one_callback() {
     s.gm.mapping_set_destroy(space, set).unwrap();
     assert_eq!(
         s.gm.mapping_set_unmap(space, set, MapFlags::empty(), None),
-        Err(RegionError::UnknownSet(set))
+        Err(SetError::UnknownSet(set))
     );
     ok(&s, space);
 }
@@ -860,11 +909,16 @@ fn shared_table_serves_both_devices_and_invalidates_both_tlbs() {
     let space =
         s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
             .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Shared, true)
+    s.gm.as_attach(space, s.host().id, MmuMode::Shared, Activation::Switch)
         .unwrap();
     let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);
     assert_eq!(
-        s.gm.as_attach(space, s.devices[igpu].id, MmuMode::Shared, true),
+        s.gm.as_attach(
+            space,
+            s.devices[igpu].id,
+            MmuMode::Shared,
+            Activation::Switch
+        ),
         Ok(MmuMode::Shared)
     );
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
@@ -906,8 +960,13 @@ fn replicate_mode_mirrors_every_populated_page_and_follows_migration() {
             .unwrap();
     s.write(0, r.start, b"early").unwrap();
     let rep = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(space, s.devices[rep].id, MmuMode::Replicate, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[rep].id,
+        MmuMode::Replicate,
+        Activation::Switch,
+    )
+    .unwrap();
     assert_eq!(
         s.read(rep, r.start, 5).unwrap(),
         b"early",
@@ -945,7 +1004,7 @@ fn stale_handles_and_double_frees_are_typed_errors() {
     );
     assert_eq!(
         s.gm.region_protect(r, Prot::READ),
-        Err(RegionError::StaleRegion(r))
+        Err(ProtectError::Region(RegionError::StaleRegion(r)))
     );
     let again = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     assert_eq!(again.start, r.start, "the range is reused");
@@ -986,7 +1045,8 @@ fn dev_destroy_refuses_while_attached_or_holding_pages() {
         s.gm.dev_destroy(gid),
         Err(DeviceError::MemoryInUse { frames: 1 })
     );
-    s.gm.region_migrate(r, s.host().id, false).unwrap();
+    s.gm.region_migrate(r, s.host().id, MigrateScope::Populated)
+        .unwrap();
     s.gm.dev_destroy(gid).unwrap();
     assert_eq!(s.gm.dev_destroy(gid), Err(DeviceError::UnknownDevice(gid)));
     assert_eq!(s.read(0, r.start, 1).unwrap(), b"v");
@@ -1009,7 +1069,7 @@ fn protect_updates_tables_and_invalidates_then_allows_the_write() {
     assert_eq!(s.read(0, r.start, 2).unwrap(), b"ok");
     assert_eq!(
         s.gm.region_protect(r, Prot::empty()),
-        Err(RegionError::BadProt(Prot::empty()))
+        Err(ProtectError::BadProt(Prot::empty()))
     );
     ok(&s, space);
 }
@@ -1061,7 +1121,8 @@ fn eviction_reclaims_pages_of_another_space_sharing_the_device() {
     let b =
         s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
             .unwrap();
-    s.gm.as_attach(b, gid, MmuMode::Coherent, false).unwrap();
+    s.gm.as_attach(b, gid, MmuMode::Coherent, Activation::Leave)
+        .unwrap();
     let ra = s.gm.as_alloc(a, AllocRequest::new(4 * PAGE_SIZE)).unwrap();
     s.write(g, ra.start, &pattern(1, 4 * PAGE_SIZE as usize))
         .unwrap();
@@ -1146,8 +1207,13 @@ fn wiring_pins_pages_replicates_them_and_unwiring_releases_them() {
     let (mut s, space) = system();
     let host = s.host().id;
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[io].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
     let g = gpu(&mut s, space, 2);
     let gid = s.devices[g].id;
     let r =
@@ -1195,7 +1261,7 @@ fn wiring_pins_pages_replicates_them_and_unwiring_releases_them() {
     s.gm.region_set_policy(big, on_gpu).unwrap();
     assert!(matches!(
         s.gm.region_wire(big),
-        Err(FaultError::OutOfMemory(_))
+        Err(PopulateError::OutOfMemory(_))
     ));
     assert_eq!(s.gm.dev_frames(gid).unwrap().wired, 0);
     ok(&s, space);
@@ -1318,4 +1384,185 @@ fn dropping_the_instance_frees_devices_and_spaces() {
     drop(s);
     assert!(mmu.upgrade().is_none(), "the GPU's MMU was freed");
     assert!(memory.upgrade().is_none(), "the GPU's memory was freed");
+}
+
+// ----- failure atomicity ------------------------------------------------------------
+
+/// The protection every table holds for the pages of `r`.
+fn table_prots(s: &TestSystem, devs: &[usize], r: &Region, pages: u64) -> Vec<Option<Prot>> {
+    let mut out = Vec::new();
+    for &d in devs {
+        let mmu = &s.devices[d].mmu;
+        let root = mmu.active_root().unwrap();
+        for p in 0..pages {
+            let vpn = r.start.vpn().0 + p;
+            out.push(mmu.store().lookup(root, vpn).map(|e| e.prot));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_protect_failing_half_way_restores_every_run_and_invalidates_them() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 16);
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    s.write(0, r.start, b"host").unwrap();
+    s.gm.region_set_policy(
+        r,
+        Placement {
+            target: PlacementTarget::Host,
+            mode: PlacementMode::RemoteAccess,
+        },
+    )
+    .unwrap();
+    s.write(0, r.start.checked_add(PAGE_SIZE).unwrap(), b"host")
+        .unwrap();
+    s.read(g, r.start, 4).unwrap();
+    s.read(g, r.start.checked_add(PAGE_SIZE).unwrap(), 4)
+        .unwrap();
+    let before = table_prots(&s, &[0, g], &r, 2);
+    assert!(before.iter().all(|p| *p == Some(Prot::RW)), "{before:?}");
+    s.take_events();
+    // The host's table is protected first and succeeds; the GPU's fails half-way.
+    s.devices[g].mmu.fail_next_protects(1);
+    assert_eq!(
+        s.gm.region_protect(r, Prot::READ),
+        Err(ProtectError::Mmu(MmuError::OutOfTableMemory))
+    );
+    assert_eq!(
+        table_prots(&s, &[0, g], &r, 2),
+        before,
+        "every run restored"
+    );
+    assert_eq!(s.gm.region_info(r).unwrap().prot, Prot::RW);
+    let invalidated: Vec<u32> = s
+        .take_events()
+        .iter()
+        .filter_map(|e| match e {
+            MmuEvent::Invalidate { mmu, .. } => Some(*mmu),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        invalidated.contains(&0) && invalidated.contains(&(g as u32)),
+        "both TLBs may hold the briefly changed protection: {invalidated:?}"
+    );
+    ok(&s, space);
+    // And the call works once the driver does.
+    s.gm.region_protect(r, Prot::READ).unwrap();
+    assert!(table_prots(&s, &[0, g], &r, 2)
+        .iter()
+        .all(|p| *p == Some(Prot::READ)));
+}
+
+#[test]
+fn a_zero_fill_whose_replica_fails_leaves_no_page_no_mapping_and_no_frame() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 16);
+    let rep = s.add_device(9, DevCaps::FAULTABLE, 0, 0);
+    s.gm.as_attach(
+        space,
+        s.devices[rep].id,
+        MmuMode::Replicate,
+        Activation::Leave,
+    )
+    .unwrap();
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.devices[rep].mmu.fail_next_maps(1);
+    let gid = s.devices[g].id;
+    assert_eq!(
+        s.gm.dev_fault(gid, r.start, Prot::WRITE),
+        Err(FaultError::Mmu(MmuError::OutOfTableMemory))
+    );
+    let root = s.devices[g].mmu.active_root().unwrap();
+    assert_eq!(
+        s.devices[g].mmu.store().lookup(root, r.start.vpn().0),
+        None,
+        "the faulter's mapping is gone again"
+    );
+    assert_eq!(s.gm.dev_frames(gid).unwrap().active, 0, "the frame is free");
+    ok(&s, space);
+    // The next fault succeeds and the page is zero.
+    assert_eq!(s.read(g, r.start, 8).unwrap(), vec![0; 8]);
+    ok(&s, space);
+}
+
+#[test]
+fn region_map_on_a_mapped_region_is_refused_before_draining_the_queue() {
+    let (s, space) = system();
+    let host = s.host().id;
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    let frame = [PhysAddr::new(0x4000_0000)];
+    s.gm.region_map(
+        r,
+        MapRequest {
+            prot: Prot::RW,
+            frames: &frame,
+            memory: host,
+            set: None,
+            flags: MapFlags::empty(),
+            callback: None,
+        },
+    )
+    .unwrap();
+    let other = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.write(0, other.start, b"x").unwrap();
+    s.gm.region_dealloc(other, MapFlags::ASYNC, None).unwrap();
+    assert_eq!(s.gm.as_pending(space).unwrap(), 1);
+    s.take_events();
+    assert_eq!(
+        s.gm.region_map(
+            r,
+            MapRequest {
+                prot: Prot::RW,
+                frames: &frame,
+                memory: host,
+                set: None,
+                flags: MapFlags::empty(),
+                callback: None
+            }
+        ),
+        Err(MapError::AlreadyMapped)
+    );
+    assert_eq!(
+        s.gm.as_pending(space).unwrap(),
+        1,
+        "the queue was not drained"
+    );
+    assert!(s.take_events().is_empty(), "no MMU call for a refused map");
+    ok(&s, space);
+}
+
+#[test]
+fn a_space_refuses_a_memory_beyond_the_255_it_can_name() {
+    let (mut s, space) = system();
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    // 254 device memories besides the host's fill every name a page entry has.
+    let mut last = None;
+    for k in 0..255u64 {
+        let d = s.add_device(1, DevCaps::FAULTABLE, 0x10_0000_0000 + k * PAGE_SIZE * 4, 1);
+        let id = s.devices[d].id;
+        let rk = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+        s.gm.region_set_policy(
+            rk,
+            Placement {
+                target: PlacementTarget::Device(id),
+                mode: PlacementMode::Unique,
+            },
+        )
+        .unwrap();
+        last = Some((id, s.gm.dev_fault(s.host().id, rk.start, Prot::READ)));
+    }
+    let (id, res) = last.unwrap();
+    assert_eq!(
+        res,
+        Err(FaultError::TooManyMemories(id)),
+        "the 256th memory"
+    );
+    ok(&s, space);
+    // Pages already placed keep working, and the host memory still serves faults.
+    assert_eq!(s.read(0, r.start, 4).unwrap(), vec![0; 4]);
 }

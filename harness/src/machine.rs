@@ -9,7 +9,8 @@
 //! Workloads only see this interface.
 
 use gmem_core::{
-    AllocPolicy, AllocRequest, Gmem, MapFlags, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE,
+    Activation, AllocPolicy, AllocRequest, Gmem, MapFlags, MmuMode, Region, SpaceId, VirtAddr,
+    PAGE_SIZE,
 };
 use gmem_dgpu::{Dgpu, DgpuConfig};
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
@@ -113,7 +114,7 @@ impl Machine {
         } else {
             MmuMode::Coherent
         };
-        gm.as_attach(space, gm.host(), cpu_mode, true)
+        gm.as_attach(space, gm.host(), cpu_mode, Activation::Switch)
             .map_err(|e| e.to_string())?;
         let (gpu, id, mode) = match accel {
             Accel::Discrete { pages } => {
@@ -149,7 +150,7 @@ impl Machine {
             }
         };
         let got = gm
-            .as_attach(space, id, mode, true)
+            .as_attach(space, id, mode, Activation::Switch)
             .map_err(|e| e.to_string())?;
         if got != mode {
             return Err(format!(

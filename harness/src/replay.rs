@@ -185,7 +185,7 @@ impl Replayer {
             Event::Map { region, dev } => {
                 let r = self.region(region)?;
                 let id = self.dev_id(*dev);
-                gm.region_migrate(r, id, true)
+                gm.region_migrate(r, id, gmem_core::MigrateScope::Prefetch)
                     .map_err(|e| format!("map {region}: {e}"))?;
             }
             Event::Policy {

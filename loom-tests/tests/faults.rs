@@ -47,8 +47,13 @@ fn two_devices_faulting_on_one_page_leave_one_owner_and_the_bytes() {
             )
             .unwrap();
         for d in [0, d1, d2] {
-            s.gm.as_attach(space, s.devices[d].id, MmuMode::Coherent, true)
-                .unwrap();
+            s.gm.as_attach(
+                space,
+                s.devices[d].id,
+                MmuMode::Coherent,
+                Activation::Switch,
+            )
+            .unwrap();
         }
         let gone = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         s.write(d1, gone.start, b"s").unwrap();

@@ -71,7 +71,7 @@ fn queued_unmaps_complete_once_after_their_invalidation_with_two_synchronizers()
                 AllocPolicy::FIRST_FIT,
             )
             .unwrap();
-        s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+        s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
             .unwrap();
         let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         let b = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
@@ -147,7 +147,7 @@ fn synchronize_returns_only_after_callbacks_run_by_a_concurrent_drainer() {
                 AllocPolicy::FIRST_FIT,
             )
             .unwrap();
-        s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+        s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
             .unwrap();
         let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         let s = Arc::new(s);

@@ -21,6 +21,9 @@ pub const BUGS: &[(&str, &str)] = &[
     ("frames_before_invalidation", "queue, faults"),
     ("iommu_cas_plain_store", "iommu"),
     ("iommu_rw_no_recheck", "iommu"),
+    ("switch_activates_after_unlock", "attach"),
+    ("attach_binds_after_unlock", "attach"),
+    ("strict_release_before_invalidation", "strict"),
 ];
 
 fn loom_test(step: &str, rustflags: &str, target_dir: &str) -> Result<(), String> {

@@ -45,9 +45,16 @@ const BARE_METAL: &[&str] = &[
 ];
 
 fn run(step: &str, args: &[&str]) -> Result<(), String> {
-    eprintln!("\n== {step}: cargo {}", args.join(" "));
+    run_with(step, args, &[])
+}
+
+/// [`run`] with extra environment variables.
+fn run_with(step: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}='{v}' ")).collect();
+    eprintln!("\n== {step}: {}cargo {}", shown.concat(), args.join(" "));
     let status = Command::new(env!("CARGO"))
         .args(args)
+        .envs(env.iter().copied())
         .status()
         .map_err(|e| format!("{step}: {e}"))?;
     if status.success() {
@@ -79,6 +86,12 @@ fn ci() -> Result<(), String> {
             "-D",
             "warnings",
         ],
+    )?;
+    // Docs are part of the API: no broken or private links, no warnings.
+    run_with(
+        "docs",
+        &["doc", "--workspace", "--no-deps"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     run("tests", &["test", "--workspace"])?;
     run("tests (release)", &["test", "-p", "gmem-core", "--release"])?;

@@ -9,7 +9,7 @@
 //!
 //! | module | part of the driver |
 //! |---|---|
-//! | [`format`] | MMU-specific: the 3-level GPU format with its aperture bit |
+//! | [`format`](mod@format) | MMU-specific: the 3-level GPU format with its aperture bit |
 //! | [`mmu`] | MMU-specific: the TLB geometry |
 //! | [`device`] | device-independent: video memory, registration, kernels |
 //!

@@ -13,8 +13,8 @@
 //! double-map test asks for remote access instead, which is what HMM's mirror does.
 
 use gmem_core::{
-    AllocPolicy, AllocRequest, FaultError, Gmem, MapFlags, MmuMode, Placement, PlacementMode,
-    PlacementTarget, Prot, Region, SpaceId, VirtAddr, PAGE_SIZE,
+    Activation, AllocPolicy, AllocRequest, FaultError, Gmem, MapFlags, MigrateScope, MmuMode,
+    Placement, PlacementMode, PlacementTarget, Prot, Region, SpaceId, VirtAddr, PAGE_SIZE,
 };
 use gmem_dgpu::{Dgpu, DgpuConfig};
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
@@ -42,7 +42,7 @@ fn machine(gpus: u32, vram_pages: u64) -> Machine {
             AllocPolicy::empty(),
         )
         .unwrap();
-    gm.as_attach(space, gm.host(), MmuMode::Coherent, true)
+    gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)
         .unwrap();
     let gpus = (0..gpus)
         .map(|i| {
@@ -52,7 +52,7 @@ fn machine(gpus: u32, vram_pages: u64) -> Machine {
             let id = g.create(&gm, &format!("dgpu{i}")).unwrap();
             // Shared mode falls back to coherent: no other device has the GPU's format.
             assert_eq!(
-                gm.as_attach(space, id, MmuMode::Shared, true),
+                gm.as_attach(space, id, MmuMode::Shared, Activation::Switch),
                 Ok(MmuMode::Coherent)
             );
             g
@@ -236,7 +236,10 @@ fn migrate_moves_every_page_to_video_memory_and_the_device_reads_it_locally() {
     let g = &m.gpus[0];
     let r = m.alloc(NPAGES);
     cpu_fill(&m, &r, 0..NPAGES, 0);
-    assert_eq!(m.gm.region_migrate(r, g.id().unwrap(), false), Ok(NPAGES));
+    assert_eq!(
+        m.gm.region_migrate(r, g.id().unwrap(), MigrateScope::Populated),
+        Ok(NPAGES)
+    );
     assert_eq!(m.gm.dev_frames(g.id().unwrap()).unwrap().active, NPAGES);
     assert_eq!(g.stats().dma.host_to_device, NPAGES * PAGE_SIZE);
     let (mirror, s) = gpu_read(g, &m.gm, &r, NPAGES).unwrap();
@@ -259,7 +262,10 @@ fn migrate_fault_half_faulted_back_to_the_cpu_then_the_mix_migrates_again() {
     let gid = g.id().unwrap();
     let r = m.alloc(NPAGES);
     cpu_fill(&m, &r, 0..NPAGES, 0);
-    assert_eq!(m.gm.region_migrate(r, gid, false), Ok(NPAGES));
+    assert_eq!(
+        m.gm.region_migrate(r, gid, MigrateScope::Populated),
+        Ok(NPAGES)
+    );
     let (mirror, _) = gpu_read(g, &m.gm, &r, NPAGES).unwrap();
     check_mirror(&mirror, 0..NPAGES, 0);
     // Fault half the pages back to system memory and check them.
@@ -267,7 +273,10 @@ fn migrate_fault_half_faulted_back_to_the_cpu_then_the_mix_migrates_again() {
     assert_eq!(m.cpu.stats().port.migrations, NPAGES / 2);
     assert_eq!(m.gm.dev_frames(gid).unwrap().active, NPAGES / 2);
     // Migrate the mix again: only the half in host memory moves.
-    assert_eq!(m.gm.region_migrate(r, gid, false), Ok(NPAGES / 2));
+    assert_eq!(
+        m.gm.region_migrate(r, gid, MigrateScope::Populated),
+        Ok(NPAGES / 2)
+    );
     assert_eq!(m.gm.dev_frames(gid).unwrap().active, NPAGES);
     let (mirror, _) = gpu_read(g, &m.gm, &r, NPAGES).unwrap();
     check_mirror(&mirror, 0..NPAGES, 0);
@@ -282,7 +291,11 @@ fn migrate_multiple_ten_rounds_to_the_device_and_back() {
     for c in 0..10u32 {
         let r = m.alloc(NPAGES);
         cpu_fill(&m, &r, 0..NPAGES, c);
-        assert_eq!(m.gm.region_migrate(r, gid, false), Ok(NPAGES), "round {c}");
+        assert_eq!(
+            m.gm.region_migrate(r, gid, MigrateScope::Populated),
+            Ok(NPAGES),
+            "round {c}"
+        );
         let (mirror, _) = gpu_read(g, &m.gm, &r, NPAGES).unwrap();
         check_mirror(&mirror, 0..NPAGES, c);
         // Back to system memory by CPU faults.
@@ -336,7 +349,10 @@ fn double_map_two_gpus_read_the_same_frames_then_one_reads_the_others_memory() {
         assert!(!l0.local && m.cpu.memory().contains(l0.frame));
     }
     // Migrate the pages to device 1 and read them from device 0: a peer mapping.
-    assert_eq!(m.gm.region_migrate(r, g1.id().unwrap(), false), Ok(npages));
+    assert_eq!(
+        m.gm.region_migrate(r, g1.id().unwrap(), MigrateScope::Populated),
+        Ok(npages)
+    );
     let (mirror, s) = gpu_read(g0, &m.gm, &r, npages).unwrap();
     check_mirror(&mirror, 0..npages, 0);
     assert_eq!(s.port.remote, npages);

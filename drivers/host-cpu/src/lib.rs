@@ -13,14 +13,14 @@
 //! | [`device`] | device-independent: memory, registration, loads and stores |
 //!
 //! ```
-//! use gmem_core::{AllocPolicy, AllocRequest, MmuMode, VirtAddr};
+//! use gmem_core::{Activation, AllocPolicy, AllocRequest, MmuMode, VirtAddr};
 //! use gmem_host_cpu::{HostCpu, HostCpuConfig};
 //!
 //! let (gm, cpu) = HostCpu::boot(HostCpuConfig::default()).unwrap();
 //! let space = gm
 //!     .as_create(VirtAddr::new(1 << 30), VirtAddr::new(1 << 40), AllocPolicy::empty())
 //!     .unwrap();
-//! gm.as_attach(space, gm.host(), MmuMode::Coherent, true).unwrap();
+//! gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch).unwrap();
 //! let buf = gm.as_alloc(space, AllocRequest::new(1 << 16)).unwrap();
 //! cpu.store_u32(&gm, buf.start, 42).unwrap(); // faults, the core zero-fills, retry
 //! assert_eq!(cpu.load_u32(&gm, buf.start).unwrap(), 42);

@@ -2,8 +2,8 @@
 
 use crate::{HostCpu, HostCpuConfig, HostCpuError};
 use gmem_core::{
-    AllocPolicy, AllocRequest, FaultError, Gmem, MmuMode, PhysAddr, Prot, Region, SpaceId,
-    VirtAddr, PAGE_SIZE,
+    Activation, AllocPolicy, AllocRequest, FaultError, Gmem, MmuMode, PhysAddr, Prot, Region,
+    SpaceId, VirtAddr, PAGE_SIZE,
 };
 use gmem_sim::AccessError;
 
@@ -16,7 +16,7 @@ fn system(pages: u64) -> (Gmem, HostCpu, SpaceId, Region) {
             AllocPolicy::empty(),
         )
         .unwrap();
-    gm.as_attach(space, gm.host(), MmuMode::Coherent, true)
+    gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)
         .unwrap();
     let r = gm
         .as_alloc(space, AllocRequest::new(pages * PAGE_SIZE))

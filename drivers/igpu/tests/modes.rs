@@ -2,7 +2,8 @@
 //! (section 6.4): sharing the CPU's table, and keeping a coherent table of its own.
 
 use gmem_core::{
-    AllocPolicy, AllocRequest, Gmem, MapFlags, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE,
+    Activation, AllocPolicy, AllocRequest, Gmem, MapFlags, MmuMode, Region, SpaceId, VirtAddr,
+    PAGE_SIZE,
 };
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_igpu::Igpu;
@@ -20,11 +21,11 @@ fn machine(mode: MmuMode) -> (Gmem, HostCpu, Igpu, SpaceId, MmuMode) {
             AllocPolicy::empty(),
         )
         .unwrap();
-    gm.as_attach(space, gm.host(), MmuMode::Coherent, true)
+    gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)
         .unwrap();
     let gpu = Igpu::new(cpu.tables().clone(), cpu.memory_map().clone(), 4).unwrap();
     let id = gpu.create(&gm, "igpu").unwrap();
-    let effective = gm.as_attach(space, id, mode, true).unwrap();
+    let effective = gm.as_attach(space, id, mode, Activation::Switch).unwrap();
     (gm, cpu, gpu, space, effective)
 }
 

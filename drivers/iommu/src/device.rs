@@ -16,9 +16,9 @@ use crate::memory::TableMemoryError;
 use crate::mmu::{iotlb, InvalidationLatency, IommuMmu, IommuMmuStats};
 use crate::table::{Discipline, IoTableStats, IoTables};
 use gmem_core::{
-    AllocError, AllocPolicy, AllocRequest, AttachError, Callback, DevCaps, DeviceDesc, DeviceError,
-    DeviceId, Gmem, MapFlags, MmuMode, PhysAddr, Prot, Region, RegionError, SpaceError, SpaceId,
-    VirtAddr, PAGE_SIZE,
+    Activation, AllocError, AllocPolicy, AllocRequest, AttachError, Callback, DevCaps, DeviceDesc,
+    DeviceError, DeviceId, Gmem, MapError, MapFlags, MapRequest, MmuMode, PhysAddr, Prot, Region,
+    RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
 };
 use gmem_sim::{BoundsError, MemoryMap, Miss, SimMemory, TlbConfigError, Translator};
 use std::fmt;
@@ -130,7 +130,7 @@ pub enum BusDmaError {
     /// No IOVA range.
     Alloc(AllocError),
     /// The mapping was refused.
-    Region(RegionError),
+    Map(MapError),
 }
 
 impl fmt::Display for BusDmaError {
@@ -368,7 +368,7 @@ impl DmaDevice {
         let space = gm
             .as_create(begin, end, policy)
             .map_err(IommuError::Space)?;
-        if let Err(e) = gm.as_attach(space, self.id, MmuMode::Coherent, true) {
+        if let Err(e) = gm.as_attach(space, self.id, MmuMode::Coherent, Activation::Switch) {
             let _ = gm.as_destroy(space);
             return Err(IommuError::Attach(e));
         }
@@ -391,9 +391,9 @@ impl DmaDevice {
         let region = gm
             .as_alloc(space, AllocRequest::new(size))
             .map_err(BusDmaError::Alloc)?;
-        if let Err(e) = gm.region_map(region, prot, frames, memory, None, MapFlags::empty(), None) {
+        if let Err(e) = gm.region_map(region, MapRequest::new(frames, memory).prot(prot)) {
             let _ = gm.region_dealloc(region, MapFlags::empty(), None);
-            return Err(BusDmaError::Region(e));
+            return Err(BusDmaError::Map(e));
         }
         Ok(region)
     }

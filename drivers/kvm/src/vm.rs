@@ -21,9 +21,9 @@
 
 use crate::ept::{ept_tlbs, EptCodec, EptMmu, EptTables};
 use gmem_core::{
-    AllocError, AllocPolicy, AllocRequest, AttachError, DevCaps, DeviceDesc, DeviceError, DeviceId,
-    FaultError, Gmem, MapFlags, MmuMode, PhysAddr, Prot, Region, RegionError, SpaceError, SpaceId,
-    VirtAddr, PAGE_SIZE,
+    Activation, AllocError, AllocPolicy, AllocRequest, AttachError, DevCaps, DeviceDesc,
+    DeviceError, DeviceId, Gmem, MapFlags, MmuMode, PhysAddr, PopulateError, Prot, Region,
+    RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
 };
 use gmem_iommu::{DmaDevice, DmaError, DmaFault, Iommu, IommuError};
 use gmem_sim::{
@@ -93,7 +93,7 @@ pub enum KvmError {
         gpa: u64,
     },
     /// Wiring a slot for the pass-through device failed (the slot was removed again).
-    Wire(FaultError),
+    Wire(PopulateError),
     /// The core refused a region call.
     Region(RegionError),
 }
@@ -166,7 +166,7 @@ impl Vm {
                 return Err(KvmError::Space(e));
             }
         };
-        if let Err(e) = gm.as_attach(space, vcpu, MmuMode::Coherent, true) {
+        if let Err(e) = gm.as_attach(space, vcpu, MmuMode::Coherent, Activation::Switch) {
             let _ = gm.as_destroy(space);
             let _ = gm.dev_destroy(vcpu);
             return Err(KvmError::Attach(e));
@@ -242,7 +242,7 @@ impl Vm {
             return Err(KvmError::PassthroughAttached);
         }
         let dev = iommu.create_device(gm, name).map_err(KvmError::Iommu)?;
-        if let Err(e) = gm.as_attach(self.space, dev.id(), MmuMode::Coherent, true) {
+        if let Err(e) = gm.as_attach(self.space, dev.id(), MmuMode::Coherent, Activation::Switch) {
             let _ = gm.dev_destroy(dev.id());
             return Err(KvmError::Attach(e));
         }

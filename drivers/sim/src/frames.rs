@@ -104,7 +104,12 @@ impl FramePool {
     }
 }
 
-impl FrameSource for FramePool {
+// SAFETY: the pool owns a range of simulated memory the core does not manage (checked
+// at creation); `alloc_frame` pops a frame off the free list (so it is handed out once
+// until freed) and zeroes it, and `free_frame` ignores (and counts) frames that are not
+// the pool's or not in use.
+#[allow(unsafe_code)]
+unsafe impl FrameSource for FramePool {
     fn alloc_frame(&self) -> Option<PhysAddr> {
         let mut g = lock(&self.inner);
         let Some(i) = g.free.pop() else {

@@ -12,7 +12,7 @@
 //! | [`map`] | [`MemoryMap`]: which device's memory answers for a physical address |
 //! | [`tlb`] | [`Tlb`]: set-associative, LRU / FIFO / seeded random replacement |
 //! | [`hierarchy`] | [`TlbHierarchy`]: per-unit L1 TLBs, shared L2, page-walk cache |
-//! | [`format`] | [`TableFormat`]: what a page-table format in memory provides |
+//! | [`format`](mod@format) | [`TableFormat`]: what a page-table format in memory provides |
 //! | [`radix`] | [`RadixTables`]: 512-entry radix tables over any [`PteCodec`] |
 //! | [`reclaim`] | [`TableReclaim`]: table pages freed only after walkers invalidated |
 //! | [`mmu`] | [`SimMmu`]: a format + caches = the core's `Mmu`, and the translation |
@@ -30,7 +30,7 @@
 //!
 //! Everything is deterministic: no clocks, no threads of its own, seeded randomness.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod dma;

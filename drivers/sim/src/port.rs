@@ -344,7 +344,7 @@ mod tests {
     use crate::exec::Grid;
     use crate::format::Leaf;
     use gmem_core::testing::TestSystem;
-    use gmem_core::{AllocPolicy, AllocRequest, MmuMode};
+    use gmem_core::{Activation, AllocPolicy, AllocRequest, MmuMode};
     use std::sync::Mutex;
 
     /// A translator that maps every address to `frame` once `after` lookups missed,
@@ -396,7 +396,7 @@ mod tests {
                 AllocPolicy::empty(),
             )
             .unwrap();
-        s.gm.as_attach(sp, s.host().id, MmuMode::Coherent, true)
+        s.gm.as_attach(sp, s.host().id, MmuMode::Coherent, Activation::Switch)
             .unwrap();
         let r =
             s.gm.as_alloc(sp, AllocRequest::new(16 * PAGE_SIZE))

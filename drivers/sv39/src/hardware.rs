@@ -8,7 +8,7 @@
 //! - **the hart's translation control**: `sfence.vma` (one address or everything) and
 //!   writing `satp`.
 //!
-//! [`DirectHart`] (only on `riscv64`) is the real implementation: volatile accesses
+//! `DirectHart` (only on `riscv64`) is the real implementation: volatile accesses
 //! through a fixed physical-to-virtual offset and inline assembly.
 
 use gmem_core::{PhysAddr, VirtAddr};

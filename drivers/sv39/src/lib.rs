@@ -14,7 +14,7 @@
 //!
 //! Everything but [`hardware::Sv39Hardware`]'s implementation is plain format logic,
 //! tested on the host against a `Vec`-backed memory and a recording hart; on a real
-//! hart, [`DirectHart`] (riscv64 only) implements it with volatile accesses and inline
+//! hart, `DirectHart` (riscv64 only) implements it with volatile accesses and inline
 //! assembly. `qemu/sv39-kernel` in this repository boots a kernel that uses it under
 //! QEMU and serves its real page faults through the core.
 //!

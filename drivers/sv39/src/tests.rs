@@ -8,8 +8,8 @@ use crate::pte::{is_canonical, is_canonical_range, LeafAttrs, Pte, PteFlags, Pte
 use crate::{GlobalMapping, Sv39, Sv39Config, Sv39Hardware, HW_UNKNOWN_ROOT};
 use gmem_core::sync::{AtomicU64, Mutex, Ordering};
 use gmem_core::{
-    DeviceId, FrameSource, MapRun, Mmu, MmuError, PageSize, PageTableRoot, PhysAddr, Prot, VaRange,
-    VirtAddr, PAGE_SIZE,
+    Activation, DeviceId, FrameSource, MapRun, Mmu, MmuError, PageSize, PageTableRoot, PhysAddr,
+    Prot, VaRange, VirtAddr, PAGE_SIZE,
 };
 use std::boxed::Box;
 use std::collections::{BTreeMap, HashMap};
@@ -45,7 +45,9 @@ impl TestFrames {
     }
 }
 
-impl FrameSource for TestFrames {
+// SAFETY: frames come off a free list over a private window (each handed out once until
+// freed), their contents are fresh zeroed boxes, and a double free panics.
+unsafe impl FrameSource for TestFrames {
     fn alloc_frame(&self) -> Option<PhysAddr> {
         if self.budget.load(Ordering::Relaxed) == 0 {
             return None;
@@ -819,7 +821,8 @@ mod with_core {
                 AllocPolicy::empty(),
             )
             .unwrap();
-        gm.as_attach(space, cpu, MmuMode::Coherent, true).unwrap();
+        gm.as_attach(space, cpu, MmuMode::Coherent, Activation::Switch)
+            .unwrap();
         let log = mmu.hardware().take_log();
         let Some(Event::Satp(satp)) = log.first().copied() else {
             panic!("attach did not write satp: {log:?}");

@@ -170,6 +170,10 @@ impl fmt::Debug for Arena {
 
 impl Arena {
     /// An empty arena. `platform` picks the per-CPU magazines (`None`: one CPU).
+    ///
+    /// # Errors
+    /// [`ArenaError`] for a quantum that is not a power of two or a cache limit that is not
+    /// a multiple of it.
     pub fn new(
         config: ArenaConfig,
         platform: Option<Arc<dyn Platform>>,
@@ -211,12 +215,19 @@ impl Arena {
 
     /// Add the span `[base, base + size)`. It may end exactly at 2^64; it must not
     /// overlap an existing span; it never coalesces with its neighbours.
+    ///
+    /// # Errors
+    /// [`SpanError`] for an unaligned, empty, overflowing or overlapping span.
     pub fn add_span(&self, base: u64, size: u64) -> Result<(), SpanError> {
         self.segments.lock().add_span(base, size)
     }
 
     /// Allocate `size` bytes with the configured fit policy, through the quantum caches
     /// when `size <= qcache_max` (see [`Arena::alloc_fit`]).
+    ///
+    /// # Errors
+    /// [`AllocError`] for a size of 0 or above the arena, no free segment, or an injected
+    /// failure.
     #[inline]
     pub fn alloc(&self, size: u64) -> Result<u64, AllocError> {
         self.alloc_fit(size, self.config.fit)
@@ -225,6 +236,9 @@ impl Arena {
     /// Allocate `size` bytes with policy `fit`. Sizes up to `qcache_max` come from the
     /// quantum caches unless `fit` is [`FitPolicy::NextFit`] (as in illumos: a next-fit
     /// caller wants late reuse, which a LIFO cache would defeat).
+    ///
+    /// # Errors
+    /// [`AllocError`] as for [`Arena::alloc`].
     #[inline]
     pub fn alloc_fit(&self, size: u64, fit: FitPolicy) -> Result<u64, AllocError> {
         let r = self.alloc_unchecked_count(size, fit);
@@ -248,6 +262,11 @@ impl Arena {
 
     /// Allocate under a constraint (`vmem_xalloc`). Never served from the caches. The
     /// result satisfies every part of `c` (asserted in debug builds).
+    ///
+    /// # Errors
+    /// [`AllocError::BadConstraint`] for contradictory constraints, [`AllocError::NoSpace`]
+    /// when no segment satisfies them, [`AllocError::Injected`] for an injected failure;
+    /// the arena is unchanged.
     pub fn xalloc(&self, c: &Constraint) -> Result<u64, AllocError> {
         let r = Placement::from_constraint(c, self.config.quantum).and_then(|p| {
             self.inject()?;
@@ -265,6 +284,10 @@ impl Arena {
     /// uncached [`Arena::alloc`]) into allocations of `piece` bytes each, freed one by
     /// one afterwards. Used by physical memory: a 2 MiB run of frames allocated for bulk
     /// zeroing is released page by page as pages migrate or are evicted.
+    ///
+    /// # Errors
+    /// [`FreeError`] when `[addr, addr + size)` is not one allocated segment or `piece`
+    /// does not divide it into quantum multiples; nothing changes then.
     pub fn split(&self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
         let q = self.config.quantum;
         if size == 0 || (addr | size) & (q - 1) != 0 {
@@ -277,6 +300,10 @@ impl Arena {
     /// or [`Arena::xalloc`]. A free of a cached size goes to its quantum cache after
     /// validation (or trusted, without `check_frees`); any other free is validated
     /// through the allocated-segment hash. On error nothing changes.
+    ///
+    /// # Errors
+    /// [`FreeError`] when `[addr, addr + size)` is not exactly an allocated segment (a
+    /// double free, a wrong size); nothing changes then.
     pub fn free(&self, addr: u64, size: u64) -> Result<(), FreeError> {
         let q = self.config.quantum;
         if size == 0 || (addr | size) & (q - 1) != 0 {

@@ -34,7 +34,7 @@ use alloc::string::String;
 use alloc::sync::Arc;
 use board::{exit_fail, exit_pass, RAM_BASE, RAM_END};
 use core::sync::atomic::Ordering;
-use gmem_core::{
+use gmem_core::{Activation, 
     AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, Gmem, MapFlags, MmuMode,
     PageTableRoot, Prot, SingleCpu, VirtAddr, PAGE_SIZE,
 };
@@ -186,7 +186,7 @@ fn run(layout: &Layout) -> Result<(), String> {
         trap::satp()
     );
 
-    gm.as_attach(space, cpu, MmuMode::Coherent, true)
+    gm.as_attach(space, cpu, MmuMode::Coherent, Activation::Switch)
         .map_err(|e| format!("as_attach: {e}"))?;
     let satp = trap::satp();
     check(satp >> 60 == 8, || format!("satp {satp:#x} is not Sv39"))?;

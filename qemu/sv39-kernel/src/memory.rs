@@ -125,7 +125,10 @@ impl FramePool {
     }
 }
 
-impl FrameSource for FramePool {
+// SAFETY: the pool's range is exclusively its own and identity mapped (`new`'s
+// contract); a frame leaves the free list or the bump range once, zeroed, and comes back
+// only through `free_frame`.
+unsafe impl FrameSource for FramePool {
     fn alloc_frame(&self) -> Option<PhysAddr> {
         let mut s = self.state.lock();
         let f = if s.free != 0 {

@@ -25,11 +25,16 @@ fn set_policy_back_to_unique_leaves_no_page_mapped_by_two_tables() {
             AllocPolicy::empty(),
         )
         .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
         .unwrap();
     let gpu = s.add_device(7, DevCaps::FAULTABLE, 0x8000_0000, 8);
-    s.gm.as_attach(space, s.devices[gpu].id, MmuMode::Coherent, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[gpu].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     let remote = Placement {
         target: PlacementTarget::Host,
@@ -45,7 +50,7 @@ fn set_policy_back_to_unique_leaves_no_page_mapped_by_two_tables() {
     }
 }
 
-/// Every input kept in `testkit/regressions/<runner>/` (minimized fuzz findings) still
+/// Every input kept in `gmem-core/testkit/regressions/<runner>/` (minimized fuzz findings) still
 /// passes its runner. A file's name says what it found (see the README there).
 fn replay_dir(runner: &str, f: fn(&[u8]) -> gmem_testkit::Summary) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -95,23 +100,30 @@ fn a_device_that_cannot_fault_attached_during_a_queued_map_gets_the_page() {
             AllocPolicy::empty(),
         )
         .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, true)
+    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
         .unwrap();
     let io = s.add_device(9, DevCaps::empty(), 0, 0);
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     let frame = [PhysAddr::new(0x7000_0000)];
     s.gm.region_map(
         r,
-        Prot::RW,
-        &frame,
-        s.host().id,
-        None,
-        MapFlags::ASYNC,
-        None,
+        MapRequest {
+            prot: Prot::RW,
+            frames: &frame,
+            memory: s.host().id,
+            set: None,
+            flags: MapFlags::ASYNC,
+            callback: None,
+        },
     )
     .unwrap();
-    s.gm.as_attach(space, s.devices[io].id, MmuMode::Coherent, true)
-        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[io].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
     s.gm.as_synchronize(space).unwrap();
     if let Err(v) = s.gm.check_invariants(space) {
         panic!("{v}");

@@ -43,8 +43,9 @@ use arbitrary::Arbitrary;
 use gmem_core::testing::{AccessError, MmuEvent, TestMmu, TestSystem, HOST_BASE};
 use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
-    AddrError, AllocError, AllocPolicy, AttachError, DevCaps, DeviceError, DeviceId, FaultError,
-    MapFlags, MmuMode, PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, Prot,
+    Activation, AddrError, AllocError, AllocPolicy, AttachError, DevCaps, DeviceError, DeviceId,
+    FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode, PageTableRoot, PhysAddr,
+    Placement, PlacementMode, PlacementTarget, PolicyError, PopulateError, Prot, ProtectError,
     Region, RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
 };
 
@@ -971,7 +972,7 @@ impl KpiRunner {
                 };
                 let r = self.sys.gm.region_set_granularity(handle, bytes);
                 if bytes == 3 * PAGE_SIZE {
-                    self.misuse(ctx, r, RegionError::BadGranularity(bytes));
+                    self.misuse(ctx, r, PolicyError::BadGranularity(bytes));
                 } else {
                     assert_eq!(r, Ok(()), "{ctx}");
                     self.summary.succeeded += 1;
@@ -986,7 +987,7 @@ impl KpiRunner {
                 let p = prot.prot();
                 let r = self.sys.gm.region_protect(handle, p);
                 if p.is_empty() {
-                    self.misuse(ctx, r, RegionError::BadProt(p));
+                    self.misuse(ctx, r, ProtectError::BadProt(p));
                 } else {
                     assert_eq!(r, Ok(()), "{ctx}");
                     self.summary.succeeded += 1;
@@ -1041,10 +1042,12 @@ impl KpiRunner {
                     .gm
                     .as_alloc(id, gmem_core::AllocRequest::new(PAGE_SIZE));
                 self.misuse(ctx, r.map(|_| ()), AllocError::UnknownSpace(id));
-                let r = self
-                    .sys
-                    .gm
-                    .as_attach(id, self.devices[HOST], MmuMode::Coherent, false);
+                let r = self.sys.gm.as_attach(
+                    id,
+                    self.devices[HOST],
+                    MmuMode::Coherent,
+                    Activation::Leave,
+                );
                 let want = if self.alive[HOST] {
                     AttachError::UnknownSpace(id)
                 } else {
@@ -1201,6 +1204,11 @@ impl KpiRunner {
         let Some(slot) = self.pick_space(space) else {
             return;
         };
+        let activation = if activate {
+            Activation::Switch
+        } else {
+            Activation::Leave
+        };
         let id = self.space(slot).id;
         let mmu_mode = match mode {
             Mode::Shared => MmuMode::Shared,
@@ -1210,7 +1218,7 @@ impl KpiRunner {
         let r = self
             .sys
             .gm
-            .as_attach(id, self.devices[dev], mmu_mode, activate);
+            .as_attach(id, self.devices[dev], mmu_mode, activation);
         if !self.alive[dev] {
             return self.misuse(
                 ctx,
@@ -1569,24 +1577,24 @@ impl KpiRunner {
             .collect();
         let mut want = None;
         if prot.is_empty() {
-            want = Some(RegionError::BadProt(prot));
+            want = Some(MapError::BadProt(prot));
         } else {
             match misuse {
                 MapMisuse::None => {}
                 MapMisuse::FrameCount => {
                     frames.pop();
-                    want = Some(RegionError::FrameCount {
+                    want = Some(MapError::FrameCount {
                         expected: pages,
                         given: pages - 1,
                     });
                 }
                 MapMisuse::ManagedFrame => {
                     frames[0] = PhysAddr::new(HOST_BASE);
-                    want = Some(RegionError::BadFrame(frames[0]));
+                    want = Some(MapError::BadFrame(frames[0]));
                 }
                 MapMisuse::UnalignedFrame => {
                     frames[0] = PhysAddr::new(frames[0].as_u64() + 16);
-                    want = Some(RegionError::BadFrame(frames[0]));
+                    want = Some(MapError::BadFrame(frames[0]));
                 }
             }
         }
@@ -1608,19 +1616,24 @@ impl KpiRunner {
         };
         let res = self.sys.gm.region_map(
             r.handle,
-            prot,
-            &frames,
-            self.devices[HOST],
-            None,
-            flags,
-            cbox,
+            MapRequest {
+                prot,
+                frames: &frames,
+                memory: self.devices[HOST],
+                set: None,
+                flags,
+                callback: cbox,
+            },
         );
         if let Some(w) = want {
             return self.misuse(ctx, res, w);
         }
         match (already, res) {
-            (Some(true) | None, Err(RegionError::AlreadyMapped)) => {
-                // A callback given with a failed call is dropped unrun.
+            (Some(true) | None, Err(MapError::AlreadyMapped)) => {
+                // A misuse: nothing changed (not even a queue drain), and a callback
+                // given with the failed call is dropped unrun.
+                self.summary.rejected += 1;
+                self.unchanged(ctx);
                 return;
             }
             (Some(false) | None, Ok(())) => {}
@@ -1871,10 +1884,10 @@ impl KpiRunner {
                 .position(|x| *x == d)
                 .expect("one of ours");
             if !self.alive[k] {
-                return self.misuse(ctx, r, RegionError::UnknownDevice(d));
+                return self.misuse(ctx, r, PolicyError::UnknownDevice(d));
             }
             if k == IGPU || k == IO {
-                return self.misuse(ctx, r, RegionError::NoMemory(d));
+                return self.misuse(ctx, r, PolicyError::NoMemory(d));
             }
         }
         assert_eq!(r, Ok(()), "{ctx}");
@@ -1884,15 +1897,20 @@ impl KpiRunner {
 
     fn migrate(&mut self, ctx: &str, slot: usize, start: u64, dev: usize, prefetch: bool) {
         let handle = self.region(slot, start).handle;
-        let r = self
-            .sys
-            .gm
-            .region_migrate(handle, self.devices[dev], prefetch);
+        let r = self.sys.gm.region_migrate(
+            handle,
+            self.devices[dev],
+            if prefetch {
+                MigrateScope::Prefetch
+            } else {
+                MigrateScope::Populated
+            },
+        );
         if !self.alive[dev] {
             return self.misuse(
                 ctx,
                 r.map(|_| ()),
-                FaultError::UnknownDevice(self.devices[dev]),
+                PopulateError::UnknownDevice(self.devices[dev]),
             );
         }
         match r {
@@ -1902,7 +1920,7 @@ impl KpiRunner {
                     m.populated.extend(0..m.pages());
                 }
             }
-            Err(FaultError::OutOfMemory(_)) => {
+            Err(PopulateError::OutOfMemory(_)) => {
                 // Pages moved before the failure stay moved: logically invisible.
                 self.region_mut(slot, start).maybe_populated = true;
             }
@@ -1921,7 +1939,7 @@ impl KpiRunner {
                 m.wired = true;
                 m.populated.extend(0..m.pages());
             }
-            (Kind::Anonymous, Err(FaultError::OutOfMemory(_))) => {
+            (Kind::Anonymous, Err(PopulateError::OutOfMemory(_))) => {
                 self.region_mut(slot, start).maybe_populated = true;
             }
             (_, Err(e)) => panic!("{ctx}: {e:?}"),
@@ -1943,30 +1961,30 @@ impl KpiRunner {
         let r = match what {
             StaleUse::Dealloc => gm.region_dealloc(h, MapFlags::ASYNC, None),
             StaleUse::Unmap => gm.region_unmap(h, MapFlags::empty(), None),
-            StaleUse::Protect => gm.region_protect(h, Prot::READ),
+            StaleUse::Protect => {
+                let r = gm.region_protect(h, Prot::READ);
+                return self.misuse(ctx, r, ProtectError::Region(want));
+            }
             StaleUse::Info => gm.region_info(h).map(|_| ()),
-            StaleUse::SetPolicy => gm.region_set_policy(h, Placement::default()),
+            StaleUse::SetPolicy => {
+                let r = gm.region_set_policy(h, Placement::default());
+                return self.misuse(ctx, r, PolicyError::Region(want));
+            }
             StaleUse::Map => {
                 // A wrong frame count too: the handle is checked first.
                 let f = vec![PhysAddr::new(self.next_external); 64];
-                gm.region_map(
-                    h,
-                    Prot::RW,
-                    &f,
-                    self.devices[HOST],
-                    None,
-                    MapFlags::empty(),
-                    None,
-                )
+                let r = gm.region_map(h, MapRequest::new(&f, self.devices[HOST]));
+                return self.misuse(ctx, r, MapError::Region(want));
             }
             StaleUse::Unwire => gm.region_unwire(h),
             StaleUse::Migrate | StaleUse::Wire => {
                 let r = if matches!(what, StaleUse::Migrate) {
-                    gm.region_migrate(h, self.devices[HOST], true).map(|_| ())
+                    gm.region_migrate(h, self.devices[HOST], MigrateScope::Prefetch)
+                        .map(|_| ())
                 } else {
                     gm.region_wire(h).map(|_| ())
                 };
-                return self.misuse(ctx, r, FaultError::NotAllocated(h.start));
+                return self.misuse(ctx, r, PopulateError::Region(want));
             }
         };
         self.misuse(ctx, r, want);

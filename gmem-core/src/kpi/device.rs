@@ -1,0 +1,294 @@
+//! KPI: devices (`gm_dev_*`) — create, destroy, register memory, switch, detach, fault.
+//!
+//! ## Races this module closes
+//! - `dev_switch` installs the binding and calls the driver's `activate` while it
+//!   holds the space lock in which it read the table root, so a concurrent `dev_detach`
+//!   (which destroys the table under the same lock) is either wholly before — the
+//!   switch then finds the device not attached — or wholly after — the detach then
+//!   deactivates the device before it destroys the table.
+//! - `dev_destroy` marks the device destroyed under its binding lock in the same step
+//!   that checks it is attached nowhere; `as_attach` records an attachment under the
+//!   space lock and the binding lock and refuses a destroyed device. So of a racing
+//!   attach and destroy exactly one wins.
+//! - `dev_destroy` then retires the device's memory (no frame is handed out any more)
+//!   in the same step that checks no frame is in use, and forgets the memory in every
+//!   space only once no page of any space names it. The destroyed device is then
+//!   referenced by nothing the core keeps, and freed.
+
+use crate::addr::{PhysAddr, VirtAddr};
+use crate::device::DeviceDesc;
+use crate::error::{AttachError, DeviceError, FaultError};
+use crate::fault::FaultResolution;
+use crate::flags::{DevCaps, PageSizes, Prot};
+use crate::gmem::{new_device, Gmem};
+use crate::handle::{DeviceId, SpaceId};
+use crate::physmem::FrameCounts;
+use crate::stats::Counters;
+use crate::sync::{Arc, Ordering};
+use alloc::string::String;
+use core::any::Any;
+
+impl Gmem {
+    /// Create a device (`gm_dev_create`).
+    ///
+    /// # Errors
+    /// [`DeviceError::No4KPages`] if the MMU does not map 4 KiB pages.
+    pub fn dev_create(&self, desc: DeviceDesc) -> Result<DeviceId, DeviceError> {
+        if !desc.mmu.page_sizes().contains(PageSizes::S4K) {
+            return Err(DeviceError::No4KPages);
+        }
+        let mut devices = self.devices.write();
+        let (index, generation) = devices.insert_with(move |index, generation| {
+            Arc::new(new_device(
+                DeviceId { index, generation },
+                desc,
+                DevCaps::empty(),
+            ))
+        });
+        Ok(DeviceId { index, generation })
+    }
+
+    /// Destroy a device (`gm_dev_destroy`). It must be detached from every space and its
+    /// memory must back no page (neither managed frames nor caller-given frames of
+    /// `region_map`). On success nothing the core keeps refers to the device any more.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`] for a stale handle, [`DeviceError::IsHost`] for the
+    /// host, [`DeviceError::StillAttached`] and [`DeviceError::MemoryInUse`] when it is
+    /// still in use; the device is then unchanged.
+    pub fn dev_destroy(&self, id: DeviceId) -> Result<(), DeviceError> {
+        let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
+        if dev.caps.contains(DevCaps::HOST) {
+            return Err(DeviceError::IsHost);
+        }
+        {
+            let mut b = dev.binding.lock();
+            if b.destroyed {
+                return Err(DeviceError::UnknownDevice(id));
+            }
+            if !b.attached.is_empty() {
+                return Err(DeviceError::StillAttached {
+                    spaces: b.attached.len(),
+                });
+            }
+            b.destroyed = true;
+        }
+        let undo = |dev: &crate::device::DeviceInner| {
+            let registered = {
+                let mut phys = dev.phys.lock();
+                phys.retire(false);
+                phys.counts().registered
+            };
+            dev.registered.store(registered, Ordering::Release);
+            dev.binding.lock().destroyed = false;
+        };
+        {
+            let mut phys = dev.phys.lock();
+            let used = phys.retire(true);
+            if used > 0 {
+                drop(phys);
+                undo(&dev);
+                return Err(DeviceError::MemoryInUse { frames: used });
+            }
+            dev.registered.store(0, Ordering::Release);
+        }
+        // Caller-given frames (`region_map`) are not on the device's queues: look for
+        // pages naming the memory in every space before forgetting it anywhere.
+        let spaces = self.spaces.read().values();
+        let mut external = 0;
+        for space in &spaces {
+            external += space.lock().pages_in_memory(id);
+        }
+        if external > 0 {
+            undo(&dev);
+            return Err(DeviceError::MemoryInUse { frames: external });
+        }
+        for space in &spaces {
+            space.lock().forget_memory(id);
+        }
+        self.devices
+            .write()
+            .remove(id.index, id.generation)
+            .ok_or(DeviceError::UnknownDevice(id))?;
+        Ok(())
+    }
+
+    /// Register `[begin, end)` as local memory of the device
+    /// (`gm_dev_register_physmem`).
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`], [`DeviceError::NoMemoryInterface`] for a device
+    /// created without a data mover, [`DeviceError::Register`] for a bad or overlapping
+    /// range.
+    pub fn dev_register_physmem(
+        &self,
+        id: DeviceId,
+        begin: PhysAddr,
+        end: PhysAddr,
+    ) -> Result<(), DeviceError> {
+        let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
+        if dev.memory.is_none() {
+            return Err(DeviceError::NoMemoryInterface(id));
+        }
+        let mut phys = dev.phys.lock();
+        if phys.is_retired() {
+            return Err(DeviceError::UnknownDevice(id));
+        }
+        phys.register(begin, end).map_err(DeviceError::Register)?;
+        dev.registered
+            .store(phys.counts().registered, Ordering::Release);
+        Ok(())
+    }
+
+    /// Frame counts of the device's memory by state.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`] for a stale handle.
+    pub fn dev_frames(&self, id: DeviceId) -> Result<FrameCounts, DeviceError> {
+        let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
+        let c = dev.phys.lock().counts();
+        Ok(c)
+    }
+
+    /// The opaque driver data given at creation.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`] for a stale handle.
+    pub fn dev_data(
+        &self,
+        id: DeviceId,
+    ) -> Result<Option<Arc<dyn Any + Send + Sync>>, DeviceError> {
+        Ok(self
+            .device(id)
+            .ok_or(DeviceError::UnknownDevice(id))?
+            .data
+            .clone())
+    }
+
+    /// The name the device was created with.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`] for a stale handle.
+    pub fn dev_name(&self, id: DeviceId) -> Result<String, DeviceError> {
+        Ok(self
+            .device(id)
+            .ok_or(DeviceError::UnknownDevice(id))?
+            .name
+            .clone())
+    }
+
+    /// The device's capabilities.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`] for a stale handle.
+    pub fn dev_caps(&self, id: DeviceId) -> Result<DevCaps, DeviceError> {
+        Ok(self.device(id).ok_or(DeviceError::UnknownDevice(id))?.caps)
+    }
+
+    /// The space the device is active in.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`] for a stale handle.
+    pub fn dev_active(&self, id: DeviceId) -> Result<Option<SpaceId>, DeviceError> {
+        let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
+        let active = dev.binding.lock().active_space().map(|s| s.id);
+        Ok(active)
+    }
+
+    /// Activate the device in `space`, deactivating it wherever it was active
+    /// (`gm_dev_switch`). The binding and the driver's `activate` happen under the
+    /// space's lock, so the table cannot be destroyed in between.
+    ///
+    /// # Errors
+    /// [`AttachError::UnknownDevice`], [`AttachError::UnknownSpace`], or
+    /// [`AttachError::NotAttached`] when the device is not attached to the space.
+    pub fn dev_switch(&self, id: DeviceId, space_id: SpaceId) -> Result<(), AttachError> {
+        let dev = self.device(id).ok_or(AttachError::UnknownDevice(id))?;
+        let space = self
+            .space(space_id)
+            .ok_or(AttachError::UnknownSpace(space_id))?;
+        let st = space.lock();
+        let root = st.root_of(id).ok_or(AttachError::NotAttached)?;
+        // Deliberately broken (loom model `attach` must catch it): the lock is dropped
+        // before the device is bound and activated, so a detach in between destroys
+        // the table the device is then activated on.
+        #[cfg(gmem_loom_bug = "switch_activates_after_unlock")]
+        drop(st);
+        let mut b = dev.binding.lock();
+        b.active = Some(Arc::downgrade(&space));
+        dev.mmu.activate(Some(root));
+        drop(b);
+        #[cfg(not(gmem_loom_bug = "switch_activates_after_unlock"))]
+        drop(st);
+        Ok(())
+    }
+
+    /// Detach the device from `space`, removing its page table (or its use of a shared
+    /// one) and invalidating its TLB (`gm_dev_detach`).
+    ///
+    /// # Errors
+    /// [`AttachError::UnknownDevice`], [`AttachError::UnknownSpace`],
+    /// [`AttachError::NotAttached`].
+    pub fn dev_detach(&self, id: DeviceId, space_id: SpaceId) -> Result<(), AttachError> {
+        if self.device(id).is_none() {
+            return Err(AttachError::UnknownDevice(id));
+        }
+        let space = self
+            .space(space_id)
+            .ok_or(AttachError::UnknownSpace(space_id))?;
+        let mut st = space.lock();
+        let slot = st.slot_of(id).ok_or(AttachError::NotAttached)?;
+        st.drain(&self.counters, &space.arena);
+        st.detach_slot(&self.counters, slot, space_id);
+        Ok(())
+    }
+
+    /// Serve a translation fault of a device (`gm_dev_fault`): on success the driver
+    /// retries the access.
+    ///
+    /// This call allocates (logical page table leaves, the async queue, migration's
+    /// bounce buffer live on the heap) and takes spin locks: a kernel must not call it
+    /// from a context that holds its heap lock or that the heap's lock holder can be
+    /// interrupted by.
+    ///
+    /// # Errors
+    /// See [`FaultError`]: a stale or non-faultable device, no active space, an address
+    /// no region holds or that was unmapped, a protection violation, memory exhausted
+    /// even after eviction, or a driver failure. A failed fault leaves the logical state
+    /// as it was.
+    pub fn dev_fault(
+        &self,
+        id: DeviceId,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let r = self.fault_inner(id, va, access);
+        if r.is_err() {
+            Counters::add(&self.counters.faults_failed, 1);
+        }
+        r
+    }
+
+    fn fault_inner(
+        &self,
+        id: DeviceId,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let dev = self.device(id).ok_or(FaultError::UnknownDevice(id))?;
+        if !dev.faultable() {
+            return Err(FaultError::NotFaultable(id));
+        }
+        let space = dev
+            .binding
+            .lock()
+            .active_space()
+            .ok_or(FaultError::NotActive(id))?;
+        let mut st = space.lock();
+        let slot = match st.slot_of(id) {
+            Some(s) if st.is_alive() => s,
+            _ => return Err(FaultError::NotActive(id)),
+        };
+        st.fault(&self.context(), &space, slot, va, access)
+    }
+}

@@ -1,0 +1,354 @@
+//! KPI: regions (`gm_region_*`) — map, unmap, deallocate, policy, protection, migration, wiring.
+//!
+//! Every call resolves its [`Region`] handle once, under the space lock
+//! (`Gmem::with_region`), and passes the checked record on: the closures get a copy
+//! of it with the region's page span and write changes back with
+//! `SpaceState::put_region`.
+
+use crate::addr::{PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
+use crate::error::{MapError, PolicyError, PopulateError, ProtectError, RegionError};
+use crate::flags::{MapFlags, Prot};
+use crate::gmem::{Ctx, Gmem};
+use crate::handle::{DeviceId, MappingSetId, SpaceId};
+use crate::queue::Callback;
+use crate::space::{
+    Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
+    SpaceState,
+};
+use crate::sync::Arc;
+
+/// A region resolved under its space's lock: the handle, a copy of its record and the
+/// pages it spans.
+#[derive(Clone, Copy)]
+pub(crate) struct Checked {
+    pub region: Region,
+    pub rec: RegionRec,
+    /// First page number.
+    pub first: Vpn,
+    /// Pages spanned.
+    pub pages: u64,
+}
+
+/// What `region_map` maps: caller-given frames, how, and who hears when it is done
+/// (`gm_region_map`'s arguments).
+pub struct MapRequest<'a> {
+    /// Permitted accesses (not empty).
+    pub prot: Prot,
+    /// One frame per page of the region, in `memory`'s physical address space, outside
+    /// the memory the core manages for that device.
+    pub frames: &'a [PhysAddr],
+    /// The device whose physical address space the frames are in.
+    pub memory: DeviceId,
+    /// A mapping set the region joins.
+    pub set: Option<MappingSetId>,
+    /// [`MapFlags::ASYNC`] queues the page-table updates of devices that cannot fault.
+    pub flags: MapFlags,
+    /// Runs once the mapping is visible to every device that must hold it.
+    pub callback: Option<Callback>,
+}
+
+impl<'a> MapRequest<'a> {
+    /// Map `frames` of `memory` read-write, synchronously, in no set.
+    pub fn new(frames: &'a [PhysAddr], memory: DeviceId) -> MapRequest<'a> {
+        MapRequest {
+            prot: Prot::RW,
+            frames,
+            memory,
+            set: None,
+            flags: MapFlags::empty(),
+            callback: None,
+        }
+    }
+
+    /// With protection `prot`.
+    pub fn prot(mut self, prot: Prot) -> Self {
+        self.prot = prot;
+        self
+    }
+
+    /// Joining mapping set `set`.
+    pub fn in_set(mut self, set: MappingSetId) -> Self {
+        self.set = Some(set);
+        self
+    }
+
+    /// With `flags` (e.g. [`MapFlags::ASYNC`]).
+    pub fn flags(mut self, flags: MapFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// Calling `callback` when done.
+    pub fn callback(mut self, callback: Callback) -> Self {
+        self.callback = Some(callback);
+        self
+    }
+}
+
+/// Which pages `region_migrate` moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrateScope {
+    /// Only pages that have a frame elsewhere.
+    Populated,
+    /// Those, and every page without a frame is allocated and zero-filled at the target
+    /// (prefetch); a `region_map`ped region has no such pages.
+    Prefetch,
+}
+
+impl Gmem {
+    /// Resolve `region` under its space's lock and run `f` with the checked region.
+    fn with_region<R, E: From<RegionError>>(
+        &self,
+        region: Region,
+        f: impl FnOnce(&Ctx<'_>, &Arc<SpaceInner>, &mut SpaceState, Checked) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let space = self
+            .space(region.space)
+            .ok_or(RegionError::UnknownSpace(region.space))?;
+        let mut st = space.lock();
+        let rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
+        let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
+        let checked = Checked {
+            region,
+            rec,
+            first,
+            pages,
+        };
+        f(&self.context(), &space, &mut st, checked)
+    }
+
+    /// Describe a region.
+    ///
+    /// # Errors
+    /// [`RegionError`] for a stale handle or a destroyed space.
+    pub fn region_info(&self, region: Region) -> Result<RegionInfo, RegionError> {
+        self.with_region(region, |_, _, _, c| {
+            Ok(info(region.space, region.start.as_u64(), &c.rec))
+        })
+    }
+
+    /// Free a region, unmapping it first (`gm_region_dealloc`). With
+    /// [`MapFlags::ASYNC`] the range returns to the arena only after the queued
+    /// invalidation, and `callback` says when.
+    ///
+    /// # Errors
+    /// [`RegionError`] for a stale handle (a double free) or a destroyed space; nothing
+    /// changes then and `callback` is dropped unrun.
+    pub fn region_dealloc(
+        &self,
+        region: Region,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) -> Result<(), RegionError> {
+        let pending = self.with_region(region, |cx, space, st, c| {
+            st.settle(cx, space, &c);
+            st.remove_region(&c);
+            let d = st.discard_pages_deferred(cx.counters, c.first, c.pages);
+            let va = Some((c.rec.reserve_start, c.rec.reserve_len));
+            if flags.contains(MapFlags::ASYNC) {
+                st.enqueue_unmap(cx.counters, &space.arena, d, va, callback);
+                Ok::<_, RegionError>(None)
+            } else {
+                Ok(st.defer_invalidation(space, d, va, callback))
+            }
+        })?;
+        // Strict: the invalidation completes before this returns, but without the
+        // space lock, so other threads' calls on the space go on meanwhile.
+        if let Some(p) = pending {
+            p.complete(&self.counters);
+        }
+        Ok(())
+    }
+
+    /// Map the region onto caller-given frames, wired (`gm_region_map`; the bus_dma
+    /// case). Frames must lie outside the memory the core manages for their device
+    /// (they stay the caller's). Devices that cannot fault and replicate-mode tables get
+    /// the mapping eagerly (at once, or when the queue drains with
+    /// [`MapFlags::ASYNC`]); faultable devices get it on fault.
+    ///
+    /// # Errors
+    /// [`MapError`]: a bad handle, device, protection, frame count or frame, a region
+    /// already mapped or populated, an unknown set, or a driver failure. Every check
+    /// comes before the first change (the queue is not even drained), and a driver
+    /// failure removes what was mapped; the callback of a failed call is dropped unrun.
+    pub fn region_map(&self, region: Region, req: MapRequest<'_>) -> Result<(), MapError> {
+        let MapRequest {
+            prot,
+            frames,
+            memory,
+            set,
+            flags,
+            callback,
+        } = req;
+        let memdev = self.device(memory).ok_or(MapError::UnknownDevice(memory))?;
+        self.with_region(region, |cx, space, st, c| {
+            st.map_frames(cx, space, &c, &memdev, prot, frames, set, flags, callback)
+        })
+    }
+
+    /// Unmap the region (`gm_region_unmap`). A `region_map`ped region then holds nothing
+    /// (faults on it fail with `NotMapped`) until mapped again; an anonymous region loses
+    /// its pages (they are zero-filled again on the next fault).
+    ///
+    /// # Errors
+    /// [`RegionError`] for a stale handle or a destroyed space.
+    pub fn region_unmap(
+        &self,
+        region: Region,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) -> Result<(), RegionError> {
+        self.with_region(region, |cx, space, st, c| {
+            st.unmap_region(cx, space, &c, flags, callback);
+            Ok(())
+        })
+    }
+
+    /// Set the placement policy of a region (`gm_region_set_policy`). Switching to the
+    /// unique policy drops the mappings of pages that several tables map (remote
+    /// access allowed it); they fault back in under the new policy.
+    ///
+    /// # Errors
+    /// [`PolicyError`]: a bad handle, or a target device that is gone or has no memory.
+    pub fn region_set_policy(
+        &self,
+        region: Region,
+        placement: Placement,
+    ) -> Result<(), PolicyError> {
+        if let PlacementTarget::Device(d) = placement.target {
+            let dev = self.device(d).ok_or(PolicyError::UnknownDevice(d))?;
+            if !dev.has_memory() {
+                return Err(PolicyError::NoMemory(d));
+            }
+        }
+        self.with_region(region, |cx, space, st, c| {
+            if placement.mode == PlacementMode::Unique && c.rec.placement.mode != placement.mode {
+                st.drop_shared_mappings(cx, space, &c);
+            }
+            st.put_region(&c, RegionRec { placement, ..c.rec });
+            Ok(())
+        })
+    }
+
+    /// Set the zero-fill block size of a region: one fault allocates, zeroes and maps a
+    /// naturally aligned block of this many bytes (bulk zeroing). 0 = the faulting
+    /// device's largest page size up to 2 MiB.
+    ///
+    /// # Errors
+    /// [`PolicyError::BadGranularity`] unless `bytes` is 0 or a power of two in
+    /// 4 KiB..=1 GiB; [`PolicyError::Region`] for a bad handle.
+    pub fn region_set_granularity(&self, region: Region, bytes: u64) -> Result<(), PolicyError> {
+        if bytes != 0 && (!bytes.is_power_of_two() || !(PAGE_SIZE..=1 << 30).contains(&bytes)) {
+            return Err(PolicyError::BadGranularity(bytes));
+        }
+        self.with_region(region, |_, _, st, c| {
+            st.put_region(
+                &c,
+                RegionRec {
+                    granularity: bytes,
+                    ..c.rec
+                },
+            );
+            Ok(())
+        })
+    }
+
+    /// Change the protection of a region; every page table that maps its pages is
+    /// updated and the TLBs invalidated before this returns.
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle, an empty protection, or a driver failure — after
+    /// which every table holds the old protection again (see
+    /// `SpaceState::protect_runs`).
+    pub fn region_protect(&self, region: Region, prot: Prot) -> Result<(), ProtectError> {
+        if prot.is_empty() {
+            return Err(ProtectError::BadProt(prot));
+        }
+        self.with_region(region, |cx, space, st, c| {
+            st.protect_region(cx, space, &c, prot)?;
+            st.put_region(&c, RegionRec { prot, ..c.rec });
+            Ok(())
+        })
+    }
+
+    /// Move every page of the region that has a frame to `target`'s memory (host memory
+    /// for a device without one); with [`MigrateScope::Prefetch`] also allocate and
+    /// zero-fill there the pages that have none. Wired pages stay. Returns the number of
+    /// pages moved or prepared.
+    ///
+    /// # Errors
+    /// [`PopulateError`]: a bad handle or target, memory exhausted even after eviction,
+    /// or a driver or data-mover failure. Pages moved before the failure stay moved
+    /// (each is whole and consistent; the call is a sequence of page migrations).
+    pub fn region_migrate(
+        &self,
+        region: Region,
+        target: DeviceId,
+        scope: MigrateScope,
+    ) -> Result<u64, PopulateError> {
+        let dev = self
+            .device(target)
+            .ok_or(PopulateError::UnknownDevice(target))?;
+        let dest = if dev.has_memory() {
+            dev
+        } else {
+            self.host.clone()
+        };
+        self.with_region(region, |cx, space, st, c| {
+            let prefetch = scope == MigrateScope::Prefetch && !c.rec.explicit;
+            Ok(st.migrate_range(cx, space, c.first, c.pages, &dest, prefetch)?)
+        })
+    }
+
+    /// Wire the region (the host VM's `mlock`, or a KVM guest whose pass-through device
+    /// cannot fault): every page gets a frame — zero-filled at the region's placement
+    /// target, host memory when that is "the faulting device" — and is pinned on its
+    /// memory's wired queue (never migrated, never evicted), and mapped at once in the
+    /// tables of every device that cannot fault. Returns the pages newly wired.
+    ///
+    /// # Errors
+    /// [`PopulateError`]: a bad handle, memory exhausted, or a driver or data-mover
+    /// failure; no page of the region is then left wired by this call.
+    pub fn region_wire(&self, region: Region) -> Result<u64, PopulateError> {
+        self.with_region(region, |cx, space, st, c| {
+            if c.rec.explicit {
+                return Ok(0);
+            }
+            let target = c.rec.placement.target;
+            Ok(st.wire_range(cx, space, c.first, c.pages, target)?)
+        })
+    }
+
+    /// Undo [`Gmem::region_wire`]: the pages may migrate and be evicted again; every
+    /// mapping of them except replicate-mode mirrors is removed (devices that cannot
+    /// fault lose them; the others fault them back under the region's policy).
+    /// Caller-given frames (`region_map`) stay wired.
+    ///
+    /// # Errors
+    /// [`RegionError`] for a stale handle or a destroyed space.
+    pub fn region_unwire(&self, region: Region) -> Result<(), RegionError> {
+        self.with_region(region, |cx, space, st, c| {
+            st.unwire_region(cx, space, &c);
+            Ok(())
+        })
+    }
+}
+
+/// The public description of region record `r` starting at `start`.
+pub(crate) fn info(space: SpaceId, start: u64, r: &RegionRec) -> RegionInfo {
+    RegionInfo {
+        region: Region {
+            space,
+            start: VirtAddr::new(start),
+            id: r.id,
+        },
+        range: VaRange {
+            start: VirtAddr::new(start),
+            len: r.len,
+        },
+        prot: r.prot,
+        placement: r.placement,
+        granularity: r.granularity,
+        mapped: r.mapped,
+    }
+}

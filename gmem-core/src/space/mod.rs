@@ -1,0 +1,905 @@
+//! Address spaces: regions, attached devices, page tables, coherence.
+//!
+//! An address space (`gm_as_t`) owns
+//! - a vmem arena over `[begin, end)` that hands out regions (with the space's fit
+//!   policy, guard pages and quantum caches as asked);
+//! - the regions, by start address, each with its protection, placement policy and
+//!   preparation granularity;
+//! - the logical page table (`lpt`);
+//! - up to 32 page tables, each created by a driver and used by one device (coherent or
+//!   replicate mode) or several devices of the same format (shared mode);
+//! - the attachments (which device uses which table);
+//! - the asynchronous MMU queue (`queue`).
+//!
+//! All of it sits behind one lock per space (`SpaceInner::lock`, whose guard runs the
+//! callbacks that became ready after releasing it, so callbacks may call the KPI again —
+//! all of it but `as_synchronize` on their own space, which waits for callbacks in
+//! flight). The state's fields are private to this module and its children, one per
+//! concern: `attach` (tables and attachments), `fault` (the fault path), `queue` (the
+//! queue's work: enqueue, drain, strict unmaps), `ops` (region operations shared by
+//! several calls), `check` (the invariants). The KPI modules reach it through methods.
+//!
+//! ## Coherence
+//! The logical page table records which page tables map each page. Every change of
+//! where a page lives goes through `SpaceState::unmap_pages`: remove the mappings from
+//! every table that has them, invalidate the TLB of every device using those tables
+//! (one call per device with the whole list of ranges), and only then release frames or
+//! virtual ranges. Replicate-mode tables mirror every populated page, and tables of
+//! devices that cannot fault get every wired page; both are refreshed whenever a page
+//! moves (`SpaceState::mirror`).
+
+use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use crate::device::DeviceInner;
+use crate::flags::{AllocPolicy, Prot};
+use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
+use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
+use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::queue::Ready;
+use crate::queue::{Callback, Discard, MmuQueue};
+use crate::stats::Counters;
+use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::vmem::Arena;
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+
+/// Maximum page tables and attachments per space (one bit each in a page entry).
+pub const MAX_TABLES: usize = 32;
+
+/// How a device's page table relates to the others of the space (`gm_mmu_mode_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmuMode {
+    /// Use the same page table as an attached device of the same format; falls back to
+    /// [`MmuMode::Coherent`] when there is none.
+    Shared,
+    /// A page table of its own, kept coherent by the core; filled by faults (or, for a
+    /// device that cannot fault, with every wired page).
+    Coherent,
+    /// A page table of its own that mirrors every populated page eagerly, for devices
+    /// that must see all memory without faulting.
+    Replicate,
+}
+
+/// Whether `as_attach` also makes the space the device's active one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Switch the device to the space, as [`crate::Gmem::dev_switch`] does.
+    Switch,
+    /// Leave the device active where it is (or nowhere).
+    Leave,
+}
+
+/// Where a fault places a page that has no frame yet (`gm_region_placement_t`'s device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementTarget {
+    /// The faulting device's local memory, or host memory when it has none.
+    Faulting,
+    /// This device's memory.
+    Device(DeviceId),
+    /// Host memory.
+    Host,
+}
+
+/// What a fault does with a page that lives elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementMode {
+    /// One mapping at a time: tear down every other mapping, migrate the page to the
+    /// target, map it for the faulter.
+    Unique,
+    /// Map the frame where it is (remote access); a fault from a device that already
+    /// maps the page remotely is the hint to migrate it.
+    RemoteAccess,
+}
+
+/// A region's placement policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Where new pages go.
+    pub target: PlacementTarget,
+    /// Migration or remote access.
+    pub mode: PlacementMode,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            target: PlacementTarget::Faulting,
+            mode: PlacementMode::Unique,
+        }
+    }
+}
+
+/// A region handle: an allocated virtual range of a space (`gm_region_t`). `Copy`; a
+/// handle that outlived its region is answered with [`crate::RegionError::StaleRegion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    /// The space.
+    pub space: SpaceId,
+    /// First address.
+    pub start: VirtAddr,
+    pub(crate) id: u64,
+}
+
+/// A public description of a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The handle.
+    pub region: Region,
+    /// The range.
+    pub range: VaRange,
+    /// Permitted accesses.
+    pub prot: Prot,
+    /// Placement policy.
+    pub placement: Placement,
+    /// Preparation granularity in bytes (0 = the faulting device's largest page size up
+    /// to 2 MiB).
+    pub granularity: u64,
+    /// Whether `region_map` gave it wired frames.
+    pub mapped: bool,
+}
+
+/// A constrained region request (`gm_as_alloc`'s arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// Where to look first (0 = anywhere).
+    pub hint: VirtAddr,
+    /// Size in bytes, a multiple of 4 KiB.
+    pub size: u64,
+    /// Alignment (0 = page).
+    pub align: u64,
+    /// The region must not cross a multiple of this (0 = no constraint).
+    pub nocross: u64,
+    /// The last address the region may cover (`u64::MAX` = no limit).
+    pub max: VirtAddr,
+}
+
+impl AllocRequest {
+    /// `size` bytes anywhere.
+    pub const fn new(size: u64) -> AllocRequest {
+        AllocRequest {
+            hint: VirtAddr::new(0),
+            size,
+            align: 0,
+            nocross: 0,
+            max: VirtAddr::new(u64::MAX),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct RegionRec {
+    pub id: u64,
+    pub len: u64,
+    pub reserve_start: u64,
+    pub reserve_len: u64,
+    pub prot: Prot,
+    pub placement: Placement,
+    pub granularity: u64,
+    /// `region_map` gave frames: an absent page is "nowhere", not "zero-fill".
+    pub explicit: bool,
+    pub mapped: bool,
+    pub set: Option<MappingSetId>,
+}
+
+pub(crate) struct PageTable {
+    pub root: PageTableRoot,
+    pub mmu: Arc<dyn Mmu>,
+    pub format: PageTableFormat,
+    pub mode: MmuMode,
+    /// Attachment slots using this table.
+    pub users: u32,
+    /// Whether any user can fault (tables of non-faultable users get wired pages eagerly).
+    pub faultable: bool,
+}
+
+pub(crate) struct Attachment {
+    pub dev: Arc<DeviceInner>,
+    pub table: usize,
+}
+
+pub(crate) struct MappingSet {
+    pub regions: Vec<Region>,
+}
+
+pub(crate) struct SpaceInner {
+    pub id: SpaceId,
+    pub range: VaRange,
+    pub policy: AllocPolicy,
+    pub arena: Arena,
+    state: Mutex<SpaceState>,
+}
+
+impl SpaceInner {
+    pub fn new(
+        id: SpaceId,
+        range: VaRange,
+        policy: AllocPolicy,
+        arena: Arena,
+        host: Arc<DeviceInner>,
+    ) -> SpaceInner {
+        SpaceInner {
+            id,
+            range,
+            policy,
+            arena,
+            state: Mutex::new(SpaceState::new(host)),
+        }
+    }
+
+    /// Lock the space's state for one operation. Dropping the guard releases the lock
+    /// and then runs the completion callbacks that became ready meanwhile, so that no
+    /// callback runs under the lock (callbacks may call the KPI again).
+    pub fn lock(&self) -> Locked<'_> {
+        Locked {
+            state: self.state.lock(),
+            after: None,
+        }
+    }
+
+    /// [`SpaceInner::lock`] if the lock is free (cross-space eviction).
+    pub fn try_lock(&self) -> Option<Locked<'_>> {
+        Some(Locked {
+            state: self.state.try_lock()?,
+            after: None,
+        })
+    }
+}
+
+/// The lock of one space's state, held for one operation; see [`SpaceInner::lock`].
+pub(crate) struct Locked<'a> {
+    // Field order is drop order: the lock is released first, then the callbacks run.
+    state: MutexGuard<'a, SpaceState>,
+    after: Option<Ready>,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.after = self.state.queue.take_ready();
+    }
+}
+
+impl core::ops::Deref for Locked<'_> {
+    type Target = SpaceState;
+    fn deref(&self) -> &SpaceState {
+        &self.state
+    }
+}
+
+impl core::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut SpaceState {
+        &mut self.state
+    }
+}
+
+///
+/// Its fields are private to this module and its children (`attach`, `fault`,
+/// `queue`, `ops`, `check`), each of which owns one concern; the KPI modules in
+/// [`crate::kpi`] reach the state only through methods.
+pub(crate) struct SpaceState {
+    /// Cleared by `as_destroy`; a dead space refuses every call.
+    alive: bool,
+    /// Regions by start address.
+    regions: BTreeMap<u64, RegionRec>,
+    /// The logical page table: where each page lives and which tables map it.
+    lpt: LogicalPageTable,
+    /// Page tables by index (a page entry's mapping bit `t` names `tables[t]`).
+    tables: Vec<Option<PageTable>>,
+    /// Attachment slots (which device uses which table).
+    attached: Vec<Option<Attachment>>,
+    /// Memories frames of this space live in; an entry's `mem` indexes this list.
+    memories: Memories,
+    /// The asynchronous MMU queue.
+    queue: MmuQueue,
+    /// Mapping sets.
+    sets: Slots<MappingSet>,
+    next_region_id: u64,
+    /// Migration's bounce buffer (one page).
+    bounce: Vec<u8>,
+}
+
+/// A space already names [`MAX_MEMORIES`] memories and cannot name one more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TooManyMemories;
+
+/// Memories a space can name at once (a page entry's `mem` is one byte; `NO_MEM` is
+/// reserved for "no frame").
+pub const MAX_MEMORIES: usize = NO_MEM as usize;
+
+/// The memories frames of one space live in; a page entry's `mem` byte indexes it.
+///
+/// Slot 0 is the host. A slot is added the first time a frame of that memory backs a
+/// page of the space, and emptied only by `dev_destroy` once no entry names it, so an
+/// index stays valid as long as an entry holds it and a destroyed device is not kept
+/// alive by the spaces it once served.
+pub(crate) struct Memories {
+    slots: Vec<Option<Arc<DeviceInner>>>,
+}
+
+impl Memories {
+    fn new(host: Arc<DeviceInner>) -> Memories {
+        Memories {
+            slots: alloc::vec![Some(host)],
+        }
+    }
+
+    /// The memory an entry names. Every populated entry names a live slot (checked by
+    /// `check_invariants`).
+    pub fn get(&self, mem: u8) -> &Arc<DeviceInner> {
+        self.slots[mem as usize]
+            .as_ref()
+            .expect("a page entry names a live memory slot")
+    }
+
+    /// The memory an entry names, if the slot is live.
+    pub fn try_get(&self, mem: u8) -> Option<&Arc<DeviceInner>> {
+        self.slots.get(mem as usize).and_then(Option::as_ref)
+    }
+
+    /// The slot of device `id`, if the space names it.
+    pub fn position(&self, id: DeviceId) -> Option<u8> {
+        self.slots
+            .iter()
+            .position(|d| d.as_ref().is_some_and(|d| d.id == id))
+            .map(|i| i as u8)
+    }
+
+    /// The slot of `dev`, taking a free one if the space does not name it yet.
+    pub fn index_of(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
+        if let Some(i) = self.position(dev.id) {
+            return Ok(i);
+        }
+        if let Some(i) = self.slots.iter().position(Option::is_none) {
+            self.slots[i] = Some(dev.clone());
+            return Ok(i as u8);
+        }
+        if self.slots.len() >= MAX_MEMORIES {
+            return Err(TooManyMemories);
+        }
+        self.slots.push(Some(dev.clone()));
+        Ok((self.slots.len() - 1) as u8)
+    }
+
+    /// Empty the slot of device `id` (no entry may name it any more).
+    pub fn forget(&mut self, id: DeviceId) {
+        if let Some(i) = self.position(id) {
+            self.slots[i as usize] = None;
+        }
+    }
+
+    /// Live slots with their indices.
+    pub fn iter(&self) -> impl Iterator<Item = (u8, &Arc<DeviceInner>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.as_ref().map(|d| (i as u8, d)))
+    }
+}
+
+/// Table runs whose entries were cleared and whose TLB invalidation is still owed.
+#[must_use = "cleared entries must be invalidated before anything they mapped is reused"]
+struct OwedInvalidation(Vec<TableRun>);
+
+/// One device's TLB invalidation of ranges of one page table.
+pub(crate) struct Shootdown {
+    mmu: Arc<dyn Mmu>,
+    root: PageTableRoot,
+    ranges: Vec<VaRange>,
+}
+
+impl Shootdown {
+    /// Invalidate and count it.
+    pub fn run(&self, stats: &Counters) {
+        self.mmu.invalidate(self.root, &self.ranges);
+        Counters::add(&stats.invalidations, 1);
+    }
+}
+
+/// One contiguous run of pages of one table, collected for unmapping.
+#[derive(Clone, Copy)]
+pub(crate) struct TableRun {
+    pub table: usize,
+    pub range: VaRange,
+}
+
+impl SpaceState {
+    fn new(host: Arc<DeviceInner>) -> SpaceState {
+        SpaceState {
+            alive: true,
+            regions: BTreeMap::new(),
+            lpt: LogicalPageTable::default(),
+            tables: Vec::new(),
+            attached: Vec::new(),
+            memories: Memories::new(host),
+            queue: MmuQueue::default(),
+            sets: Slots::default(),
+            next_region_id: 1,
+            bounce: alloc::vec![0; PAGE_SIZE as usize],
+        }
+    }
+
+    /// Whether the space is alive (not destroyed).
+    pub fn is_alive(&self) -> bool {
+        self.alive
+    }
+
+    /// Record a new region `[start, start + len)` reserved as `[reserve_start,
+    /// reserve_start + reserve_len)` in the arena; `None` if the space is dead.
+    pub fn insert_region(
+        &mut self,
+        start: u64,
+        len: u64,
+        reserve_start: u64,
+        reserve_len: u64,
+    ) -> Option<u64> {
+        if !self.alive {
+            return None;
+        }
+        let id = self.next_region_id;
+        self.next_region_id += 1;
+        self.regions.insert(
+            start,
+            RegionRec {
+                id,
+                len,
+                reserve_start,
+                reserve_len,
+                prot: Prot::RW,
+                placement: Placement::default(),
+                granularity: 0,
+                explicit: false,
+                mapped: false,
+                set: None,
+            },
+        );
+        Some(id)
+    }
+
+    /// Every region with its start, in address order.
+    pub fn regions(&self) -> impl Iterator<Item = (u64, &RegionRec)> {
+        self.regions.iter().map(|(s, r)| (*s, r))
+    }
+
+    /// Requests the queue holds before it drains by itself (at least 1).
+    pub fn set_batch_limit(&mut self, limit: usize) {
+        self.queue.batch_limit = limit.max(1);
+    }
+
+    /// Queued asynchronous requests.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The counter of callbacks handed to threads and not finished (`as_synchronize`
+    /// waits for it to reach 0).
+    pub fn callbacks_in_flight(&self) -> Arc<crate::sync::AtomicUsize> {
+        self.queue.in_flight.clone()
+    }
+
+    /// Run `callback` with `result` once the lock is released.
+    pub fn complete_now(&mut self, callback: Option<Callback>, result: Result<(), MmuError>) {
+        self.queue.complete_now(callback, result);
+    }
+
+    /// Forget the memory of device `id` (destroyed; no page names it).
+    pub fn forget_memory(&mut self, id: DeviceId) {
+        self.memories.forget(id);
+    }
+
+    /// Create an empty mapping set.
+    pub fn new_set(&mut self) -> MappingSetId {
+        let (index, generation) = self.sets.insert_with(|_, _| MappingSet {
+            regions: Vec::new(),
+        });
+        MappingSetId { index, generation }
+    }
+
+    /// Empty a mapping set, returning its regions (`None` for a stale handle).
+    pub fn take_set(&mut self, set: MappingSetId) -> Option<Vec<Region>> {
+        let s = self.sets.get_mut(set.index, set.generation)?;
+        Some(core::mem::take(&mut s.regions))
+    }
+
+    /// Destroy a mapping set; its regions stay mapped and belong to no set. `false` for
+    /// a stale handle.
+    pub fn destroy_set(&mut self, set: MappingSetId) -> bool {
+        let Some(s) = self.sets.remove(set.index, set.generation) else {
+            return false;
+        };
+        for r in s.regions {
+            if let Some(rec) = self.region_mut(r) {
+                rec.set = None;
+            }
+        }
+        true
+    }
+
+    /// The region holding `va`, with its start.
+    pub fn region_at(&self, va: u64) -> Option<(u64, &RegionRec)> {
+        let (start, r) = self.regions.range(..=va).next_back()?;
+        (va - start < r.len).then_some((*start, r))
+    }
+
+    /// The region a handle names, if it is still allocated.
+    pub fn region(&self, region: Region) -> Option<&RegionRec> {
+        self.regions
+            .get(&region.start.as_u64())
+            .filter(|r| r.id == region.id)
+    }
+
+    pub fn region_mut(&mut self, region: Region) -> Option<&mut RegionRec> {
+        self.regions
+            .get_mut(&region.start.as_u64())
+            .filter(|r| r.id == region.id)
+    }
+
+    /// The attachment slot of a device.
+    pub fn slot_of(&self, dev: DeviceId) -> Option<usize> {
+        self.attached
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.dev.id == dev))
+    }
+
+    /// The root of the page table device `dev` uses, if it is attached.
+    pub fn root_of(&self, dev: DeviceId) -> Option<PageTableRoot> {
+        let t = self.attached[self.slot_of(dev)?].as_ref()?.table;
+        Some(self.tables.get(t)?.as_ref()?.root)
+    }
+
+    /// How many pages of the space have their frame in device `dev`'s memory.
+    pub fn pages_in_memory(&self, dev: DeviceId) -> u64 {
+        let Some(m) = self.memories.position(dev) else {
+            return 0;
+        };
+        self.lpt
+            .iter()
+            .filter(|(_, e)| e.is_populated() && e.mem == m)
+            .count() as u64
+    }
+
+    /// Index of `dev` in the memory list, adding it if needed.
+    pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
+        self.memories.index_of(dev)
+    }
+
+    /// Mask of tables that must hold every populated page (replicate mode).
+    pub fn replica_mask(&self) -> u32 {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.as_ref().is_some_and(|t| t.mode == MmuMode::Replicate))
+            .fold(0, |m, (i, _)| m | 1 << i)
+    }
+
+    /// Mask of tables that must hold every wired page (users cannot fault).
+    pub fn wired_mask(&self) -> u32 {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.as_ref().is_some_and(|t| !t.faultable))
+            .fold(0, |m, (i, _)| m | 1 << i)
+            | self.replica_mask()
+    }
+
+    /// Install a contiguous run of pages (`first` .. `first + pages`, frames `pfn..` in
+    /// memory `mem`) into table `t`, then record the mapping bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn map_run(
+        &mut self,
+        stats: &Counters,
+        t: usize,
+        first: Vpn,
+        pages: u64,
+        pfn: Pfn,
+        mem: u8,
+        prot: Prot,
+    ) -> Result<(), MmuError> {
+        let table = self.tables[t].as_ref().expect("mapping into a live table");
+        let run = MapRun {
+            va: first.addr(),
+            pa: pfn.addr(),
+            len: pages << PAGE_SHIFT,
+            prot,
+            page_size: crate::addr::PageSize::Size4K,
+            memory: self.memories.get(mem).id,
+        };
+        table.mmu.map(table.root, &run)?;
+        Counters::add(&stats.mmu_maps, 1);
+        for v in first.span(pages) {
+            self.lpt.update(v, |e| e.mapped |= 1 << t);
+        }
+        Ok(())
+    }
+
+    /// Map populated pages of `[first, first+pages)` into every table in `mask` that does
+    /// not have them yet, in physically contiguous runs.
+    pub fn mirror(
+        &mut self,
+        stats: &Counters,
+        first: Vpn,
+        pages: u64,
+        mask: u32,
+    ) -> Result<(), MmuError> {
+        if mask == 0 {
+            return Ok(());
+        }
+        let entries: Vec<(Vpn, PageEntry)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.is_populated())
+            .collect();
+        for t in 0..self.tables.len() {
+            if mask & (1 << t) == 0 || self.tables[t].is_none() {
+                continue;
+            }
+            let mut i = 0;
+            while i < entries.len() {
+                let (v0, e0) = entries[i];
+                if e0.mapped & (1 << t) != 0 {
+                    i += 1;
+                    continue;
+                }
+                let mut n = 1;
+                while i + (n as usize) < entries.len() {
+                    let (v, e) = entries[i + n as usize];
+                    if v != v0 + n
+                        || e.mem != e0.mem
+                        || e.pfn != e0.pfn + n
+                        || e.mapped & (1 << t) != 0
+                    {
+                        break;
+                    }
+                    n += 1;
+                }
+                let prot = self
+                    .region_at(v0.addr().as_u64())
+                    .map(|(_, r)| r.prot)
+                    .unwrap_or(Prot::READ);
+                self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
+                i += n as usize;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove the mappings of `[first, first+pages)` from every table in `mask`: one
+    /// `unmap` per contiguous run and table, then one `invalidate` per device of each
+    /// table with all its runs.
+    pub fn unmap_pages(&mut self, stats: &Counters, first: Vpn, pages: u64, mask: u32) {
+        let touched: Vec<(Vpn, u32)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.mapped & mask != 0)
+            .map(|(v, e)| (v, e.mapped & mask))
+            .collect();
+        self.unmap_entries(stats, &touched);
+    }
+
+    /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
+    pub fn unmap_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) {
+        let owed = self.clear_entries(stats, touched);
+        self.invalidate(stats, &owed.0);
+    }
+
+    /// Remove the mappings `touched` names from their tables without invalidating:
+    /// the runs whose invalidation is owed come back as a value that must be used.
+    fn clear_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) -> OwedInvalidation {
+        let runs = table_runs(touched);
+        for &(v, bits) in touched {
+            self.lpt.update(v, |e| e.mapped &= !bits);
+        }
+        for run in &runs {
+            if let Some(table) = &self.tables[run.table] {
+                table.mmu.unmap(table.root, run.range);
+                Counters::add(&stats.mmu_unmaps, 1);
+            }
+        }
+        OwedInvalidation(runs)
+    }
+
+    /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
+    /// if the driver fails on a run, the runs changed so far (and the failed one, which
+    /// the driver may have changed in part) get `old` back and are invalidated before
+    /// the error is returned. A run the driver cannot restore either loses its mapping
+    /// (unmap cannot fail; a faultable user faults it back with the region's
+    /// protection) and, in a table that must hold it eagerly, is mapped again.
+    pub fn protect_runs(
+        &mut self,
+        stats: &Counters,
+        runs: &[TableRun],
+        prot: Prot,
+        old: Prot,
+    ) -> Result<(), MmuError> {
+        for (i, run) in runs.iter().enumerate() {
+            let Some(table) = self.tables[run.table].as_ref() else {
+                continue;
+            };
+            let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
+                continue;
+            };
+            let changed = &runs[..=i];
+            let mut lost = Vec::new();
+            for r in changed {
+                if let Some(t) = self.tables[r.table].as_ref() {
+                    if t.mmu.protect(t.root, r.range, old).is_err() {
+                        lost.push(*r);
+                    }
+                }
+            }
+            self.invalidate(stats, changed);
+            for r in lost {
+                let first = r.range.start.vpn();
+                let pages = r.range.len >> PAGE_SHIFT;
+                self.unmap_pages(stats, first, pages, 1 << r.table);
+                let eager = self.wired_mask() & (1 << r.table);
+                // Best effort: the error returned is the first one.
+                let _ = self.mirror(stats, first, pages, eager);
+            }
+            return Err(err);
+        }
+        self.invalidate(stats, runs);
+        Ok(())
+    }
+
+    /// Invalidate, for each table touched by `runs`, the TLB of every device using it:
+    /// one call per device with the table's whole list of ranges.
+    pub fn invalidate(&self, stats: &Counters, runs: &[TableRun]) {
+        for s in self.shootdowns(runs) {
+            s.run(stats);
+        }
+    }
+
+    /// The TLB invalidations `runs` need: for each table they touch, one per device
+    /// using it, with the table's whole list of ranges.
+    pub fn shootdowns(&self, runs: &[TableRun]) -> Vec<Shootdown> {
+        let mut out = Vec::new();
+        for (t, table) in self.tables.iter().enumerate() {
+            let Some(table) = table else { continue };
+            let ranges: Vec<VaRange> = runs
+                .iter()
+                .filter(|r| r.table == t)
+                .map(|r| r.range)
+                .collect();
+            if ranges.is_empty() {
+                continue;
+            }
+            for a in self.attached.iter().flatten().filter(|a| a.table == t) {
+                out.push(Shootdown {
+                    mmu: a.dev.mmu.clone(),
+                    root: table.root,
+                    ranges: ranges.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Give a frame back to its memory (or quarantine it until its invalidation).
+    pub fn release_frame(&self, e: &PageEntry, pending: bool) {
+        if e.mem == NO_MEM || e.has(EXTERNAL) {
+            return;
+        }
+        let mut phys = self.memories.get(e.mem).phys.lock();
+        if pending {
+            phys.quarantine(e.pfn)
+        } else {
+            phys.free(e.pfn)
+        }
+    }
+
+    /// Whether any page of `[first, first+pages)` has a queued unmap or map.
+    pub fn any_pending(&self, first: Vpn, pages: u64) -> bool {
+        self.lpt
+            .entries_in(first, pages)
+            .any(|(_, e)| e.has(PENDING))
+    }
+
+    /// Remove every page of `[first, first+pages)` now: unmap everywhere, invalidate,
+    /// release frames (the caller releases the range).
+    pub fn discard_pages(&mut self, stats: &Counters, first: Vpn, pages: u64) {
+        self.unmap_pages(stats, first, pages, u32::MAX);
+        let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+        for (v, e) in entries {
+            self.release_frame(&e, false);
+            self.lpt.take(v);
+        }
+    }
+
+    /// Remove every page of `[first, first+pages)` but owe the invalidation: the
+    /// entries are cleared at once (new translations fault), the frames quarantined and
+    /// the pages marked pending. The returned [`Discard`] must go to the queue
+    /// (`enqueue_unmap`) or to a strict unmap completed outside the lock
+    /// (`defer_invalidation`), which invalidate and then release.
+    pub fn discard_pages_deferred(&mut self, stats: &Counters, first: Vpn, pages: u64) -> Discard {
+        let touched: Vec<(Vpn, u32)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.mapped != 0)
+            .map(|(v, e)| (v, e.mapped))
+            .collect();
+        let owed = self.clear_entries(stats, &touched);
+        let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+        let mut frames = Vec::new();
+        for (v, e) in entries {
+            // A frame of ours waits, quarantined, for the deferred invalidation; the
+            // page stays marked pending until then.
+            let quarantine = e.is_populated() && !e.has(EXTERNAL);
+            self.release_frame(&e, quarantine);
+            if quarantine {
+                frames.push((e.mem, e.pfn));
+            }
+            self.lpt.set(
+                v,
+                PageEntry {
+                    flags: PENDING,
+                    ..PageEntry::EMPTY
+                },
+            );
+        }
+        Discard {
+            runs: owed.0,
+            frames,
+            first,
+            pages,
+        }
+    }
+
+    /// Pages a region covers: `(first vpn, count)`.
+    pub fn pages_of(start: u64, len: u64) -> (Vpn, u64) {
+        (Vpn(start >> PAGE_SHIFT), len >> PAGE_SHIFT)
+    }
+
+    /// Whether a page is wired.
+    pub fn is_wired(e: &PageEntry) -> bool {
+        e.has(WIRED)
+    }
+}
+
+/// Group an address-ordered list of `(vpn, table bits)` into contiguous runs per table.
+pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
+    let mut runs: Vec<TableRun> = Vec::new();
+    let mut open: [Option<(u64, u64)>; MAX_TABLES] = [None; MAX_TABLES];
+    let close = |t: usize, s: u64, n: u64, runs: &mut Vec<TableRun>| {
+        runs.push(TableRun {
+            table: t,
+            range: VaRange {
+                start: VirtAddr::new(s << PAGE_SHIFT),
+                len: n << PAGE_SHIFT,
+            },
+        });
+    };
+    // Only the tables this page maps or that have a run open need a look: a page
+    // costs its set bits, not all 32 slots.
+    let mut open_mask = 0u32;
+    for &(Vpn(v), bits) in touched {
+        let mut look = bits | open_mask;
+        while look != 0 {
+            let t = look.trailing_zeros() as usize;
+            look &= look - 1;
+            let has = bits & (1 << t) != 0;
+            match &mut open[t] {
+                Some((s, n)) if has && *s + *n == v => *n += 1,
+                slot => {
+                    if let Some((s, n)) = slot.take() {
+                        close(t, s, n, &mut runs);
+                        open_mask &= !(1 << t);
+                    }
+                    if has {
+                        *slot = Some((v, 1));
+                        open_mask |= 1 << t;
+                    }
+                }
+            }
+        }
+    }
+    for (t, slot) in open.iter_mut().enumerate() {
+        if let Some((s, n)) = slot.take() {
+            close(t, s, n, &mut runs);
+        }
+    }
+    runs
+}
+
+mod attach;
+mod check;
+mod fault;
+mod ops;
+mod queue;

@@ -1,0 +1,311 @@
+//! Space-state operations shared by several KPI calls: settling a region against the queue, wiring, unmapping a region, filling and detaching page tables.
+
+use crate::addr::{PhysAddr, Vpn};
+use crate::device::DeviceInner;
+use crate::error::{MapError, MoveError};
+use crate::flags::MapFlags;
+use crate::flags::Prot;
+use crate::gmem::Ctx;
+use crate::handle::MappingSetId;
+use crate::kpi::region::Checked;
+use crate::lpt::{PageEntry, EXTERNAL};
+use crate::lpt::{PENDING, WIRED};
+use crate::mmu::MmuError;
+use crate::queue::Callback;
+use crate::space::{PlacementTarget, Region, RegionRec, SpaceInner, SpaceState};
+use crate::sync::Arc;
+use alloc::vec::Vec;
+
+impl SpaceState {
+    /// Drain the queue if any page of a checked region has a request pending (an
+    /// operation never races a queued invalidation).
+    pub(crate) fn settle(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+        if self.any_pending(c.first, c.pages) {
+            self.drain(cx.counters, &space.arena);
+        }
+    }
+
+    /// Write back a checked region's record (after a change the caller made to a copy).
+    pub(crate) fn put_region(&mut self, c: &Checked, rec: RegionRec) {
+        if let Some(r) = self.region_mut(c.region) {
+            *r = rec;
+        }
+    }
+
+    /// Remove a checked region's record, and the region from its mapping set.
+    pub(crate) fn remove_region(&mut self, c: &Checked) {
+        self.regions.remove(&c.region.start.as_u64());
+        self.leave_set(c);
+    }
+
+    /// Take a checked region out of its mapping set.
+    fn leave_set(&mut self, c: &Checked) {
+        if let Some(s) = c
+            .rec
+            .set
+            .and_then(|s| self.sets.get_mut(s.index, s.generation))
+        {
+            s.regions.retain(|x| *x != c.region);
+        }
+    }
+
+    /// Pin (or unpin) a populated page: its entry's wired mark and its frame's queue.
+    pub(crate) fn set_page_wired(&mut self, vpn: Vpn, wired: bool) {
+        let e = self.lpt.update(vpn, |x| {
+            if wired {
+                x.flags |= WIRED;
+            } else {
+                x.flags &= !WIRED;
+            }
+            *x
+        });
+        self.memories.get(e.mem).phys.lock().set_wired(e.pfn, wired);
+    }
+
+    /// Populate and pin `[first, first + pages)`; see [`Gmem::region_wire`].
+    pub(crate) fn wire_range(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        first: Vpn,
+        pages: u64,
+        target: PlacementTarget,
+    ) -> Result<u64, MoveError> {
+        if self.any_pending(first, pages) {
+            self.drain(cx.counters, &space.arena);
+        }
+        let dest = self.target_of(cx, cx.host, target);
+        let mut wired = Vec::new();
+        let mut result = Ok(());
+        for vpn in first.span(pages) {
+            let e = self.lpt.get(vpn);
+            if e.has(WIRED) {
+                continue;
+            }
+            if !e.is_populated() {
+                if let Err(err) = self.prepare_page(cx, space, vpn, &dest) {
+                    result = Err(err);
+                    break;
+                }
+            }
+            self.set_page_wired(vpn, true);
+            wired.push(vpn);
+        }
+        if result.is_ok() {
+            let mask = self.wired_mask();
+            result = self
+                .mirror(cx.counters, first, pages, mask)
+                .map_err(MoveError::Mmu);
+        }
+        if let Err(err) = result {
+            let mask = self.wired_mask() & !self.replica_mask();
+            let touched: Vec<(Vpn, u32)> = wired
+                .iter()
+                .map(|v| (*v, self.lpt.get(*v).mapped & mask))
+                .filter(|(_, m)| *m != 0)
+                .collect();
+            self.unmap_entries(cx.counters, &touched);
+            for vpn in wired {
+                self.set_page_wired(vpn, false);
+            }
+            return Err(err);
+        }
+        Ok(wired.len() as u64)
+    }
+
+    /// Unmap one region (strict or queued); the region must be live.
+    pub(crate) fn unmap_region(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) {
+        let (first, pages) = (c.first, c.pages);
+        self.settle(cx, space, c);
+        if flags.contains(MapFlags::ASYNC) {
+            let d = self.discard_pages_deferred(cx.counters, first, pages);
+            self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
+        } else {
+            self.discard_pages(cx.counters, first, pages);
+            self.queue.complete_now(callback, Ok(()));
+        }
+        self.leave_set(c);
+        self.put_region(
+            c,
+            RegionRec {
+                mapped: false,
+                set: None,
+                ..c.rec
+            },
+        );
+    }
+
+    /// Resolve a region handle of this space into a checked region, if it is live.
+    pub(crate) fn checked(&self, region: Region) -> Option<Checked> {
+        let rec = *self.region(region)?;
+        let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
+        Some(Checked {
+            region,
+            rec,
+            first,
+            pages,
+        })
+    }
+
+    /// `region_map` under the lock: see [`crate::Gmem::region_map`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn map_frames(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        memdev: &Arc<DeviceInner>,
+        prot: Prot,
+        frames: &[PhysAddr],
+        set: Option<MappingSetId>,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) -> Result<(), MapError> {
+        let memory = memdev.id;
+        let (first, pages) = (c.first, c.pages);
+        if prot.is_empty() {
+            return Err(MapError::BadProt(prot));
+        }
+        if frames.len() as u64 != pages {
+            return Err(MapError::FrameCount {
+                expected: pages,
+                given: frames.len() as u64,
+            });
+        }
+        if let Some(s) = set {
+            if self.sets.get(s.index, s.generation).is_none() {
+                return Err(MapError::UnknownSet(s));
+            }
+        }
+        {
+            let phys = memdev.phys.lock();
+            if phys.is_retired() {
+                return Err(MapError::UnknownDevice(memory));
+            }
+            if let Some(f) = frames
+                .iter()
+                .find(|f| !f.is_page_aligned() || phys.contains(f.pfn()))
+            {
+                return Err(MapError::BadFrame(*f));
+            }
+        }
+        // A populated entry (a queued map's included) makes this a misuse, found
+        // before anything changes; a queued unmap leaves no populated entry.
+        if c.rec.mapped
+            || self
+                .lpt
+                .entries_in(first, pages)
+                .any(|(_, e)| e.is_populated())
+        {
+            return Err(MapError::AlreadyMapped);
+        }
+        let mem = self
+            .mem_index(memdev)
+            .map_err(|_| MapError::TooManyMemories(memory))?;
+        if self.any_pending(first, pages) {
+            self.drain(cx.counters, &space.arena);
+        }
+        let asynchronous = flags.contains(MapFlags::ASYNC);
+        let extra = if asynchronous { PENDING } else { 0 };
+        for (k, f) in frames.iter().enumerate() {
+            self.lpt.set(
+                first + k as u64,
+                PageEntry {
+                    pfn: f.pfn(),
+                    mem,
+                    flags: WIRED | EXTERNAL | extra,
+                    ..PageEntry::EMPTY
+                },
+            );
+        }
+        self.put_region(
+            c,
+            RegionRec {
+                prot,
+                explicit: true,
+                mapped: true,
+                set,
+                ..c.rec
+            },
+        );
+        let mask = self.wired_mask();
+        if asynchronous {
+            self.enqueue_map(cx.counters, &space.arena, first, pages, callback);
+        } else if let Err(e) = self.mirror(cx.counters, first, pages, mask) {
+            self.discard_pages(cx.counters, first, pages);
+            self.put_region(c, c.rec);
+            return Err(e.into());
+        } else {
+            self.queue.complete_now(callback, Ok(()));
+        }
+        if let Some(s) = set.and_then(|s| self.sets.get_mut(s.index, s.generation)) {
+            s.regions.push(c.region);
+        }
+        Ok(())
+    }
+
+    /// Switching a region to the unique policy: drop every mapping of the pages that
+    /// several tables map (remote access allowed it; replicas stay); the next fault
+    /// places each page by the new policy.
+    pub(crate) fn drop_shared_mappings(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+        self.settle(cx, space, c);
+        let replicas = self.replica_mask();
+        let touched: Vec<(Vpn, u32)> = self
+            .lpt
+            .entries_in(c.first, c.pages)
+            .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
+            .map(|(v, e)| (v, e.mapped & !replicas))
+            .collect();
+        self.unmap_entries(cx.counters, &touched);
+    }
+
+    /// `region_protect` under the lock: change every table's protection of the
+    /// region's mapped pages, all or nothing (see `protect_runs`).
+    pub(crate) fn protect_region(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        prot: Prot,
+    ) -> Result<(), MmuError> {
+        self.settle(cx, space, c);
+        let touched: Vec<(Vpn, u32)> = self
+            .lpt
+            .entries_in(c.first, c.pages)
+            .filter(|(_, e)| e.mapped != 0)
+            .map(|(v, e)| (v, e.mapped))
+            .collect();
+        let runs = crate::space::table_runs(&touched);
+        self.protect_runs(cx.counters, &runs, prot, c.rec.prot)
+    }
+
+    /// `region_unwire` under the lock: unpin the region's wired pages (caller-given
+    /// frames stay) and drop every mapping of them but the replicas.
+    pub(crate) fn unwire_region(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+        self.settle(cx, space, c);
+        let wired: Vec<(Vpn, PageEntry)> = self
+            .lpt
+            .entries_in(c.first, c.pages)
+            .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
+            .collect();
+        // Every mapping but the replicas goes: the next fault places the page by the
+        // region's policy again (a wired page may be mapped by several tables).
+        let mask = !self.replica_mask();
+        let touched: Vec<(Vpn, u32)> = wired
+            .iter()
+            .filter(|(_, e)| e.mapped & mask != 0)
+            .map(|(v, e)| (*v, e.mapped & mask))
+            .collect();
+        self.unmap_entries(cx.counters, &touched);
+        for (v, _) in wired {
+            self.set_page_wired(v, false);
+        }
+    }
+}
