@@ -4,6 +4,7 @@
 mod full_report;
 mod iommu_bench;
 mod machine;
+mod plot;
 mod regdem_report;
 mod replay;
 mod report;

@@ -6,12 +6,12 @@
 //! interpreter (bit-identical outputs) and cycle-level SM simulator; the predictor is
 //! separate code. Writes `regdem.{csv,json,svg}` into `--out`.
 
+use crate::plot::{write_svg, BarChart, BarSeries, PALETTE};
 use crate::report::{Output, Report};
 use gmem_regdem::kernels::Bench;
 use gmem_regdem::sim::SimConfig;
 use gmem_regdem::variants::{self, Ablation, KernelResult};
 use gmem_regdem::SmConfig;
-use plotters::prelude::*;
 use std::path::Path;
 
 /// Inputs seed (any value; outputs are compared across variants on the same inputs).
@@ -388,92 +388,33 @@ fn write(
 }
 
 fn plot(path: &Path, results: &[KernelResult]) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (900, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let best_regdem = |kr: &KernelResult| {
+    let best = |kr: &KernelResult, keep: &dyn Fn(&variants::Kind) -> bool| {
         kr.rows
             .iter()
-            .filter(|r| matches!(r.kind, variants::Kind::RegDem(_)))
+            .filter(|r| keep(&r.kind))
             .map(|r| r.speedup)
             .fold(f64::NAN, f64::max)
     };
-    let best_cap = |kr: &KernelResult| {
-        kr.rows
-            .iter()
-            .filter(|r| r.kind == variants::Kind::LocalCap)
-            .map(|r| r.speedup)
-            .fold(f64::NAN, f64::max)
+    let series = |name: &str, k: usize, value: &dyn Fn(&KernelResult) -> f64| BarSeries {
+        name: name.into(),
+        color: PALETTE[k],
+        values: results.iter().map(value).collect(),
     };
-    let max = results
-        .iter()
-        .flat_map(|kr| kr.rows.iter().map(|r| r.speedup))
-        .fold(1.2, f64::max);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "RegDem: speedup over the baseline allocation (simulated Maxwell SM)",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..(results.len() as f64), 0.0..max * 1.1)?;
-    let labels: Vec<String> = results.iter().map(|r| r.kernel.clone()).collect();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(results.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 1e-6 {
-                labels.get(i).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("speedup (x)")
-        .draw()?;
-    type Series = (&'static str, RGBColor, Box<dyn Fn(&KernelResult) -> f64>);
-    let series: [Series; 4] = [
-        (
-            "predictor's choice",
-            RGBColor(90, 140, 200),
-            Box::new(|kr| kr.predicted_speedup),
-        ),
-        (
-            "exhaustive best",
-            RGBColor(110, 170, 90),
-            Box::new(|kr| kr.best_speedup),
-        ),
-        ("best RegDem", RGBColor(230, 150, 60), Box::new(best_regdem)),
-        ("best nvcc cap", RGBColor(170, 170, 170), Box::new(best_cap)),
-    ];
-    for (k, (name, color, value)) in series.iter().enumerate() {
-        let c = *color;
-        let bars: Vec<_> = results
-            .iter()
-            .enumerate()
-            .filter_map(|(i, kr)| {
-                let v = value(kr);
-                (!v.is_nan()).then(|| {
-                    let x0 = i as f64 + 0.1 + k as f64 * 0.2;
-                    Rectangle::new([(x0, 0.0), (x0 + 0.18, v)], c.filled())
-                })
-            })
-            .collect();
-        chart
-            .draw_series(bars)?
-            .label(*name)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
-    }
-    chart.draw_series(std::iter::once(PathElement::new(
-        vec![(0.0, 1.0), (results.len() as f64, 1.0)],
-        BLACK.stroke_width(1),
-    )))?;
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    let chart = BarChart {
+        caption: "RegDem: speedup over the baseline allocation (simulated Maxwell SM)".into(),
+        groups: results.iter().map(|r| r.kernel.clone()).collect(),
+        series: vec![
+            series("predictor's choice", 0, &|kr| kr.predicted_speedup),
+            series("exhaustive best", 2, &|kr| kr.best_speedup),
+            series("best RegDem", 1, &|kr| {
+                best(kr, &|k| matches!(k, variants::Kind::RegDem(_)))
+            }),
+            series("best nvcc cap", 3, &|kr| {
+                best(kr, &|k| *k == variants::Kind::LocalCap)
+            }),
+        ],
+        y_desc: "speedup (x)".into(),
+        reference: Some(1.0),
+    };
+    write_svg(path, (900, 440), &[chart])
 }
