@@ -158,11 +158,59 @@ impl Vpn {
     }
 }
 
+impl Vpn {
+    /// The page `n` pages further on.
+    #[inline]
+    pub const fn add(self, n: u64) -> Vpn {
+        Vpn(self.0 + n)
+    }
+
+    /// Pages from `earlier` to `self` (`self >= earlier`).
+    #[inline]
+    pub const fn since(self, earlier: Vpn) -> u64 {
+        self.0 - earlier.0
+    }
+
+    /// The first page of the naturally aligned block of `pages` (a power of two) that
+    /// holds this page.
+    #[inline]
+    pub const fn align_down(self, pages: u64) -> Vpn {
+        Vpn(self.0 & !(pages - 1))
+    }
+
+    /// The `pages` pages from this one, in order.
+    pub fn span(self, pages: u64) -> impl Iterator<Item = Vpn> + Clone {
+        (self.0..self.0 + pages).map(Vpn)
+    }
+}
+
+impl core::ops::Add<u64> for Vpn {
+    type Output = Vpn;
+    #[inline]
+    fn add(self, n: u64) -> Vpn {
+        Vpn(self.0 + n)
+    }
+}
+
+impl core::ops::Add<u64> for Pfn {
+    type Output = Pfn;
+    #[inline]
+    fn add(self, n: u64) -> Pfn {
+        Pfn(self.0 + n)
+    }
+}
+
 /// A physical frame number: a physical address divided by [`PAGE_SIZE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Pfn(pub u64);
 
 impl Pfn {
+    /// The frame `n` frames further on.
+    #[inline]
+    pub const fn add(self, n: u64) -> Pfn {
+        Pfn(self.0 + n)
+    }
+
     /// The first address of the frame.
     pub const fn addr(self) -> PhysAddr {
         PhysAddr(self.0 << PAGE_SHIFT)

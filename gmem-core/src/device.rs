@@ -7,6 +7,7 @@
 //! active in. One device, the host CPU, is created with the [`crate::Gmem`] instance:
 //! its memory is the swap space of every device memory.
 
+use crate::addr::{Pfn, Vpn};
 use crate::flags::{DevCaps, PageSizes};
 use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::{DeviceMemory, Mmu};
@@ -74,7 +75,65 @@ pub(crate) struct DeviceInner {
     pub binding: Mutex<Binding>,
 }
 
+/// Frames of one device's memory allocated for pages and not yet committed to them.
+///
+/// Dropping the run gives its frames back, so no error path between allocation and
+/// commitment (zeroing, copying, mapping) can leak them; [`FrameRun::commit`] hands
+/// them over to the pages for good.
+#[must_use = "commit the frames to their pages, or drop the run to free them"]
+pub(crate) struct FrameRun {
+    dev: Arc<DeviceInner>,
+    pfn: Pfn,
+    /// Frames still owned by the run (0 once committed).
+    pages: u64,
+}
+
+impl FrameRun {
+    /// The first frame.
+    pub fn pfn(&self) -> Pfn {
+        self.pfn
+    }
+
+    /// The frames now belong to the pages they were allocated for.
+    pub fn commit(mut self) -> Pfn {
+        self.pages = 0;
+        self.pfn
+    }
+}
+
+impl Drop for FrameRun {
+    fn drop(&mut self) {
+        if self.pages > 0 {
+            let mut phys = self.dev.phys.lock();
+            for k in 0..self.pages {
+                phys.free(self.pfn.add(k));
+            }
+        }
+    }
+}
+
 impl DeviceInner {
+    /// Allocate `pages` frames aligned to `align` pages for the pages of `space` from
+    /// `vpn`, within the driver's constraint `limit`.
+    pub fn alloc_frames(
+        self: &Arc<Self>,
+        pages: u64,
+        align: u64,
+        space: SpaceId,
+        vpn: Vpn,
+        limit: Option<crate::mmu::FrameConstraint>,
+    ) -> Option<FrameRun> {
+        let pfn = self
+            .phys
+            .lock()
+            .alloc_run(pages, align, space, vpn, false, limit)?;
+        Some(FrameRun {
+            dev: self.clone(),
+            pfn,
+            pages,
+        })
+    }
+
     pub fn faultable(&self) -> bool {
         self.caps.contains(DevCaps::FAULTABLE)
     }

@@ -28,10 +28,19 @@
 //! | [`vmem`] | vmem arenas: virtual ranges and physical frames |
 //! | [`mmu`] | the driver-facing MMU and memory traits |
 //! | [`device`] | devices and their registered physical memory |
-//! | [`space`] | address spaces, regions, attachment, the KPI entry points |
+//! | [`gmem`] | the instance: device and space registries, statistics |
+//! | [`kpi`] | **the KPI entry points**, one module per object: [`kpi::device`] (`dev_*`), [`kpi::space`] (`as_*`), [`kpi::region`] (`region_*`), [`kpi::mapping_set`] (`mapping_set_*`) |
+//! | [`space`] | one address space's state behind its lock: regions, page tables, attachments (`attach`), the fault path (`fault`), the queue's work (`queue`), shared region operations (`ops`), its invariants (`check`) |
+//! | [`fault`] | what a fault answers, and the fault path's theory |
+//! | `queue` | the asynchronous MMU queue, callbacks, strict unmaps invalidated outside the lock |
+//! | [`physmem`] | one device's frames: queues, reverse map |
+//! | [`error`] | one error enum per call family |
+//! | [`sync`] | locks and atomics (loom-switchable) and **the lock order** |
+//! | [`check`] | `check_invariants` |
 //! | [`stats`] | counters a caller can read |
 //!
-//! The entry point is [`Gmem`], one instance per kernel.
+//! The entry point is [`Gmem`], one instance per kernel; a KPI call's path is
+//! `lib.rs` → [`kpi`] → the module named for its object.
 
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -42,6 +51,10 @@
 #![warn(clippy::missing_errors_doc)]
 
 extern crate alloc;
+// Only the optional `std` feature (user-space hosts) links std: yielding lock waits and
+// the debug-build lock-order checker.
+#[cfg(feature = "std")]
+extern crate std;
 
 pub mod addr;
 pub mod check;

@@ -18,6 +18,7 @@
 //! Lookup is one hash probe plus an index: O(1). Leaves are freed when their last entry
 //! empties, so the table's size follows what is populated, not what is allocated.
 
+use crate::addr::{Pfn, Vpn};
 use alloc::boxed::Box;
 use hashbrown::HashMap;
 
@@ -39,7 +40,7 @@ pub(crate) const PENDING: u8 = 1 << 2;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PageEntry {
     /// Frame number, valid when `mem != NO_MEM`.
-    pub pfn: u64,
+    pub pfn: Pfn,
     /// Bit `t` set: page table `t` of the space maps this page.
     pub mapped: u32,
     /// Index of the memory (device) holding the frame in the space's memory list.
@@ -54,7 +55,7 @@ pub(crate) struct PageEntry {
 impl PageEntry {
     /// The entry of a page that holds nothing.
     pub const EMPTY: PageEntry = PageEntry {
-        pfn: 0,
+        pfn: Pfn(0),
         mapped: 0,
         mem: NO_MEM,
         flags: 0,
@@ -93,7 +94,8 @@ pub(crate) struct LogicalPageTable {
 impl LogicalPageTable {
     /// The entry of `vpn` ([`PageEntry::EMPTY`] when nothing is recorded).
     #[inline]
-    pub fn get(&self, vpn: u64) -> PageEntry {
+    pub fn get(&self, vpn: Vpn) -> PageEntry {
+        let vpn = vpn.0;
         match self.leaves.get(&(vpn >> LEAF_SHIFT)) {
             Some(leaf) => leaf.entries[(vpn as usize) & (LEAF_ENTRIES - 1)],
             None => PageEntry::EMPTY,
@@ -102,12 +104,13 @@ impl LogicalPageTable {
 
     /// Replace the entry of `vpn`.
     #[inline]
-    pub fn set(&mut self, vpn: u64, entry: PageEntry) {
+    pub fn set(&mut self, vpn: Vpn, entry: PageEntry) {
         self.update(vpn, |e| *e = entry);
     }
 
     /// Change the entry of `vpn` in place, keeping the leaf and population counts right.
-    pub fn update<R>(&mut self, vpn: u64, f: impl FnOnce(&mut PageEntry) -> R) -> R {
+    pub fn update<R>(&mut self, vpn: Vpn, f: impl FnOnce(&mut PageEntry) -> R) -> R {
+        let vpn = vpn.0;
         let key = vpn >> LEAF_SHIFT;
         let idx = (vpn as usize) & (LEAF_ENTRIES - 1);
         let leaf = self.leaves.entry(key).or_insert_with(|| {
@@ -136,16 +139,17 @@ impl LogicalPageTable {
     }
 
     /// Clear the entry of `vpn`, returning what it held.
-    pub fn take(&mut self, vpn: u64) -> PageEntry {
+    pub fn take(&mut self, vpn: Vpn) -> PageEntry {
         self.update(vpn, |e| core::mem::replace(e, PageEntry::EMPTY))
     }
 
     /// Every non-empty entry with `first <= vpn < first + pages`, in address order.
     pub fn entries_in(
         &self,
-        first: u64,
+        first: Vpn,
         pages: u64,
-    ) -> impl Iterator<Item = (u64, PageEntry)> + '_ {
+    ) -> impl Iterator<Item = (Vpn, PageEntry)> + '_ {
+        let first = first.0;
         let end = first.saturating_add(pages);
         let first_leaf = first >> LEAF_SHIFT;
         let last_leaf = if pages == 0 {
@@ -177,7 +181,7 @@ impl LogicalPageTable {
             leaf.into_iter().flat_map(move |l| {
                 (lo..hi).filter_map(move |i| {
                     let e = l.entries[i];
-                    (!e.is_empty()).then_some((base + i as u64, e))
+                    (!e.is_empty()).then_some((Vpn(base + i as u64), e))
                 })
             })
         })
@@ -196,14 +200,14 @@ impl LogicalPageTable {
     }
 
     /// Every non-empty entry of the table, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, PageEntry)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (Vpn, PageEntry)> + '_ {
         self.leaves.iter().flat_map(|(key, leaf)| {
             let base = key << LEAF_SHIFT;
             leaf.entries
                 .iter()
                 .enumerate()
                 .filter(|(_, e)| !e.is_empty())
-                .map(move |(i, e)| (base + i as u64, *e))
+                .map(move |(i, e)| (Vpn(base + i as u64), *e))
         })
     }
 }
@@ -214,7 +218,7 @@ mod tests {
 
     fn frame(pfn: u64) -> PageEntry {
         PageEntry {
-            pfn,
+            pfn: Pfn(pfn),
             mem: 0,
             ..PageEntry::EMPTY
         }
@@ -228,20 +232,20 @@ mod tests {
     #[test]
     fn set_get_take_track_population_and_free_empty_leaves() {
         let mut t = LogicalPageTable::default();
-        assert_eq!(t.get(7), PageEntry::EMPTY);
-        t.set(7, frame(70));
-        t.set(513, frame(99));
-        assert_eq!(t.get(7).pfn, 70);
+        assert_eq!(t.get(Vpn(7)), PageEntry::EMPTY);
+        t.set(Vpn(7), frame(70));
+        t.set(Vpn(513), frame(99));
+        assert_eq!(t.get(Vpn(7)).pfn, Pfn(70));
         assert_eq!(t.populated(), 2);
         assert_eq!(t.leaves(), 2);
-        assert_eq!(t.take(7).pfn, 70);
+        assert_eq!(t.take(Vpn(7)).pfn, Pfn(70));
         assert_eq!(t.leaves(), 1);
         assert_eq!(t.populated(), 1);
         // An entry that records only a mapping bit is kept but not populated.
-        t.update(9, |e| e.mapped = 1);
+        t.update(Vpn(9), |e| e.mapped = 1);
         assert_eq!(t.populated(), 1);
         assert_eq!(t.leaves(), 2);
-        t.update(9, |e| e.mapped = 0);
+        t.update(Vpn(9), |e| e.mapped = 0);
         assert_eq!(t.leaves(), 1);
     }
 
@@ -249,11 +253,11 @@ mod tests {
     fn entries_in_walks_only_the_range_in_order() {
         let mut t = LogicalPageTable::default();
         for vpn in [3u64, 511, 512, 1030, 5000] {
-            t.set(vpn, frame(vpn));
+            t.set(Vpn(vpn), frame(vpn));
         }
-        let got: alloc::vec::Vec<u64> = t.entries_in(4, 1027).map(|(v, _)| v).collect();
+        let got: alloc::vec::Vec<u64> = t.entries_in(Vpn(4), 1027).map(|(v, _)| v.0).collect();
         assert_eq!(got, [511, 512, 1030]);
-        assert_eq!(t.entries_in(0, 0).count(), 0);
-        assert_eq!(t.entries_in(u64::MAX - 1, 2).count(), 0);
+        assert_eq!(t.entries_in(Vpn(0), 0).count(), 0);
+        assert_eq!(t.entries_in(Vpn(u64::MAX - 1), 2).count(), 0);
     }
 }

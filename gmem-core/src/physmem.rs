@@ -22,7 +22,7 @@
 //! head of the inactive queue; when the inactive queue holds less than a third of the
 //! frames in use, the oldest active frames are moved to its tail first.
 
-use crate::addr::{PhysAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::handle::SpaceId;
 use crate::mmu::FrameConstraint;
 use crate::vmem::{Arena, ArenaConfig, Constraint, SpanError};
@@ -52,7 +52,7 @@ pub struct Owner {
     /// The address space.
     pub space: SpaceId,
     /// The virtual page number in that space.
-    pub vpn: u64,
+    pub vpn: Vpn,
 }
 
 #[derive(Clone, Copy)]
@@ -246,18 +246,19 @@ impl PhysMem {
     }
 
     /// Whether `pfn` is a registered frame of this device.
-    pub fn contains(&self, pfn: u64) -> bool {
-        self.index(pfn).is_some()
+    pub fn contains(&self, pfn: Pfn) -> bool {
+        self.index(pfn.0).is_some()
     }
 
     /// The state of a registered frame.
-    pub fn state(&self, pfn: u64) -> Option<FrameState> {
-        self.index(pfn).map(|i| self.frames[i as usize].state)
+    pub fn state(&self, pfn: Pfn) -> Option<FrameState> {
+        self.index(pfn.0).map(|i| self.frames[i as usize].state)
     }
 
     /// The reverse mapping of a frame in use.
-    pub fn owner(&self, pfn: u64) -> Option<Owner> {
-        self.index(pfn).and_then(|i| self.frames[i as usize].owner)
+    pub fn owner(&self, pfn: Pfn) -> Option<Owner> {
+        self.index(pfn.0)
+            .and_then(|i| self.frames[i as usize].owner)
     }
 
     fn unlink(&mut self, i: u32) {
@@ -326,10 +327,10 @@ impl PhysMem {
         pages: u64,
         align_pages: u64,
         space: SpaceId,
-        vpn: u64,
+        vpn: Vpn,
         wired: bool,
         limit: Option<FrameConstraint>,
-    ) -> Option<u64> {
+    ) -> Option<Pfn> {
         if self.retired {
             return None;
         }
@@ -369,15 +370,16 @@ impl PhysMem {
                 .expect("the arena hands out registered frames only");
             self.frames[i as usize].owner = Some(Owner {
                 space,
-                vpn: vpn + k,
+                vpn: vpn.add(k),
             });
             self.set_state(i, state);
         }
-        Some(pfn)
+        Some(Pfn(pfn))
     }
 
     /// Return an in-use frame to the allocator now (its mappings are gone and invalidated).
-    pub fn free(&mut self, pfn: u64) {
+    pub fn free(&mut self, pfn: Pfn) {
+        let pfn = pfn.0;
         if let Some(i) = self.index(pfn) {
             if self.frames[i as usize].state == FrameState::Free {
                 return;
@@ -390,7 +392,8 @@ impl PhysMem {
     }
 
     /// Take an in-use frame off its queue until its invalidation completed.
-    pub fn quarantine(&mut self, pfn: u64) {
+    pub fn quarantine(&mut self, pfn: Pfn) {
+        let pfn = pfn.0;
         if let Some(i) = self.index(pfn) {
             if matches!(
                 self.frames[i as usize].state,
@@ -403,7 +406,8 @@ impl PhysMem {
     }
 
     /// Move a frame to the tail of the active queue (it was just used).
-    pub fn touch(&mut self, pfn: u64) {
+    pub fn touch(&mut self, pfn: Pfn) {
+        let pfn = pfn.0;
         if let Some(i) = self.index(pfn) {
             if matches!(
                 self.frames[i as usize].state,
@@ -415,8 +419,8 @@ impl PhysMem {
     }
 
     /// Pin (`true`) or unpin an in-use frame: wired frames are never evicted.
-    pub fn set_wired(&mut self, pfn: u64, wired: bool) {
-        if let Some(i) = self.index(pfn) {
+    pub fn set_wired(&mut self, pfn: Pfn, wired: bool) {
+        if let Some(i) = self.index(pfn.0) {
             match (self.frames[i as usize].state, wired) {
                 (FrameState::Active | FrameState::Inactive, true) => {
                     self.set_state(i, FrameState::Wired)
@@ -428,7 +432,7 @@ impl PhysMem {
     }
 
     /// Up to `max` eviction candidates, oldest first, after ageing the active queue.
-    pub fn eviction_candidates(&mut self, max: usize) -> Vec<(u64, Owner)> {
+    pub fn eviction_candidates(&mut self, max: usize) -> Vec<(Pfn, Owner)> {
         let in_use = self.queues[0].len + self.queues[1].len;
         while self.queues[1].len * 3 < in_use && self.queues[0].head != NIL {
             let i = self.queues[0].head;
@@ -438,7 +442,7 @@ impl PhysMem {
         let mut i = self.queues[1].head;
         while i != NIL && out.len() < max {
             if let Some(owner) = self.frames[i as usize].owner {
-                out.push((self.pfn_of(i), owner));
+                out.push((Pfn(self.pfn_of(i)), owner));
             }
             i = self.frames[i as usize].next;
         }
@@ -446,7 +450,7 @@ impl PhysMem {
             let mut i = self.queues[0].head;
             while i != NIL && out.len() < max {
                 if let Some(owner) = self.frames[i as usize].owner {
-                    out.push((self.pfn_of(i), owner));
+                    out.push((Pfn(self.pfn_of(i)), owner));
                 }
                 i = self.frames[i as usize].next;
             }
@@ -468,9 +472,9 @@ impl PhysMem {
     }
 
     /// Frames in use (on a queue), with their owners.
-    pub fn in_use(&self) -> impl Iterator<Item = (u64, FrameState, Option<Owner>)> + '_ {
+    pub fn in_use(&self) -> impl Iterator<Item = (Pfn, FrameState, Option<Owner>)> + '_ {
         self.frames.iter().enumerate().filter_map(|(i, m)| {
-            queue_of(m.state).map(|_| (self.pfn_of(i as u32), m.state, m.owner))
+            queue_of(m.state).map(|_| (Pfn(self.pfn_of(i as u32)), m.state, m.owner))
         })
     }
 

@@ -4,6 +4,8 @@
 mod full_report;
 mod iommu_bench;
 mod machine;
+mod plot;
+mod regdem_report;
 mod replay;
 mod report;
 mod reproduce;
@@ -62,6 +64,9 @@ enum Experiment {
     /// GMEM Table 3 (BUS_DMA): NIC DMA churn through the IOMMU driver, every GMEM
     /// variant against the tree-allocator + giant-lock baseline, on 1 and 2 threads.
     Iommu,
+    /// RegDem: register demotion into unused shared memory, every variant simulated on a
+    /// Maxwell SM model and verified bit for bit; predictor vs exhaustive search.
+    Regdem,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -124,6 +129,9 @@ enum Command {
         /// iommu: packets per receive queue per run.
         #[arg(long, default_value_t = 20_000)]
         packets: u64,
+        /// regdem: CI sizes (seconds).
+        #[arg(long)]
+        quick: bool,
     },
     /// The main job: every workload on every accelerator configuration and the paper
     /// reproductions (Table 4, Table 3), each verified; tables and plots written to --out.
@@ -516,6 +524,12 @@ fn main() -> ExitCode {
             out,
             ..
         }) => iommu_bench::run(inval_ns, packets, &out),
+        Some(Command::Reproduce {
+            experiment: Experiment::Regdem,
+            quick,
+            out,
+            ..
+        }) => regdem_report::run(quick, &out, output),
         Some(Command::Replay {
             file,
             format,

@@ -186,7 +186,7 @@ fn rw_reclaim_racing_a_map_into_the_emptied_table_keeps_the_map_reachable() {
         );
         let s = t.stats();
         assert_eq!(
-            s.tables_installed - s.tables_unlinked,
+            s.edits.tables_installed - s.edits.tables_unlinked,
             INTERMEDIATE,
             "installs minus unlinks differ from the linked tables"
         );

@@ -1,6 +1,6 @@
 //! `cargo xtask qemu`: build the Sv39 kernel and boot it under QEMU.
 //!
-//! The kernel (`qemu/sv39-kernel`, its own cargo workspace) is format-checked, linted
+//! The kernel (`drivers/sv39/kernel`, its own cargo workspace) is format-checked, linted
 //! and built for `riscv64gc-unknown-none-elf`, then booted with
 //! `qemu-system-riscv64 -machine virt -nographic -bios default` (QEMU's OpenSBI). The
 //! UART output is streamed as it comes. The run passes when QEMU exits with status 0
@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// The kernel's directory, relative to the repository root.
-const KERNEL_DIR: &str = "qemu/sv39-kernel";
+const KERNEL_DIR: &str = "drivers/sv39/kernel";
 /// Its target.
 const TARGET: &str = "riscv64gc-unknown-none-elf";
 /// The line the kernel prints when every check passed.

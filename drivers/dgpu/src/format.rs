@@ -13,12 +13,13 @@
 //! GPU, two GPUs never share a table: each instance has its own format id.
 //!
 //! The tables live in the GPU's video memory, from a frame pool the core does not
-//! manage. The tree, its edits and the walk are [`gmem_sim::RadixTables`]'s; this module
-//! is the entry encoding.
+//! manage. The tree, its edits and the walk are the shared engine's
+//! ([`gmem_ptengine::Engine`], in video memory through [`gmem_sim::RadixTables`]); this
+//! module is the entry encoding.
 
 use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
-use gmem_sim::radix::{Entry, PteCodec};
-use gmem_sim::{Leaf, RadixTables};
+use gmem_ptengine::{Codec, Entry, Leaf, Run};
+use gmem_sim::RadixTables;
 use std::sync::OnceLock;
 
 /// Valid.
@@ -88,7 +89,7 @@ fn prot_bits(prot: Prot) -> u64 {
     b
 }
 
-impl PteCodec for GpuCodec {
+impl Codec for GpuCodec {
     fn format(&self) -> PageTableFormat {
         PageTableFormat(0x6470_0000 | (self.instance & 0xffff))
     }
@@ -98,14 +99,12 @@ impl PteCodec for GpuCodec {
     fn va_ok(&self, va: u64, len: u64) -> bool {
         len > 0 && matches!(va.checked_add(len), Some(end) if end <= 1 << VA_BITS)
     }
-    fn large_level(&self) -> Option<u32> {
-        None
+    fn table(&self, table: PhysAddr) -> Option<u64> {
+        (table.as_u64() & !ADDR_MASK == 0).then(|| table.as_u64() | VALID)
     }
-    fn table(&self, table: PhysAddr) -> u64 {
-        (table.as_u64() & ADDR_MASK) | VALID
-    }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, _level: u32, memory: DeviceId) -> Option<u64> {
-        GpuCodec::encode_leaf(frame, prot, self.me.get() == Some(&memory))
+    fn leaf(&self, frame: PhysAddr, _: u32, run: &Run) -> Option<u64> {
+        let local = run.memory.is_some_and(|m| self.me.get() == Some(&m));
+        GpuCodec::encode_leaf(frame, run.prot, local)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         if raw & VALID == 0 {
@@ -125,10 +124,11 @@ impl PteCodec for GpuCodec {
             prot,
             dirty: true, // no dirty tracking: a store never walks again for it
             local: raw & APERTURE_LOCAL != 0,
+            bits: 0,
         })
     }
-    fn with_prot(&self, raw: u64, prot: Prot) -> u64 {
-        (raw & !(READ | WRITE | EXEC)) | prot_bits(prot)
+    fn with_prot(&self, raw: u64, prot: Prot, _level: u32) -> Option<u64> {
+        Some((raw & !(READ | WRITE | EXEC)) | prot_bits(prot))
     }
     fn split(&self, raw: u64, _level: u32, _i: u64) -> u64 {
         raw // no large leaves: never called
@@ -151,10 +151,11 @@ mod tests {
                 shift: 12,
                 prot: Prot::RW,
                 dirty: true,
-                local: true
+                local: true,
+                bits: 0,
             })
         );
-        let ro = c.with_prot(raw, Prot::READ);
+        let ro = c.with_prot(raw, Prot::READ, 0).unwrap();
         assert!(matches!(c.decode(ro, 0), Entry::Leaf(l) if l.prot == Prot::READ && l.local));
         let sys =
             GpuCodec::encode_leaf(PhysAddr::new(0x5000), Prot::READ | Prot::EXEC, false).unwrap();
@@ -166,7 +167,7 @@ mod tests {
     #[test]
     fn upper_levels_are_tables_and_invalid_entries_are_absent() {
         let c = GpuCodec::new(0);
-        let t = c.table(PhysAddr::new(0x7000));
+        let t = c.table(PhysAddr::new(0x7000)).unwrap();
         assert_eq!(c.decode(t, 2), Entry::Table(PhysAddr::new(0x7000)));
         assert_eq!(c.decode(t & !VALID, 1), Entry::NotPresent);
         assert_eq!(

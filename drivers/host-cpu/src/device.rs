@@ -9,11 +9,15 @@ use crate::mmu::{cpu_tlbs, CpuMmu};
 use gmem_core::{
     DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem, PhysAddr, SingleCpu, VirtAddr, PAGE_SIZE,
 };
+use gmem_sim::RadixTables;
 use gmem_sim::{
     AccessError, BoundsError, HierarchyConfig, MapError, MemoryMap, MmuStats, Port, PortStats,
     SimMemory, SimMmu, TableStats, TlbConfigError,
 };
-use gmem_x86pt::{X86Codec, X86Config, X86Tables};
+use gmem_x86pt::{X86Codec, X86Config};
+
+/// x86-64 tables in simulated host memory (the shared engine with the x86-64 codec).
+pub type X86Tables = RadixTables<X86Codec>;
 use std::fmt;
 use std::sync::Arc;
 

@@ -34,5 +34,5 @@ pub mod mmu;
 #[cfg(test)]
 mod tests;
 
-pub use device::{HostCpu, HostCpuConfig, HostCpuError, HostCpuStats};
+pub use device::{HostCpu, HostCpuConfig, HostCpuError, HostCpuStats, X86Tables};
 pub use mmu::{cpu_tlbs, CpuMmu};

@@ -5,8 +5,8 @@
 //! table edits and the walk are the format's; [`SimMmu`] turns them into the core's
 //! `Mmu` and translates every access through the caches.
 
+use crate::device::X86Tables;
 use gmem_sim::{HierarchyConfig, Replacement, SimMmu, TlbConfig};
-use gmem_x86pt::X86Tables;
 
 /// The host CPU's MMU.
 pub type CpuMmu = SimMmu<X86Tables>;

@@ -8,11 +8,14 @@
 
 use crate::mmu::{igpu_tlbs, IgpuMmu};
 use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem};
+use gmem_sim::RadixTables;
 use gmem_sim::{
     AccessError, Grid, HierarchyConfig, LaunchError, LaunchStats, MemoryMap, MmuStats, Port,
     PortStats, SimMmu, TlbConfigError, WorkItem,
 };
-use gmem_x86pt::X86Tables;
+use gmem_x86pt::X86Codec;
+
+type X86Tables = RadixTables<X86Codec>;
 use std::sync::Arc;
 
 /// Why the integrated GPU could not be built or created.

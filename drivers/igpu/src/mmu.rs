@@ -6,8 +6,11 @@
 //! in the same format. What is its own: a small L1 TLB per compute unit, a shared L2
 //! and a page-walk cache.
 
+use gmem_sim::RadixTables;
 use gmem_sim::{HierarchyConfig, Replacement, SimMmu, TlbConfig};
-use gmem_x86pt::X86Tables;
+use gmem_x86pt::X86Codec;
+
+type X86Tables = RadixTables<X86Codec>;
 
 /// The integrated GPU's MMU.
 pub type IgpuMmu = SimMmu<X86Tables>;

@@ -23,15 +23,14 @@
 //! ## Reclamation
 //! A table page that an unmap unlinked may still be cached by a walker's page-walk
 //! cache, so it is *retired*: tagged with the walkers translating with its root at that
-//! moment, and freed when each of them has invalidated that root or switched away (the
-//! rule of [`gmem_sim::TableReclaim`], which is tied to a `SimMemory` frame pool and so is
-//! restated here for this memory). A page retired while no walker uses its root is freed
-//! at once.
+//! moment, and freed when each of them has invalidated that root or switched away. The
+//! rule and its books are the shared engine's ([`gmem_ptengine::Retirement`]); this
+//! memory only gives it its free list.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, RwLock};
 use gmem_core::{PageTableRoot, PhysAddr, PAGE_SIZE};
+use gmem_ptengine::{AtomicTableMemory, Retirement};
 use gmem_sim::WalkerId;
-use std::collections::HashMap;
 use std::fmt;
 
 /// Entries per table frame.
@@ -101,21 +100,6 @@ impl Default for FrameMeta {
     }
 }
 
-struct Retired {
-    root: u64,
-    frame: u64,
-    waiting: Vec<WalkerId>,
-}
-
-#[derive(Default)]
-struct Reclaim {
-    next: u32,
-    active: HashMap<WalkerId, u64>,
-    retired: Vec<Retired>,
-    freed_at_once: u64,
-    freed_after_invalidation: u64,
-}
-
 struct FreeList {
     free: Vec<u32>,
     peak: u64,
@@ -129,7 +113,7 @@ pub struct TableMemory {
     words: Box<[AtomicU64]>,
     meta: Box<[FrameMeta]>,
     free: Mutex<FreeList>,
-    reclaim: Mutex<Reclaim>,
+    books: Retirement,
 }
 
 impl fmt::Debug for TableMemory {
@@ -169,7 +153,7 @@ impl TableMemory {
                 peak: 0,
                 exhausted: 0,
             }),
-            reclaim: Mutex::new(Reclaim::default()),
+            books: Retirement::new(),
         })
     }
 
@@ -208,7 +192,7 @@ impl TableMemory {
     }
 
     /// A zeroed frame, or `None` when every frame is in use.
-    pub(crate) fn alloc(&self) -> Option<u64> {
+    fn alloc_frame(&self) -> Option<u64> {
         let i = {
             let mut f = self.free.lock();
             let Some(i) = f.free.pop() else {
@@ -231,7 +215,7 @@ impl TableMemory {
     }
 
     /// Give a frame back to the free list.
-    pub(crate) fn free(&self, pa: u64) {
+    pub(crate) fn free_frame(&self, pa: u64) {
         if let Some(i) = self.frame_of(pa) {
             self.free.lock().free.push(i as u32);
         }
@@ -243,7 +227,7 @@ impl TableMemory {
             let f = self.free.lock();
             (f.free.len() as u64, f.peak, f.exhausted)
         };
-        let r = self.reclaim.lock();
+        let r = self.books.stats();
         TableMemoryStats {
             frames: self.frames,
             in_use: self.frames - free,
@@ -251,95 +235,98 @@ impl TableMemory {
             exhausted,
             freed_at_once: r.freed_at_once,
             freed_after_invalidation: r.freed_after_invalidation,
-            waiting: r.retired.len() as u64,
+            waiting: r.waiting,
         }
     }
 
-    // ----- reclamation ---------------------------------------------------------------
+    // ----- reclamation (the shared rule, over this memory's free list) ---------------
 
     /// A new walker id.
     pub(crate) fn new_walker(&self) -> WalkerId {
-        let mut r = self.reclaim.lock();
-        r.next += 1;
-        WalkerId(r.next)
-    }
-
-    fn release(&self, r: &mut Reclaim) {
-        let before = r.retired.len();
-        let mut freed = Vec::new();
-        r.retired.retain(|x| {
-            let keep = !x.waiting.is_empty();
-            if !keep {
-                freed.push(x.frame);
-            }
-            keep
-        });
-        r.freed_after_invalidation += (before - r.retired.len()) as u64;
-        for f in freed {
-            self.free(f);
-        }
+        self.books.new_walker()
     }
 
     /// `walker` now translates with `root` (its caches were flushed by the switch).
     pub(crate) fn activated(&self, walker: WalkerId, root: Option<PageTableRoot>) {
-        let mut r = self.reclaim.lock();
-        match root {
-            Some(x) => r.active.insert(walker, x.0),
-            None => r.active.remove(&walker),
-        };
-        for x in r.retired.iter_mut() {
-            x.waiting.retain(|w| *w != walker);
-        }
-        self.release(&mut r);
+        self.books
+            .activated(walker, root.map(|r| r.0), |f| self.free_frame(f))
     }
 
     /// `walker` dropped every cached entry of `root`.
     pub(crate) fn invalidated(&self, walker: WalkerId, root: PageTableRoot) {
-        let mut r = self.reclaim.lock();
-        if r.retired.is_empty() {
-            return;
-        }
-        for x in r.retired.iter_mut().filter(|x| x.root == root.0) {
-            x.waiting.retain(|w| *w != walker);
-        }
-        self.release(&mut r);
+        self.books
+            .invalidated(walker, root.0, |f| self.free_frame(f))
     }
 
     /// Table page `frame` of `root` was unlinked: free it once no walker can reach it.
-    pub(crate) fn retire(&self, root: u64, frame: u64) {
-        let mut r = self.reclaim.lock();
-        let waiting: Vec<WalkerId> = r
-            .active
-            .iter()
-            .filter(|(_, x)| **x == root)
-            .map(|(w, _)| *w)
-            .collect();
-        if waiting.is_empty() {
-            r.freed_at_once += 1;
-            drop(r);
-            self.free(frame);
-            return;
-        }
-        r.retired.push(Retired {
-            root,
-            frame,
-            waiting,
-        });
+    fn retire_frame(&self, root: u64, frame: u64) {
+        self.books.retire(root, frame, |f| self.free_frame(f))
     }
 
     /// Whether a page unlinked from `root` still waits for a walker's invalidation.
     pub(crate) fn has_retired(&self, root: u64) -> bool {
-        self.reclaim.lock().retired.iter().any(|x| x.root == root)
+        self.books.has_retired(root)
     }
 
     /// `root` was destroyed: free whatever it still has retired.
     pub(crate) fn destroyed(&self, root: u64) {
-        let mut r = self.reclaim.lock();
-        for x in r.retired.iter_mut().filter(|x| x.root == root) {
-            x.waiting.clear();
-        }
-        self.release(&mut r);
+        self.books.destroyed(root, |f| self.free_frame(f))
     }
+}
+
+/// The engine's view: entries are the atomic words (acquire loads, release stores,
+/// atomic swap and compare-exchange), counts the frames' atomic counters.
+impl gmem_ptengine::TableMemory for TableMemory {
+    fn read(&self, pa: u64) -> Option<u64> {
+        self.word(pa).map(|w| w.load(Ordering::Acquire))
+    }
+    fn write(&self, pa: u64, raw: u64) -> Option<()> {
+        self.word(pa).map(|w| w.store(raw, Ordering::Release))
+    }
+    fn swap(&self, pa: u64, raw: u64) -> Option<u64> {
+        self.word(pa).map(|w| w.swap(raw, Ordering::AcqRel))
+    }
+    fn compare_exchange(&self, pa: u64, current: u64, new: u64) -> Option<Result<u64, u64>> {
+        self.word(pa).map(|w| install(w, current, new))
+    }
+    fn alloc(&self) -> Option<u64> {
+        self.alloc_frame()
+    }
+    fn free(&self, table: u64) {
+        self.free_frame(table)
+    }
+    fn retire(&self, root: u64, table: u64) {
+        self.retire_frame(root, table)
+    }
+    fn count(&self, table: u64, delta: i32) -> Option<u32> {
+        let c = &self.meta(table)?.count;
+        Some(match delta {
+            0 => c.load(Ordering::Acquire),
+            d if d > 0 => c.fetch_add(d as u32, Ordering::AcqRel) + d as u32,
+            d => c.fetch_sub(d.unsigned_abs(), Ordering::AcqRel) - d.unsigned_abs(),
+        })
+    }
+}
+
+impl AtomicTableMemory for TableMemory {}
+
+/// Install `new` in `e` if it still holds `current`; otherwise what it holds.
+#[cfg(not(gmem_loom_bug = "iommu_cas_plain_store"))]
+fn install(e: &AtomicU64, current: u64, new: u64) -> Result<u64, u64> {
+    e.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+}
+
+/// Broken variant for the loom model: check, then store, as two steps. Two mappers can
+/// both see the entry empty and both install; the first table is overwritten and what
+/// was mapped through it is lost.
+#[cfg(gmem_loom_bug = "iommu_cas_plain_store")]
+fn install(e: &AtomicU64, current: u64, new: u64) -> Result<u64, u64> {
+    let seen = e.load(Ordering::Acquire);
+    if seen != current {
+        return Err(seen);
+    }
+    e.store(new, Ordering::Release);
+    Ok(seen)
 }
 
 #[cfg(test)]
@@ -349,13 +336,13 @@ mod tests {
     #[test]
     fn frames_come_zeroed_lowest_first_and_exhaustion_is_counted() {
         let m = TableMemory::new(PhysAddr::new(0x10_0000), 2).unwrap();
-        let a = m.alloc().unwrap();
+        let a = m.alloc_frame().unwrap();
         m.word(a + 8).unwrap().store(7, Ordering::Relaxed);
-        let b = m.alloc().unwrap();
+        let b = m.alloc_frame().unwrap();
         assert_eq!((a, b), (0x10_0000, 0x10_1000));
-        assert_eq!(m.alloc(), None);
-        m.free(a);
-        let c = m.alloc().unwrap();
+        assert_eq!(m.alloc_frame(), None);
+        m.free_frame(a);
+        let c = m.alloc_frame().unwrap();
         assert_eq!(c, a);
         assert_eq!(m.read_u64(PhysAddr::new(a + 8)), Some(0));
         let s = m.stats();
@@ -380,19 +367,19 @@ mod tests {
         let (a, b) = (m.new_walker(), m.new_walker());
         m.activated(a, Some(PageTableRoot(1)));
         m.activated(b, Some(PageTableRoot(1)));
-        let f = m.alloc().unwrap();
-        m.retire(1, f);
+        let f = m.alloc_frame().unwrap();
+        m.retire_frame(1, f);
         m.invalidated(a, PageTableRoot(1));
         m.invalidated(b, PageTableRoot(2));
         assert_eq!(m.stats().waiting, 1);
         m.activated(b, None);
         let s = m.stats();
         assert_eq!((s.waiting, s.in_use, s.freed_after_invalidation), (0, 0, 1));
-        let g = m.alloc().unwrap();
-        m.retire(9, g);
+        let g = m.alloc_frame().unwrap();
+        m.retire_frame(9, g);
         assert_eq!(m.stats().freed_at_once, 1);
-        let h = m.alloc().unwrap();
-        m.retire(1, h);
+        let h = m.alloc_frame().unwrap();
+        m.retire_frame(1, h);
         m.destroyed(1);
         assert_eq!(m.stats().in_use, 0);
     }

@@ -103,17 +103,17 @@ fn random_map_unmap_protect_agree_with_a_model_and_only_cas_keeps_emptied_tables
         }
         let s = t.stats();
         assert_eq!(
-            s.leaves_set - s.leaves_cleared,
+            s.edits.leaves_small - s.edits.leaves_cleared,
             0,
             "{d:?}: every leaf cleared"
         );
         if d == Discipline::Cas {
             // Three windows, each with its own PDPT/PD/PT chain (two share a PDPT).
             assert!(s.memory.in_use > 1, "{d:?}: CAS keeps its emptied tables");
-            assert_eq!(s.tables_unlinked, 0);
+            assert_eq!(s.edits.tables_unlinked, 0);
         } else {
             assert_eq!(s.memory.in_use, 1, "{d:?}: only the root is left");
-            assert!(s.tables_unlinked > 0);
+            assert!(s.edits.tables_unlinked > 0);
         }
         t.destroy(root);
         assert_eq!(
@@ -195,11 +195,11 @@ fn concurrent_disjoint_editors_and_a_walker_never_see_a_foreign_translation() {
         }
         assert!(walks.load(Ordering::Relaxed) > 0);
         let s = t.stats();
-        assert_eq!(s.leaves_set, s.leaves_cleared, "{d:?}");
+        assert_eq!(s.edits.leaves_small, s.edits.leaves_cleared, "{d:?}");
         if d.reclaims() {
             assert_eq!(s.memory.in_use, 1, "{d:?}: emptied tables were reclaimed");
         } else {
-            assert_eq!(s.tables_unlinked, 0);
+            assert_eq!(s.edits.tables_unlinked, 0);
         }
     }
 }
@@ -211,15 +211,15 @@ fn rw_tables_take_the_writer_lock_only_when_a_table_page_empties() {
     t.map(root, &run(0x40_0000, 1 << 32, 2, Prot::RW)).unwrap();
     t.unmap(root, range(0x40_0000, 1));
     assert_eq!(
-        t.stats().writer_reclaims,
+        t.stats().edits.writer_reclaims,
         0,
         "the leaf table still holds a page"
     );
     t.unmap(root, range(0x40_1000, 1));
     let s = t.stats();
-    assert_eq!(s.writer_reclaims, 1);
+    assert_eq!(s.edits.writer_reclaims, 1);
     // PT, PD and PDPT emptied one after the other and were unlinked.
-    assert_eq!((s.tables_unlinked, s.memory.in_use), (3, 1));
+    assert_eq!((s.edits.tables_unlinked, s.memory.in_use), (3, 1));
 }
 
 #[test]
@@ -266,7 +266,7 @@ fn bad_roots_and_unencodable_requests_are_typed_errors_and_a_failed_map_leaves_n
         );
         assert!(t.lookup(root, VirtAddr::new(1 << 39)).is_none());
         assert!(t.lookup(root, VirtAddr::new(0)).is_some(), "{d:?}");
-        assert_eq!(t.stats().failed_maps, 1);
+        assert_eq!(t.stats().edits.failed_maps, 1);
     }
 }
 

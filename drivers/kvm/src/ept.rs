@@ -1,5 +1,5 @@
-//! The guest CPU's MMU: Intel's extended page tables (EPT) as a [`PteCodec`], and the
-//! guest's translation caches.
+//! The guest CPU's MMU: Intel's extended page tables (EPT) as a codec of the shared
+//! page-table engine, and the guest's translation caches.
 //!
 //! ```text
 //!  63..52   51..12          11..10  9  8  7   6    5..3    2  1  0
@@ -15,10 +15,11 @@
 //!
 //! EPT is the x86 tree with another entry layout, so its format id differs from the
 //! CPU's and the core never shares a table between them. The tree, its edits and the
-//! walk are [`gmem_sim::RadixTables`]'s.
+//! walk are the shared engine's ([`gmem_ptengine::Engine`], in host memory through
+//! [`gmem_sim::RadixTables`]).
 
-use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
-use gmem_sim::radix::{level_shift, level_size, Entry, PteCodec};
+use gmem_core::{PageTableFormat, PhysAddr, Prot};
+use gmem_ptengine::{level_shift, level_size, Codec, Entry, Run};
 use gmem_sim::{HierarchyConfig, Leaf, RadixTables, Replacement, SimMmu, TlbConfig};
 
 /// The format id of EPT tables.
@@ -70,7 +71,7 @@ fn prot_bits(prot: Prot) -> u64 {
     b
 }
 
-impl PteCodec for EptCodec {
+impl Codec for EptCodec {
     fn format(&self) -> PageTableFormat {
         EPT_FORMAT
     }
@@ -80,19 +81,23 @@ impl PteCodec for EptCodec {
     fn va_ok(&self, va: u64, len: u64) -> bool {
         len > 0 && va.checked_add(len).is_some_and(|e| e <= 1 << GPA_BITS)
     }
-    fn large_level(&self) -> Option<u32> {
-        self.large_pages.then_some(1)
+    fn large_levels(&self) -> u32 {
+        if self.large_pages {
+            1 << 1
+        } else {
+            0
+        }
     }
-    fn table(&self, table: PhysAddr) -> u64 {
-        (table.as_u64() & ADDR_MASK) | R | W | X
+    fn table(&self, table: PhysAddr) -> Option<u64> {
+        (table.as_u64() & !ADDR_MASK == 0).then(|| table.as_u64() | R | W | X)
     }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _memory: DeviceId) -> Option<u64> {
+    fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64> {
         let f = frame.as_u64();
         if f & !ADDR_MASK != 0 || f % level_size(level) != 0 {
             return None;
         }
         let ps = if level > 0 { PS } else { 0 };
-        Some(f | prot_bits(prot) | MEMTYPE_WB | ps)
+        Some(f | prot_bits(run.prot) | MEMTYPE_WB | ps)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         if raw & (R | W | X) == 0 {
@@ -113,10 +118,11 @@ impl PteCodec for EptCodec {
             prot,
             dirty: raw & D != 0,
             local: false,
+            bits: 0,
         })
     }
-    fn with_prot(&self, raw: u64, prot: Prot) -> u64 {
-        (raw & !(R | W | X)) | prot_bits(prot)
+    fn with_prot(&self, raw: u64, prot: Prot, _level: u32) -> Option<u64> {
+        Some((raw & !(R | W | X)) | prot_bits(prot))
     }
     fn split(&self, raw: u64, level: u32, i: u64) -> u64 {
         let base = raw & ADDR_MASK & !(level_size(level) - 1);
@@ -150,16 +156,25 @@ pub fn ept_tlbs(vcpus: usize) -> HierarchyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gmem_core::DeviceId;
 
-    fn dev() -> DeviceId {
-        DeviceId::from_raw(0, 1)
+    fn run(prot: Prot) -> Run {
+        let memory = Some(DeviceId::from_raw(0, 1));
+        Run {
+            va: 0,
+            pa: 0,
+            len: 0x1000,
+            prot,
+            memory,
+            bits: 0,
+        }
     }
 
     #[test]
     fn leaves_encode_and_decode_permissions_size_and_memory_type() {
         let c = EptCodec::default();
         let raw = c
-            .leaf(PhysAddr::new(0x1234_5000), Prot::RW, 0, dev())
+            .leaf(PhysAddr::new(0x1234_5000), 0, &run(Prot::RW))
             .unwrap();
         assert_eq!(raw, 0x1234_5000 | R | W | MEMTYPE_WB);
         assert_eq!(
@@ -169,26 +184,25 @@ mod tests {
                 shift: 12,
                 prot: Prot::RW,
                 dirty: false,
-                local: false
+                local: false,
+                bits: 0,
             })
         );
         let big = c
-            .leaf(PhysAddr::new(0x20_0000), Prot::RWX, 1, dev())
+            .leaf(PhysAddr::new(0x20_0000), 1, &run(Prot::RWX))
             .unwrap();
         assert!(matches!(c.decode(big, 1), Entry::Leaf(l) if l.shift == 21 && l.prot == Prot::RWX));
-        assert_eq!(c.leaf(PhysAddr::new(0x21_0000), Prot::RW, 1, dev()), None);
-        assert_eq!(c.leaf(PhysAddr::new(1 << 52), Prot::RW, 0, dev()), None);
+        assert_eq!(c.leaf(PhysAddr::new(0x21_0000), 1, &run(Prot::RW)), None);
+        assert_eq!(c.leaf(PhysAddr::new(1 << 52), 0, &run(Prot::RW)), None);
     }
 
     #[test]
     fn write_only_is_read_write_and_an_entry_without_rwx_is_not_present() {
         let c = EptCodec::default();
-        let raw = c
-            .leaf(PhysAddr::new(0x1000), Prot::WRITE, 0, dev())
-            .unwrap();
+        let raw = c.leaf(PhysAddr::new(0x1000), 0, &run(Prot::WRITE)).unwrap();
         assert_eq!(raw & (R | W | X), R | W);
         assert_eq!(c.decode(0x1000 | MEMTYPE_WB, 0), Entry::NotPresent);
-        let t = c.table(PhysAddr::new(0x7000));
+        let t = c.table(PhysAddr::new(0x7000)).unwrap();
         assert_eq!(c.decode(t, 2), Entry::Table(PhysAddr::new(0x7000)));
         // PS at the top level is reserved: still a table pointer.
         assert_eq!(c.decode(t | PS, 3), Entry::Table(PhysAddr::new(0x7000)));
@@ -197,10 +211,10 @@ mod tests {
     #[test]
     fn protect_split_and_access_bits_keep_the_frame() {
         let c = EptCodec::default();
-        let raw = c
-            .leaf(PhysAddr::new(0x40_0000), Prot::RW, 1, dev())
+        let raw = c.leaf(PhysAddr::new(0x40_0000), 1, &run(Prot::RW)).unwrap();
+        let ro = c
+            .with_prot(c.used(raw, Prot::WRITE), Prot::READ, 1)
             .unwrap();
-        let ro = c.with_prot(c.used(raw, Prot::WRITE), Prot::READ);
         assert_eq!(ro & ADDR_MASK, 0x40_0000);
         assert_eq!(ro & (R | W | X | A | D | PS), R | A | D | PS);
         let part = c.split(raw, 1, 3);

@@ -50,7 +50,9 @@ impl Set {
     /// Members in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.0.iter().enumerate().flat_map(|(k, &w)| {
-            (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| k * 64 + b)
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| k * 64 + b)
         })
     }
 }

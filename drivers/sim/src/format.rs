@@ -21,33 +21,12 @@
 
 use crate::tlb::Tlb;
 use gmem_core::{
-    MapRun, MmuError, PageSizes, PageTableFormat, PageTableRoot, PhysAddr, Prot, VaRange, VirtAddr,
+    MapRun, MmuError, PageSizes, PageTableFormat, PageTableRoot, Prot, VaRange, VirtAddr,
 };
 
-/// A leaf translation as a walk found it and a TLB caches it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Leaf {
-    /// First physical address of the page (aligned to its size).
-    pub frame: PhysAddr,
-    /// `log2` of the page size (12 for 4 KiB, 21 for 2 MiB).
-    pub shift: u8,
-    /// Permitted accesses.
-    pub prot: Prot,
-    /// The entry's dirty bit was set when the leaf was read (a store through a clean
-    /// cached leaf walks again to set it, as x86 hardware does).
-    pub dirty: bool,
-    /// The frame is in the device's own local memory (a GPU format's aperture bit);
-    /// otherwise the physical address is resolved through the machine's memory map.
-    pub local: bool,
-}
-
-impl Leaf {
-    /// The physical address of `va` under this leaf.
-    pub fn translate(&self, va: VirtAddr) -> PhysAddr {
-        let mask = (1u64 << self.shift) - 1;
-        PhysAddr::new(self.frame.as_u64() | (va.as_u64() & mask))
-    }
-}
+/// A leaf translation as a walk found it and a TLB caches it (the engine's: its
+/// `bits` are the format bits a TLB entry keeps).
+pub use gmem_ptengine::Leaf;
 
 /// What one hardware page walk found and what it cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,8 +42,7 @@ pub struct Walk {
 }
 
 /// A walker's identity for table reclamation (one per device MMU).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WalkerId(pub u32);
+pub use gmem_ptengine::WalkerId;
 
 /// A page-table format in simulated memory: the driver's MMU functions and the
 /// hardware's walk.

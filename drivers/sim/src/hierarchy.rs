@@ -302,6 +302,7 @@ mod tests {
             prot: Prot::RW,
             dirty: true,
             local: false,
+            bits: 0,
         }
     }
 

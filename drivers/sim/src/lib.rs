@@ -13,8 +13,8 @@
 //! | [`tlb`] | [`Tlb`]: set-associative, LRU / FIFO / seeded random replacement |
 //! | [`hierarchy`] | [`TlbHierarchy`]: per-unit L1 TLBs, shared L2, page-walk cache |
 //! | [`format`](mod@format) | [`TableFormat`]: what a page-table format in memory provides |
-//! | [`radix`] | [`RadixTables`]: 512-entry radix tables over any [`PteCodec`] |
-//! | [`reclaim`] | [`TableReclaim`]: table pages freed only after walkers invalidated |
+//! | [`radix`] | [`RadixTables`]: the shared page-table engine (`gmem-ptengine`) over a [`SimMemory`], any [`PteCodec`] |
+//! | [`reclaim`] | [`TableReclaim`]: the engine's retirement rule over a [`FramePool`] |
 //! | [`mmu`] | [`SimMmu`]: a format + caches = the core's `Mmu`, and the translation |
 //! | [`port`] | [`Port`]: loads and stores with fault-and-retry through `dev_fault` |
 //! | [`exec`] | work-groups of work-items running on a device's [`Port`] |
@@ -58,7 +58,7 @@ pub use mmu::{
     Translator,
 };
 pub use port::{AccessError, Port, PortStats, Resolved, DEFAULT_MAX_FAULTS};
-pub use radix::{PteCodec, RadixTables, TableStats};
+pub use radix::{PteCodec, RadixTables, SimTableMemory, TableStats};
 pub use reclaim::{ReclaimStats, TableReclaim};
 pub use tlb::{Replacement, Tlb, TlbConfig, TlbConfigError, TlbStats};
 

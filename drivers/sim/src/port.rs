@@ -468,6 +468,7 @@ mod tests {
                     prot: Prot::RW,
                     dirty: true,
                     local: false,
+                    bits: 0,
                 }),
                 _ => {
                     *a = a.saturating_sub(1);

@@ -29,14 +29,19 @@
 //!   access could fault again (the core would count it as spurious and fence then).
 //!   `activate` writes `satp` and fences everything (one ASID for every table).
 //!
+//! The walk and the edits are the shared page-table engine's ([`gmem_ptengine`], plain
+//! discipline, the [`crate::codec::Sv39Codec`] encoding): this driver is the memory the
+//! engine edits (entries through [`Sv39Hardware`], frames from the frame source,
+//! retirement until the next full fence), the global slots and the fences.
+//!
 //! One driver instance drives one hart's `satp` and TLB; the core serialises calls on
 //! one table, and the driver's own shared state (live roots, retired tables, counters)
 //! is behind a lock or atomic.
 
+use crate::codec::Sv39Codec;
 use crate::hardware::Sv39Hardware;
 use crate::pte::{
-    index, is_canonical, is_canonical_range, level_size, low_bits, sign_extend, LeafAttrs, Pte,
-    PteFlags, PteKind, ENTRIES, LEVELS, PA_BITS,
+    index, is_canonical_range, low_bits, sign_extend, Pte, PteFlags, ENTRIES, LEVELS, PA_BITS,
 };
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -45,6 +50,7 @@ use gmem_core::{
     FrameSource, MapRun, Mmu, MmuError, PageSize, PageSizes, PageTableFormat, PageTableRoot,
     PhysAddr, Prot, VaRange, VirtAddr, PAGE_SIZE,
 };
+use gmem_ptengine::{level_size, EditError, Edited, Engine, Run, TableMemory};
 
 /// The format id of Sv39 tables (`"S9"`): two Sv39 devices may share one table.
 pub const SV39_FORMAT: PageTableFormat = PageTableFormat(0x5339);
@@ -119,74 +125,100 @@ pub struct Translation {
     pub flags: PteFlags,
 }
 
-macro_rules! counters {
-    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
-        #[derive(Default)]
-        struct Counters { $( $name: AtomicU64, )* }
-
-        /// A snapshot of the driver's counters.
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-        pub struct Sv39Stats { $( $(#[$doc])* pub $name: u64, )* }
-
-        impl Counters {
-            fn snapshot(&self) -> Sv39Stats {
-                Sv39Stats { $( $name: self.$name.load(Ordering::Relaxed), )* }
-            }
-        }
-    };
+gmem_ptengine::counters! {
+    /// A snapshot of the driver's counters.
+    pub struct Sv39Stats in Counters {
+        /// Page-table frames taken from the frame source (template included).
+        tables_allocated,
+        /// Page-table frames given back to it.
+        tables_freed,
+        /// Tables unlinked and waiting for a full fence before they are freed.
+        tables_retired,
+        /// 4 KiB leaves installed by `map`.
+        pages_mapped,
+        /// Leaves cleared by `unmap` (in 4 KiB pages).
+        pages_unmapped,
+        /// Leaves rewritten by `protect` (in 4 KiB pages).
+        pages_protected,
+        /// `sfence.vma va, zero` issued.
+        fences_page,
+        /// `sfence.vma zero, zero` issued.
+        fences_all,
+        /// `satp` writes.
+        satp_writes,
+    }
 }
 
-counters! {
-    /// Page-table frames taken from the frame source (template included).
-    tables_allocated,
-    /// Page-table frames given back to it.
-    tables_freed,
-    /// Tables unlinked and waiting for a full fence before they are freed.
-    tables_retired,
-    /// 4 KiB leaves installed by `map`.
-    pages_mapped,
-    /// Leaves cleared by `unmap` (in 4 KiB pages).
-    pages_unmapped,
-    /// Leaves rewritten by `protect`.
-    pages_protected,
-    /// `sfence.vma va, zero` issued.
-    fences_page,
-    /// `sfence.vma zero, zero` issued.
-    fences_all,
-    /// `satp` writes.
-    satp_writes,
+/// The page-table memory as the engine sees it: entries through [`Sv39Hardware`],
+/// frames from the kernel's frame source, unlinked tables retired until a full fence.
+struct Sv39Memory<H> {
+    hw: H,
+    frames: Arc<dyn FrameSource>,
+    /// Unlinked tables waiting for a full fence.
+    retired: Mutex<Vec<PhysAddr>>,
+    counters: Counters,
 }
 
-fn add(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
+impl<H: Sv39Hardware> TableMemory for Sv39Memory<H> {
+    fn read(&self, pa: u64) -> Option<u64> {
+        // SAFETY: the engine reads entries (8-byte aligned, `table + 8 * index`) of the
+        // template, of live roots, and of tables reached through entries the driver
+        // wrote into those: all frames it got from its frame source and still holds
+        // (`Sv39::new`'s contract makes them reachable through `hw`).
+        Some(unsafe { self.hw.read_pte(PhysAddr::new(pa)) })
+    }
+
+    fn write(&self, pa: u64, raw: u64) -> Option<()> {
+        // SAFETY: as in `read` for the address. The driver writes the global slots only
+        // while building the template and into roots not yet handed out, and otherwise
+        // only entries of ranges the core maps, unmaps or protects (never a global
+        // slot): never a translation the kernel runs on.
+        unsafe { self.hw.write_pte(PhysAddr::new(pa), raw) };
+        Some(())
+    }
+
+    fn alloc(&self) -> Option<u64> {
+        let f = self.frames.alloc_frame()?;
+        self.counters.tables_allocated.add(1);
+        Some(f.as_u64())
+    }
+
+    fn free(&self, table: u64) {
+        self.frames.free_frame(PhysAddr::new(table));
+        self.counters.tables_freed.add(1);
+    }
+
+    fn retire(&self, _root: u64, table: u64) {
+        // The hart's page-walk cache may hold the table until a full fence.
+        self.counters.tables_retired.add(1);
+        self.retired.lock().push(PhysAddr::new(table));
+    }
 }
 
 /// The Sv39 MMU driver of one hart.
 pub struct Sv39<H: Sv39Hardware> {
-    hw: H,
-    frames: Arc<dyn FrameSource>,
+    engine: Engine<Sv39Codec, Sv39Memory<H>>,
     config: Sv39Config,
     /// Root holding only the global mappings.
     template: PhysAddr,
     /// The template's valid root entries, copied into every new table.
-    globals: Vec<(usize, Pte)>,
+    globals: Vec<(usize, u64)>,
     /// Bit `i` set: root slot `i` belongs to the global mappings.
     global_slots: [u64; ENTRIES / 64],
     /// Roots created and not yet destroyed.
     live: Mutex<Vec<u64>>,
-    /// Unlinked tables waiting for a full fence.
-    retired: Mutex<Vec<PhysAddr>>,
     /// Root in `satp` (0: the template or bare).
     active: AtomicU64,
-    counters: Counters,
 }
 
 impl<H: Sv39Hardware> Sv39<H> {
     /// A driver whose tables come from `frames` and contain `globals`.
     ///
-    /// Fails with `Unsupported` for a global mapping that is unaligned, empty, not
-    /// canonical, beyond 56 physical bits, without permissions or overlapping another,
-    /// and with `OutOfTableMemory` when `frames` runs dry.
+    /// # Errors
+    /// `Unsupported` for a global mapping that is unaligned, empty, not canonical,
+    /// beyond 56 physical bits, without permissions or overlapping another;
+    /// `OutOfTableMemory` when `frames` runs dry; `Hardware(HW_BAD_FRAME)` for a frame
+    /// an entry cannot point to. Nothing is left allocated on error.
     ///
     /// # Safety
     /// `frames` hands out frames nobody else uses while the driver holds them, reachable
@@ -200,30 +232,36 @@ impl<H: Sv39Hardware> Sv39<H> {
         config: Sv39Config,
         globals: &[GlobalMapping],
     ) -> Result<Sv39<H>, MmuError> {
-        let template = frames.alloc_frame().ok_or(MmuError::OutOfTableMemory)?;
-        if Pte::table(template).is_none() {
-            frames.free_frame(template);
-            return Err(MmuError::Hardware(HW_BAD_FRAME));
-        }
-        let mut d = Sv39 {
+        let memory = Sv39Memory {
             hw,
             frames,
+            retired: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+        };
+        // The codec's geometry is fixed and valid.
+        let engine =
+            Engine::new(Sv39Codec, memory).map_err(|_| MmuError::Hardware(HW_BAD_FRAME))?;
+        let template = engine
+            .create_root()
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
+        let mut d = Sv39 {
+            engine,
             config,
-            template,
+            template: PhysAddr::new(template),
             globals: Vec::new(),
             global_slots: [0; ENTRIES / 64],
             live: Mutex::new(Vec::new()),
-            retired: Mutex::new(Vec::new()),
             active: AtomicU64::new(0),
-            counters: Counters::default(),
         };
-        add(&d.counters.tables_allocated, 1);
-        for g in globals {
-            d.add_global(g)?;
+        if Pte::table(d.template).is_none() {
+            return Err(MmuError::Hardware(HW_BAD_FRAME));
+        }
+        for (k, g) in globals.iter().enumerate() {
+            d.add_global(g, &globals[..k])?;
         }
         for i in 0..ENTRIES {
             let e = d.rd(d.template, i);
-            if e.is_valid() {
+            if Pte(e).is_valid() {
                 d.globals.push((i, e));
                 d.global_slots[i / 64] |= 1 << (i % 64);
             }
@@ -231,38 +269,37 @@ impl<H: Sv39Hardware> Sv39<H> {
         Ok(d)
     }
 
-    fn add_global(&self, g: &GlobalMapping) -> Result<(), MmuError> {
+    /// Map `g` into the template with the largest leaves alignment allows; `before`
+    /// are the global mappings already there (`g` must not overlap them).
+    fn add_global(&self, g: &GlobalMapping, before: &[GlobalMapping]) -> Result<(), MmuError> {
         let va = g.va.as_u64();
         let pa = g.pa.as_u64();
         let bad = MmuError::Unsupported { va: g.va };
+        let overlaps = |o: &GlobalMapping| {
+            let (a, b) = (o.va.as_u64(), va);
+            a < b.wrapping_add(g.len) && b < a.wrapping_add(o.len)
+        };
         if !g.va.is_page_aligned()
             || !g.pa.is_page_aligned()
             || g.len % PAGE_SIZE != 0
             || !is_canonical_range(va, g.len)
             || pa.checked_add(g.len).map_or(true, |end| end > 1 << PA_BITS)
             || g.prot.is_empty()
+            || before.iter().any(overlaps)
         {
             return Err(bad);
         }
-        let attrs = LeafAttrs {
-            user: false,
-            global: true,
+        let run = Run {
+            va,
+            pa,
+            len: g.len,
+            prot: g.prot,
+            memory: None,
+            bits: PteFlags::G.bits(),
         };
-        let mut off = 0;
-        while off < g.len {
-            let (v, p, rest) = (va + off, pa + off, g.len - off);
-            let level = (0..LEVELS)
-                .rev()
-                .find(|&l| {
-                    let s = level_size(l);
-                    v % s == 0 && p % s == 0 && rest >= s
-                })
-                .unwrap_or(0);
-            let leaf = Pte::leaf(PhysAddr::new(p), g.prot, attrs).ok_or(bad)?;
-            self.install(self.template, v, level, leaf, false)?;
-            off += level_size(level);
-        }
-        Ok(())
+        self.engine
+            .map(self.template.as_u64(), &run)
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))
     }
 
     /// The driver's configuration.
@@ -272,12 +309,16 @@ impl<H: Sv39Hardware> Sv39<H> {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Sv39Stats {
-        self.counters.snapshot()
+        self.counters().snapshot()
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.engine.memory().counters
     }
 
     /// The hardware interface.
     pub fn hardware(&self) -> &H {
-        &self.hw
+        &self.engine.memory().hw
     }
 
     /// The root holding only the global mappings (what the hart runs on when no table
@@ -307,252 +348,91 @@ impl<H: Sv39Hardware> Sv39<H> {
     /// canonical).
     pub fn translate(&self, root: PageTableRoot, va: VirtAddr) -> Option<Translation> {
         let known = root == self.template_root() || self.is_live(root);
-        if !known || !is_canonical(va.as_u64()) {
+        if !known {
             return None;
         }
-        let mut table = PhysAddr::new(root.0);
-        for level in (0..LEVELS).rev() {
-            match self.rd(table, index(va.as_u64(), level)).decode() {
-                PteKind::Table(next) if level > 0 => table = next,
-                PteKind::Leaf { pa, prot, flags } => {
-                    let size = level_size(level);
-                    if pa.as_u64() % size != 0 {
-                        return None; // misaligned superpage: the hart faults
-                    }
-                    return Some(Translation {
-                        pa: PhysAddr::new(pa.as_u64() + (va.as_u64() & (size - 1))),
-                        prot,
-                        page_size: PageSize::from_bytes(size).unwrap_or(PageSize::Size4K),
-                        flags,
-                    });
-                }
-                _ => return None,
-            }
-        }
-        None
+        let leaf = self.engine.lookup(root.0, va.as_u64())?;
+        Some(Translation {
+            pa: leaf.translate(va),
+            prot: leaf.prot,
+            page_size: PageSize::from_bytes(1 << leaf.shift).unwrap_or(PageSize::Size4K),
+            flags: PteFlags::from_bits_truncate(leaf.bits),
+        })
     }
 
     // ----- entries and frames --------------------------------------------------------
 
-    fn rd(&self, table: PhysAddr, i: usize) -> Pte {
-        debug_assert!(i < ENTRIES);
-        let at = PhysAddr::new(table.as_u64() + 8 * (i % ENTRIES) as u64);
-        // SAFETY: every `table` the driver reads is the template, a live root, or a
-        // table reached through an entry the driver wrote into one of those: all frames
-        // it got from its frame source and still holds (`new`'s contract makes them
-        // reachable through `hw`); `i < 512` keeps the aligned entry inside the frame.
-        Pte(unsafe { self.hw.read_pte(at) })
+    fn rd(&self, table: PhysAddr, i: usize) -> u64 {
+        let at = table.as_u64() + 8 * (i % ENTRIES) as u64;
+        self.engine.memory().read(at).unwrap_or(0)
     }
 
-    fn wr(&self, table: PhysAddr, i: usize, pte: Pte) {
-        let at = PhysAddr::new(table.as_u64() + 8 * (i % ENTRIES) as u64);
-        // SAFETY: as in `rd` for the address. The driver writes the global slots only
-        // while building the template and into roots not yet handed out, and otherwise
-        // only entries of ranges the core maps, unmaps or protects: never a translation
-        // the kernel runs on.
-        unsafe { self.hw.write_pte(at, pte.0) }
-    }
-
-    fn alloc_table(&self) -> Result<PhysAddr, MmuError> {
-        let f = self
-            .frames
-            .alloc_frame()
-            .ok_or(MmuError::OutOfTableMemory)?;
-        if Pte::table(f).is_none() {
-            self.frames.free_frame(f);
-            return Err(MmuError::Hardware(HW_BAD_FRAME));
-        }
-        add(&self.counters.tables_allocated, 1);
-        Ok(f)
-    }
-
-    fn free_table(&self, f: PhysAddr) {
-        self.frames.free_frame(f);
-        add(&self.counters.tables_freed, 1);
+    fn wr(&self, table: PhysAddr, i: usize, pte: u64) {
+        let at = table.as_u64() + 8 * (i % ENTRIES) as u64;
+        let _ = self.engine.memory().write(at, pte);
     }
 
     fn is_live(&self, root: PageTableRoot) -> bool {
         self.live.lock().contains(&root.0)
     }
 
-    fn is_empty(&self, table: PhysAddr) -> bool {
-        (0..ENTRIES).all(|i| !self.rd(table, i).is_valid())
-    }
-
-    /// Install `leaf` at `level` for `va`, creating missing tables above it. With
-    /// `replace`, an existing leaf at that place is overwritten; without, it is an error.
-    fn install(
+    /// Apply `edit` to the parts of `[va, va + len)` outside the global root slots;
+    /// returns the 4 KiB pages it reports.
+    fn outside_globals(
         &self,
-        root: PhysAddr,
         va: u64,
-        level: usize,
-        leaf: Pte,
-        replace: bool,
-    ) -> Result<(), MmuError> {
-        let unsupported = MmuError::Unsupported {
-            va: VirtAddr::new(va),
-        };
-        let mut table = root;
-        for l in (level + 1..LEVELS).rev() {
-            let i = index(va, l);
-            match self.rd(table, i).decode() {
-                PteKind::Invalid => {
-                    let next = self.alloc_table()?;
-                    self.wr(table, i, Pte::table(next).ok_or(unsupported)?);
-                    table = next;
-                }
-                PteKind::Table(next) => table = next,
-                PteKind::Leaf { .. } => return Err(unsupported),
-                PteKind::Reserved(_) => return Err(MmuError::Hardware(HW_RESERVED_ENTRY)),
-            }
-        }
-        let i = index(va, level);
-        match self.rd(table, i).decode() {
-            PteKind::Invalid => {}
-            PteKind::Leaf { .. } if replace => {}
-            PteKind::Table(_) if level == 0 && replace => {}
-            _ => return Err(unsupported),
-        }
-        self.wr(table, i, leaf);
-        Ok(())
-    }
-
-    /// Clear the leaves in `[lo, hi)` (low 39 bits) under `table` at `level`, whose
-    /// first entry maps `base`, unlinking emptied tables into `retired`. Returns the
-    /// 4 KiB pages cleared.
-    fn clear(
-        &self,
-        table: PhysAddr,
-        level: usize,
-        base: u64,
-        lo: u64,
-        hi: u64,
-        retired: &mut Vec<PhysAddr>,
+        len: u64,
+        mut edit: impl FnMut(u64, u64) -> Result<Edited, EditError>,
     ) -> u64 {
-        let size = level_size(level);
-        let (first, last) = ((lo - base) / size, (hi - 1 - base) / size);
-        let mut cleared = 0;
-        for i in first as usize..=last as usize {
-            if level == LEVELS - 1 && self.is_global_slot(i) {
-                continue;
-            }
-            let ebase = base + i as u64 * size;
-            let (elo, ehi) = (lo.max(ebase), hi.min(ebase + size));
-            let whole = elo == ebase && ehi == ebase + size;
-            match self.rd(table, i).decode() {
-                PteKind::Invalid => {}
-                PteKind::Table(next) if level > 0 => {
-                    cleared += self.clear(next, level - 1, ebase, elo, ehi, retired);
-                    if self.is_empty(next) {
-                        self.wr(table, i, Pte::INVALID);
-                        retired.push(next);
-                    }
-                }
-                // A large leaf outside the global slots is not the driver's own; it is
-                // removed only when the range covers it whole.
-                PteKind::Leaf { .. } | PteKind::Reserved(_) | PteKind::Table(_) => {
-                    if whole {
-                        self.wr(table, i, Pte::INVALID);
-                        cleared += size / PAGE_SIZE;
-                    }
-                }
-            }
-        }
-        cleared
-    }
-
-    /// Rewrite the leaves in `[lo, hi)` under `table` to grant `prot`. Returns the
-    /// 4 KiB pages rewritten.
-    fn reprotect(
-        &self,
-        table: PhysAddr,
-        level: usize,
-        base: u64,
-        lo: u64,
-        hi: u64,
-        prot: Prot,
-    ) -> u64 {
-        let size = level_size(level);
-        let (first, last) = ((lo - base) / size, (hi - 1 - base) / size);
+        let slot = level_size(LEVELS as u32 - 1);
+        let last = va + (len - 1);
         let mut done = 0;
-        for i in first as usize..=last as usize {
-            if level == LEVELS - 1 && self.is_global_slot(i) {
-                continue;
+        let mut v = va;
+        loop {
+            let end = (v | (slot - 1)).min(last);
+            if !self.is_global_slot(index(v, LEVELS - 1)) {
+                // Without large leaves outside the global slots, nothing needs a split:
+                // an unmap or protect of a canonical range cannot fail.
+                done += edit(v, end - v + 1).map_or(0, |e| e.pages);
             }
-            let ebase = base + i as u64 * size;
-            let (elo, ehi) = (lo.max(ebase), hi.min(ebase + size));
-            let e = self.rd(table, i);
-            match e.decode() {
-                PteKind::Table(next) if level > 0 => {
-                    done += self.reprotect(next, level - 1, ebase, elo, ehi, prot);
-                }
-                PteKind::Leaf { .. } if elo == ebase && ehi == ebase + size => {
-                    if let Some(n) = e.with_prot(prot) {
-                        self.wr(table, i, n);
-                        done += size / PAGE_SIZE;
-                    }
-                }
-                _ => {}
+            match end.checked_add(1) {
+                Some(next) if end < last => v = next,
+                _ => return done,
             }
         }
-        done
-    }
-
-    /// Free every table below `table` (at `level`), skipping global root slots.
-    fn free_subtree(&self, table: PhysAddr, level: usize) {
-        for i in 0..ENTRIES {
-            if level == LEVELS - 1 && self.is_global_slot(i) {
-                continue;
-            }
-            if let PteKind::Table(next) = self.rd(table, i).decode() {
-                if level > 0 {
-                    if level > 1 {
-                        self.free_subtree(next, level - 1);
-                    }
-                    self.free_table(next);
-                }
-            }
-        }
-    }
-
-    /// Unlink `[lo, hi)` of `root`, retiring emptied tables.
-    fn unmap_low(&self, root: PhysAddr, lo: u64, hi: u64) -> u64 {
-        let mut retired = Vec::new();
-        let n = self.clear(root, LEVELS - 1, 0, lo, hi, &mut retired);
-        if !retired.is_empty() {
-            add(&self.counters.tables_retired, retired.len() as u64);
-            self.retired.lock().extend(retired);
-        }
-        n
     }
 
     // ----- fences --------------------------------------------------------------------
 
     /// Fence everything, then free the retired tables: no cached walk can reach them.
     fn fence_all(&self) {
-        self.hw.sfence_vma(None);
-        add(&self.counters.fences_all, 1);
-        let retired = core::mem::take(&mut *self.retired.lock());
+        self.hardware().sfence_vma(None);
+        self.counters().fences_all.add(1);
+        let retired = core::mem::take(&mut *self.engine.memory().retired.lock());
         for f in retired {
-            self.free_table(f);
+            self.engine.memory().free(f.as_u64());
         }
+    }
+
+    fn retired_waiting(&self) -> bool {
+        !self.engine.memory().retired.lock().is_empty()
     }
 
     /// Fence the pages of `ranges` one by one, or everything when they are many or
     /// tables wait to be freed.
     fn fence_ranges(&self, ranges: &[VaRange]) {
         let pages = ranges.iter().fold(0u64, |n, r| n.saturating_add(r.pages()));
-        if pages > self.config.flush_all_above || !self.retired.lock().is_empty() {
+        if pages > self.config.flush_all_above || self.retired_waiting() {
             self.fence_all();
             return;
         }
         for r in ranges {
             for k in 0..r.pages() {
-                self.hw
+                self.hardware()
                     .sfence_vma(Some(VirtAddr::new(r.start.as_u64() + k * PAGE_SIZE)));
             }
         }
-        add(&self.counters.fences_page, pages);
+        self.counters().fences_page.add(pages);
     }
 
     fn switch_to(&self, root: Option<PageTableRoot>) {
@@ -564,8 +444,8 @@ impl<H: Sv39Hardware> Sv39<H> {
         // SAFETY: `satp` is bare or names a live root of this driver or its template,
         // each carrying the global mappings that `new`'s contract says map the running
         // kernel; the full fence follows.
-        unsafe { self.hw.write_satp(satp) };
-        add(&self.counters.satp_writes, 1);
+        unsafe { self.hardware().write_satp(satp) };
+        self.counters().satp_writes.add(1);
         self.active
             .store(root.map_or(0, |r| r.0), Ordering::Release);
         self.fence_all();
@@ -576,12 +456,12 @@ impl<H: Sv39Hardware> Drop for Sv39<H> {
     /// Gives back the template's tables and the retired ones. Tables created by the
     /// driver share the template's subtrees: destroy them (and leave them) first.
     fn drop(&mut self) {
-        for f in core::mem::take(&mut *self.retired.lock()) {
-            self.free_table(f);
+        let memory = self.engine.memory();
+        for f in core::mem::take(&mut *memory.retired.lock()) {
+            memory.free(f.as_u64());
         }
-        self.global_slots = [0; ENTRIES / 64];
-        self.free_subtree(self.template, LEVELS - 1);
-        self.free_table(self.template);
+        self.engine.free_tree(self.template.as_u64(), |_| false);
+        memory.free(self.template.as_u64());
     }
 }
 
@@ -595,7 +475,15 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
     }
 
     fn create_page_table(&self) -> Result<PageTableRoot, MmuError> {
-        let root = self.alloc_table()?;
+        let root = self
+            .engine
+            .create_root()
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
+        let root = PhysAddr::new(root);
+        if Pte::table(root).is_none() {
+            self.engine.memory().free(root.as_u64());
+            return Err(MmuError::Hardware(HW_BAD_FRAME));
+        }
         for &(i, e) in &self.globals {
             self.wr(root, i, e);
         }
@@ -609,13 +497,13 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
         }
         if self.active.load(Ordering::Acquire) == root.0 {
             self.switch_to(None);
-        } else if !self.retired.lock().is_empty() {
+        } else if self.retired_waiting() {
             self.fence_all();
         }
         self.live.lock().retain(|r| *r != root.0);
-        let table = PhysAddr::new(root.0);
-        self.free_subtree(table, LEVELS - 1);
-        self.free_table(table);
+        self.engine
+            .free_tree(root.0, |i| self.is_global_slot(i as usize));
+        self.engine.memory().free(root.0);
     }
 
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
@@ -635,36 +523,28 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
                 .as_u64()
                 .checked_add(run.len)
                 .map_or(true, |end| end > 1 << PA_BITS)
+            || run.prot.is_empty()
         {
             return Err(unsupported);
         }
-        let attrs = LeafAttrs {
-            user: self.config.user,
-            global: false,
-        };
-        if Pte::leaf_flags(run.prot, attrs).is_none() {
-            return Err(unsupported);
-        }
-        let (lo, hi) = (low_bits(va), low_bits(va) + run.len);
+        let hi = low_bits(va) + run.len;
         let top = LEVELS - 1;
         let (s0, s1) = (index(va, top), ((hi - 1) >> 30) as usize & (ENTRIES - 1));
         if let Some(s) = (s0..=s1).find(|&s| self.is_global_slot(s)) {
             let at = sign_extend((s as u64) << 30).max(run.va);
             return Err(MmuError::Unsupported { va: at });
         }
-        let table = PhysAddr::new(root.0);
-        for k in 0..run.len / PAGE_SIZE {
-            let v = va + k * PAGE_SIZE;
-            let pa = PhysAddr::new(run.pa.as_u64() + k * PAGE_SIZE);
-            let leaf = Pte::leaf(pa, run.prot, attrs).ok_or(unsupported)?;
-            if let Err(e) = self.install(table, v, 0, leaf, true) {
-                // Nothing of the run may stay: clear what was installed, and the
-                // tables made for the failing page.
-                self.unmap_low(table, lo, low_bits(v) + PAGE_SIZE);
-                return Err(e);
-            }
+        let mut r = Run::of(run);
+        r.memory = None;
+        if self.config.user {
+            r.bits = PteFlags::U.bits();
         }
-        add(&self.counters.pages_mapped, run.len / PAGE_SIZE);
+        // 4 KiB leaves only; on error the engine has taken the run back (its emptied
+        // tables are retired and freed at the next full fence).
+        self.engine
+            .map_limited(root.0, &r, 0)
+            .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
+        self.counters().pages_mapped.add(run.len / PAGE_SIZE);
         self.fence_ranges(&[run.range()]);
         Ok(())
     }
@@ -674,12 +554,8 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
         if !self.is_live(root) || !is_canonical_range(va, range.len) {
             return;
         }
-        let n = self.unmap_low(
-            PhysAddr::new(root.0),
-            low_bits(va),
-            low_bits(va) + range.len,
-        );
-        add(&self.counters.pages_unmapped, n);
+        let n = self.outside_globals(va, range.len, |v, len| self.engine.unmap(root.0, v, len));
+        self.counters().pages_unmapped.add(n);
     }
 
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError> {
@@ -694,15 +570,10 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
         {
             return Err(MmuError::Unsupported { va: range.start });
         }
-        let n = self.reprotect(
-            PhysAddr::new(root.0),
-            LEVELS - 1,
-            0,
-            low_bits(va),
-            low_bits(va) + range.len,
-            prot,
-        );
-        add(&self.counters.pages_protected, n);
+        let n = self.outside_globals(va, range.len, |v, len| {
+            self.engine.protect(root.0, v, len, prot)
+        });
+        self.counters().pages_protected.add(n);
         Ok(())
     }
 

@@ -1,15 +1,16 @@
-//! The x86-64 entry encoding as a [`PteCodec`]: what makes the generic radix tables
-//! x86-64 tables.
+//! The x86-64 entry encoding as a [`Codec`] of the shared page-table engine: what makes
+//! the generic radix tree x86-64 tables.
 //!
 //! Four levels over 48-bit canonical addresses (the upper half sign-extended), `P` for
 //! present, `RW`/`NX` for permissions, `US` on leaves of user tables, `PS` for 2 MiB
 //! leaves at level 1 (with [`X86Config::large_pages`]), and the walker's `A` and `D`
-//! bits. The tree, the edits and the walk are [`gmem_sim::RadixTables`]'s.
+//! bits. The tree, the edits and the walk are [`gmem_ptengine::Engine`]'s, over
+//! whatever memory holds the tables (simulated host memory in gmem-sim, the IOMMU's
+//! atomic table memory, or a kernel's physical memory).
 
 use crate::pte::{is_canonical_range, level_size, Decoded, X86Flags, X86Pte, LEVELS};
-use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
-use gmem_sim::radix::{Entry, PteCodec};
-use gmem_sim::{Leaf, RadixTables};
+use gmem_core::{PageTableFormat, PhysAddr, Prot};
+use gmem_ptengine::{Codec, Entry, Leaf, Run};
 
 /// The format id of x86-64 4-level tables (`"x86"` + 64): devices with it share tables.
 pub const X86_FORMAT: PageTableFormat = PageTableFormat(0x8664);
@@ -30,11 +31,7 @@ pub struct X86Codec {
     pub config: X86Config,
 }
 
-/// x86-64 tables in simulated memory: create them with
-/// `X86Tables::new(X86Codec { config }, memory, pool_base, pool_frames)`.
-pub type X86Tables = RadixTables<X86Codec>;
-
-impl PteCodec for X86Codec {
+impl Codec for X86Codec {
     fn format(&self) -> PageTableFormat {
         X86_FORMAT
     }
@@ -51,14 +48,18 @@ impl PteCodec for X86Codec {
             va
         }
     }
-    fn large_level(&self) -> Option<u32> {
-        self.config.large_pages.then_some(1)
+    fn large_levels(&self) -> u32 {
+        if self.config.large_pages {
+            1 << 1
+        } else {
+            0
+        }
     }
-    fn table(&self, table: PhysAddr) -> u64 {
-        X86Pte::table(table).0
+    fn table(&self, table: PhysAddr) -> Option<u64> {
+        (table.as_u64() & !crate::pte::ADDR_MASK == 0).then(|| X86Pte::table(table).0)
     }
-    fn leaf(&self, frame: PhysAddr, prot: Prot, level: u32, _memory: DeviceId) -> Option<u64> {
-        X86Pte::leaf(frame, prot, self.config.user, level > 0).map(|p| p.0)
+    fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64> {
+        X86Pte::leaf(frame, run.prot, self.config.user, level > 0).map(|p| p.0)
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         match X86Pte(raw).decode(level) {
@@ -75,11 +76,12 @@ impl PteCodec for X86Codec {
                 prot,
                 dirty: flags.contains(X86Flags::D),
                 local: false,
+                bits: 0,
             }),
         }
     }
-    fn with_prot(&self, raw: u64, prot: Prot) -> u64 {
-        X86Pte(raw).with_prot(prot).0
+    fn with_prot(&self, raw: u64, prot: Prot, _level: u32) -> Option<u64> {
+        Some(X86Pte(raw).with_prot(prot).0)
     }
     fn split(&self, raw: u64, level: u32, i: u64) -> u64 {
         let pte = X86Pte(raw);

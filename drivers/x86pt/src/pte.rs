@@ -16,7 +16,7 @@
 
 use bitflags::bitflags;
 use gmem_core::{PhysAddr, Prot, VirtAddr};
-pub use gmem_sim::radix::{index, level_shift, level_size, ENTRIES};
+pub use gmem_ptengine::{index, level_shift, level_size, ENTRIES};
 
 bitflags! {
     /// The flag bits of an entry.

@@ -2,18 +2,20 @@
 //! protection) that every sequence of map, unmap and protect must leave the tables
 //! agreeing with, leaf by leaf and walk by walk.
 
-use crate::{X86Codec, X86Config, X86Tables};
+use crate::{X86Codec, X86Config};
 use gmem_core::testing::TestSystem;
 use gmem_core::{
     DeviceId, MapRun, MmuError, PageSize, PageTableRoot, PhysAddr, Prot, VaRange, VirtAddr,
     PAGE_SIZE,
 };
 use gmem_sim::radix::HW_UNKNOWN_ROOT;
-use gmem_sim::{Replacement, SimMemory, TableFormat, Tlb, TlbConfig};
+use gmem_sim::{RadixTables, Replacement, SimMemory, TableFormat, Tlb, TlbConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const POOL: u64 = 0x10_0000;
+
+type X86Tables = RadixTables<X86Codec>;
 
 fn tables(pool_frames: u64, config: X86Config) -> X86Tables {
     let m = Arc::new(SimMemory::new("host", PhysAddr::new(0), 64 << 20).unwrap());
@@ -134,10 +136,12 @@ fn random_map_unmap_protect_sequences_agree_with_the_model_leaf_by_leaf_and_walk
             }
         }
         let s = t.stats();
-        assert!(s.leaves_small > 0 && s.leaves_cleared > 0 && s.leaves_protected > 0);
+        assert!(
+            s.edits.leaves_small > 0 && s.edits.leaves_cleared > 0 && s.edits.leaves_protected > 0
+        );
         if large {
-            assert!(s.leaves_large > 0, "{s:?}");
-            assert!(s.splits > 0, "{s:?}");
+            assert!(s.edits.leaves_large > 0, "{s:?}");
+            assert!(s.edits.splits > 0, "{s:?}");
         }
         // Unmapping everything leaves only the root: every emptied table was freed (no
         // walker was active, so nothing waited).
@@ -204,7 +208,7 @@ fn a_failed_map_leaves_nothing_of_its_run_and_gives_its_tables_back() {
     assert_eq!(r, Err(MmuError::OutOfTableMemory));
     assert!(t.leaves(root).is_empty());
     assert_eq!(t.stats().tables_in_use, 1);
-    assert_eq!(t.stats().failed_maps, 1);
+    assert_eq!(t.stats().edits.failed_maps, 1);
     t.map(root, &run(0x1f_e000, 0x10_0000, 2, Prot::RW, dev))
         .unwrap();
     assert_eq!(t.leaves(root).len(), 2);
@@ -277,7 +281,10 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
     t.map(root, &run(0x4000_0000, 0x20_0000, 1024, Prot::RW, dev))
         .unwrap();
     let s = t.stats();
-    assert_eq!((s.leaves_large, s.leaves_small, s.tables_in_use), (2, 0, 5));
+    assert_eq!(
+        (s.edits.leaves_large, s.edits.leaves_small, s.tables_in_use),
+        (2, 0, 5)
+    );
     let l = t.lookup(root, VirtAddr::new(0x4012_3456)).unwrap();
     assert_eq!(
         (l.shift, l.translate(VirtAddr::new(0x4012_3456))),
@@ -286,7 +293,7 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
     t.protect(root, range(0x4000_1000, 1), Prot::READ).unwrap();
     t.unmap(root, range(0x4020_0000, 1));
     let s = t.stats();
-    assert_eq!((s.splits, s.tables_in_use), (2, 5));
+    assert_eq!((s.edits.splits, s.tables_in_use), (2, 5));
     assert_eq!(
         t.lookup(root, VirtAddr::new(0x4000_1000)).unwrap().prot,
         Prot::READ

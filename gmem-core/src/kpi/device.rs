@@ -104,7 +104,7 @@ impl Gmem {
             return Err(DeviceError::MemoryInUse { frames: external });
         }
         for space in &spaces {
-            space.lock().memories.forget(id);
+            space.lock().forget_memory(id);
         }
         self.devices
             .write()
@@ -286,7 +286,7 @@ impl Gmem {
             .ok_or(FaultError::NotActive(id))?;
         let mut st = space.lock();
         let slot = match st.slot_of(id) {
-            Some(s) if st.alive => s,
+            Some(s) if st.is_alive() => s,
             _ => return Err(FaultError::NotActive(id)),
         };
         st.fault(&self.context(), &space, slot, va, access)

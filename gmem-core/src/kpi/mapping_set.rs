@@ -5,8 +5,6 @@ use crate::flags::MapFlags;
 use crate::gmem::Gmem;
 use crate::handle::{MappingSetId, SpaceId};
 use crate::queue::Callback;
-use crate::space::MappingSet;
-use alloc::vec::Vec;
 
 impl Gmem {
     /// Create an empty mapping set in a space.
@@ -17,11 +15,8 @@ impl Gmem {
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
-        let mut st = space.lock();
-        let (index, generation) = st.sets.insert_with(|_, _| MappingSet {
-            regions: Vec::new(),
-        });
-        Ok(MappingSetId { index, generation })
+        let set = space.lock().new_set();
+        Ok(set)
     }
 
     /// Unmap every region of the set; `callback` runs once, when all are unmapped
@@ -42,22 +37,19 @@ impl Gmem {
             .ok_or(SetError::UnknownSpace(space_id))?;
         let mut st = space.lock();
         {
-            let regions = match st.sets.get_mut(set.index, set.generation) {
-                Some(s) => core::mem::take(&mut s.regions),
-                None => return Err(SetError::UnknownSet(set)),
-            };
+            let regions = st.take_set(set).ok_or(SetError::UnknownSet(set))?;
             let n = regions.len();
             let mut callback = callback;
             for (i, region) in regions.into_iter().enumerate() {
                 let cb = if i + 1 == n { callback.take() } else { None };
                 // A region deallocated since it joined is no longer in the set; its
                 // callback (if it was the last) still runs below.
-                match st.check(region) {
+                match st.checked(region) {
                     Some(c) => st.unmap_region(&self.context(), &space, &c, flags, cb),
-                    None => st.queue.complete_now(cb, Ok(())),
+                    None => st.complete_now(cb, Ok(())),
                 }
             }
-            st.queue.complete_now(callback, Ok(()));
+            st.complete_now(callback, Ok(()));
         }
         Ok(())
     }
@@ -74,16 +66,10 @@ impl Gmem {
         let space = self
             .space(space_id)
             .ok_or(SetError::UnknownSpace(space_id))?;
-        let mut st = space.lock();
-        let s = st
-            .sets
-            .remove(set.index, set.generation)
-            .ok_or(SetError::UnknownSet(set))?;
-        for r in s.regions {
-            if let Some(rec) = st.region_mut(r) {
-                rec.set = None;
-            }
+        if space.lock().destroy_set(set) {
+            Ok(())
+        } else {
+            Err(SetError::UnknownSet(set))
         }
-        Ok(())
     }
 }

@@ -5,19 +5,17 @@
 //! of it with the region's page span and write changes back with
 //! `SpaceState::put_region`.
 
-use crate::addr::{PhysAddr, VaRange, VirtAddr, PAGE_SIZE};
+use crate::addr::{PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
 use crate::error::{MapError, PolicyError, PopulateError, ProtectError, RegionError};
 use crate::flags::{MapFlags, Prot};
 use crate::gmem::{Ctx, Gmem};
 use crate::handle::{DeviceId, MappingSetId, SpaceId};
-use crate::lpt::{PageEntry, EXTERNAL, PENDING, WIRED};
 use crate::queue::Callback;
 use crate::space::{
     Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
     SpaceState,
 };
 use crate::sync::Arc;
-use alloc::vec::Vec;
 
 /// A region resolved under its space's lock: the handle, a copy of its record and the
 /// pages it spans.
@@ -26,7 +24,7 @@ pub(crate) struct Checked {
     pub region: Region,
     pub rec: RegionRec,
     /// First page number.
-    pub first: u64,
+    pub first: Vpn,
     /// Pages spanned.
     pub pages: u64,
 }
@@ -145,7 +143,7 @@ impl Gmem {
         let pending = self.with_region(region, |cx, space, st, c| {
             st.settle(cx, space, &c);
             st.remove_region(&c);
-            let d = st.discard_pages(cx.counters, c.first, c.pages, true);
+            let d = st.discard_pages_deferred(cx.counters, c.first, c.pages);
             let va = Some((c.rec.reserve_start, c.rec.reserve_len));
             if flags.contains(MapFlags::ASYNC) {
                 st.enqueue_unmap(cx.counters, &space.arena, d, va, callback);
@@ -184,86 +182,7 @@ impl Gmem {
         } = req;
         let memdev = self.device(memory).ok_or(MapError::UnknownDevice(memory))?;
         self.with_region(region, |cx, space, st, c| {
-            let (first, pages) = (c.first, c.pages);
-            if prot.is_empty() {
-                return Err(MapError::BadProt(prot));
-            }
-            if frames.len() as u64 != pages {
-                return Err(MapError::FrameCount {
-                    expected: pages,
-                    given: frames.len() as u64,
-                });
-            }
-            if let Some(s) = set {
-                if st.sets.get(s.index, s.generation).is_none() {
-                    return Err(MapError::UnknownSet(s));
-                }
-            }
-            {
-                let phys = memdev.phys.lock();
-                if phys.is_retired() {
-                    return Err(MapError::UnknownDevice(memory));
-                }
-                if let Some(f) = frames
-                    .iter()
-                    .find(|f| !f.is_page_aligned() || phys.contains(f.pfn().0))
-                {
-                    return Err(MapError::BadFrame(*f));
-                }
-            }
-            // A populated entry (a queued map's included) makes this a misuse, found
-            // before anything changes; a queued unmap leaves no populated entry.
-            if c.rec.mapped
-                || st
-                    .lpt
-                    .entries_in(first, pages)
-                    .any(|(_, e)| e.is_populated())
-            {
-                return Err(MapError::AlreadyMapped);
-            }
-            let mem = st
-                .mem_index(&memdev)
-                .map_err(|_| MapError::TooManyMemories(memory))?;
-            if st.any_pending(first, pages) {
-                st.drain(cx.counters, &space.arena);
-            }
-            let asynchronous = flags.contains(MapFlags::ASYNC);
-            let extra = if asynchronous { PENDING } else { 0 };
-            for (k, f) in frames.iter().enumerate() {
-                st.lpt.set(
-                    first + k as u64,
-                    PageEntry {
-                        pfn: f.pfn().0,
-                        mem,
-                        flags: WIRED | EXTERNAL | extra,
-                        ..PageEntry::EMPTY
-                    },
-                );
-            }
-            st.put_region(
-                &c,
-                RegionRec {
-                    prot,
-                    explicit: true,
-                    mapped: true,
-                    set,
-                    ..c.rec
-                },
-            );
-            let mask = st.wired_mask();
-            if asynchronous {
-                st.enqueue_map(cx.counters, &space.arena, first, pages, callback);
-            } else if let Err(e) = st.mirror(cx.counters, first, pages, mask) {
-                st.discard_pages(cx.counters, first, pages, false);
-                st.put_region(&c, c.rec);
-                return Err(e.into());
-            } else {
-                st.queue.complete_now(callback, Ok(()));
-            }
-            if let Some(s) = set.and_then(|s| st.sets.get_mut(s.index, s.generation)) {
-                s.regions.push(region);
-            }
-            Ok(())
+            st.map_frames(cx, space, &c, &memdev, prot, frames, set, flags, callback)
         })
     }
 
@@ -304,18 +223,7 @@ impl Gmem {
         }
         self.with_region(region, |cx, space, st, c| {
             if placement.mode == PlacementMode::Unique && c.rec.placement.mode != placement.mode {
-                // Remote access let several tables map one frame; unique allows one.
-                // Drop every mapping of such pages (replicas stay): the next fault
-                // places each page by the new policy.
-                st.settle(cx, space, &c);
-                let replicas = st.replica_mask();
-                let touched: Vec<(u64, u32)> = st
-                    .lpt
-                    .entries_in(c.first, c.pages)
-                    .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
-                    .map(|(v, e)| (v, e.mapped & !replicas))
-                    .collect();
-                st.unmap_entries(cx.counters, &touched, false);
+                st.drop_shared_mappings(cx, space, &c);
             }
             st.put_region(&c, RegionRec { placement, ..c.rec });
             Ok(())
@@ -357,15 +265,7 @@ impl Gmem {
             return Err(ProtectError::BadProt(prot));
         }
         self.with_region(region, |cx, space, st, c| {
-            st.settle(cx, space, &c);
-            let touched: Vec<(u64, u32)> = st
-                .lpt
-                .entries_in(c.first, c.pages)
-                .filter(|(_, e)| e.mapped != 0)
-                .map(|(v, e)| (v, e.mapped))
-                .collect();
-            let runs = crate::space::table_runs(&touched);
-            st.protect_runs(cx.counters, &runs, prot, c.rec.prot)?;
+            st.protect_region(cx, space, &c, prot)?;
             st.put_region(&c, RegionRec { prot, ..c.rec });
             Ok(())
         })
@@ -428,24 +328,7 @@ impl Gmem {
     /// [`RegionError`] for a stale handle or a destroyed space.
     pub fn region_unwire(&self, region: Region) -> Result<(), RegionError> {
         self.with_region(region, |cx, space, st, c| {
-            st.settle(cx, space, &c);
-            let wired: Vec<(u64, PageEntry)> = st
-                .lpt
-                .entries_in(c.first, c.pages)
-                .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
-                .collect();
-            // Every mapping but the replicas goes: the next fault places the page by the
-            // region's policy again (a wired page may be mapped by several tables).
-            let mask = !st.replica_mask();
-            let touched: Vec<(u64, u32)> = wired
-                .iter()
-                .filter(|(_, e)| e.mapped & mask != 0)
-                .map(|(v, e)| (*v, e.mapped & mask))
-                .collect();
-            st.unmap_entries(cx.counters, &touched, false);
-            for (v, _) in wired {
-                st.set_page_wired(v, false);
-            }
+            st.unwire_region(cx, space, &c);
             Ok(())
         })
     }

@@ -2,15 +2,11 @@
 
 use crate::addr::{VaRange, VirtAddr, PAGE_SIZE};
 use crate::error::{AllocError, AttachError, LookupError, SpaceError};
-use crate::flags::{AllocPolicy, Prot};
+use crate::flags::AllocPolicy;
 use crate::gmem::Gmem;
 use crate::handle::{DeviceId, SpaceId};
 use crate::kpi::region::info;
-use crate::lpt::PageEntry;
-use crate::space::{
-    Activation, AllocRequest, Attachment, MmuMode, PageTable, Placement, Region, RegionInfo,
-    RegionRec, SpaceInner, MAX_TABLES,
-};
+use crate::space::{Activation, AllocRequest, MmuMode, Region, RegionInfo, SpaceInner};
 use crate::sync::Arc;
 use crate::vmem::FitPolicy;
 use crate::vmem::{self, Arena, ArenaConfig, Constraint};
@@ -95,28 +91,7 @@ impl Gmem {
     /// [`SpaceError::UnknownSpace`] for a stale handle (a double destroy).
     pub fn as_destroy(&self, id: SpaceId) -> Result<(), SpaceError> {
         let space = self.space(id).ok_or(SpaceError::UnknownSpace(id))?;
-        {
-            let mut st = space.lock();
-            st.drain(&self.counters, &space.arena);
-            for slot in 0..st.attached.len() {
-                st.detach_slot(&self.counters, slot, id);
-            }
-            let entries: Vec<(u64, PageEntry)> = st.lpt.iter().collect();
-            for (v, e) in entries {
-                st.release_frame(&e, false);
-                st.lpt.take(v);
-            }
-            let regions: Vec<(u64, u64)> = st
-                .regions
-                .values()
-                .map(|r| (r.reserve_start, r.reserve_len))
-                .collect();
-            for (s, l) in regions {
-                let _ = space.arena.free(s, l);
-            }
-            st.regions.clear();
-            st.alive = false;
-        }
+        space.lock().destroy(&self.counters, &space.arena, id);
         self.spaces.write().remove(id.index, id.generation);
         Ok(())
     }
@@ -139,86 +114,7 @@ impl Gmem {
             .space(space_id)
             .ok_or(AttachError::UnknownSpace(space_id))?;
         let dev = self.device(id).ok_or(AttachError::UnknownDevice(id))?;
-        let effective = {
-            let mut st = space.lock();
-            if !st.alive {
-                return Err(AttachError::UnknownSpace(space_id));
-            }
-            if st.slot_of(id).is_some() {
-                return Err(AttachError::AlreadyAttached);
-            }
-            let slot = match st.attached.iter().position(|a| a.is_none()) {
-                Some(s) => s,
-                None if st.attached.len() < MAX_TABLES => {
-                    st.attached.push(None);
-                    st.attached.len() - 1
-                }
-                None => return Err(AttachError::TooManyAttachments),
-            };
-            let format = dev.mmu.format();
-            let shared = (mode == MmuMode::Shared)
-                .then(|| {
-                    st.tables.iter().position(|t| {
-                        t.as_ref()
-                            .is_some_and(|t| t.mode != MmuMode::Replicate && t.format == format)
-                    })
-                })
-                .flatten();
-            let (t, effective) = match shared {
-                Some(t) => (t, MmuMode::Shared),
-                None => {
-                    let t = match st.tables.iter().position(|t| t.is_none()) {
-                        Some(t) => t,
-                        None if st.tables.len() < MAX_TABLES => {
-                            st.tables.push(None);
-                            st.tables.len() - 1
-                        }
-                        None => return Err(AttachError::TooManyAttachments),
-                    };
-                    let root = dev.mmu.create_page_table().map_err(AttachError::Mmu)?;
-                    st.tables[t] = Some(PageTable {
-                        root,
-                        mmu: dev.mmu.clone(),
-                        format,
-                        mode,
-                        users: 0,
-                        faultable: true,
-                    });
-                    (
-                        t,
-                        if mode == MmuMode::Shared {
-                            MmuMode::Coherent
-                        } else {
-                            mode
-                        },
-                    )
-                }
-            };
-            let table = st.tables[t].as_mut().expect("just set");
-            table.users |= 1 << slot;
-            table.faultable &= dev.faultable();
-            st.attached[slot] = Some(Attachment {
-                dev: dev.clone(),
-                table: t,
-            });
-            if let Err(e) = st.fill_table(&self.counters, t) {
-                st.detach_slot(&self.counters, slot, space_id);
-                return Err(AttachError::Mmu(e));
-            }
-            // The binding is recorded under the space lock, and refused for a device
-            // `dev_destroy` has claimed: of a racing attach and destroy one wins.
-            #[cfg(not(gmem_loom_bug = "attach_binds_after_unlock"))]
-            {
-                let mut b = dev.binding.lock();
-                if b.destroyed {
-                    drop(b);
-                    st.detach_slot(&self.counters, slot, space_id);
-                    return Err(AttachError::UnknownDevice(id));
-                }
-                b.attached.push(space_id);
-            }
-            effective
-        };
+        let effective = space.lock().attach(&self.counters, space_id, &dev, mode)?;
         // Deliberately broken (loom model `attach` must catch it): the binding is
         // recorded after the space lock is dropped, unchecked, so `dev_destroy` can pass
         // its `StillAttached` check in between.
@@ -305,29 +201,11 @@ impl Gmem {
                 _ => space.arena.xalloc(&c).map_err(map_err)?,
             }
         };
-        let mut st = space.lock();
-        if !st.alive {
+        let start = res + guard;
+        let Some(id) = space.lock().insert_region(start, req.size, res, reserve) else {
             let _ = space.arena.free(res, reserve);
             return Err(AllocError::UnknownSpace(space_id));
-        }
-        let id = st.next_region_id;
-        st.next_region_id += 1;
-        let start = res + guard;
-        st.regions.insert(
-            start,
-            RegionRec {
-                id,
-                len: req.size,
-                reserve_start: res,
-                reserve_len: reserve,
-                prot: Prot::RW,
-                placement: Placement::default(),
-                granularity: 0,
-                explicit: false,
-                mapped: false,
-                set: None,
-            },
-        );
+        };
         Ok(Region {
             space: space_id,
             start: VirtAddr::new(start),
@@ -359,11 +237,7 @@ impl Gmem {
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
         let st = space.lock();
-        Ok(st
-            .regions
-            .iter()
-            .map(|(s, r)| info(space_id, *s, r))
-            .collect())
+        Ok(st.regions().map(|(s, r)| info(space_id, s, r)).collect())
     }
 
     /// Wait for every queued asynchronous request of the space (`gm_as_synchronize`):
@@ -382,7 +256,7 @@ impl Gmem {
         let in_flight = {
             let mut st = space.lock();
             st.drain(&self.counters, &space.arena);
-            st.queue.in_flight.clone()
+            st.callbacks_in_flight()
         };
         while in_flight.load(crate::sync::Ordering::Acquire) != 0 {
             crate::sync::spin_wait();
@@ -398,7 +272,7 @@ impl Gmem {
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
-        space.lock().queue.batch_limit = limit.max(1);
+        space.lock().set_batch_limit(limit);
         Ok(())
     }
 
@@ -410,7 +284,7 @@ impl Gmem {
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
-        let n = space.lock().queue.len();
+        let n = space.lock().queued();
         Ok(n)
     }
 

@@ -11,10 +11,13 @@
 //! - the attachments (which device uses which table);
 //! - the asynchronous MMU queue (`queue`).
 //!
-//! All of it sits behind one lock per space. The KPI functions in [`crate::Gmem`] take
-//! the lock, call into the methods here, drop the lock and then run whatever completion
-//! callbacks became ready, so callbacks may call the KPI again (all of it but
-//! `as_synchronize` on their own space, which waits for callbacks in flight).
+//! All of it sits behind one lock per space (`SpaceInner::lock`, whose guard runs the
+//! callbacks that became ready after releasing it, so callbacks may call the KPI again —
+//! all of it but `as_synchronize` on their own space, which waits for callbacks in
+//! flight). The state's fields are private to this module and its children, one per
+//! concern: `attach` (tables and attachments), `fault` (the fault path), `queue` (the
+//! queue's work: enqueue, drain, strict unmaps), `ops` (region operations shared by
+//! several calls), `check` (the invariants). The KPI modules reach it through methods.
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of
@@ -25,16 +28,16 @@
 //! devices that cannot fault get every wired page; both are refreshed whenever a page
 //! moves (`SpaceState::mirror`).
 
-use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
-use crate::queue::MmuQueue;
 use crate::queue::Ready;
+use crate::queue::{Callback, Discard, MmuQueue};
 use crate::stats::Counters;
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard, Rank};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -218,7 +221,7 @@ impl SpaceInner {
             range,
             policy,
             arena,
-            state: Mutex::new(SpaceState::new(host)),
+            state: Mutex::ranked(SpaceState::new(host), Rank::SpaceState),
         }
     }
 
@@ -267,18 +270,30 @@ impl core::ops::DerefMut for Locked<'_> {
     }
 }
 
+///
+/// Its fields are private to this module and its children (`attach`, `fault`,
+/// `queue`, `ops`, `check`), each of which owns one concern; the KPI modules in
+/// [`crate::kpi`] reach the state only through methods.
 pub(crate) struct SpaceState {
-    pub alive: bool,
-    pub regions: BTreeMap<u64, RegionRec>,
-    pub lpt: LogicalPageTable,
-    pub tables: Vec<Option<PageTable>>,
-    pub attached: Vec<Option<Attachment>>,
+    /// Cleared by `as_destroy`; a dead space refuses every call.
+    alive: bool,
+    /// Regions by start address.
+    regions: BTreeMap<u64, RegionRec>,
+    /// The logical page table: where each page lives and which tables map it.
+    lpt: LogicalPageTable,
+    /// Page tables by index (a page entry's mapping bit `t` names `tables[t]`).
+    tables: Vec<Option<PageTable>>,
+    /// Attachment slots (which device uses which table).
+    attached: Vec<Option<Attachment>>,
     /// Memories frames of this space live in; an entry's `mem` indexes this list.
-    pub memories: Memories,
-    pub queue: MmuQueue,
-    pub sets: Slots<MappingSet>,
-    pub next_region_id: u64,
-    pub bounce: Vec<u8>,
+    memories: Memories,
+    /// The asynchronous MMU queue.
+    queue: MmuQueue,
+    /// Mapping sets.
+    sets: Slots<MappingSet>,
+    next_region_id: u64,
+    /// Migration's bounce buffer (one page).
+    bounce: Vec<u8>,
 }
 
 /// A space already names [`MAX_MEMORIES`] memories and cannot name one more.
@@ -359,6 +374,10 @@ impl Memories {
     }
 }
 
+/// Table runs whose entries were cleared and whose TLB invalidation is still owed.
+#[must_use = "cleared entries must be invalidated before anything they mapped is reused"]
+struct OwedInvalidation(Vec<TableRun>);
+
 /// One device's TLB invalidation of ranges of one page table.
 pub(crate) struct Shootdown {
     mmu: Arc<dyn Mmu>,
@@ -395,6 +414,102 @@ impl SpaceState {
             next_region_id: 1,
             bounce: alloc::vec![0; PAGE_SIZE as usize],
         }
+    }
+
+    /// Whether the space is alive (not destroyed).
+    pub fn is_alive(&self) -> bool {
+        self.alive
+    }
+
+    /// Record a new region `[start, start + len)` reserved as `[reserve_start,
+    /// reserve_start + reserve_len)` in the arena; `None` if the space is dead.
+    pub fn insert_region(
+        &mut self,
+        start: u64,
+        len: u64,
+        reserve_start: u64,
+        reserve_len: u64,
+    ) -> Option<u64> {
+        if !self.alive {
+            return None;
+        }
+        let id = self.next_region_id;
+        self.next_region_id += 1;
+        self.regions.insert(
+            start,
+            RegionRec {
+                id,
+                len,
+                reserve_start,
+                reserve_len,
+                prot: Prot::RW,
+                placement: Placement::default(),
+                granularity: 0,
+                explicit: false,
+                mapped: false,
+                set: None,
+            },
+        );
+        Some(id)
+    }
+
+    /// Every region with its start, in address order.
+    pub fn regions(&self) -> impl Iterator<Item = (u64, &RegionRec)> {
+        self.regions.iter().map(|(s, r)| (*s, r))
+    }
+
+    /// Requests the queue holds before it drains by itself (at least 1).
+    pub fn set_batch_limit(&mut self, limit: usize) {
+        self.queue.batch_limit = limit.max(1);
+    }
+
+    /// Queued asynchronous requests.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The counter of callbacks handed to threads and not finished (`as_synchronize`
+    /// waits for it to reach 0).
+    pub fn callbacks_in_flight(&self) -> Arc<crate::sync::AtomicUsize> {
+        self.queue.in_flight.clone()
+    }
+
+    /// Run `callback` with `result` once the lock is released.
+    pub fn complete_now(&mut self, callback: Option<Callback>, result: Result<(), MmuError>) {
+        self.queue.complete_now(callback, result);
+    }
+
+    /// Forget the memory of device `id` (destroyed; no page names it).
+    pub fn forget_memory(&mut self, id: DeviceId) {
+        self.memories.forget(id);
+    }
+
+    /// Create an empty mapping set.
+    pub fn new_set(&mut self) -> MappingSetId {
+        let (index, generation) = self.sets.insert_with(|_, _| MappingSet {
+            regions: Vec::new(),
+        });
+        MappingSetId { index, generation }
+    }
+
+    /// Empty a mapping set, returning its regions (`None` for a stale handle).
+    pub fn take_set(&mut self, set: MappingSetId) -> Option<Vec<Region>> {
+        let s = self.sets.get_mut(set.index, set.generation)?;
+        Some(core::mem::take(&mut s.regions))
+    }
+
+    /// Destroy a mapping set; its regions stay mapped and belong to no set. `false` for
+    /// a stale handle.
+    pub fn destroy_set(&mut self, set: MappingSetId) -> bool {
+        let Some(s) = self.sets.remove(set.index, set.generation) else {
+            return false;
+        };
+        for r in s.regions {
+            if let Some(rec) = self.region_mut(r) {
+                rec.set = None;
+            }
+        }
+        true
     }
 
     /// The region holding `va`, with its start.
@@ -471,16 +586,16 @@ impl SpaceState {
         &mut self,
         stats: &Counters,
         t: usize,
-        first: u64,
+        first: Vpn,
         pages: u64,
-        pfn: u64,
+        pfn: Pfn,
         mem: u8,
         prot: Prot,
     ) -> Result<(), MmuError> {
         let table = self.tables[t].as_ref().expect("mapping into a live table");
         let run = MapRun {
-            va: VirtAddr::new(first << PAGE_SHIFT),
-            pa: crate::addr::PhysAddr::new(pfn << PAGE_SHIFT),
+            va: first.addr(),
+            pa: pfn.addr(),
             len: pages << PAGE_SHIFT,
             prot,
             page_size: crate::addr::PageSize::Size4K,
@@ -488,7 +603,7 @@ impl SpaceState {
         };
         table.mmu.map(table.root, &run)?;
         Counters::add(&stats.mmu_maps, 1);
-        for v in first..first + pages {
+        for v in first.span(pages) {
             self.lpt.update(v, |e| e.mapped |= 1 << t);
         }
         Ok(())
@@ -499,14 +614,14 @@ impl SpaceState {
     pub fn mirror(
         &mut self,
         stats: &Counters,
-        first: u64,
+        first: Vpn,
         pages: u64,
         mask: u32,
     ) -> Result<(), MmuError> {
         if mask == 0 {
             return Ok(());
         }
-        let entries: Vec<(u64, PageEntry)> = self
+        let entries: Vec<(Vpn, PageEntry)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.is_populated())
@@ -535,7 +650,7 @@ impl SpaceState {
                     n += 1;
                 }
                 let prot = self
-                    .region_at(v0 << PAGE_SHIFT)
+                    .region_at(v0.addr().as_u64())
                     .map(|(_, r)| r.prot)
                     .unwrap_or(Prot::READ);
                 self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
@@ -547,32 +662,26 @@ impl SpaceState {
 
     /// Remove the mappings of `[first, first+pages)` from every table in `mask`: one
     /// `unmap` per contiguous run and table, then one `invalidate` per device of each
-    /// table with all its runs (unless `defer` is set, in which case the runs are
-    /// returned for a later coalesced invalidation).
-    pub fn unmap_pages(
-        &mut self,
-        stats: &Counters,
-        first: u64,
-        pages: u64,
-        mask: u32,
-        defer: bool,
-    ) -> Vec<TableRun> {
-        let touched: Vec<(u64, u32)> = self
+    /// table with all its runs.
+    pub fn unmap_pages(&mut self, stats: &Counters, first: Vpn, pages: u64, mask: u32) {
+        let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.mapped & mask != 0)
             .map(|(v, e)| (v, e.mapped & mask))
             .collect();
-        self.unmap_entries(stats, &touched, defer)
+        self.unmap_entries(stats, &touched);
     }
 
-    /// `SpaceState::unmap_pages` for an address-ordered list of `(vpn, table bits)`.
-    pub fn unmap_entries(
-        &mut self,
-        stats: &Counters,
-        touched: &[(u64, u32)],
-        defer: bool,
-    ) -> Vec<TableRun> {
+    /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
+    pub fn unmap_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) {
+        let owed = self.clear_entries(stats, touched);
+        self.invalidate(stats, &owed.0);
+    }
+
+    /// Remove the mappings `touched` names from their tables without invalidating:
+    /// the runs whose invalidation is owed come back as a value that must be used.
+    fn clear_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) -> OwedInvalidation {
         let runs = table_runs(touched);
         for &(v, bits) in touched {
             self.lpt.update(v, |e| e.mapped &= !bits);
@@ -583,10 +692,7 @@ impl SpaceState {
                 Counters::add(&stats.mmu_unmaps, 1);
             }
         }
-        if !defer {
-            self.invalidate(stats, &runs);
-        }
-        runs
+        OwedInvalidation(runs)
     }
 
     /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
@@ -620,9 +726,9 @@ impl SpaceState {
             }
             self.invalidate(stats, changed);
             for r in lost {
-                let first = r.range.start.vpn().0;
+                let first = r.range.start.vpn();
                 let pages = r.range.len >> PAGE_SHIFT;
-                self.unmap_pages(stats, first, pages, 1 << r.table, false);
+                self.unmap_pages(stats, first, pages, 1 << r.table);
                 let eager = self.wired_mask() & (1 << r.table);
                 // Best effort: the error returned is the first one.
                 let _ = self.mirror(stats, first, pages, eager);
@@ -680,47 +786,56 @@ impl SpaceState {
     }
 
     /// Whether any page of `[first, first+pages)` has a queued unmap or map.
-    pub fn any_pending(&self, first: u64, pages: u64) -> bool {
+    pub fn any_pending(&self, first: Vpn, pages: u64) -> bool {
         self.lpt
             .entries_in(first, pages)
             .any(|(_, e)| e.has(PENDING))
     }
 
-    /// Remove every page of `[first, first+pages)`: unmap everywhere, release frames.
-    /// With `defer`, the invalidation, the frame release and `va_release` wait in the
-    /// queue; otherwise all happens now and the caller releases the range.
-    pub fn discard_pages(
-        &mut self,
-        stats: &Counters,
-        first: u64,
-        pages: u64,
-        defer: bool,
-    ) -> crate::queue::Discard {
-        let runs = self.unmap_pages(stats, first, pages, u32::MAX, defer);
-        let entries: Vec<(u64, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+    /// Remove every page of `[first, first+pages)` now: unmap everywhere, invalidate,
+    /// release frames (the caller releases the range).
+    pub fn discard_pages(&mut self, stats: &Counters, first: Vpn, pages: u64) {
+        self.unmap_pages(stats, first, pages, u32::MAX);
+        let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
+        for (v, e) in entries {
+            self.release_frame(&e, false);
+            self.lpt.take(v);
+        }
+    }
+
+    /// Remove every page of `[first, first+pages)` but owe the invalidation: the
+    /// entries are cleared at once (new translations fault), the frames quarantined and
+    /// the pages marked pending. The returned [`Discard`] must go to the queue
+    /// (`enqueue_unmap`) or to a strict unmap completed outside the lock
+    /// (`defer_invalidation`), which invalidate and then release.
+    pub fn discard_pages_deferred(&mut self, stats: &Counters, first: Vpn, pages: u64) -> Discard {
+        let touched: Vec<(Vpn, u32)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.mapped != 0)
+            .map(|(v, e)| (v, e.mapped))
+            .collect();
+        let owed = self.clear_entries(stats, &touched);
+        let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         let mut frames = Vec::new();
         for (v, e) in entries {
             // A frame of ours waits, quarantined, for the deferred invalidation; the
             // page stays marked pending until then.
-            let quarantine = defer && e.is_populated() && !e.has(EXTERNAL);
+            let quarantine = e.is_populated() && !e.has(EXTERNAL);
             self.release_frame(&e, quarantine);
             if quarantine {
                 frames.push((e.mem, e.pfn));
             }
-            if defer {
-                self.lpt.set(
-                    v,
-                    PageEntry {
-                        flags: PENDING,
-                        ..PageEntry::EMPTY
-                    },
-                );
-            } else {
-                self.lpt.take(v);
-            }
+            self.lpt.set(
+                v,
+                PageEntry {
+                    flags: PENDING,
+                    ..PageEntry::EMPTY
+                },
+            );
         }
-        crate::queue::Discard {
-            runs,
+        Discard {
+            runs: owed.0,
             frames,
             first,
             pages,
@@ -728,8 +843,8 @@ impl SpaceState {
     }
 
     /// Pages a region covers: `(first vpn, count)`.
-    pub fn pages_of(start: u64, len: u64) -> (u64, u64) {
-        (start >> PAGE_SHIFT, len >> PAGE_SHIFT)
+    pub fn pages_of(start: u64, len: u64) -> (Vpn, u64) {
+        (Vpn(start >> PAGE_SHIFT), len >> PAGE_SHIFT)
     }
 
     /// Whether a page is wired.
@@ -739,7 +854,7 @@ impl SpaceState {
 }
 
 /// Group an address-ordered list of `(vpn, table bits)` into contiguous runs per table.
-pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
+pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
     let mut runs: Vec<TableRun> = Vec::new();
     let mut open: [Option<(u64, u64)>; MAX_TABLES] = [None; MAX_TABLES];
     let close = |t: usize, s: u64, n: u64, runs: &mut Vec<TableRun>| {
@@ -754,7 +869,7 @@ pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
     // Only the tables this page maps or that have a run open need a look: a page
     // costs its set bits, not all 32 slots.
     let mut open_mask = 0u32;
-    for &(v, bits) in touched {
+    for &(Vpn(v), bits) in touched {
         let mut look = bits | open_mask;
         while look != 0 {
             let t = look.trailing_zeros() as usize;
@@ -783,4 +898,8 @@ pub(crate) fn table_runs(touched: &[(u64, u32)]) -> Vec<TableRun> {
     runs
 }
 
+mod attach;
+mod check;
+mod fault;
 mod ops;
+mod queue;

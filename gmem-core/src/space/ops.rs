@@ -1,14 +1,19 @@
 //! Space-state operations shared by several KPI calls: settling a region against the queue, wiring, unmapping a region, filling and detaching page tables.
 
-use crate::error::MoveError;
+use crate::addr::{PhysAddr, Vpn};
+use crate::device::DeviceInner;
+use crate::error::{MapError, MoveError};
 use crate::flags::MapFlags;
+use crate::flags::Prot;
 use crate::gmem::Ctx;
-use crate::handle::SpaceId;
+use crate::handle::MappingSetId;
 use crate::kpi::region::Checked;
+use crate::lpt::{PageEntry, EXTERNAL};
 use crate::lpt::{PENDING, WIRED};
+use crate::mmu::MmuError;
 use crate::queue::Callback;
-use crate::space::{MmuMode, PlacementTarget, Region, RegionRec, SpaceInner, SpaceState};
-use crate::stats::Counters;
+use crate::space::{PlacementTarget, Region, RegionRec, SpaceInner, SpaceState};
+use crate::sync::Arc;
 use alloc::vec::Vec;
 
 impl SpaceState {
@@ -45,7 +50,7 @@ impl SpaceState {
     }
 
     /// Pin (or unpin) a populated page: its entry's wired mark and its frame's queue.
-    pub(crate) fn set_page_wired(&mut self, vpn: u64, wired: bool) {
+    pub(crate) fn set_page_wired(&mut self, vpn: Vpn, wired: bool) {
         let e = self.lpt.update(vpn, |x| {
             if wired {
                 x.flags |= WIRED;
@@ -62,7 +67,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        first: u64,
+        first: Vpn,
         pages: u64,
         target: PlacementTarget,
     ) -> Result<u64, MoveError> {
@@ -72,7 +77,7 @@ impl SpaceState {
         let dest = self.target_of(cx, cx.host, target);
         let mut wired = Vec::new();
         let mut result = Ok(());
-        for vpn in first..first + pages {
+        for vpn in first.span(pages) {
             let e = self.lpt.get(vpn);
             if e.has(WIRED) {
                 continue;
@@ -94,12 +99,12 @@ impl SpaceState {
         }
         if let Err(err) = result {
             let mask = self.wired_mask() & !self.replica_mask();
-            let touched: Vec<(u64, u32)> = wired
+            let touched: Vec<(Vpn, u32)> = wired
                 .iter()
                 .map(|v| (*v, self.lpt.get(*v).mapped & mask))
                 .filter(|(_, m)| *m != 0)
                 .collect();
-            self.unmap_entries(cx.counters, &touched, false);
+            self.unmap_entries(cx.counters, &touched);
             for vpn in wired {
                 self.set_page_wired(vpn, false);
             }
@@ -120,10 +125,10 @@ impl SpaceState {
         let (first, pages) = (c.first, c.pages);
         self.settle(cx, space, c);
         if flags.contains(MapFlags::ASYNC) {
-            let d = self.discard_pages(cx.counters, first, pages, true);
+            let d = self.discard_pages_deferred(cx.counters, first, pages);
             self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
         } else {
-            self.discard_pages(cx.counters, first, pages, false);
+            self.discard_pages(cx.counters, first, pages);
             self.queue.complete_now(callback, Ok(()));
         }
         self.leave_set(c);
@@ -138,7 +143,7 @@ impl SpaceState {
     }
 
     /// Resolve a region handle of this space into a checked region, if it is live.
-    pub(crate) fn check(&self, region: Region) -> Option<Checked> {
+    pub(crate) fn checked(&self, region: Region) -> Option<Checked> {
         let rec = *self.region(region)?;
         let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
         Some(Checked {
@@ -149,94 +154,158 @@ impl SpaceState {
         })
     }
 
-    /// Fill a new table with what it must hold eagerly: every populated page for a
-    /// replicate table, every wired page for a table whose users cannot fault.
-    pub(crate) fn fill_table(
+    /// `region_map` under the lock: see [`crate::Gmem::region_map`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn map_frames(
         &mut self,
-        stats: &Counters,
-        t: usize,
-    ) -> Result<(), crate::mmu::MmuError> {
-        let table = self.tables[t].as_ref().expect("live table");
-        let all = table.mode == MmuMode::Replicate;
-        if !all && table.faultable {
-            return Ok(());
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        memdev: &Arc<DeviceInner>,
+        prot: Prot,
+        frames: &[PhysAddr],
+        set: Option<MappingSetId>,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) -> Result<(), MapError> {
+        let memory = memdev.id;
+        let (first, pages) = (c.first, c.pages);
+        if prot.is_empty() {
+            return Err(MapError::BadProt(prot));
         }
-        let mut vpns: Vec<u64> = self
-            .lpt
-            .iter()
-            .filter(|(_, e)| e.is_populated() && (all || e.has(WIRED)) && !e.has(PENDING))
-            .map(|(v, _)| v)
-            .collect();
-        vpns.sort_unstable();
-        let mut i = 0;
-        while i < vpns.len() {
-            let mut n = 1;
-            while i + n < vpns.len() && vpns[i + n] == vpns[i] + n as u64 {
-                n += 1;
+        if frames.len() as u64 != pages {
+            return Err(MapError::FrameCount {
+                expected: pages,
+                given: frames.len() as u64,
+            });
+        }
+        if let Some(s) = set {
+            if self.sets.get(s.index, s.generation).is_none() {
+                return Err(MapError::UnknownSet(s));
             }
-            self.mirror(stats, vpns[i], n as u64, 1 << t)?;
-            i += n;
+        }
+        {
+            let phys = memdev.phys.lock();
+            if phys.is_retired() {
+                return Err(MapError::UnknownDevice(memory));
+            }
+            if let Some(f) = frames
+                .iter()
+                .find(|f| !f.is_page_aligned() || phys.contains(f.pfn()))
+            {
+                return Err(MapError::BadFrame(*f));
+            }
+        }
+        // A populated entry (a queued map's included) makes this a misuse, found
+        // before anything changes; a queued unmap leaves no populated entry.
+        if c.rec.mapped
+            || self
+                .lpt
+                .entries_in(first, pages)
+                .any(|(_, e)| e.is_populated())
+        {
+            return Err(MapError::AlreadyMapped);
+        }
+        let mem = self
+            .mem_index(memdev)
+            .map_err(|_| MapError::TooManyMemories(memory))?;
+        if self.any_pending(first, pages) {
+            self.drain(cx.counters, &space.arena);
+        }
+        let asynchronous = flags.contains(MapFlags::ASYNC);
+        let extra = if asynchronous { PENDING } else { 0 };
+        for (k, f) in frames.iter().enumerate() {
+            self.lpt.set(
+                first + k as u64,
+                PageEntry {
+                    pfn: f.pfn(),
+                    mem,
+                    flags: WIRED | EXTERNAL | extra,
+                    ..PageEntry::EMPTY
+                },
+            );
+        }
+        self.put_region(
+            c,
+            RegionRec {
+                prot,
+                explicit: true,
+                mapped: true,
+                set,
+                ..c.rec
+            },
+        );
+        let mask = self.wired_mask();
+        if asynchronous {
+            self.enqueue_map(cx.counters, &space.arena, first, pages, callback);
+        } else if let Err(e) = self.mirror(cx.counters, first, pages, mask) {
+            self.discard_pages(cx.counters, first, pages);
+            self.put_region(c, c.rec);
+            return Err(e.into());
+        } else {
+            self.queue.complete_now(callback, Ok(()));
+        }
+        if let Some(s) = set.and_then(|s| self.sets.get_mut(s.index, s.generation)) {
+            s.regions.push(c.region);
         }
         Ok(())
     }
 
-    /// Remove attachment `slot` of space `space`: the device is deactivated first if it
-    /// is active here (so its MMU never points at a destroyed table), then its table
-    /// loses a user; a table without users is emptied (unmap + invalidate) and
-    /// destroyed, a shared one left behind gets the device's whole TLB invalidated.
-    pub(crate) fn detach_slot(&mut self, stats: &Counters, slot: usize, space: SpaceId) {
-        let Some(att) = self.attached[slot].as_ref() else {
-            return;
-        };
-        let t = att.table;
-        let dev = att.dev.clone();
-        {
-            let mut b = dev.binding.lock();
-            if b.is_active_in(space) {
-                b.active = None;
-                dev.mmu.activate(None);
-            }
-            b.attached.retain(|s| *s != space);
-        }
-        let users = self.tables[t]
-            .as_ref()
-            .map_or(0, |tb| tb.users & !(1 << slot));
-        if users == 0 {
-            let mut touched: Vec<(u64, u32)> = self
-                .lpt
-                .iter()
-                .filter(|(_, e)| e.mapped & (1 << t) != 0)
-                .map(|(v, _)| (v, 1u32 << t))
-                .collect();
-            touched.sort_unstable();
-            self.unmap_entries(stats, &touched, false);
-            let table = self.tables[t].take().expect("live table");
-            table.mmu.destroy_page_table(table.root);
-        } else {
-            let table = self.tables[t].as_mut().expect("live table");
-            table.users = users;
-            dev.mmu.invalidate_all(table.root);
-            Counters::add(&stats.invalidations, 1);
-        }
-        self.attached[slot] = None;
-        if let Some(table) = self.tables[t].as_mut() {
-            let faultable = self
-                .attached
-                .iter()
-                .flatten()
-                .filter(|a| a.table == t)
-                .all(|a| a.dev.faultable());
-            table.faultable = faultable;
-        }
-        let hint = (slot + 1) as u8;
-        let hinted: Vec<u64> = self
+    /// Switching a region to the unique policy: drop every mapping of the pages that
+    /// several tables map (remote access allowed it; replicas stay); the next fault
+    /// places each page by the new policy.
+    pub(crate) fn drop_shared_mappings(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+        self.settle(cx, space, c);
+        let replicas = self.replica_mask();
+        let touched: Vec<(Vpn, u32)> = self
             .lpt
-            .iter()
-            .filter(|(_, e)| e.hint == hint)
-            .map(|(v, _)| v)
+            .entries_in(c.first, c.pages)
+            .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
+            .map(|(v, e)| (v, e.mapped & !replicas))
             .collect();
-        for v in hinted {
-            self.lpt.update(v, |e| e.hint = 0);
+        self.unmap_entries(cx.counters, &touched);
+    }
+
+    /// `region_protect` under the lock: change every table's protection of the
+    /// region's mapped pages, all or nothing (see `protect_runs`).
+    pub(crate) fn protect_region(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        prot: Prot,
+    ) -> Result<(), MmuError> {
+        self.settle(cx, space, c);
+        let touched: Vec<(Vpn, u32)> = self
+            .lpt
+            .entries_in(c.first, c.pages)
+            .filter(|(_, e)| e.mapped != 0)
+            .map(|(v, e)| (v, e.mapped))
+            .collect();
+        let runs = crate::space::table_runs(&touched);
+        self.protect_runs(cx.counters, &runs, prot, c.rec.prot)
+    }
+
+    /// `region_unwire` under the lock: unpin the region's wired pages (caller-given
+    /// frames stay) and drop every mapping of them but the replicas.
+    pub(crate) fn unwire_region(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+        self.settle(cx, space, c);
+        let wired: Vec<(Vpn, PageEntry)> = self
+            .lpt
+            .entries_in(c.first, c.pages)
+            .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
+            .collect();
+        // Every mapping but the replicas goes: the next fault places the page by the
+        // region's policy again (a wired page may be mapped by several tables).
+        let mask = !self.replica_mask();
+        let touched: Vec<(Vpn, u32)> = wired
+            .iter()
+            .filter(|(_, e)| e.mapped & mask != 0)
+            .map(|(v, e)| (*v, e.mapped & mask))
+            .collect();
+        self.unmap_entries(cx.counters, &touched);
+        for (v, _) in wired {
+            self.set_page_wired(v, false);
         }
     }
 }

@@ -13,8 +13,10 @@ use gmem_core::{
     DeviceId, MapRun, MmuError, PageSize, PageTableRoot, PhysAddr, Prot, VaRange, VirtAddr,
     PAGE_SIZE,
 };
-use gmem_sim::{SimMemory, TableFormat};
-use gmem_x86pt::{X86Codec, X86Config, X86Tables};
+use gmem_sim::{RadixTables, SimMemory, TableFormat};
+use gmem_x86pt::{X86Codec, X86Config};
+
+type X86Tables = RadixTables<X86Codec>;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

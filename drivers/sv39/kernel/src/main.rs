@@ -34,9 +34,9 @@ use alloc::string::String;
 use alloc::sync::Arc;
 use board::{exit_fail, exit_pass, RAM_BASE, RAM_END};
 use core::sync::atomic::Ordering;
-use gmem_core::{Activation, 
-    AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, Gmem, MapFlags, MmuMode,
-    PageTableRoot, Prot, SingleCpu, VirtAddr, PAGE_SIZE,
+use gmem_core::{
+    Activation, AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, Gmem,
+    MapFlags, MmuMode, PageTableRoot, Prot, SingleCpu, VirtAddr, PAGE_SIZE,
 };
 use gmem_sv39::{DirectHart, GlobalMapping, Sv39, Sv39Config};
 use memory::{DirectRam, FramePool, Layout};

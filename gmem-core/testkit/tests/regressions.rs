@@ -50,7 +50,7 @@ fn set_policy_back_to_unique_leaves_no_page_mapped_by_two_tables() {
     }
 }
 
-/// Every input kept in `testkit/regressions/<runner>/` (minimized fuzz findings) still
+/// Every input kept in `gmem-core/testkit/regressions/<runner>/` (minimized fuzz findings) still
 /// passes its runner. A file's name says what it found (see the README there).
 fn replay_dir(runner: &str, f: fn(&[u8]) -> gmem_testkit::Summary) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,0 +1,518 @@
+//! The fault path's implementation (the theory is in [`crate::fault`]): serving a
+//! fault, zero-fill, migration, eviction, prefetch.
+
+use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
+use crate::addr::{Pfn, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use crate::device::{DeviceInner, FrameRun};
+use crate::error::{FaultError, MoveError};
+use crate::fault::{FaultKind, FaultResolution};
+use crate::flags::{DevCaps, Prot};
+use crate::gmem::Ctx;
+use crate::lpt::{PageEntry, PENDING};
+use crate::mmu::MemError;
+use crate::stats::Counters;
+use crate::sync::Arc;
+
+/// Eviction candidates examined per attempt (oldest first; pages that cannot be
+/// evicted now — wired, pending, or in a space whose lock is taken — are skipped).
+const EVICT_BATCH: usize = 16;
+
+impl SpaceState {
+    /// Serve a fault of the device in attachment `slot`.
+    pub(crate) fn fault(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        slot: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let stats = cx.counters;
+        let (rstart, prot, placement, granularity, explicit, rlen) =
+            match self.region_at(va.as_u64()) {
+                Some((s, r)) => (s, r.prot, r.placement, r.granularity, r.explicit, r.len),
+                None => return Err(FaultError::NotAllocated(va)),
+            };
+        if !prot.contains(access) {
+            return Err(FaultError::ProtectionViolation {
+                va,
+                access,
+                allowed: prot,
+            });
+        }
+        let vpn = va.vpn();
+        if self.lpt.get(vpn).has(PENDING) {
+            self.drain(stats, &space.arena);
+        }
+        let att = self.attached[slot]
+            .as_ref()
+            .expect("faulting device is attached");
+        let dev = att.dev.clone();
+        let t = att.table;
+        let target = self.target_of(cx, &dev, placement.target);
+        let e = self.lpt.get(vpn);
+
+        if !e.is_populated() {
+            if explicit {
+                return Err(FaultError::NotMapped(va));
+            }
+            let g = if granularity != 0 {
+                granularity >> PAGE_SHIFT
+            } else {
+                dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
+            };
+            let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
+            return Ok(self.zero_fill(
+                cx,
+                space,
+                t,
+                &target,
+                vpn,
+                g,
+                rfirst,
+                rfirst + rpages,
+                prot,
+            )?);
+        }
+
+        let here = self.memories.get(e.mem).clone();
+        // A mapping is remote when the frame is not in the faulter's own memory (its
+        // local memory, or host memory for a device without one).
+        let remote = here.id != self.target_of(cx, &dev, PlacementTarget::Faulting).id;
+        let mine = e.mapped & (1 << t) != 0;
+        if SpaceState::is_wired(&e) {
+            // Wired pages never move: map them where they are.
+            return if mine {
+                self.spurious(stats, t, vpn)
+            } else {
+                self.map_in_place(stats, t, vpn, e, prot, false, remote)
+            };
+        }
+        let replicas = self.replica_mask();
+        match placement.mode {
+            PlacementMode::Unique => {
+                let others = e.mapped & !(1 << t) & !replicas;
+                if mine && others == 0 {
+                    self.spurious(stats, t, vpn)
+                } else if here.id == target.id {
+                    self.unmap_pages(stats, vpn, 1, others);
+                    self.map_in_place(stats, t, vpn, e, prot, mine, remote)
+                } else {
+                    self.migrate_and_map(cx, space, t, vpn, &target, prot)
+                }
+            }
+            PlacementMode::RemoteAccess => {
+                let hinted = e.hint as usize == slot + 1;
+                if here.id == target.id {
+                    if mine {
+                        self.spurious(stats, t, vpn)
+                    } else {
+                        self.map_in_place(stats, t, vpn, e, prot, mine, remote)
+                    }
+                } else if mine && hinted {
+                    let r = self.migrate_and_map(cx, space, t, vpn, &target, prot)?;
+                    self.lpt.update(vpn, |e| e.hint = 0);
+                    Ok(r)
+                } else {
+                    self.lpt.update(vpn, |e| e.hint = (slot + 1) as u8);
+                    self.map_in_place(stats, t, vpn, e, prot, mine, true)
+                }
+            }
+        }
+    }
+
+    /// Map the page's frame where it is into table `t` (if not there yet) and count it.
+    #[allow(clippy::too_many_arguments)]
+    fn map_in_place(
+        &mut self,
+        stats: &Counters,
+        t: usize,
+        vpn: Vpn,
+        e: PageEntry,
+        prot: Prot,
+        mine: bool,
+        remote: bool,
+    ) -> Result<FaultResolution, FaultError> {
+        if !mine {
+            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+        }
+        self.memories.get(e.mem).phys.lock().touch(e.pfn);
+        let (counter, kind) = if remote {
+            (&stats.faults_remote, FaultKind::Remote)
+        } else {
+            (&stats.faults_map_existing, FaultKind::MappedExisting)
+        };
+        Counters::add(counter, 1);
+        Ok(FaultResolution { kind, pages: 1 })
+    }
+
+    /// Migrate the page to `target`, then map it into table `t` and count it.
+    fn migrate_and_map(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        t: usize,
+        vpn: Vpn,
+        target: &Arc<DeviceInner>,
+        prot: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        self.migrate_page(cx, space, vpn, target)?;
+        let n = self.lpt.get(vpn);
+        self.map_run(cx.counters, t, vpn, 1, n.pfn, n.mem, prot)?;
+        Counters::add(&cx.counters.faults_migrate, 1);
+        Ok(FaultResolution {
+            kind: FaultKind::Migrated,
+            pages: 1,
+        })
+    }
+
+    fn spurious(
+        &mut self,
+        stats: &Counters,
+        t: usize,
+        vpn: Vpn,
+    ) -> Result<FaultResolution, FaultError> {
+        let runs = [crate::space::TableRun {
+            table: t,
+            range: crate::addr::VaRange {
+                start: vpn.addr(),
+                len: PAGE_SIZE,
+            },
+        }];
+        self.invalidate(stats, &runs);
+        Counters::add(&stats.faults_spurious, 1);
+        Ok(FaultResolution {
+            kind: FaultKind::Spurious,
+            pages: 0,
+        })
+    }
+
+    /// The memory a placement target names for a faulting device.
+    pub(crate) fn target_of(
+        &self,
+        cx: &Ctx<'_>,
+        dev: &Arc<DeviceInner>,
+        target: PlacementTarget,
+    ) -> Arc<DeviceInner> {
+        match target {
+            PlacementTarget::Host => cx.host.clone(),
+            PlacementTarget::Device(id) => match cx.device(id) {
+                Some(d) if d.has_memory() => d,
+                _ => cx.host.clone(),
+            },
+            PlacementTarget::Faulting => {
+                if dev.has_memory() {
+                    dev.clone()
+                } else {
+                    cx.host.clone()
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn zero_fill(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        t: usize,
+        target: &Arc<DeviceInner>,
+        vpn: Vpn,
+        g: u64,
+        rfirst: Vpn,
+        rend: Vpn,
+        prot: Prot,
+    ) -> Result<FaultResolution, MoveError> {
+        let stats = cx.counters;
+        let g = g.max(1);
+        let b0 = vpn.align_down(g);
+        let whole =
+            g > 1 && b0 >= rfirst && b0 + g <= rend && self.lpt.entries_in(b0, g).next().is_none();
+        let mem = self
+            .mem_index(target)
+            .map_err(|_| MoveError::TooManyMemories(target.id))?;
+        let block = whole
+            .then(|| target.alloc_frames(g, g, space.id, b0, frame_limit(target, b0, g)))
+            .flatten();
+        let (first, pages, run) = match block {
+            Some(run) => (b0, g, run),
+            None => (vpn, 1, self.alloc_frame(cx, space, target, vpn)?),
+        };
+        let pfn = run.pfn();
+        let memory = target
+            .memory
+            .as_ref()
+            .ok_or(MoveError::OutOfMemory(target.id))?;
+        memory.zero(pfn.addr(), pages << PAGE_SHIFT)?;
+        for k in 0..pages {
+            self.lpt.set(
+                first + k,
+                PageEntry {
+                    pfn: pfn + k,
+                    mem,
+                    ..PageEntry::EMPTY
+                },
+            );
+        }
+        let replicas = self.replica_mask();
+        if let Err(e) = self
+            .map_run(stats, t, first, pages, pfn, mem, prot)
+            .and_then(|()| self.mirror(stats, first, pages, replicas))
+        {
+            self.unpopulate(stats, first, pages);
+            return Err(e.into());
+        }
+        run.commit();
+        Counters::add(&stats.pages_zeroed, pages);
+        Counters::add(&stats.faults_zero_fill, 1);
+        Ok(FaultResolution {
+            kind: FaultKind::ZeroFill,
+            pages,
+        })
+    }
+
+    /// Undo the population of fresh pages `[first, first + pages)` whose frames are
+    /// still an uncommitted [`FrameRun`]: unmap them from every table that got them
+    /// (invalidating) and forget their entries; dropping the run then frees the frames.
+    fn unpopulate(&mut self, stats: &Counters, first: Vpn, pages: u64) {
+        self.unmap_pages(stats, first, pages, u32::MAX);
+        for k in 0..pages {
+            self.lpt.take(first + k);
+        }
+    }
+
+    /// One frame in `target` for page `vpn`, evicting to host memory if `target` is a
+    /// full device memory.
+    pub(crate) fn alloc_frame(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        target: &Arc<DeviceInner>,
+        vpn: Vpn,
+    ) -> Result<FrameRun, MoveError> {
+        let limit = frame_limit(target, vpn, 1);
+        loop {
+            if let Some(run) = target.alloc_frames(1, 1, space.id, vpn, limit) {
+                return Ok(run);
+            }
+            if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
+                return Err(MoveError::OutOfMemory(target.id));
+            }
+        }
+    }
+
+    /// Evict the oldest page of `dev`'s memory that can be evicted now (pages of other
+    /// spaces only if their lock is free) to host memory. Returns whether one was.
+    fn evict_from(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        dev: &Arc<DeviceInner>,
+        keep_vpn: Vpn,
+    ) -> Result<bool, MoveError> {
+        let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
+        for (pfn, owner) in candidates {
+            let evicted = if owner.space == space.id {
+                owner.vpn != keep_vpn && self.evict_page(cx, owner.vpn, dev, pfn)?
+            } else if let Some(other) = cx.space(owner.space) {
+                match other.try_lock() {
+                    Some(mut st) => st.evict_page(cx, owner.vpn, dev, pfn)?,
+                    None => false,
+                }
+            } else {
+                false
+            };
+            if evicted {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Move page `vpn` (frame `pfn` of `dev`) to host memory.
+    pub(crate) fn evict_page(
+        &mut self,
+        cx: &Ctx<'_>,
+        vpn: Vpn,
+        dev: &Arc<DeviceInner>,
+        pfn: Pfn,
+    ) -> Result<bool, MoveError> {
+        let e = self.lpt.get(vpn);
+        if !e.is_populated()
+            || e.pfn != pfn
+            || self.memories.get(e.mem).id != dev.id
+            || e.has(PENDING)
+            || SpaceState::is_wired(&e)
+        {
+            return Ok(false);
+        }
+        let owner = dev.phys.lock().owner(pfn).map(|o| o.space);
+        let Some(space_id) = owner else {
+            return Ok(false);
+        };
+        let host = cx.host.clone();
+        let limit = frame_limit(&host, vpn, 1);
+        let Some(new) = host.alloc_frames(1, 1, space_id, vpn, limit) else {
+            return Err(MoveError::OutOfMemory(host.id));
+        };
+        self.move_page(cx, vpn, &host, new)?;
+        Counters::add(&cx.counters.evictions, 1);
+        Ok(true)
+    }
+
+    /// Move page `vpn` to `target` (migration under unique or on the remote hint).
+    fn migrate_page(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        vpn: Vpn,
+        target: &Arc<DeviceInner>,
+    ) -> Result<(), MoveError> {
+        let new = self.alloc_frame(cx, space, target, vpn)?;
+        self.move_page(cx, vpn, target, new)
+    }
+
+    /// Tear down every mapping of `vpn` (unmap + invalidate), then copy its bytes into
+    /// frame run `new` of `to` (committed once the bytes are there; on a failure before
+    /// that it is freed and the page stays where it was), free the old frame,
+    /// re-mirror.
+    pub(crate) fn move_page(
+        &mut self,
+        cx: &Ctx<'_>,
+        vpn: Vpn,
+        to: &Arc<DeviceInner>,
+        new: FrameRun,
+    ) -> Result<(), MoveError> {
+        let stats = cx.counters;
+        let e = self.lpt.get(vpn);
+        let from = self.memories.get(e.mem).clone();
+        let mem = self
+            .mem_index(to)
+            .map_err(|_| MoveError::TooManyMemories(to.id))?;
+        // Mappings first: once every TLB is invalidated no device can still write the
+        // old frame, so the copy below sees the page's final bytes. (On a copy failure
+        // the page stays where it is; the dropped mappings fault back in.)
+        self.unmap_pages(stats, vpn, 1, u32::MAX);
+        self.copy_page(&from, e.pfn, to, new.pfn())?;
+        let new = new.commit();
+        self.release_frame(&e, false);
+        self.lpt.update(vpn, |x| {
+            x.mem = mem;
+            x.pfn = new;
+        });
+        let bytes = PAGE_SIZE;
+        let from_host = from.caps.contains(DevCaps::HOST);
+        let to_host = to.caps.contains(DevCaps::HOST);
+        let counter = match (from_host, to_host) {
+            (true, false) => &stats.bytes_host_to_dev,
+            (false, true) => &stats.bytes_dev_to_host,
+            _ => &stats.bytes_dev_to_dev,
+        };
+        Counters::add(counter, bytes);
+        let replicas = self.replica_mask();
+        self.mirror(stats, vpn, 1, replicas)?;
+        Ok(())
+    }
+
+    fn copy_page(
+        &mut self,
+        from: &Arc<DeviceInner>,
+        src: Pfn,
+        to: &Arc<DeviceInner>,
+        dst: Pfn,
+    ) -> Result<(), MemError> {
+        let src_mem = from
+            .memory
+            .as_ref()
+            .ok_or(MemError::OutOfRange { pa: src.addr() })?;
+        let dst_mem = to
+            .memory
+            .as_ref()
+            .ok_or(MemError::OutOfRange { pa: dst.addr() })?;
+        let mut buf = core::mem::take(&mut self.bounce);
+        let r = src_mem
+            .read(src.addr(), &mut buf)
+            .and_then(|()| dst_mem.write(dst.addr(), &buf));
+        self.bounce = buf;
+        r
+    }
+
+    /// Give page `vpn` a zero-filled frame in `target` (no mapping; the next fault or a
+    /// mirror maps it).
+    pub(crate) fn prepare_page(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        vpn: Vpn,
+        target: &Arc<DeviceInner>,
+    ) -> Result<(), MoveError> {
+        let mem = self
+            .mem_index(target)
+            .map_err(|_| MoveError::TooManyMemories(target.id))?;
+        let run = self.alloc_frame(cx, space, target, vpn)?;
+        let pfn = run.pfn();
+        let memory = target
+            .memory
+            .as_ref()
+            .ok_or(MoveError::OutOfMemory(target.id))?;
+        memory.zero(pfn.addr(), PAGE_SIZE)?;
+        self.lpt.set(
+            vpn,
+            PageEntry {
+                pfn,
+                mem,
+                ..PageEntry::EMPTY
+            },
+        );
+        let replicas = self.replica_mask();
+        if let Err(e) = self.mirror(cx.counters, vpn, 1, replicas) {
+            self.unpopulate(cx.counters, vpn, 1);
+            return Err(e.into());
+        }
+        run.commit();
+        Counters::add(&cx.counters.pages_zeroed, 1);
+        Ok(())
+    }
+
+    /// Migrate (or prefetch) every page of `[first, first+pages)` to `target`: pages with
+    /// frames elsewhere move, pages without frames are allocated and zero-filled there
+    /// (no mapping is installed; the next fault maps). Wired pages stay. Returns pages
+    /// moved or prepared.
+    pub(crate) fn migrate_range(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        first: Vpn,
+        pages: u64,
+        target: &Arc<DeviceInner>,
+        prefetch: bool,
+    ) -> Result<u64, MoveError> {
+        if self.any_pending(first, pages) {
+            self.drain(cx.counters, &space.arena);
+        }
+        let mut done = 0;
+        for vpn in first.span(pages) {
+            let e = self.lpt.get(vpn);
+            if e.is_populated() {
+                if SpaceState::is_wired(&e) || self.memories.get(e.mem).id == target.id {
+                    continue;
+                }
+                self.migrate_page(cx, space, vpn, target)?;
+                done += 1;
+            } else if prefetch {
+                self.prepare_page(cx, space, vpn, target)?;
+                done += 1;
+            }
+        }
+        Ok(done)
+    }
+}
+
+const _: () = assert!(MAX_TABLES <= 32);
+
+/// The driver's constraint on frames of `dev` backing `pages` pages from `vpn`.
+fn frame_limit(dev: &DeviceInner, vpn: Vpn, pages: u64) -> Option<crate::mmu::FrameConstraint> {
+    dev.memory
+        .as_ref()
+        .and_then(|m| m.frame_constraint(vpn.addr(), pages))
+}

@@ -1,0 +1,217 @@
+//! The queue's work on the space state (the theory is in [`crate::queue`]): enqueue,
+//! drain, release after invalidation, strict unmaps deferred out of the lock.
+
+use crate::addr::Vpn;
+use crate::lpt::{PageEntry, PENDING};
+use crate::mmu::MmuError;
+use crate::space::{SpaceInner, SpaceState, TableRun};
+use crate::stats::Counters;
+use crate::sync::Arc;
+use crate::vmem::Arena;
+use alloc::vec::Vec;
+
+use crate::queue::{Callback, Discard, Op, PendingInvalidation, Request};
+
+impl SpaceState {
+    /// Queue an unmap whose entries are already cleared (`discard` came from
+    /// `discard_pages_deferred`); `va` is a reservation to release afterwards.
+    pub fn enqueue_unmap(
+        &mut self,
+        stats: &Counters,
+        arena: &Arena,
+        discard: Discard,
+        va: Option<(u64, u64)>,
+        callback: Option<Callback>,
+    ) {
+        Counters::add(&stats.async_requests, 1);
+        // Deliberately broken (loom model `queue` must catch it): the completion
+        // callback is made ready at once, before the batch's TLB invalidation.
+        #[cfg(gmem_loom_bug = "callback_before_invalidation")]
+        let callback = {
+            self.queue.complete_now(callback, Ok(()));
+            None
+        };
+        // Deliberately broken (loom model `faults` must catch it): the frames of the
+        // unmap go back to their memories at once instead of staying quarantined
+        // until the invalidation, so a fault can reuse a frame a TLB still maps.
+        #[cfg(gmem_loom_bug = "frames_before_invalidation")]
+        let discard = {
+            for &(mem, pfn) in &discard.frames {
+                self.memories.get(mem).phys.lock().free(pfn);
+            }
+            Discard {
+                frames: Vec::new(),
+                ..discard
+            }
+        };
+        self.queue.requests.push(Request {
+            op: Op::Unmap { discard, va },
+            callback,
+        });
+        if self.queue.requests.len() >= self.queue.batch_limit {
+            self.drain(stats, arena);
+        }
+    }
+
+    /// Queue the page-table updates of a map whose logical entries exist (marked
+    /// pending), for the tables that must hold wired pages when the queue drains.
+    pub fn enqueue_map(
+        &mut self,
+        stats: &Counters,
+        arena: &Arena,
+        first: Vpn,
+        pages: u64,
+        callback: Option<Callback>,
+    ) {
+        Counters::add(&stats.async_requests, 1);
+        self.queue.requests.push(Request {
+            op: Op::Map { first, pages },
+            callback,
+        });
+        if self.queue.requests.len() >= self.queue.batch_limit {
+            self.drain(stats, arena);
+        }
+    }
+
+    /// The requests on `[first, first + pages)` completed: clear their pending marks; a
+    /// page left with nothing but the mark (an unmapped one) is forgotten.
+    pub(crate) fn clear_pending(&mut self, first: Vpn, pages: u64) {
+        let pending: Vec<Vpn> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.has(PENDING))
+            .map(|(v, _)| v)
+            .collect();
+        for v in pending {
+            self.lpt.update(v, |e| {
+                e.flags &= !PENDING;
+                if !e.is_populated() {
+                    *e = PageEntry::EMPTY;
+                }
+            });
+        }
+    }
+
+    /// The invalidation of a discard completed: its frames go back to their memories,
+    /// its pages lose their pending marks, its virtual range (if any) returns to the
+    /// arena.
+    pub(crate) fn release_discarded(
+        &mut self,
+        discard: Discard,
+        va: Option<(u64, u64)>,
+        arena: &Arena,
+    ) {
+        for (mem, pfn) in discard.frames {
+            self.memories.get(mem).phys.lock().free(pfn);
+        }
+        self.clear_pending(discard.first, discard.pages);
+        if let Some((start, len)) = va {
+            let freed = arena.free(start, len);
+            debug_assert!(freed.is_ok(), "deferred range release failed: {freed:?}");
+        }
+    }
+
+    /// Turn a discard (from `discard_pages_deferred`) into a strict unmap whose
+    /// TLB invalidation runs outside the space lock: see [`PendingInvalidation`]. With
+    /// nothing to invalidate it completes at once and `None` is returned.
+    pub fn defer_invalidation(
+        &mut self,
+        space: &Arc<SpaceInner>,
+        discard: Discard,
+        va: Option<(u64, u64)>,
+        callback: Option<Callback>,
+    ) -> Option<PendingInvalidation> {
+        let shootdowns = self.shootdowns(&discard.runs);
+        // Deliberately broken (loom model `strict` must catch it): the frames and the
+        // range are released under the lock, before the unlocked invalidation.
+        #[cfg(gmem_loom_bug = "strict_release_before_invalidation")]
+        let (discard, va) = {
+            self.release_discarded(discard, va, &space.arena);
+            (
+                Discard {
+                    runs: Vec::new(),
+                    frames: Vec::new(),
+                    first: 0,
+                    pages: 0,
+                },
+                None,
+            )
+        };
+        if shootdowns.is_empty() {
+            self.release_discarded(discard, va, &space.arena);
+            self.queue.complete_now(callback, Ok(()));
+            return None;
+        }
+        self.queue.strict_in_flight += 1;
+        Some(PendingInvalidation {
+            space: space.clone(),
+            shootdowns,
+            discard,
+            va,
+            callback,
+        })
+    }
+
+    /// The unlocked invalidation of a strict unmap completed: release what it held
+    /// back and make its callback ready.
+    pub(crate) fn finish_strict(
+        &mut self,
+        discard: Discard,
+        va: Option<(u64, u64)>,
+        arena: &Arena,
+        callback: Option<Callback>,
+    ) {
+        self.release_discarded(discard, va, arena);
+        self.queue.strict_in_flight -= 1;
+        self.queue.complete_now(callback, Ok(()));
+    }
+
+    /// Complete every queued request: page-table updates of maps, one coalesced TLB
+    /// invalidation per device for all unmaps, then release frames and ranges, then
+    /// make the callbacks ready.
+    pub fn drain(&mut self, stats: &Counters, arena: &Arena) {
+        let requests = core::mem::take(&mut self.queue.requests);
+        if requests.is_empty() {
+            return;
+        }
+        Counters::add(&stats.async_batches, 1);
+        let mut runs: Vec<TableRun> = Vec::new();
+        let mut unmaps = 0u64;
+        let mut results: Vec<Result<(), MmuError>> = Vec::with_capacity(requests.len());
+        for req in &requests {
+            match &req.op {
+                Op::Unmap { discard, .. } => {
+                    runs.extend_from_slice(&discard.runs);
+                    unmaps += 1;
+                    results.push(Ok(()));
+                }
+                Op::Map { first, pages } => {
+                    let (first, pages) = (*first, *pages);
+                    self.clear_pending(first, pages);
+                    // The tables that must hold wired pages now: one attached while
+                    // the map was queued (its fill skipped the pending pages) is
+                    // included, one detached since is not.
+                    let live = self.wired_mask();
+                    results.push(self.mirror(stats, first, pages, live));
+                }
+            }
+        }
+        // One invalidation per device for the whole batch.
+        if !runs.is_empty() {
+            let before = stats.invalidations.load(crate::sync::Ordering::Relaxed);
+            self.invalidate(stats, &runs);
+            let issued = stats.invalidations.load(crate::sync::Ordering::Relaxed) - before;
+            if unmaps > 1 && issued > 0 {
+                Counters::add(&stats.invalidations_coalesced, unmaps - 1);
+            }
+        }
+        for (req, result) in requests.into_iter().zip(results) {
+            if let Op::Unmap { discard, va } = req.op {
+                self.release_discarded(discard, va, arena);
+            }
+            if let Some(cb) = req.callback {
+                self.queue.ready.push((cb, result));
+            }
+        }
+    }
+}
