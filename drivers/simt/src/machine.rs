@@ -190,7 +190,7 @@ impl SimtMachine {
 
     /// For each address of `vas` and each unit whose caches hold a translation of it,
     /// check that the translation the caches serve equals a fresh walk of the table
-    /// (frame, page size, permissions). Returns how many cached translations were
+    /// (frame, page size, permissions, format bits). Returns how many cached translations were
     /// checked.
     ///
     /// # Errors
@@ -385,7 +385,9 @@ fn audit<F: gmem_sim::TableFormat>(
             let fresh = mmu.table_format().walk(root, va, Prot::empty(), None).leaf;
             let served = mmu.translate(u, va, Prot::empty());
             let same = match (&served, &fresh) {
-                (Ok(s), Some(f)) => s.frame == f.frame && s.shift == f.shift && s.prot == f.prot,
+                (Ok(s), Some(f)) => {
+                    s.frame == f.frame && s.shift == f.shift && s.prot == f.prot && s.bits == f.bits
+                }
                 _ => false,
             };
             if !same {
