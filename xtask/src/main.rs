@@ -98,7 +98,7 @@ fn ci() -> Result<(), String> {
     bare_metal()?;
     run(
         "benchmarks compile",
-        &["bench", "-p", "gmem-core", "--no-run"],
+        &["bench", "-p", "gmem-core", "-p", "gmem-simt", "--no-run"],
     )?;
     run(
         "main job",
