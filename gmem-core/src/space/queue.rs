@@ -131,7 +131,7 @@ impl SpaceState {
                 Discard {
                     runs: Vec::new(),
                     frames: Vec::new(),
-                    first: 0,
+                    first: Vpn(0),
                     pages: 0,
                 },
                 None,
