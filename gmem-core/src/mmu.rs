@@ -25,6 +25,14 @@
 //!   invalidation of that table. (For a table shared by several devices the core
 //!   invalidates every sharer in the same call sequence, the last sharer's
 //!   invalidation completing the batch.)
+//! - Accessed bits ([`Mmu::test_and_clear_accessed`], optional): the eviction scan asks
+//!   the tables that map a candidate page whether the hardware set its accessed bit
+//!   since the last look, and clears it. A TLB that caches the translation would let
+//!   the device keep using the page without setting the bit again, so for every range
+//!   the driver reports referenced the core invalidates the TLB of every device using
+//!   that table (one `invalidate` per device, as for an unmap) before it trusts the bit
+//!   again; a driver need not invalidate inside the call. A driver without accessed
+//!   bits keeps the default (`None`) and its memory is aged by fault order (FIFO).
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
 //!   the core then edits the table through the MMU of the device that created it and
 //!   invalidates the TLB of every sharer through its own MMU.
@@ -141,6 +149,21 @@ pub trait Mmu: Send + Sync {
     /// Point the device's translation at `root` (the device is activated in the owning
     /// space), or at nothing.
     fn activate(&self, root: Option<PageTableRoot>);
+    /// Read and clear the accessed bits of every mapping in `range` of `root`: `Some(true)`
+    /// when the hardware set at least one of them since it was last cleared (or since the
+    /// mapping was installed), `Some(false)` when none was set or nothing is mapped there,
+    /// `None` when the format keeps no accessed bits (the default; the core then evicts
+    /// this device's pages by fault order).
+    ///
+    /// Hardware sets accessed bits concurrently with this call (a walk sets them with an
+    /// atomic read-modify-write): clearing must be one compare-exchange per entry so
+    /// that a bit set meanwhile is either reported now or kept for the next call. The
+    /// driver need not invalidate its TLB here: the core invalidates every device using
+    /// the table for a range reported referenced (see the module's contracts).
+    fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
+        let _ = (root, range);
+        None
+    }
 }
 
 /// Why a memory operation of a driver failed.

@@ -1,8 +1,8 @@
 //! The fault path's implementation (the theory is in [`crate::fault`]): serving a
 //! fault, zero-fill, migration, eviction, prefetch.
 
-use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
-use crate::addr::{Pfn, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, TableRun, MAX_TABLES};
+use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::{DeviceInner, FrameRun};
 use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
@@ -10,12 +10,24 @@ use crate::flags::{DevCaps, Prot};
 use crate::gmem::Ctx;
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
+use crate::physmem::EvictionPolicy;
 use crate::stats::Counters;
 use crate::sync::Arc;
+use alloc::vec::Vec;
 
 /// Eviction candidates examined per attempt (oldest first; pages that cannot be
 /// evicted now — wired, pending, or in a space whose lock is taken — are skipped).
 const EVICT_BATCH: usize = 16;
+
+/// What the eviction scan did with one candidate.
+enum Scan {
+    /// Moved to host memory.
+    Evicted,
+    /// Referenced since the last look: given a second chance.
+    Referenced,
+    /// Cannot be evicted now (wired, pending, the faulting page, a busy space).
+    Skipped,
+}
 
 impl SpaceState {
     /// Serve a fault of the device in attachment `slot`.
@@ -301,8 +313,17 @@ impl SpaceState {
         }
     }
 
-    /// Evict the oldest page of `dev`'s memory that can be evicted now (pages of other
-    /// spaces only if their lock is free) to host memory. Returns whether one was.
+    /// Evict one page of `dev`'s memory that can be evicted now (pages of other spaces
+    /// only if their lock is free) to host memory. Returns whether one was.
+    ///
+    /// The scan walks the inactive queue from its head ([`crate::physmem`] ages the
+    /// active queue into it). Under [`EvictionPolicy::Fifo`] the first evictable
+    /// candidate goes. Under [`EvictionPolicy::Clock`] each candidate's accessed bits are
+    /// read and cleared in the tables that map it: a referenced page gets a second
+    /// chance (back to the active tail), the first unreferenced one goes. A sweep can
+    /// give every page a second chance, but after it every bit it saw is clear, so the
+    /// rounds are bounded by the evictable frames; a last round evicts FIFO (pages
+    /// re-referenced faster than the scan clears them must not make the fault fail).
     fn evict_from(
         &mut self,
         cx: &Ctx<'_>,
@@ -310,23 +331,125 @@ impl SpaceState {
         dev: &Arc<DeviceInner>,
         keep_vpn: Vpn,
     ) -> Result<bool, MoveError> {
-        let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
-        for (pfn, owner) in candidates {
-            let evicted = if owner.space == space.id {
-                owner.vpn != keep_vpn && self.evict_page(cx, owner.vpn, dev, pfn)?
-            } else if let Some(other) = cx.space(owner.space) {
-                match other.try_lock() {
-                    Some(mut st) => st.evict_page(cx, owner.vpn, dev, pfn)?,
-                    None => false,
-                }
+        let (policy, evictable) = {
+            let p = dev.phys.lock();
+            (p.policy(), p.evictable())
+        };
+        let rounds = match policy {
+            EvictionPolicy::Fifo => 1,
+            EvictionPolicy::Clock => evictable / EVICT_BATCH as u64 + 2,
+        };
+        for round in 0..rounds {
+            let policy = if round + 1 == rounds {
+                EvictionPolicy::Fifo
             } else {
-                false
+                policy
             };
-            if evicted {
-                return Ok(true);
+            let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
+            let mut second_chances = false;
+            for (pfn, owner) in candidates {
+                let scan = if owner.space == space.id {
+                    if owner.vpn == keep_vpn {
+                        Scan::Skipped
+                    } else {
+                        self.scan_evict(cx, owner.vpn, dev, pfn, policy)?
+                    }
+                } else if let Some(other) = cx.space(owner.space) {
+                    match other.try_lock() {
+                        Some(mut st) => st.scan_evict(cx, owner.vpn, dev, pfn, policy)?,
+                        None => Scan::Skipped,
+                    }
+                } else {
+                    Scan::Skipped
+                };
+                match scan {
+                    Scan::Evicted => return Ok(true),
+                    Scan::Referenced => second_chances = true,
+                    Scan::Skipped => {}
+                }
+            }
+            if !second_chances {
+                return Ok(false);
             }
         }
         Ok(false)
+    }
+
+    /// One candidate of the eviction scan: page `vpn` on frame `pfn` of `dev`.
+    fn scan_evict(
+        &mut self,
+        cx: &Ctx<'_>,
+        vpn: Vpn,
+        dev: &Arc<DeviceInner>,
+        pfn: Pfn,
+        policy: EvictionPolicy,
+    ) -> Result<Scan, MoveError> {
+        let e = self.lpt.get(vpn);
+        if !self.evictable(&e, dev, pfn) {
+            return Ok(Scan::Skipped);
+        }
+        let by_clock = match policy {
+            EvictionPolicy::Fifo => false,
+            EvictionPolicy::Clock => match self.page_referenced(cx.counters, vpn, e.mapped) {
+                None => false,
+                Some(referenced) => {
+                    Counters::add(&cx.counters.pages_scanned, 1);
+                    if referenced {
+                        dev.phys.lock().second_chance(pfn);
+                        Counters::add(&cx.counters.second_chances, 1);
+                        return Ok(Scan::Referenced);
+                    }
+                    true
+                }
+            },
+        };
+        if !self.evict_page(cx, vpn, dev, pfn)? {
+            return Ok(Scan::Skipped);
+        }
+        let counter = match by_clock {
+            true => &cx.counters.evictions_clock,
+            false => &cx.counters.evictions_fifo,
+        };
+        Counters::add(counter, 1);
+        Ok(Scan::Evicted)
+    }
+
+    /// Read and clear the accessed bit of page `vpn` in every table of `mapped`; the
+    /// TLBs of every device using a table that reported it referenced are invalidated
+    /// for the page (a cached translation would let the device use the page without
+    /// setting the bit again). `None` when no table that maps the page keeps accessed
+    /// bits; a page mapped nowhere is unreferenced (a use would have faulted).
+    fn page_referenced(&self, stats: &Counters, vpn: Vpn, mapped: u32) -> Option<bool> {
+        let range = VaRange {
+            start: vpn.addr(),
+            len: PAGE_SIZE,
+        };
+        let mut supported = mapped == 0;
+        let mut runs = Vec::new();
+        for (t, table) in self.tables.iter().enumerate() {
+            let Some(table) = table.as_ref().filter(|_| mapped & (1 << t) != 0) else {
+                continue;
+            };
+            if let Some(referenced) = table.mmu.test_and_clear_accessed(table.root, range) {
+                supported = true;
+                if referenced {
+                    runs.push(TableRun { table: t, range });
+                }
+            }
+        }
+        if !runs.is_empty() {
+            self.invalidate(stats, &runs);
+        }
+        supported.then_some(!runs.is_empty())
+    }
+
+    /// Whether page entry `e` (expected on frame `pfn` of `dev`) can be evicted now.
+    fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
+        e.is_populated()
+            && e.pfn == pfn
+            && self.memories.get(e.mem).id == dev.id
+            && !e.has(PENDING)
+            && !SpaceState::is_wired(e)
     }
 
     /// Move page `vpn` (frame `pfn` of `dev`) to host memory.
@@ -338,12 +461,7 @@ impl SpaceState {
         pfn: Pfn,
     ) -> Result<bool, MoveError> {
         let e = self.lpt.get(vpn);
-        if !e.is_populated()
-            || e.pfn != pfn
-            || self.memories.get(e.mem).id != dev.id
-            || e.has(PENDING)
-            || SpaceState::is_wired(&e)
-        {
+        if !self.evictable(&e, dev, pfn) {
             return Ok(false);
         }
         let owner = dev.phys.lock().owner(pfn).map(|o| o.space);
