@@ -87,7 +87,8 @@ pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
-    DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
+    bounce_copy, DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat,
+    PageTableRoot, COPY_BOUNCE_BYTES,
 };
 pub use physmem::{EvictionPolicy, FrameCounts};
 pub use platform::{FrameSource, Platform, SingleCpu};

@@ -426,6 +426,9 @@ pub struct MemCounts {
     pub read: u64,
     /// Bytes written.
     pub written: u64,
+    /// `copy` calls made from this memory (each moves one run, through the bounce
+    /// buffer of [`crate::mmu::bounce_copy`]).
+    pub copies: u64,
 }
 
 impl TestMemory {
@@ -469,6 +472,16 @@ impl TestMemory {
 }
 
 impl DeviceMemory for TestMemory {
+    fn copy(
+        &self,
+        src: PhysAddr,
+        to: &dyn DeviceMemory,
+        dst: PhysAddr,
+        len: u64,
+    ) -> Result<(), MemError> {
+        self.counts.lock().copies += 1;
+        crate::mmu::bounce_copy(self, src, to, dst, len)
+    }
     fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
         self.check(pa, len)?;
         let mut pages = self.pages.lock();

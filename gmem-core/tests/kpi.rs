@@ -1635,3 +1635,53 @@ fn clock_keeps_a_hot_page_that_fifo_evicts() {
         fs.evictions
     );
 }
+
+#[test]
+fn migration_moves_a_contiguous_run_in_one_copy_and_keeps_bytes() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 64);
+    let gid = s.devices[g].id;
+    let pages = 32;
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(pages * PAGE_SIZE))
+            .unwrap();
+    // One fault zero-fills the whole region on one contiguous host run.
+    s.gm.region_set_granularity(r, pages * PAGE_SIZE).unwrap();
+    let data = pattern(11, (pages * PAGE_SIZE) as usize);
+    s.write(0, r.start, &data).unwrap();
+    assert_eq!(s.gm.stats().faults_zero_fill, 1);
+    let host_mem = s.host().memory.clone().unwrap();
+    let gpu_mem = s.devices[g].memory.clone().unwrap();
+    let copies = host_mem.counts().copies;
+    assert_eq!(
+        s.gm.region_migrate(r, gid, MigrateScope::Populated)
+            .unwrap(),
+        pages
+    );
+    assert_eq!(host_mem.counts().copies - copies, 1, "one copy for the run");
+    assert_eq!(s.gm.stats().bytes_host_to_dev, pages * PAGE_SIZE);
+    ok(&s, space);
+    assert_eq!(s.read(g, r.start, data.len()).unwrap(), data, "GPU sees it");
+    // And back: the GPU's frames came as one run too.
+    assert_eq!(
+        s.gm.region_migrate(r, s.host().id, MigrateScope::Populated)
+            .unwrap(),
+        pages
+    );
+    assert_eq!(gpu_mem.counts().copies, 1);
+    assert_eq!(s.gm.stats().bytes_dev_to_host, pages * PAGE_SIZE);
+    ok(&s, space);
+    assert_eq!(s.read(0, r.start, data.len()).unwrap(), data, "CPU sees it");
+    // A target too full for the run falls back to pages (with eviction): bytes kept.
+    let small = gpu(&mut s, space, 8);
+    let sid = s.devices[small].id;
+    assert_eq!(
+        s.gm.region_migrate(r, sid, MigrateScope::Populated)
+            .unwrap(),
+        pages
+    );
+    let f = s.gm.dev_frames(sid).unwrap();
+    assert_eq!((f.active + f.inactive, f.free), (8, 0));
+    ok(&s, space);
+    assert_eq!(s.read(0, r.start, data.len()).unwrap(), data);
+}

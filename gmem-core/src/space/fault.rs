@@ -19,6 +19,9 @@ use alloc::vec::Vec;
 /// evicted now — wired, pending, or in a space whose lock is taken — are skipped).
 const EVICT_BATCH: usize = 16;
 
+/// The longest run a migration moves in one call (2 MiB).
+const MOVE_RUN_MAX: u64 = 512;
+
 /// What the eviction scan did with one candidate.
 enum Scan {
     /// Moved to host memory.
@@ -511,7 +514,7 @@ impl SpaceState {
         // old frame, so the copy below sees the page's final bytes. (On a copy failure
         // the page stays where it is; the dropped mappings fault back in.)
         self.unmap_pages(stats, vpn, 1, u32::MAX);
-        self.copy_page(&from, e.pfn, to, new.pfn())?;
+        copy_run(&from, e.pfn, to, new.pfn(), 1)?;
         let new = new.commit();
         self.release_frame(&e, false);
         self.lpt.update(vpn, |x| {
@@ -532,27 +535,69 @@ impl SpaceState {
         Ok(())
     }
 
-    fn copy_page(
+    /// Move the `pages` pages from `first` — populated, in one memory, on the
+    /// physically contiguous frames from the first page's, none wired or pending — to
+    /// the frame run `new` of `to`: one unmap (and one invalidation per device), one
+    /// [`crate::DeviceMemory::copy`], one mirror. On a copy failure nothing moved (the
+    /// dropped mappings fault back in) and `new` is freed.
+    fn move_run(
         &mut self,
-        from: &Arc<DeviceInner>,
-        src: Pfn,
+        cx: &Ctx<'_>,
+        first: Vpn,
+        pages: u64,
         to: &Arc<DeviceInner>,
-        dst: Pfn,
-    ) -> Result<(), MemError> {
-        let src_mem = from
-            .memory
-            .as_ref()
-            .ok_or(MemError::OutOfRange { pa: src.addr() })?;
-        let dst_mem = to
-            .memory
-            .as_ref()
-            .ok_or(MemError::OutOfRange { pa: dst.addr() })?;
-        let mut buf = core::mem::take(&mut self.bounce);
-        let r = src_mem
-            .read(src.addr(), &mut buf)
-            .and_then(|()| dst_mem.write(dst.addr(), &buf));
-        self.bounce = buf;
-        r
+        new: FrameRun,
+    ) -> Result<(), MoveError> {
+        let stats = cx.counters;
+        let e = self.lpt.get(first);
+        let from = self.memories.get(e.mem).clone();
+        let mem = self
+            .mem_index(to)
+            .map_err(|_| MoveError::TooManyMemories(to.id))?;
+        self.unmap_pages(stats, first, pages, u32::MAX);
+        copy_run(&from, e.pfn, to, new.pfn(), pages)?;
+        let new = new.commit();
+        for k in 0..pages {
+            let v = first.add(k);
+            let old = self.lpt.get(v);
+            self.release_frame(&old, false);
+            self.lpt.update(v, |x| {
+                x.mem = mem;
+                x.pfn = new.add(k);
+            });
+        }
+        let counter = match (
+            from.caps.contains(DevCaps::HOST),
+            to.caps.contains(DevCaps::HOST),
+        ) {
+            (true, false) => &stats.bytes_host_to_dev,
+            (false, true) => &stats.bytes_dev_to_host,
+            _ => &stats.bytes_dev_to_dev,
+        };
+        Counters::add(counter, pages * PAGE_SIZE);
+        let replicas = self.replica_mask();
+        self.mirror(stats, first, pages, replicas)?;
+        Ok(())
+    }
+
+    /// Pages from `vpn` (at most `max`) that [`SpaceState::move_run`] can move as one
+    /// run: populated, not wired, in the memory of `vpn`'s entry, on consecutive frames.
+    fn movable_run(&self, vpn: Vpn, max: u64) -> u64 {
+        let e = self.lpt.get(vpn);
+        let mut n = 1;
+        while n < max {
+            let x = self.lpt.get(vpn.add(n));
+            if !x.is_populated()
+                || x.mem != e.mem
+                || x.pfn != e.pfn.add(n)
+                || x.flags != e.flags
+                || SpaceState::is_wired(&x)
+            {
+                break;
+            }
+            n += 1;
+        }
+        n
     }
 
     /// Give page `vpn` a zero-filled frame in `target` (no mapping; the next fault or a
@@ -609,11 +654,26 @@ impl SpaceState {
             self.drain(cx.counters, &space.arena);
         }
         let mut done = 0;
-        for vpn in first.span(pages) {
+        let end = first.add(pages);
+        let mut vpn = first;
+        while vpn < end {
             let e = self.lpt.get(vpn);
             if e.is_populated() {
                 if SpaceState::is_wired(&e) || self.memories.get(e.mem).id == target.id {
+                    vpn = vpn.add(1);
                     continue;
+                }
+                // A physically contiguous run moves in one call when the target has a
+                // free run as long; otherwise page by page (evicting as needed).
+                let n = self.movable_run(vpn, (end.0 - vpn.0).min(MOVE_RUN_MAX));
+                if n > 1 {
+                    let limit = frame_limit(target, vpn, n);
+                    if let Some(run) = target.alloc_frames(n, 1, space.id, vpn, limit) {
+                        self.move_run(cx, vpn, n, target, run)?;
+                        done += n;
+                        vpn = vpn.add(n);
+                        continue;
+                    }
                 }
                 self.migrate_page(cx, space, vpn, target)?;
                 done += 1;
@@ -621,6 +681,7 @@ impl SpaceState {
                 self.prepare_page(cx, space, vpn, target)?;
                 done += 1;
             }
+            vpn = vpn.add(1);
         }
         Ok(done)
     }
@@ -633,4 +694,29 @@ fn frame_limit(dev: &DeviceInner, vpn: Vpn, pages: u64) -> Option<crate::mmu::Fr
     dev.memory
         .as_ref()
         .and_then(|m| m.frame_constraint(vpn.addr(), pages))
+}
+
+/// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one
+/// [`crate::DeviceMemory::copy`] call.
+fn copy_run(
+    from: &DeviceInner,
+    src: Pfn,
+    to: &DeviceInner,
+    dst: Pfn,
+    pages: u64,
+) -> Result<(), MemError> {
+    let src_mem = from
+        .memory
+        .as_ref()
+        .ok_or(MemError::OutOfRange { pa: src.addr() })?;
+    let dst_mem = to
+        .memory
+        .as_ref()
+        .ok_or(MemError::OutOfRange { pa: dst.addr() })?;
+    src_mem.copy(
+        src.addr(),
+        dst_mem.as_ref(),
+        dst.addr(),
+        pages << PAGE_SHIFT,
+    )
 }
