@@ -33,7 +33,7 @@
 //! [`EvictionPolicy::Clock`] (second chance) the scan asks the page tables that map a
 //! candidate whether it was referenced since the last look (`Mmu::test_and_clear_accessed`,
 //! which also clears the bit); a referenced page goes back to the active tail
-//! ([`PhysMem`]'s `second_chance`), an unreferenced one is evicted. The scan itself is
+//! (`PhysMem::second_chance`), an unreferenced one is evicted. The scan itself is
 //! in `space::fault` (it needs the page tables); this module keeps the queues.
 
 use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};

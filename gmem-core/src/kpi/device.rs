@@ -151,7 +151,7 @@ impl Gmem {
     }
 
     /// Choose how the core picks the page of the device's full memory to evict
-    /// ([`EvictionPolicy::Clock`] by default; a device whose MMU keeps no accessed bits
+    /// ([`crate::EvictionPolicy::Clock`] by default; a device whose MMU keeps no accessed bits
     /// is aged FIFO whatever the policy).
     ///
     /// # Errors
