@@ -19,7 +19,7 @@ use crate::physmem::PhysMem;
 use crate::platform::Platform;
 use crate::space::SpaceInner;
 use crate::stats::{Counters, Stats};
-use crate::sync::{Arc, AtomicU64, Mutex, RwLock};
+use crate::sync::{Arc, AtomicU64, Mutex, Rank, RwLock};
 
 /// One GMEM instance: the memory manager of a kernel.
 pub struct Gmem {
@@ -41,9 +41,9 @@ pub(crate) fn new_device(id: DeviceId, desc: DeviceDesc, extra: DevCaps) -> Devi
         caps: desc.caps | extra,
         page_sizes,
         data: desc.data,
-        phys: Mutex::new(PhysMem::new()),
+        phys: Mutex::ranked(PhysMem::new(), Rank::PhysMem),
         registered: AtomicU64::new(0),
-        binding: Mutex::new(Binding::default()),
+        binding: Mutex::ranked(Binding::default(), Rank::Binding),
     }
 }
 

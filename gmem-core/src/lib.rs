@@ -52,6 +52,10 @@
 #![warn(clippy::missing_errors_doc)]
 
 extern crate alloc;
+// Only the optional `std` feature (user-space hosts) links std: yielding lock waits and
+// the debug-build lock-order checker.
+#[cfg(feature = "std")]
+extern crate std;
 
 pub mod addr;
 pub mod check;

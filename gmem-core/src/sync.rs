@@ -19,6 +19,10 @@
 //!    eviction victim's space up while it holds a space lock), a space's range arena and
 //!    its quantum caches, a queue's in-flight counter.
 //!
+//! Each lock carries its [`Rank`]; in debug builds with the `std` feature (every test
+//! of the workspace) a thread that waits for a lock out of this order panics, naming
+//! both ranks.
+//!
 //! Calls into drivers (`Mmu`, `DeviceMemory`) happen with the space lock (and, for
 //! `activate`, the binding) held; a driver must not call back into the core from them.
 //! Completion callbacks run after every lock is released (the space guard runs them
@@ -27,6 +31,7 @@
 
 #[cfg(not(gmem_loom))]
 mod imp {
+    use super::Rank;
     pub use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
     /// How a thread waits for a held lock: spinning (a kernel, which holds spin locks
@@ -37,25 +42,65 @@ mod imp {
     #[cfg(feature = "std")]
     type Relax = spin::relax::Yield;
 
-    /// A mutual-exclusion spin lock.
-    pub struct Mutex<T>(spin::mutex::Mutex<T, Relax>);
-    /// Guard of a [`Mutex`].
-    pub type MutexGuard<'a, T> = spin::MutexGuard<'a, T>;
+    /// A mutual-exclusion spin lock with a [`Rank`] in the lock order.
+    pub struct Mutex<T> {
+        lock: spin::mutex::Mutex<T, Relax>,
+        #[allow(dead_code)]
+        rank: Rank,
+    }
+
+    /// Guard of a [`Mutex`]: releases it on drop (and, in checked builds, forgets its
+    /// rank for this thread).
+    pub struct MutexGuard<'a, T> {
+        guard: spin::mutex::MutexGuard<'a, T>,
+        _held: super::order::Held,
+    }
+
+    impl<T> core::ops::Deref for MutexGuard<'_, T> {
+        type Target = T;
+        #[inline]
+        fn deref(&self) -> &T {
+            &self.guard
+        }
+    }
+
+    impl<T> core::ops::DerefMut for MutexGuard<'_, T> {
+        #[inline]
+        fn deref_mut(&mut self) -> &mut T {
+            &mut self.guard
+        }
+    }
 
     impl<T> Mutex<T> {
-        /// A new unlocked mutex.
+        /// A new unlocked mutex of rank [`Rank::Leaf`].
         pub const fn new(value: T) -> Self {
-            Self(spin::mutex::Mutex::new(value))
+            Self::ranked(value, Rank::Leaf)
         }
-        /// Lock, spinning until the lock is free.
+        /// A new unlocked mutex of rank `rank`.
+        pub const fn ranked(value: T, rank: Rank) -> Self {
+            Self {
+                lock: spin::mutex::Mutex::new(value),
+                rank,
+            }
+        }
+        /// Lock, waiting until the lock is free. In checked builds (debug + `std`),
+        /// panics if the calling thread holds a lock this one may not be taken under.
         #[inline]
         pub fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock()
+            let held = super::order::Held::wait_for(self.rank);
+            MutexGuard {
+                guard: self.lock.lock(),
+                _held: held,
+            }
         }
-        /// Lock if free.
+        /// Lock if free (never waits, so it may be taken out of order).
         #[inline]
         pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            self.0.try_lock()
+            let guard = self.lock.try_lock()?;
+            Some(MutexGuard {
+                guard,
+                _held: super::order::Held::took(self.rank),
+            })
         }
     }
 
@@ -65,12 +110,43 @@ mod imp {
         }
     }
 
-    /// A reader-writer spin lock.
+    /// A reader-writer spin lock (a leaf of the lock order).
     pub struct RwLock<T>(spin::rwlock::RwLock<T, Relax>);
+
     /// Shared guard of an [`RwLock`].
-    pub type RwLockReadGuard<'a, T> = spin::RwLockReadGuard<'a, T>;
+    pub struct RwLockReadGuard<'a, T> {
+        guard: spin::rwlock::RwLockReadGuard<'a, T>,
+        _held: super::order::Held,
+    }
+
     /// Exclusive guard of an [`RwLock`].
-    pub type RwLockWriteGuard<'a, T> = spin::rwlock::RwLockWriteGuard<'a, T, Relax>;
+    pub struct RwLockWriteGuard<'a, T> {
+        guard: spin::rwlock::RwLockWriteGuard<'a, T, Relax>,
+        _held: super::order::Held,
+    }
+
+    impl<T> core::ops::Deref for RwLockReadGuard<'_, T> {
+        type Target = T;
+        #[inline]
+        fn deref(&self) -> &T {
+            &self.guard
+        }
+    }
+
+    impl<T> core::ops::Deref for RwLockWriteGuard<'_, T> {
+        type Target = T;
+        #[inline]
+        fn deref(&self) -> &T {
+            &self.guard
+        }
+    }
+
+    impl<T> core::ops::DerefMut for RwLockWriteGuard<'_, T> {
+        #[inline]
+        fn deref_mut(&mut self) -> &mut T {
+            &mut self.guard
+        }
+    }
 
     impl<T> RwLock<T> {
         /// A new unlocked reader-writer lock.
@@ -80,12 +156,20 @@ mod imp {
         /// Shared lock.
         #[inline]
         pub fn read(&self) -> RwLockReadGuard<'_, T> {
-            self.0.read()
+            let held = super::order::Held::wait_for(Rank::Leaf);
+            RwLockReadGuard {
+                guard: self.0.read(),
+                _held: held,
+            }
         }
         /// Exclusive lock.
         #[inline]
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            self.0.write()
+            let held = super::order::Held::wait_for(Rank::Leaf);
+            RwLockWriteGuard {
+                guard: self.0.write(),
+                _held: held,
+            }
         }
     }
 }
@@ -103,6 +187,10 @@ mod imp {
         /// A new unlocked mutex.
         pub fn new(value: T) -> Self {
             Self(loom::sync::Mutex::new(value))
+        }
+        /// A new unlocked mutex (loom explores orders itself; the rank is unused).
+        pub fn ranked(value: T, _rank: super::Rank) -> Self {
+            Self::new(value)
         }
         /// Lock.
         pub fn lock(&self) -> MutexGuard<'_, T> {
@@ -146,6 +234,86 @@ mod imp {
 pub use alloc::sync::Arc;
 pub use imp::*;
 
+/// A lock's place in the lock order written above, outermost first. A thread may wait
+/// for a lock only if every lock it holds has a lower rank, except that leaves may nest
+/// (an arena's internal locks, a test MMU's); `try_lock` never waits and is exempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rank {
+    /// One address space's state.
+    SpaceState = 1,
+    /// One device's binding.
+    Binding = 2,
+    /// One device's physical memory.
+    PhysMem = 3,
+    /// Anything held only to copy a value in or out.
+    Leaf = 4,
+}
+
+/// The debug-build lock-order checker: with `std` (a thread-local list of the ranks a
+/// thread holds) and debug assertions, waiting for a lock out of order panics with
+/// both ranks; otherwise a zero-sized no-op.
+#[cfg(not(gmem_loom))]
+mod order {
+    use super::Rank;
+
+    /// A rank this thread holds, forgotten when dropped (with the guard that holds it).
+    pub struct Held {
+        #[cfg(all(feature = "std", debug_assertions))]
+        rank: Rank,
+    }
+
+    #[cfg(all(feature = "std", debug_assertions))]
+    std::thread_local! {
+        static HELD: core::cell::RefCell<alloc::vec::Vec<Rank>> =
+            const { core::cell::RefCell::new(alloc::vec::Vec::new()) };
+    }
+
+    impl Held {
+        /// About to wait for a lock of `rank`: check the order, then record it.
+        #[inline]
+        pub fn wait_for(rank: Rank) -> Held {
+            #[cfg(all(feature = "std", debug_assertions))]
+            HELD.with(|h| {
+                if let Some(&top) = h.borrow().iter().max() {
+                    assert!(
+                        rank > top || (rank == Rank::Leaf && top == Rank::Leaf),
+                        "lock order violated: waiting for a {rank:?} lock while holding a \
+                         {top:?} lock (gmem_core::sync lists the order)"
+                    );
+                }
+            });
+            Held::took(rank)
+        }
+
+        /// A lock of `rank` was taken without waiting: record it.
+        #[inline]
+        pub fn took(rank: Rank) -> Held {
+            #[cfg(all(feature = "std", debug_assertions))]
+            {
+                HELD.with(|h| h.borrow_mut().push(rank));
+                Held { rank }
+            }
+            #[cfg(not(all(feature = "std", debug_assertions)))]
+            {
+                let _ = rank;
+                Held {}
+            }
+        }
+    }
+
+    #[cfg(all(feature = "std", debug_assertions))]
+    impl Drop for Held {
+        fn drop(&mut self) {
+            let _ = HELD.try_with(|h| {
+                let mut h = h.borrow_mut();
+                if let Some(i) = h.iter().rposition(|r| *r == self.rank) {
+                    h.remove(i);
+                }
+            });
+        }
+    }
+}
+
 /// Tell the scheduler (real or loom's) that this thread is waiting for another.
 #[inline]
 pub fn spin_wait() {
@@ -153,4 +321,45 @@ pub fn spin_wait() {
     core::hint::spin_loop();
     #[cfg(gmem_loom)]
     loom::thread::yield_now();
+}
+
+#[cfg(all(test, feature = "std", debug_assertions, not(gmem_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locks_taken_in_rank_order_pass() {
+        let space = Mutex::ranked(0u8, Rank::SpaceState);
+        let binding = Mutex::ranked(0u8, Rank::Binding);
+        let phys = Mutex::ranked(0u8, Rank::PhysMem);
+        let leaf = Mutex::new(0u8);
+        let other_leaf = Mutex::new(0u8);
+        let _s = space.lock();
+        let _b = binding.lock();
+        let _p = phys.lock();
+        let _l = leaf.lock();
+        let _m = other_leaf.lock();
+    }
+
+    #[test]
+    #[should_panic(expected = "lock order violated")]
+    fn waiting_for_a_space_while_holding_physical_memory_panics() {
+        let phys = Mutex::ranked(0u8, Rank::PhysMem);
+        let space = Mutex::ranked(0u8, Rank::SpaceState);
+        let _p = phys.lock();
+        let _s = space.lock();
+    }
+
+    #[test]
+    fn try_lock_never_waits_so_it_may_go_out_of_order() {
+        let a = Mutex::ranked(0u8, Rank::SpaceState);
+        let b = Mutex::ranked(0u8, Rank::SpaceState);
+        let _a = a.lock();
+        assert!(b.try_lock().is_some());
+        // Released guards are forgotten: the order starts afresh.
+        drop(_a);
+        let phys = Mutex::ranked(0u8, Rank::PhysMem);
+        drop(phys.lock());
+        let _again = a.lock();
+    }
 }

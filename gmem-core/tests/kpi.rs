@@ -1054,6 +1054,50 @@ fn dev_destroy_refuses_while_attached_or_holding_pages() {
 }
 
 #[test]
+fn a_destroyed_device_is_freed_and_no_space_keeps_it() {
+    let (mut s, space) = system();
+    let g = gpu(&mut s, space, 4);
+    let gid = s.devices[g].id;
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.write(g, r.start, b"v").unwrap();
+    s.gm.dev_detach(gid, space).unwrap();
+    s.gm.region_migrate(r, s.host().id, MigrateScope::Populated)
+        .unwrap();
+    // The core holds the device's MMU and memory while the device lives (the space
+    // names its memory: a page lived there).
+    let mmu = s.devices[g].mmu.clone();
+    let mem = s.devices[g].memory.clone().unwrap();
+    assert!(Arc::strong_count(&mmu) > 2 && Arc::strong_count(&mem) > 2);
+    s.gm.dev_destroy(gid).unwrap();
+    // Only the test system's and this test's references are left: the device record
+    // was freed, and the space forgot the memory it once used.
+    assert_eq!(Arc::strong_count(&mmu), 2);
+    assert_eq!(Arc::strong_count(&mem), 2);
+    assert_eq!(s.read(0, r.start, 1).unwrap(), b"v");
+    ok(&s, space);
+}
+
+#[test]
+fn dev_destroy_refuses_while_caller_frames_of_its_memory_are_mapped() {
+    let (mut s, space) = system();
+    let g = s.add_device(GPU, DevCaps::FAULTABLE, GPU_BASE, 4);
+    let gid = s.devices[g].id;
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    // A frame of the device's address space outside the memory the core manages.
+    let frame = [PhysAddr::new(GPU_BASE + 64 * PAGE_SIZE)];
+    s.gm.region_map(r, MapRequest::new(&frame, gid)).unwrap();
+    assert_eq!(
+        s.gm.dev_destroy(gid),
+        Err(DeviceError::MemoryInUse { frames: 1 })
+    );
+    // Refused without change: the device and its memory still serve.
+    assert_eq!(s.gm.dev_frames(gid).unwrap().free, 4);
+    s.gm.region_unmap(r, MapFlags::empty(), None).unwrap();
+    s.gm.dev_destroy(gid).unwrap();
+    ok(&s, space);
+}
+
+#[test]
 fn protect_updates_tables_and_invalidates_then_allows_the_write() {
     let (s, space) = system();
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();

@@ -49,6 +49,7 @@
 //! disciplines of GMEM section 5.5 do when edits really run in parallel. Ratios are
 //! against the locked discipline with the same number of threads.
 
+use crate::plot::{write_svg, BarChart, BarSeries, PALETTE};
 use crate::report::Report;
 use gmem_core::{
     AllocPolicy, Callback, DeviceId, Gmem, MapFlags, MapRun, PageSize, PhysAddr, Platform, Prot,
@@ -61,7 +62,6 @@ use gmem_iommu::{
 };
 use gmem_sim::SimMemory;
 use gmem_sim::TableFormat;
-use plotters::prelude::*;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::path::Path;
@@ -888,65 +888,37 @@ pub fn write(
 type Column = (&'static str, fn(&Row) -> f64);
 
 fn plot(path: &Path, p: &Params, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (960, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(480);
     let columns: [Column; 2] = [
         ("thousand packets / s", |r| r.kpps),
         ("CPU µs / packet", |r| r.cpu_us_per_packet),
     ];
-    let colors = [RGBColor(90, 140, 200), RGBColor(230, 150, 60)];
     let names: Vec<&str> = Variant::ALL.iter().map(|v| v.name()).collect();
-    for (area, (label, value)) in [left, right].iter().zip(columns) {
-        let max = rows.iter().map(value).fold(1e-9, f64::max);
-        let mut chart = ChartBuilder::on(area)
-            .caption(
-                format!("{label} (invalidation {} ns)", p.inval_ns),
-                ("sans-serif", 16),
-            )
-            .margin(10)
-            .x_label_area_size(50)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0.0..names.len() as f64, 0.0..max * 1.15)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(names.len() * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - i as f64 - 0.5).abs() < 1e-6 {
-                    names.get(i).map(|s| s.to_string()).unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
-            .x_label_style(("sans-serif", 10))
-            .y_desc(label)
-            .draw()?;
-        for (k, t) in THREADS.iter().enumerate() {
-            let c = colors[k % colors.len()];
-            let bars = rows.iter().filter(|r| r.threads == *t).filter_map(|r| {
-                let i = names.iter().position(|n| *n == r.variant)?;
-                let x0 = i as f64 + 0.1 + k as f64 * 0.4;
-                Some(Rectangle::new(
-                    [(x0, 0.0), (x0 + 0.38, value(r))],
-                    c.filled(),
-                ))
-            });
-            chart
-                .draw_series(bars)?
-                .label(format!("{t} thread{}", if *t == 1 { "" } else { "s" }))
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .border_style(BLACK)
-            .background_style(WHITE)
-            .draw()?;
-    }
-    root.present()?;
-    Ok(())
+    let charts: Vec<BarChart> = columns
+        .iter()
+        .map(|(label, value)| BarChart {
+            caption: format!("{label} (invalidation {} ns)", p.inval_ns),
+            groups: names.iter().map(|n| n.to_string()).collect(),
+            series: THREADS
+                .iter()
+                .enumerate()
+                .map(|(k, t)| BarSeries {
+                    name: format!("{t} thread{}", if *t == 1 { "" } else { "s" }),
+                    color: PALETTE[k],
+                    values: names
+                        .iter()
+                        .map(|n| {
+                            rows.iter()
+                                .find(|r| r.threads == *t && r.variant == *n)
+                                .map_or(f64::NAN, value)
+                        })
+                        .collect(),
+                })
+                .collect(),
+            y_desc: label.to_string(),
+            reference: None,
+        })
+        .collect();
+    write_svg(path, (960, 440), &charts)
 }
 
 /// `gmem-harness reproduce iommu`: measure, print, write `out/iommu.{csv,json,svg}`.

@@ -5,9 +5,12 @@ mod aging;
 mod full_report;
 mod iommu_bench;
 mod machine;
+mod plot;
+mod regdem_report;
 mod replay;
 mod report;
 mod reproduce;
+mod simt;
 mod workloads;
 
 use gmem_harness::trace;
@@ -62,6 +65,9 @@ enum Experiment {
     /// GMEM Table 3 (BUS_DMA): NIC DMA churn through the IOMMU driver, every GMEM
     /// variant against the tree-allocator + giant-lock baseline, on 1 and 2 threads.
     Iommu,
+    /// RegDem: register demotion into unused shared memory, every variant simulated on a
+    /// Maxwell SM model and verified bit for bit; predictor vs exhaustive search.
+    Regdem,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -124,6 +130,9 @@ enum Command {
         /// iommu: packets per receive queue per run.
         #[arg(long, default_value_t = 20_000)]
         packets: u64,
+        /// regdem: CI sizes (seconds).
+        #[arg(long)]
+        quick: bool,
     },
     /// The main job: every workload on every accelerator configuration and the paper
     /// reproductions (Table 4, Table 3), each verified; tables and plots written to --out.
@@ -147,6 +156,20 @@ enum Command {
         /// Hot/cold: accesses.
         #[arg(long, default_value_t = 200_000)]
         accesses: u64,
+    },
+    /// Run workloads on the SIMT GPU model (MESC geometry), verified, with per-unit L1
+    /// and shared-TLB hit ratios, walks per 1000 requests and modelled cycles.
+    Simt {
+        /// A workload name or `all`.
+        #[arg(default_value = "all")]
+        workload: String,
+        /// The small CI size (a few seconds per workload).
+        #[arg(long)]
+        quick: bool,
+        /// The discrete GPU (own tables, data migrates on first touch) instead of the
+        /// integrated one walking the CPU's table.
+        #[arg(long)]
+        discrete: bool,
     },
     /// Replay a trace, checking every load against a reference model of the bytes.
     Replay {
@@ -353,21 +376,35 @@ fn run_full_report(out: &str) -> Result<Report, String> {
     // GMEM Table 3: prints its own table and writes out/iommu.{csv,json,svg}.
     println!();
     let iommu = iommu_bench::run(2000, 20_000, out)?;
+    // The SIMT GPU model (MESC geometry, integrated GPU): every workload, full size.
+    println!();
+    let simt_rows = simt::run(
+        gmem_simt::workloads::WORKLOADS,
+        gmem_simt::workloads::Size::Full,
+        false,
+    )?;
+    let simt_table = simt::table(&simt_rows);
+    print!("{simt_table}");
+    let dir = std::path::Path::new(out);
+    std::fs::write(dir.join("simt.txt"), &simt_table).map_err(|e| e.to_string())?;
+    std::fs::write(
+        dir.join("simt.json"),
+        serde_json::to_string_pretty(&simt_rows).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
     let failed = rows.iter().filter(|r| !r.verified).count()
         + t4.iter().filter(|r| !r.verified).count()
+        + simt_rows.iter().filter(|r| !r.verified).count()
         + usize::from(!iommu.ok());
-    let mut r = Report::new(format!(
-        "gmem-harness report: {} runs",
-        rows.len() + t4.len()
-    ));
-    r.row("runs", (rows.len() + t4.len()) as u64);
+    let runs = rows.len() + t4.len() + simt_rows.len();
+    let mut r = Report::new(format!("gmem-harness report: {runs} runs"));
+    r.row("runs", runs as u64);
     r.row("runs that differ from their reference", failed as u64);
     r.verify(
         failed == 0,
         if failed == 0 {
             format!(
-                "all {} runs match their CPU-only references and every DMA of the IOMMU churn landed its bytes; report in {out}/report.md",
-                rows.len() + t4.len()
+                "all {runs} runs match their CPU-only references and every DMA of the IOMMU churn landed its bytes; report in {out}/report.md, SIMT table in {out}/simt.txt"
             )
         } else {
             format!("{failed} runs differ")
@@ -421,6 +458,33 @@ fn run_replay(
     Ok(r)
 }
 
+fn run_simt(workload: &str, quick: bool, discrete: bool, output: Output) -> ExitCode {
+    let size = if quick {
+        gmem_simt::workloads::Size::Quick
+    } else {
+        gmem_simt::workloads::Size::Full
+    };
+    let rows = match simt::names(workload).and_then(|n| simt::run(&n, size, discrete)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("simt: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("rows serialise")
+        ),
+        Output::Csv | Output::Table => print!("{}", simt::table(&rows)),
+    }
+    if rows.iter().all(|r| r.verified) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let output = if cli.json {
@@ -458,6 +522,11 @@ fn main() -> ExitCode {
             n,
         ),
         Some(Command::Report { out }) => run_full_report(&out),
+        Some(Command::Simt {
+            workload,
+            quick,
+            discrete,
+        }) => return run_simt(&workload, quick, discrete, output),
         Some(Command::Reproduce {
             experiment: Experiment::GmemTable4,
             inputs,
@@ -491,6 +560,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         },
+        Some(Command::Reproduce {
+            experiment: Experiment::Regdem,
+            quick,
+            out,
+            ..
+        }) => regdem_report::run(quick, &out, output),
         Some(Command::Replay {
             file,
             format,

@@ -21,6 +21,9 @@ pub struct Report {
     rows: Vec<(String, u64)>,
     verified: bool,
     verification: String,
+    /// Print nothing (the caller already printed the rows in the requested format).
+    #[serde(skip)]
+    quiet: bool,
 }
 
 impl Report {
@@ -31,6 +34,7 @@ impl Report {
             rows: Vec::new(),
             verified: false,
             verification: String::new(),
+            quiet: false,
         }
     }
 
@@ -73,8 +77,17 @@ impl Report {
         self.verified
     }
 
+    /// This report with printing switched off (its verdict still sets the exit code).
+    pub fn quiet(mut self) -> Report {
+        self.quiet = true;
+        self
+    }
+
     /// Print it.
     pub fn print(&self, output: Output) {
+        if self.quiet {
+            return;
+        }
         match output {
             Output::Table => {
                 println!("{}", self.title);

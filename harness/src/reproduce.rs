@@ -7,8 +7,8 @@
 //! to working set (72.7% and 145.5%); the default network has the paper's size.
 
 use crate::machine::Accel;
+use crate::plot::{write_svg, BarChart, BarSeries, PALETTE};
 use crate::workloads::{self, Outcome};
-use plotters::prelude::*;
 use std::path::Path;
 
 /// One row of Table 4.
@@ -94,70 +94,32 @@ pub fn write_table4(
         .collect())
 }
 
-/// A bar series: its name, colour and the column it shows.
-type Series = (&'static str, RGBColor, fn(&Table4Row) -> f64);
-
 fn plot(
     path: &Path,
     working_set: u64,
     rows: &[Table4Row],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let max = rows
-        .iter()
-        .flat_map(|r| [r.dev_zero_fill_mib, r.host_to_dev_mib, r.dev_to_host_mib])
-        .fold(1.0, f64::max);
-    let title = format!(
-        "Back-propagation, {:.1} MiB working set: traffic by device memory",
-        working_set as f64 / MIB
-    );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..(rows.len() as f64), 0.0..max * 1.15)?;
-    let labels: Vec<String> = rows
-        .iter()
-        .map(|r| format!("{:.1} MiB ({:.0}%)", r.device_mib, r.device_percent))
-        .collect();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(rows.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 1e-6 {
-                labels.get(i).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("MiB")
-        .draw()?;
-    let series: [Series; 3] = [
-        ("dev-zero-fill", RGBColor(90, 140, 200), |r| {
-            r.dev_zero_fill_mib
-        }),
-        ("host-to-dev", RGBColor(230, 150, 60), |r| r.host_to_dev_mib),
-        ("dev-to-host", RGBColor(110, 170, 90), |r| r.dev_to_host_mib),
-    ];
-    for (k, (name, color, value)) in series.iter().enumerate() {
-        let c = *color;
-        chart
-            .draw_series(rows.iter().enumerate().map(move |(i, r)| {
-                let x0 = i as f64 + 0.15 + k as f64 * 0.23;
-                Rectangle::new([(x0, 0.0), (x0 + 0.2, value(r))], c.filled())
-            }))?
-            .label(*name)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    let series = |name: &str, k: usize, value: fn(&Table4Row) -> f64| BarSeries {
+        name: name.into(),
+        color: PALETTE[k],
+        values: rows.iter().map(value).collect(),
+    };
+    let chart = BarChart {
+        caption: format!(
+            "Back-propagation, {:.1} MiB working set: traffic by device memory",
+            working_set as f64 / MIB
+        ),
+        groups: rows
+            .iter()
+            .map(|r| format!("{:.1} MiB ({:.0}%)", r.device_mib, r.device_percent))
+            .collect(),
+        series: vec![
+            series("dev-zero-fill", 0, |r| r.dev_zero_fill_mib),
+            series("host-to-dev", 1, |r| r.host_to_dev_mib),
+            series("dev-to-host", 2, |r| r.dev_to_host_mib),
+        ],
+        y_desc: "MiB".into(),
+        reference: None,
+    };
+    write_svg(path, (720, 420), &[chart])
 }

@@ -6,7 +6,9 @@
 //! `RUSTC_BOOTSTRAP=1` and no sanitizer. cargo-fuzz is installed
 //! with `cargo install cargo-fuzz --locked` when absent. A crash fails the step and
 //! leaves its input in `fuzz/artifacts/<target>/`; libFuzzer's final statistics
-//! (executions, executions per second) are printed per target.
+//! (executions, executions per second) are printed per target. Each run starts from
+//! seeded long inputs in `fuzz/corpus/<target>/` and may grow inputs to `MAX_LEN`
+//! bytes.
 
 use std::process::{Command, Stdio};
 
@@ -57,6 +59,41 @@ fn final_stats(output: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Longest input libFuzzer may build: an operation list of several hundred steps (the
+/// default grows inputs so slowly that ten minutes of `kpi` reached only 116 bytes).
+pub const MAX_LEN: usize = 4096;
+/// Seed inputs written per target, and their length.
+const SEEDS: u64 = 8;
+const SEED_LEN: usize = 1024;
+
+/// Write `SEEDS` deterministic pseudo-random inputs of `SEED_LEN` bytes into the
+/// target's corpus directory (if absent), so that every run starts from long operation
+/// sequences rather than from empty input. Returns the directory.
+fn seed_corpus(target: &str) -> Result<std::path::PathBuf, String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for k in 0..SEEDS {
+        let path = dir.join(format!("seed-{k}"));
+        if path.exists() {
+            continue;
+        }
+        // xorshift64*, seeded per target and seed index: repeatable across runs.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (k + 1) ^ ((target.len() as u64) << 32);
+        let bytes: Vec<u8> = (0..SEED_LEN)
+            .map(|_| {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+            })
+            .collect();
+        std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(dir)
+}
+
 /// Run every target for `secs` seconds.
 pub fn fuzz(secs: u64) -> Result<(), String> {
     ensure_cargo_fuzz()?;
@@ -78,8 +115,12 @@ pub fn fuzz(secs: u64) -> Result<(), String> {
             // (the runners are safe Rust; the sanitizer only adds a net under it).
             cmd.args(["--sanitizer", "none"]);
         }
-        cmd.args([target, "--"])
+        let corpus = seed_corpus(target)?;
+        cmd.arg(target)
+            .arg(&corpus)
+            .arg("--")
             .arg(format!("-max_total_time={secs}"))
+            .arg(format!("-max_len={MAX_LEN}"))
             .arg("-print_final_stats=1")
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz"))
             .env_remove("CARGO")
@@ -88,7 +129,7 @@ pub fn fuzz(secs: u64) -> Result<(), String> {
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_TARGET_DIR");
         eprintln!(
-            "\n== {step}: {}cargo fuzz run {target} -- -max_total_time={secs}",
+            "\n== {step}: {}cargo fuzz run {target} fuzz/corpus/{target} -- -max_total_time={secs} -max_len={MAX_LEN}",
             if nightly {
                 "rustup run nightly "
             } else {

@@ -104,6 +104,19 @@ fn ci() -> Result<(), String> {
         "main job",
         &["run", "--release", "-p", "gmem-harness", "--", "report"],
     )?;
+    run(
+        "regdem (quick)",
+        &[
+            "run",
+            "--release",
+            "-p",
+            "gmem-harness",
+            "--",
+            "reproduce",
+            "regdem",
+            "--quick",
+        ],
+    )?;
     qemu::qemu()?;
     loom::loom()?;
     fuzz::fuzz(20)?;

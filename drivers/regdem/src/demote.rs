@@ -334,41 +334,65 @@ pub fn demote(k: &Kernel, sm: &SmConfig, opt: &Options) -> Result<Demotion, Demo
         Space::Local => out.local_bytes = k.local_bytes + u32::from(words) * 4,
     }
     // Reserved registers take freed numbers (lowest first; RDV pair aligned), else fresh.
-    let mut free: Vec<Reg> = demoted.clone();
+    // Reserved registers take freed numbers, else fresh ones above the kernel's. RDV
+    // comes from the register bank that conflicts least with the other operands of the
+    // instructions touching demoted registers (§3.4.1's first strategy).
+    let mut free: Vec<u32> = demoted.iter().map(|&r| u32::from(r)).collect();
     free.sort_unstable();
-    let mut next_fresh = regs as Reg;
-    let take_pair = |free: &mut Vec<Reg>, next_fresh: &mut Reg| -> Reg {
-        if let Some(p) = free
+    let mut next_fresh = regs;
+    let mut bank_use = [0u32; 4];
+    for inst in k.insts() {
+        let regs_of: Vec<Reg> = inst.reads().into_iter().chain(inst.writes()).collect();
+        if regs_of.iter().any(|&r| word_of[usize::from(r)].is_some()) {
+            for &r in regs_of
+                .iter()
+                .filter(|&&r| word_of[usize::from(r)].is_none())
+            {
+                bank_use[usize::from(r) % 4] += 1;
+            }
+        }
+    }
+    let cost = |r: u32, w: u32| (r..r + w).map(|x| bank_use[(x % 4) as usize]).sum::<u32>();
+    let rdv: u32 = if rdv_width == 2 {
+        let best = free
             .iter()
             .copied()
-            .find(|&r| r % 2 == 0 && free.contains(&(r + 1)))
-        {
-            free.retain(|&x| x != p && x != p + 1);
-            return p;
+            .filter(|&r| r % 2 == 0 && free.contains(&(r + 1)))
+            .min_by_key(|&r| (cost(r, 2), r));
+        match best {
+            Some(p) => {
+                free.retain(|&x| x != p && x != p + 1);
+                p
+            }
+            None => {
+                next_fresh += next_fresh % 2;
+                next_fresh += 2;
+                next_fresh - 2
+            }
         }
-        if *next_fresh % 2 == 1 {
-            *next_fresh += 1;
-        }
-        let p = *next_fresh;
-        *next_fresh += 2;
-        p
-    };
-    let rdv: Reg = if rdv_width == 2 {
-        take_pair(&mut free, &mut next_fresh)
-    } else if !free.is_empty() {
-        free.remove(0)
+    } else if let Some(r) = free.iter().copied().min_by_key(|&r| (cost(r, 1), r)) {
+        free.retain(|&x| x != r);
+        r
     } else {
         next_fresh += 1;
         next_fresh - 1
     };
-    let rda: Option<Reg> = (opt.space == Space::Shared).then(|| {
-        if !free.is_empty() {
-            free.remove(0)
-        } else {
+    let rda: Option<u32> = (opt.space == Space::Shared).then(|| {
+        if free.is_empty() {
             next_fresh += 1;
             next_fresh - 1
+        } else {
+            free.remove(0)
         }
     });
+    if next_fresh > 255 {
+        return Err(DemoteError::TargetUnreachable {
+            reached: next_fresh,
+            target: opt.target_registers,
+        });
+    }
+    let rdv = rdv as Reg;
+    let rda = rda.map(|r| r as Reg);
     // Value register for each demoted register: RDV, or RDV+1 for a pair's high half.
     let mut value_of = [None::<Reg>; 256];
     for &u in &chosen {

@@ -33,6 +33,17 @@ pub enum Bench {
         /// Inner dimension (a multiple of 8).
         k: u32,
     },
+    /// Maxas-style SGEMM: the inner loop fully unrolled and the next chunk of A and B
+    /// prefetched into registers while the current one is computed, so global loads are
+    /// in flight (on scoreboard barriers) across the whole compute phase.
+    SgemmPrefetch {
+        /// Rows per thread (even).
+        tm: u32,
+        /// Columns per thread (2, 4 or 8).
+        tn: u32,
+        /// Inner dimension (a multiple of 8).
+        k: u32,
+    },
     /// N-body tile with the inner loop unrolled `unroll` times (a divisor of 256).
     Nbody {
         /// Inner-loop unroll.
@@ -81,6 +92,7 @@ impl Bench {
     pub fn name(&self) -> String {
         match self {
             Bench::Sgemm { tm, tn, .. } => format!("sgemm-{tm}x{tn}"),
+            Bench::SgemmPrefetch { tm, tn, .. } => format!("sgemm-pf-{tm}x{tn}"),
             Bench::Nbody { unroll, .. } => format!("nbody-u{unroll}"),
             Bench::Stencil { outputs, .. } => format!("stencil-{outputs}"),
             Bench::Butterfly { .. } => "fft4-fp64".to_string(),
@@ -94,7 +106,8 @@ impl Bench {
     /// kernel needs more than 255 registers.
     pub fn build(&self, grid: u32) -> Result<Kernel, IrError> {
         match *self {
-            Bench::Sgemm { tm, tn, k } => sgemm(tm, tn, k, grid),
+            Bench::Sgemm { tm, tn, k } => sgemm(tm, tn, k, grid, false),
+            Bench::SgemmPrefetch { tm, tn, k } => sgemm(tm, tn, k, grid, true),
             Bench::Nbody { unroll, tiles } => nbody(unroll, tiles, grid),
             Bench::Stencil { outputs, tiles } => stencil(outputs, tiles, grid),
             Bench::Butterfly { batches } => butterfly(batches, grid),
@@ -106,7 +119,7 @@ impl Bench {
         let grid = k.grid_blocks;
         let mut out = Vec::new();
         match *self {
-            Bench::Sgemm { tm, tn, k: kd } => {
+            Bench::Sgemm { tm, tn, k: kd } | Bench::SgemmPrefetch { tm, tn, k: kd } => {
                 let (bm, bn) = (16 * tm, 16 * tn);
                 let (a0, b0) = (0, grid * bm * kd);
                 for b in 0..grid {
@@ -206,7 +219,7 @@ fn bad() -> IrError {
     IrError::BadParameter
 }
 
-fn sgemm(tm: u32, tn: u32, kd: u32, grid: u32) -> Result<Kernel, IrError> {
+fn sgemm(tm: u32, tn: u32, kd: u32, grid: u32, prefetch: bool) -> Result<Kernel, IrError> {
     if tm == 0 || tm % 2 != 0 || !matches!(tn, 2 | 4 | 8) || kd == 0 || kd % KC != 0 {
         return Err(bad());
     }
@@ -214,7 +227,12 @@ fn sgemm(tm: u32, tn: u32, kd: u32, grid: u32) -> Result<Kernel, IrError> {
     let a0 = 0u32;
     let b0 = grid * bm * kd;
     let c0 = b0 + grid * kd * bn;
-    let mut b = Builder::new(&format!("sgemm-{tm}x{tn}"), T, grid);
+    let name = if prefetch {
+        format!("sgemm-pf-{tm}x{tn}")
+    } else {
+        format!("sgemm-{tm}x{tn}")
+    };
+    let mut b = Builder::new(&name, T, grid);
     b.static_shared = 4 * KC * (bm + bn);
     b.global_words = c0 + grid * bm * bn;
     b.inputs = vec![(a0, c0)];
@@ -253,6 +271,29 @@ fn sgemm(tm: u32, tn: u32, kd: u32, grid: u32) -> Result<Kernel, IrError> {
     let b_start = b.imad(tx, tn * 4, VSrc::I(4 * KC * bm));
     let aptr = b.reg();
     let bptr = b.reg();
+    if prefetch {
+        return sgemm_prefetch(
+            b,
+            SgemmParts {
+                tm,
+                tn,
+                bm,
+                bn,
+                c0,
+                tx,
+                ty,
+                cta,
+                ga,
+                sa,
+                gb,
+                sb,
+                accs,
+                a_start,
+                b_start,
+            },
+            kd,
+        );
+    }
     let chunks = b.loop_begin(kd / KC);
     for (g, s) in ga.iter().zip(&sa) {
         let x = b.ldg(*g, 0);
@@ -283,6 +324,91 @@ fn sgemm(tm: u32, tn: u32, kd: u32, grid: u32) -> Result<Kernel, IrError> {
     b.iadd_to(aptr, aptr, bm * 4);
     b.iadd_to(bptr, bptr, bn * 4);
     b.loop_end(inner);
+    b.bar();
+    b.loop_end(chunks);
+    let crow = b.imad(ty, tm * bn * 4, VSrc::I(c0 * 4));
+    let ccol = b.imad(tx, tn * 4, crow);
+    let cptr = b.imad(cta, bm * bn * 4, ccol);
+    for i in 0..tm {
+        for j in 0..tn {
+            b.stg(cptr, (i * bn + j) * 4, accs[(i * tn + j) as usize]);
+        }
+    }
+    b.finish()
+}
+
+/// The registers an SGEMM kernel has set up before its main loop.
+struct SgemmParts {
+    tm: u32,
+    tn: u32,
+    bm: u32,
+    bn: u32,
+    c0: u32,
+    tx: V,
+    ty: V,
+    cta: V,
+    ga: Vec<V>,
+    sa: Vec<V>,
+    gb: Vec<V>,
+    sb: Vec<V>,
+    accs: Vec<V>,
+    a_start: V,
+    b_start: V,
+}
+
+/// The maxas-style main loop: stage the prefetched chunk, prefetch the next one (the
+/// last iteration's prefetch reads the next row or array — in bounds, never used — as
+/// unguarded maxas code does), compute the fully unrolled chunk, store C.
+fn sgemm_prefetch(mut b: Builder, p: SgemmParts, kd: u32) -> Result<Kernel, IrError> {
+    let SgemmParts {
+        tm,
+        tn,
+        bm,
+        bn,
+        c0,
+        tx,
+        ty,
+        cta,
+        ga,
+        sa,
+        gb,
+        sb,
+        accs,
+        a_start,
+        b_start,
+    } = p;
+    let pa: Vec<V> = ga.iter().map(|g| b.ldg(*g, 0)).collect();
+    let pb: Vec<V> = gb.iter().map(|g| b.ldg(*g, 0)).collect();
+    let chunks = b.loop_begin(kd / KC);
+    for (x, s) in pa.iter().zip(&sa) {
+        b.sts(*s, 0, *x);
+    }
+    for (x, s) in pb.iter().zip(&sb) {
+        b.sts(*s, 0, *x);
+    }
+    b.bar();
+    for g in &ga {
+        b.iadd_to(*g, *g, KC * 4);
+    }
+    for g in &gb {
+        b.iadd_to(*g, *g, KC * bn * 4);
+    }
+    for (x, g) in pa.iter().zip(&ga) {
+        b.ldg_to(*x, *g);
+    }
+    for (x, g) in pb.iter().zip(&gb) {
+        b.ldg_to(*x, *g);
+    }
+    for kk in 0..KC {
+        let av: Vec<V> = (0..tm).map(|i| b.lds(a_start, (kk * bm + i) * 4)).collect();
+        let bv: Vec<V> = (0..tn).map(|j| b.lds(b_start, (kk * bn + j) * 4)).collect();
+        for i in 0..tm as usize {
+            for j in 0..tn as usize {
+                let acc = accs[i * tn as usize + j];
+                b.ffma_to(acc, av[i], bv[j], acc);
+            }
+        }
+    }
     b.bar();
     b.loop_end(chunks);
     let crow = b.imad(ty, tm * bn * 4, VSrc::I(c0 * 4));

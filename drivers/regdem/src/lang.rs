@@ -218,6 +218,10 @@ impl Builder {
         self.emit(Op::Ldg, Some(d), &[addr.into()], off);
         d
     }
+    /// `dst = global[addr]` into an existing register.
+    pub fn ldg_to(&mut self, dst: V, addr: V) {
+        self.emit(Op::Ldg, Some(dst), &[addr.into()], 0);
+    }
     /// `global[addr + off] = v`.
     pub fn stg(&mut self, addr: V, off: u32, v: impl Into<VSrc>) {
         self.emit(Op::Stg, None, &[addr.into(), v.into()], off);

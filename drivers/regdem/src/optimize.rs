@@ -95,15 +95,15 @@ fn remove_redundant_stores(k: &mut Kernel, st: &mut OptStats) {
     for blk in &mut k.blocks {
         let n = blk.insts.len();
         let mut drop = vec![false; n];
-        for p in 0..n {
+        for (p, d) in drop.iter_mut().enumerate() {
             let Origin::SpillStore(w) = blk.insts[p].origin else {
                 continue;
             };
-            for q in p + 1..n {
-                match blk.insts[q].origin {
+            for later in &blk.insts[p + 1..] {
+                match later.origin {
                     Origin::SpillLoad(x) if x == w => break,
                     Origin::SpillStore(x) if x == w => {
-                        drop[p] = true;
+                        *d = true;
                         break;
                     }
                     _ => {}

@@ -2,10 +2,10 @@
 //!
 //! The text stops at Eq. 2, whose symbols were lost; what survives says the predictor
 //! (1) walks the CFG collecting each instruction's annotated stall, (2) adjusts it for
-//! instruction throughput and occupancy — "the term [..] estimates the contention of
+//! instruction throughput and occupancy — "the term \[..\] estimates the contention of
 //! lower-throughput instructions, where MAX_THROUGHPUT denotes the maximum instruction
-//! throughput and [T_i] the throughput of the instruction; MAX_THROUGHPUT is 128
-//! instructions/cycle on Maxwell; [a term] estimates the number of threads waiting for
+//! throughput and \[T_i\] the throughput of the instruction; MAX_THROUGHPUT is 128
+//! instructions/cycle on Maxwell; \[a term\] estimates the number of threads waiting for
 //! the resource" — and (3) accounts for memory latencies and loops. **Our
 //! reconstruction of Eq. 2:**
 //!
@@ -106,8 +106,13 @@ pub fn predict(k: &Kernel, sm: &SmConfig) -> Result<Prediction, OccupancyError> 
                 let _ = lat;
                 *since += s;
             }
-            for bar in [inst.ctrl.wr_bar, inst.ctrl.rd_bar].into_iter().flatten() {
-                let est = f64::from(sched::estimate(inst.op.class()));
+            let wr = inst
+                .ctrl
+                .wr_bar
+                .map(|b| (b, sched::estimate(inst.op.class())));
+            let rd = inst.ctrl.rd_bar.map(|b| (b, sched::READ_STALL));
+            for (bar, est) in [wr, rd].into_iter().flatten() {
+                let est = f64::from(est);
                 let slot = &mut bars[usize::from(bar)];
                 *slot = Some(match *slot {
                     Some((l, e)) if l - e > est => (l, e),

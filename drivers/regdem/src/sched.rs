@@ -20,9 +20,15 @@
 //! [`Tracker`] records, per barrier, the latency class of the last instruction that set
 //! it and the cycles (summed stall counts) since. `GetBarrier` returns a barrier no
 //! instruction holds, else one whose setter is expected to have completed, else the one
-//! with the least expected remaining wait. Latency estimates are the compiler's, not the
+//! with the least expected remaining wait. In repair mode it first avoids barriers that
+//! the already-scheduled code sets or waits on between the new instruction and its
+//! consumer (our addition: the paper's tracker looks only backwards, and sharing such a
+//! barrier makes the consumer wait for unrelated, often long, work). Latency estimates
+//! are the compiler's, not the
 //! simulator's: [`GL_MEM_STALL`] = 200 and [`SH_MEM_STALL`] = 24 are the paper's values;
-//! the FP64, SFU and S2R estimates are ours (the paper names only the two memory ones).
+//! the FP64, SFU and S2R estimates are ours (the paper names only the two memory ones),
+//! and so is [`READ_STALL`]: a read barrier clears when the sources are read, long before
+//! a load's result returns.
 
 use crate::ir::{Class, Inst, Kernel, Op, Origin, Reg};
 
@@ -36,6 +42,9 @@ pub const SH_MEM_STALL: u32 = 24;
 pub const FP64_STALL: u32 = 40;
 /// The compiler's estimate of an SFU or S2R instruction (ours).
 pub const SFU_STALL: u32 = 20;
+/// The compiler's estimate of a *read* barrier: sources are read when the instruction is
+/// dispatched to its unit, a few cycles after issue, whatever its result latency (ours).
+pub const READ_STALL: u32 = 4;
 
 /// The compiler's latency estimate for an instruction class.
 pub fn estimate(class: Class) -> u32 {
@@ -65,9 +74,12 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// `b` was set by an instruction of latency class `class`.
+    /// `b` was set as the write barrier of an instruction of latency class `class`.
     pub fn set(&mut self, b: u8, class: Class) {
-        let est = estimate(class);
+        self.set_estimate(b, estimate(class));
+    }
+    /// `b` was set by an instruction expected to release it after `est` cycles.
+    pub fn set_estimate(&mut self, b: u8, est: u32) {
         let s = &mut self.state[usize::from(b)];
         // A counter barrier already in use completes with its slowest setter.
         *s = Some(match *s {
@@ -95,10 +107,28 @@ impl Tracker {
     }
     /// `GetBarrier()`: a free barrier, else the one with the least expected wait.
     pub fn get(&self, policy: BarrierPolicy) -> u8 {
+        self.get_avoiding(policy, 0)
+    }
+
+    /// `GetBarrier()` preferring barriers outside `avoid` (those the already-scheduled
+    /// code sets or waits on before this instruction's consumer: sharing them would make
+    /// the consumer wait for unrelated work, or that work wait for ours).
+    pub fn get_avoiding(&self, policy: BarrierPolicy, avoid: u8) -> u8 {
         match policy {
             BarrierPolicy::Fixed(b) => b,
             BarrierPolicy::Tracker => {
-                if let Some(b) = (0..6u8).find(|&b| self.state[usize::from(b)].is_none()) {
+                let ok = |b: u8| avoid & (1 << b) == 0;
+                let free = |b: u8| self.state[usize::from(b)].is_none();
+                if let Some(b) = (0..6u8).find(|&b| ok(b) && free(b)) {
+                    return b;
+                }
+                if let Some(b) = (0..6u8)
+                    .filter(|&b| ok(b))
+                    .min_by_key(|&b| (self.remaining(b), b))
+                {
+                    return b;
+                }
+                if let Some(b) = (0..6u8).find(|&b| free(b)) {
                     return b;
                 }
                 (0..6u8)
@@ -209,6 +239,11 @@ pub fn assign_barriers(k: &mut Kernel, opt: &AssignOptions<'_>) {
     let mut outstanding = 0u8;
     let mut tracker = Tracker::default();
     for (n, &(b, i)) in linear.iter().enumerate() {
+        let avoid = if opt.keep_existing && k.blocks[b].insts[i].op.variable_latency() {
+            lookahead(k, &linear, n)
+        } else {
+            0
+        };
         let inst: &mut Inst = &mut k.blocks[b].insts[i];
         if !opt.keep_existing {
             inst.ctrl.wait = 0;
@@ -249,18 +284,19 @@ pub fn assign_barriers(k: &mut Kernel, opt: &AssignOptions<'_>) {
             let class = inst.op.class();
             let scoped_write = inst.writes().iter().any(|&w| (opt.scope)(w));
             if scoped_write && inst.ctrl.wr_bar.is_none() {
-                let bar = tracker.get(opt.policy);
+                let bar = tracker.get_avoiding(opt.policy, avoid);
                 inst.ctrl.wr_bar = Some(bar);
                 tracker.set(bar, class);
             } else if let Some(bar) = inst.ctrl.wr_bar {
                 tracker.set(bar, class);
             }
             if needs_rd[n] && inst.ctrl.rd_bar.is_none() {
-                let bar = tracker.get(opt.policy);
+                let mine = inst.ctrl.wr_bar.map_or(0, |x| 1u8 << x);
+                let bar = tracker.get_avoiding(opt.policy, avoid | mine);
                 inst.ctrl.rd_bar = Some(bar);
-                tracker.set(bar, class);
+                tracker.set_estimate(bar, READ_STALL);
             } else if let Some(bar) = inst.ctrl.rd_bar {
-                tracker.set(bar, class);
+                tracker.set_estimate(bar, READ_STALL);
             }
             let from_spill = matches!(inst.origin, Origin::SpillLoad(_));
             if let Some(bar) = inst.ctrl.wr_bar {
@@ -285,6 +321,32 @@ pub fn assign_barriers(k: &mut Kernel, opt: &AssignOptions<'_>) {
             tracker = Tracker::default();
         }
     }
+}
+
+/// Barriers that already-scheduled instructions after linear position `n` set or wait
+/// on before the first instruction that depends on `n` (reads its result or overwrites
+/// its sources) or the next loop branch.
+fn lookahead(k: &Kernel, linear: &[(usize, usize)], n: usize) -> u8 {
+    let (b0, i0) = linear[n];
+    let me = &k.blocks[b0].insts[i0];
+    let (writes, reads) = (me.writes(), me.reads());
+    let mut mask = 0u8;
+    for &(b, i) in &linear[n + 1..] {
+        let x = &k.blocks[b].insts[i];
+        if x.reads().iter().any(|r| writes.contains(r))
+            || x.writes()
+                .iter()
+                .any(|r| reads.contains(r) || writes.contains(r))
+            || matches!(x.op, Op::LoopBr { .. })
+        {
+            break;
+        }
+        mask |= x.ctrl.wait;
+        for bar in [x.ctrl.wr_bar, x.ctrl.rd_bar].into_iter().flatten() {
+            mask |= 1 << bar;
+        }
+    }
+    mask
 }
 
 /// Schedule a kernel from scratch (the builder's stand-in for nvcc): stall counts for

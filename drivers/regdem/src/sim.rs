@@ -172,6 +172,12 @@ pub struct SimStats {
     pub register_bank_conflicts: u64,
     /// Off-chip bytes moved (global and local).
     pub offchip_bytes: u64,
+    /// Cycles instructions were held by their wait mask after their stall count had
+    /// elapsed (summed over issued instructions).
+    pub barrier_stall_cycles: u64,
+    /// Of which: instructions reading a value a spill load produced (the cost of the
+    /// spill code's barrier choice).
+    pub spill_barrier_stall_cycles: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -195,6 +201,10 @@ struct Warp {
     done: bool,
     write_ready: Vec<u64>,
     read_busy: Vec<u64>,
+    /// When each barrier's counter last returned to zero.
+    cleared_at: [u64; 6],
+    /// Whether each register's last writer was a spill load.
+    from_spill: Vec<bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -265,8 +275,7 @@ pub fn simulate(
     let mut t = 0u64;
     // Warps per slot are reused: slot s owns warp indices s*wpc .. (s+1)*wpc.
     for s in 0..slots {
-        for w in 0..warps_per_cta {
-            let _ = (s, w);
+        for _ in 0..warps_per_cta {
             warps.push(Warp {
                 cta: s,
                 first_tid: 0,
@@ -281,6 +290,8 @@ pub fn simulate(
                 done: true,
                 write_ready: vec![0; nregs],
                 read_busy: vec![0; nregs],
+                cleared_at: [0; 6],
+                from_spill: vec![false; nregs],
             });
         }
     }
@@ -298,6 +309,9 @@ pub fn simulate(
             *age += 1;
             wp.block = 0;
             wp.inst = 0;
+            while wp.block < k.blocks.len() && k.blocks[wp.block].insts.is_empty() {
+                wp.block += 1;
+            }
             wp.regs.iter_mut().for_each(|x| *x = 0);
             wp.local.iter_mut().for_each(|x| *x = 0);
             wp.next_issue = t;
@@ -306,6 +320,8 @@ pub fn simulate(
             wp.done = false;
             wp.write_ready.iter_mut().for_each(|x| *x = 0);
             wp.read_busy.iter_mut().for_each(|x| *x = 0);
+            wp.cleared_at = [0; 6];
+            wp.from_spill.iter_mut().for_each(|x| *x = false);
         }
         ctas[slot] = Some(Cta {
             id,
@@ -329,6 +345,9 @@ pub fn simulate(
             events.pop();
             let wp = &mut warps[w];
             wp.sb[usize::from(b)] = wp.sb[usize::from(b)].saturating_sub(1);
+            if wp.sb[usize::from(b)] == 0 {
+                wp.cleared_at[usize::from(b)] = time;
+            }
         }
         // Retire finished warps and blocks; refill slots.
         for slot in 0..slots {
@@ -510,6 +529,22 @@ pub fn simulate(
             // Hazard checks against the control words.
             let variable = inst.op.variable_latency();
             let wp = &mut warps[w];
+            if inst.ctrl.wait != 0 {
+                let clear = (0..6)
+                    .filter(|&x| inst.ctrl.wait & (1 << x) != 0)
+                    .map(|x| wp.cleared_at[x])
+                    .max()
+                    .unwrap_or(0);
+                let held = clear.saturating_sub(wp.next_issue);
+                st.barrier_stall_cycles += held;
+                if dec.reads.iter().any(|&r| wp.from_spill[usize::from(r)]) {
+                    st.spill_barrier_stall_cycles += held;
+                }
+            }
+            let spill_load = matches!(inst.origin, crate::ir::Origin::SpillLoad(_));
+            for &r in &dec.writes {
+                wp.from_spill[usize::from(r)] = spill_load;
+            }
             let poison = |reg: Reg, hazard: Hazard, st: &mut SimStats| {
                 st.poisoned += 1;
                 let p = Poison {

@@ -16,7 +16,7 @@
 
 use crate::demote::{self, DemoteError, Options, Space, Strategy};
 use crate::interp;
-use crate::ir::{Kernel, Op, Origin, Special, Src};
+use crate::ir::{IrError, Kernel, Op, Origin, Special, Src};
 use crate::kernels::Bench;
 use crate::occupancy::{max_registers_for_warps, occupancy, KernelResources, SmConfig};
 use crate::predict;
@@ -80,12 +80,17 @@ pub fn cliffs(k: &Kernel, sm: &SmConfig, max: usize) -> Vec<u32> {
 ///
 /// # Errors
 /// [`DemoteError::SharedTooSmall`] if the spill area does not fit, or
-/// [`DemoteError::Ir`] if the result fails validation.
+/// [`DemoteError::Ir`] if `spill_words` exceeds the kernel's local memory, no register
+/// is left for the address, or the result fails validation.
 pub fn local_to_shared(k: &Kernel, spill_words: u32, sm: &SmConfig) -> Result<Kernel, DemoteError> {
     let mut out = k.clone();
-    let rda = out.registers() as u8;
+    let rda =
+        u8::try_from(out.registers()).map_err(|_| DemoteError::Ir(IrError::OutOfRegisters))?;
     let t = out.threads_per_block;
-    let base_local = out.local_bytes - spill_words * 4;
+    let base_local = out
+        .local_bytes
+        .checked_sub(spill_words * 4)
+        .ok_or(DemoteError::Ir(IrError::BadParameter))?;
     out.local_bytes = base_local;
     out.spill_shared = spill_words * t * 4;
     let needed = out.shared_bytes().div_ceil(sm.shared_alloc_unit) * sm.shared_alloc_unit;
@@ -317,6 +322,8 @@ pub struct Ablation {
     pub warps: u32,
     /// Simulated cycles.
     pub cycles: u64,
+    /// Cycles consumers of spill loads were held by barrier waits (simulated).
+    pub spill_barrier_stall: u64,
     /// Outputs bit-identical to the baseline's.
     pub verified: bool,
 }
@@ -379,6 +386,7 @@ pub fn ablations(
             registers: d.kernel.registers(),
             warps: s.warps_per_sm,
             cycles: s.cycles,
+            spill_barrier_stall: s.spill_barrier_stall_cycles,
             verified: interp::outputs(&d.kernel, &g) == want && s.poisoned == 0,
         });
     }

@@ -7,6 +7,14 @@
 //! served by the page-walk cache. Leaves are tagged by page-table root, so the caches
 //! are invalidated per root: a range list drops the overlapping leaves in every L1 and
 //! the L2 and, as x86's `INVLPG` does, every walk-cache entry of that root.
+//!
+//! ## Pluggable organisations
+//! [`TranslationCaches`] is what a device MMU ([`crate::SimMmu`]) and the offline
+//! replayer ([`crate::replay()`]) need from a cache organisation; [`TlbHierarchy`] is the
+//! baseline one. Another organisation (range or subregion entries in the shared level,
+//! coalesced entries in the L1s) implements the same trait and plugs into
+//! [`crate::SimMmu::with_caches`] and the replayer unchanged. Entries hold whole
+//! [`Leaf`] values, so any format bits a leaf carries stay with its TLB entries.
 
 use crate::format::{Leaf, Walk};
 use crate::tlb::{Tlb, TlbConfig, TlbConfigError, TlbStats};
@@ -41,6 +49,84 @@ pub struct HierarchyStats {
     pub walk_writes: u64,
     /// Walks that found no leaf.
     pub walk_faults: u64,
+}
+
+/// Which cache level served a translation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Level {
+    /// The unit's own L1 TLB.
+    L1,
+    /// The shared L2 (or IOMMU) TLB.
+    L2,
+}
+
+/// A device's translation-cache organisation: what [`crate::SimMmu`] and the replayer
+/// call. Every method is deterministic.
+pub trait TranslationCaches: Send + 'static {
+    /// Number of compute units (each with its own first level).
+    fn units(&self) -> usize;
+    /// Look `va` up for `unit` (modulo [`TranslationCaches::units`]); returns the leaf
+    /// and the level that held it, refilling upper levels as the organisation does.
+    fn lookup(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)>;
+    /// Whether some level holds `va` for `unit` (no counter moves).
+    fn holds(&self, unit: usize, root: u64, va: u64) -> bool;
+    /// Cache a walked leaf for `unit`.
+    fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf);
+    /// Drop `unit`'s and the shared level's entries for `va` (the entry behind a fault).
+    fn forget(&mut self, unit: usize, root: u64, va: u64);
+    /// The page-walk cache a walk may use.
+    fn walk_cache(&mut self) -> Option<&mut Tlb<u64>>;
+    /// Account a walk.
+    fn note_walk(&mut self, walk: &Walk);
+    /// Drop every entry of `root` overlapping `ranges` (`(start, len)` bytes).
+    fn invalidate(&mut self, root: u64, ranges: &[(u64, u64)]);
+    /// Drop every entry of `root`.
+    fn invalidate_root(&mut self, root: u64);
+    /// Drop everything.
+    fn flush(&mut self);
+    /// A snapshot of the counters.
+    fn stats(&self) -> HierarchyStats;
+    /// Unit `unit`'s first-level counters.
+    fn l1_stats(&self, unit: usize) -> Option<TlbStats>;
+}
+
+impl TranslationCaches for TlbHierarchy {
+    fn units(&self) -> usize {
+        TlbHierarchy::units(self)
+    }
+    fn lookup(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
+        self.lookup_level(unit, root, va)
+    }
+    fn holds(&self, unit: usize, root: u64, va: u64) -> bool {
+        TlbHierarchy::holds(self, unit, root, va)
+    }
+    fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        TlbHierarchy::fill(self, unit, root, va, leaf)
+    }
+    fn forget(&mut self, unit: usize, root: u64, va: u64) {
+        TlbHierarchy::forget(self, unit, root, va)
+    }
+    fn walk_cache(&mut self) -> Option<&mut Tlb<u64>> {
+        TlbHierarchy::walk_cache(self)
+    }
+    fn note_walk(&mut self, walk: &Walk) {
+        TlbHierarchy::note_walk(self, walk)
+    }
+    fn invalidate(&mut self, root: u64, ranges: &[(u64, u64)]) {
+        TlbHierarchy::invalidate(self, root, ranges)
+    }
+    fn invalidate_root(&mut self, root: u64) {
+        TlbHierarchy::invalidate_root(self, root)
+    }
+    fn flush(&mut self) {
+        TlbHierarchy::flush(self)
+    }
+    fn stats(&self) -> HierarchyStats {
+        TlbHierarchy::stats(self)
+    }
+    fn l1_stats(&self, unit: usize) -> Option<TlbStats> {
+        TlbHierarchy::l1_stats(self, unit)
+    }
 }
 
 /// The TLBs and page-walk cache of one device.
@@ -107,13 +193,19 @@ impl TlbHierarchy {
 
     /// Look `va` up for `unit` (taken modulo the number of units): its L1, then the L2.
     pub fn lookup(&mut self, unit: usize, root: u64, va: u64) -> Option<Leaf> {
+        self.lookup_level(unit, root, va).map(|(leaf, _)| leaf)
+    }
+
+    /// [`TlbHierarchy::lookup`], also saying which level held the leaf.
+    pub fn lookup_level(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         let u = self.unit(unit);
         if let Some((_, leaf)) = self.l1[u].lookup(root, va) {
-            return Some(leaf);
+            return Some((leaf, Level::L1));
         }
         let (_, leaf) = self.l2.as_mut()?.lookup(root, va)?;
-        self.l1[u].insert(root, va, leaf.shift, leaf);
-        Some(leaf)
+        // The L1 lookup just missed `va` in every size.
+        self.l1[u].insert_missing(root, va, leaf.shift, leaf);
+        Some((leaf, Level::L2))
     }
 
     /// Whether `unit`'s L1 or the L2 holds a translation of `va` (no counter moves).

@@ -50,11 +50,14 @@ pub use dma::{Direction, DmaEngine, DmaStats};
 pub use exec::{Grid, LaunchError, LaunchStats, WorkItem};
 pub use format::{Leaf, TableFormat, Walk, WalkerId};
 pub use frames::{FramePool, PoolStats};
-pub use hierarchy::{HierarchyConfig, HierarchyStats, TlbHierarchy};
+pub use hierarchy::{HierarchyConfig, HierarchyStats, Level, TlbHierarchy, TranslationCaches};
 pub use map::{MapError, MemoryMap};
 pub use memory::{BoundsError, MemoryStats, SimMemory};
-pub use mmu::{Miss, MmuStats, SimMmu, Translator};
-pub use port::{AccessError, Port, PortStats, DEFAULT_MAX_FAULTS};
+pub use mmu::{
+    replay, AccessGate, Miss, MmuStats, ReplayStats, Served, SimMmu, TraceEvent, TraceLog,
+    Translator,
+};
+pub use port::{AccessError, Port, PortStats, Resolved, DEFAULT_MAX_FAULTS};
 pub use radix::{PteCodec, RadixTables, SimTableMemory, TableStats};
 pub use reclaim::{ReclaimStats, TableReclaim};
 pub use tlb::{Replacement, Tlb, TlbConfig, TlbConfigError, TlbStats};

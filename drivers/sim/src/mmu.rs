@@ -6,15 +6,33 @@
 //! PCIDs does). [`SimMmu::translate`] is what the hardware does on every access:
 //! TLBs, then a page walk (through the page-walk cache), then either a leaf that
 //! permits the access or a [`Miss`] the driver turns into `dev_fault`.
+//!
+//! ## Shootdowns wait for accesses in flight
+//! Each MMU has an [`AccessGate`]: a port holds it shared from the translation that
+//! produced a frame until the bytes have moved, and `invalidate`, `invalidate_all` and
+//! `activate` take it exclusively before dropping cached entries. So when the core's
+//! invalidation returns, no access of this device still uses a frame looked up before
+//! it (the core then copies a migrating page's bytes and frees the old frame), as a
+//! hardware shootdown waits for the requests in flight to drain.
+//!
+//! ## Recording
+//! [`SimMmu::start_recording`] logs every translation (unit, root, address, access,
+//! the leaf a walk gave or the cached leaf, the walk's entry reads) and every
+//! invalidation as [`TraceEvent`]s; [`replay`] runs such a stream through any
+//! [`TranslationCaches`] with the same decision logic as the live MMU, so replaying
+//! through the live configuration gives exactly the live counters (except the
+//! page-walk cache's, which the replayer does not model: a replayed walk costs the
+//! reads the live walk made, or, for a walk the live run did not make, the format's
+//! full depth given to [`replay`]).
 
-use crate::format::{Leaf, TableFormat, WalkerId};
-use crate::hierarchy::{HierarchyConfig, HierarchyStats, TlbHierarchy};
+use crate::format::{Leaf, TableFormat, Walk, WalkerId};
+use crate::hierarchy::{HierarchyConfig, HierarchyStats, Level, TlbHierarchy, TranslationCaches};
 use crate::lock;
 use crate::tlb::TlbConfigError;
 use gmem_core::{
     MapRun, Mmu, MmuError, PageSizes, PageTableFormat, PageTableRoot, Prot, VaRange, VirtAddr,
 };
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Why a translation did not produce a usable leaf.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,12 +48,226 @@ pub enum Miss {
     },
 }
 
+/// Where a translation was served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Served {
+    /// The unit's L1 TLB.
+    L1,
+    /// The shared L2 TLB.
+    L2,
+    /// A page walk that read `reads` table entries (after the page-walk cache).
+    Walk {
+        /// Entries read from memory.
+        reads: u32,
+    },
+    /// The translator does not say.
+    Unknown,
+}
+
+/// Accesses in flight against shootdowns: shared by accesses, exclusive for an
+/// invalidation (see the module documentation).
+#[derive(Debug, Default)]
+pub struct AccessGate(RwLock<()>);
+
+impl AccessGate {
+    /// An open gate.
+    pub fn new() -> AccessGate {
+        AccessGate::default()
+    }
+
+    /// Enter with an access (shared). Never hold it across `Gmem::dev_fault`: the core
+    /// may invalidate this device while serving the fault.
+    pub fn enter(&self) -> RwLockReadGuard<'_, ()> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait until no access is in flight and keep new ones out (exclusive).
+    pub fn shootdown(&self) -> RwLockWriteGuard<'_, ()> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// What a device does for each access: translate an address for a unit.
 pub trait Translator: Send + Sync {
     /// Translate `va` for `access` by compute unit `unit`.
     fn translate(&self, unit: usize, va: VirtAddr, access: Prot) -> Result<Leaf, Miss>;
     /// Number of compute units.
     fn units(&self) -> usize;
+    /// [`Translator::translate`], also saying which level served it (a cost model's
+    /// input). The default says [`Served::Unknown`].
+    fn translate_served(
+        &self,
+        unit: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> (Result<Leaf, Miss>, Served) {
+        (self.translate(unit, va, access), Served::Unknown)
+    }
+    /// The gate invalidations of this translator wait on, if it has one.
+    fn gate(&self) -> Option<&AccessGate> {
+        None
+    }
+}
+
+/// One event of a recorded translation stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceEvent {
+    /// A translation request.
+    Translate {
+        /// The unit asking.
+        unit: u32,
+        /// The root translated with.
+        root: u64,
+        /// The address.
+        va: u64,
+        /// The access.
+        access: Prot,
+        /// What a walk gives at this point: the walked leaf when the live run walked,
+        /// otherwise the cached leaf; `None` when nothing was mapped.
+        answer: Option<Leaf>,
+        /// The live run walked for this request.
+        walked: bool,
+        /// Entries the live walk read (0 when it did not walk).
+        reads: u32,
+        /// Entries written back.
+        writes: u32,
+    },
+    /// `invalidate(root, ranges)`; the ranges are `TraceLog::ranges[first..first+count]`.
+    Invalidate {
+        /// The root.
+        root: u64,
+        /// First range in [`TraceLog::ranges`].
+        first: u32,
+        /// Number of ranges.
+        count: u32,
+    },
+    /// `invalidate_all(root)`.
+    InvalidateRoot {
+        /// The root.
+        root: u64,
+    },
+    /// `activate`: every cache flushed.
+    Flush,
+}
+
+/// A recorded translation stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceLog {
+    /// The events in order.
+    pub events: Vec<TraceEvent>,
+    /// Range lists of the invalidations, `(start, len)` bytes.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl TraceLog {
+    /// Translation requests in the log.
+    pub fn translations(&self) -> u64 {
+        self.events
+            .iter()
+            .filter(|e| matches!(e, TraceEvent::Translate { .. }))
+            .count() as u64
+    }
+}
+
+/// Counters of a replay (the same as the live MMU's, page-walk cache excepted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayStats {
+    /// The caches' counters.
+    pub caches: HierarchyStats,
+    /// Translations that walked.
+    pub translations: u64,
+}
+
+/// The decision logic shared by the live MMU and the replayer: caches first; a hit
+/// that forbids the access drops the entry and misses; a store through a clean entry
+/// walks again; a walk's leaf is filled only when it permits the access.
+fn translate_in<C: TranslationCaches>(
+    caches: &mut C,
+    walks: &mut u64,
+    unit: usize,
+    root: u64,
+    va: u64,
+    access: Prot,
+    walk: impl FnOnce(&mut C) -> Walk,
+) -> (Result<Leaf, Miss>, Served, Option<Walk>, Option<Leaf>) {
+    if let Some((leaf, level)) = caches.lookup(unit, root, va) {
+        if !leaf.prot.contains(access) {
+            caches.forget(unit, root, va);
+            return (
+                Err(Miss::Protection { allowed: leaf.prot }),
+                served_at(level),
+                None,
+                Some(leaf),
+            );
+        }
+        if leaf.dirty || !access.contains(Prot::WRITE) {
+            return (Ok(leaf), served_at(level), None, Some(leaf));
+        }
+    }
+    *walks += 1;
+    let w = walk(caches);
+    caches.note_walk(&w);
+    let served = Served::Walk { reads: w.reads };
+    let r = match w.leaf {
+        None => Err(Miss::NotPresent),
+        Some(leaf) if !leaf.prot.contains(access) => Err(Miss::Protection { allowed: leaf.prot }),
+        Some(leaf) => {
+            caches.fill(unit, root, va, leaf);
+            Ok(leaf)
+        }
+    };
+    (r, served, Some(w), w.leaf)
+}
+
+fn served_at(level: Level) -> Served {
+    match level {
+        Level::L1 => Served::L1,
+        Level::L2 => Served::L2,
+    }
+}
+
+/// Replay `log` through `caches`. A walk uses the recorded answer and costs the
+/// recorded reads, or `full_walk_reads` when the live run served that request from a
+/// cache. Replaying through a copy of the live configuration gives the live counters.
+pub fn replay<C: TranslationCaches>(
+    caches: &mut C,
+    log: &TraceLog,
+    full_walk_reads: u32,
+) -> ReplayStats {
+    let mut walks = 0;
+    for e in &log.events {
+        match *e {
+            TraceEvent::Translate {
+                unit,
+                root,
+                va,
+                access,
+                answer,
+                walked,
+                reads,
+                writes,
+            } => {
+                let _ = translate_in(caches, &mut walks, unit as usize, root, va, access, |_| {
+                    Walk {
+                        leaf: answer,
+                        reads: if walked { reads } else { full_walk_reads },
+                        writes,
+                        skipped: 0,
+                    }
+                });
+            }
+            TraceEvent::Invalidate { root, first, count } => {
+                let r = &log.ranges[first as usize..(first + count) as usize];
+                caches.invalidate(root, r);
+            }
+            TraceEvent::InvalidateRoot { root } => caches.invalidate_root(root),
+            TraceEvent::Flush => caches.flush(),
+        }
+    }
+    ReplayStats {
+        caches: caches.stats(),
+        translations: walks,
+    }
 }
 
 /// Counters of a [`SimMmu`] beyond its caches'.
@@ -55,33 +287,58 @@ pub struct MmuStats {
     pub translations: u64,
 }
 
-struct State {
+struct State<C> {
     root: Option<PageTableRoot>,
-    caches: TlbHierarchy,
+    caches: C,
     stats: MmuStats,
+    trace: Option<TraceLog>,
 }
 
-/// A device MMU over format `F`.
-pub struct SimMmu<F: TableFormat> {
+/// A device MMU over format `F` with cache organisation `C`.
+pub struct SimMmu<F: TableFormat, C: TranslationCaches = TlbHierarchy> {
     format: Arc<F>,
     walker: WalkerId,
-    state: Mutex<State>,
+    gate: AccessGate,
+    state: Mutex<State<C>>,
 }
 
 impl<F: TableFormat> SimMmu<F> {
     /// An MMU walking `format`'s tables with caches of geometry `config`.
     pub fn new(format: Arc<F>, config: HierarchyConfig) -> Result<SimMmu<F>, TlbConfigError> {
-        let caches = TlbHierarchy::new(config)?;
+        Ok(SimMmu::with_caches(format, TlbHierarchy::new(config)?))
+    }
+}
+
+impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
+    /// An MMU walking `format`'s tables with the cache organisation `caches`.
+    pub fn with_caches(format: Arc<F>, caches: C) -> SimMmu<F, C> {
         let walker = format.new_walker();
-        Ok(SimMmu {
+        SimMmu {
             format,
             walker,
+            gate: AccessGate::new(),
             state: Mutex::new(State {
                 root: None,
                 caches,
                 stats: MmuStats::default(),
+                trace: None,
             }),
-        })
+        }
+    }
+
+    /// Start logging translations and invalidations (dropping any log in progress).
+    pub fn start_recording(&self) {
+        lock(&self.state).trace = Some(TraceLog::default());
+    }
+
+    /// Stop logging and return the log (empty when none was started).
+    pub fn take_recording(&self) -> TraceLog {
+        lock(&self.state).trace.take().unwrap_or_default()
+    }
+
+    /// Run `f` on the cache organisation (a probe for tests and reports).
+    pub fn with_cache_state<R>(&self, f: impl FnOnce(&C) -> R) -> R {
+        f(&lock(&self.state).caches)
     }
 
     /// The format.
@@ -117,41 +374,57 @@ impl<F: TableFormat> SimMmu<F> {
     }
 }
 
-impl<F: TableFormat> Translator for SimMmu<F> {
+impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
     fn translate(&self, unit: usize, va: VirtAddr, access: Prot) -> Result<Leaf, Miss> {
+        self.translate_served(unit, va, access).0
+    }
+
+    fn translate_served(
+        &self,
+        unit: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> (Result<Leaf, Miss>, Served) {
         let mut g = lock(&self.state);
-        let root = g.root.ok_or(Miss::Inactive)?;
-        if let Some(leaf) = g.caches.lookup(unit, root.0, va.as_u64()) {
-            if !leaf.prot.contains(access) {
-                g.caches.forget(unit, root.0, va.as_u64());
-                return Err(Miss::Protection { allowed: leaf.prot });
-            }
-            if leaf.dirty || !access.contains(Prot::WRITE) {
-                return Ok(leaf);
-            }
-            // A store through a clean entry walks again to set the dirty bit.
+        let Some(root) = g.root else {
+            return (Err(Miss::Inactive), Served::Unknown);
+        };
+        let st = &mut *g;
+        let units = st.caches.units().max(1);
+        let (r, served, walk, answer) = translate_in(
+            &mut st.caches,
+            &mut st.stats.translations,
+            unit,
+            root.0,
+            va.as_u64(),
+            access,
+            |c| self.format.walk(root, va, access, c.walk_cache()),
+        );
+        if let Some(t) = st.trace.as_mut() {
+            t.events.push(TraceEvent::Translate {
+                unit: (unit % units) as u32,
+                root: root.0,
+                va: va.as_u64(),
+                access,
+                answer,
+                walked: walk.is_some(),
+                reads: walk.map_or(0, |w| w.reads),
+                writes: walk.map_or(0, |w| w.writes),
+            });
         }
-        g.stats.translations += 1;
-        let walk = self.format.walk(root, va, access, g.caches.walk_cache());
-        g.caches.note_walk(&walk);
-        match walk.leaf {
-            None => Err(Miss::NotPresent),
-            Some(leaf) if !leaf.prot.contains(access) => {
-                Err(Miss::Protection { allowed: leaf.prot })
-            }
-            Some(leaf) => {
-                g.caches.fill(unit, root.0, va.as_u64(), leaf);
-                Ok(leaf)
-            }
-        }
+        (r, served)
     }
 
     fn units(&self) -> usize {
         lock(&self.state).caches.units()
     }
+
+    fn gate(&self) -> Option<&AccessGate> {
+        Some(&self.gate)
+    }
 }
 
-impl<F: TableFormat> Mmu for SimMmu<F> {
+impl<F: TableFormat, C: TranslationCaches> Mmu for SimMmu<F, C> {
     fn format(&self) -> PageTableFormat {
         self.format.format()
     }
@@ -176,18 +449,32 @@ impl<F: TableFormat> Mmu for SimMmu<F> {
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]) {
         let list: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start.as_u64(), r.len)).collect();
         {
+            let _drained = self.gate.shootdown();
             let mut g = lock(&self.state);
             g.caches.invalidate(root.0, &list);
             g.stats.invalidate_calls += 1;
             g.stats.invalidated_ranges += ranges.len() as u64;
+            if let Some(t) = g.trace.as_mut() {
+                let first = t.ranges.len() as u32;
+                t.ranges.extend_from_slice(&list);
+                t.events.push(TraceEvent::Invalidate {
+                    root: root.0,
+                    first,
+                    count: list.len() as u32,
+                });
+            }
         }
         self.format.walker_invalidated(self.walker, root);
     }
     fn invalidate_all(&self, root: PageTableRoot) {
         {
+            let _drained = self.gate.shootdown();
             let mut g = lock(&self.state);
             g.caches.invalidate_root(root.0);
             g.stats.invalidate_all_calls += 1;
+            if let Some(t) = g.trace.as_mut() {
+                t.events.push(TraceEvent::InvalidateRoot { root: root.0 });
+            }
         }
         self.format.walker_invalidated(self.walker, root);
     }
@@ -199,10 +486,14 @@ impl<F: TableFormat> Mmu for SimMmu<F> {
     }
     fn activate(&self, root: Option<PageTableRoot>) {
         {
+            let _drained = self.gate.shootdown();
             let mut g = lock(&self.state);
             g.root = root;
             g.caches.flush();
             g.stats.activations += 1;
+            if let Some(t) = g.trace.as_mut() {
+                t.events.push(TraceEvent::Flush);
+            }
         }
         self.format.walker_activated(self.walker, root);
     }

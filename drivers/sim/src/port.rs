@@ -10,14 +10,17 @@
 //!    access fails as a livelock instead of spinning;
 //! 4. move the bytes in the memory the leaf points to: the device's own memory for a
 //!    leaf with the local aperture, otherwise whichever memory the machine's
-//!    [`MemoryMap`] says holds the physical address.
+//!    [`MemoryMap`] says holds the physical address — while the MMU's
+//!    [`AccessGate`] is held, so an invalidation (a migration's shootdown) waits until
+//!    the bytes have moved and no access touches a frame after it was given up.
 //!
 //! This is the device-independent half of every simulated driver: the drivers differ
 //! only in the [`Translator`] (format and caches) behind the port.
 
+use crate::format::Leaf;
 use crate::map::MemoryMap;
 use crate::memory::{BoundsError, SimMemory};
-use crate::mmu::{Miss, Translator};
+use crate::mmu::{AccessGate, Miss, Served, Translator};
 use gmem_core::{DeviceId, FaultError, FaultKind, Gmem, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -137,6 +140,17 @@ fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// One page of an access, translated.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The physical address of the requested virtual address.
+    pub pa: PhysAddr,
+    /// The memory holding it.
+    pub memory: Arc<SimMemory>,
+    /// Where the translation was served.
+    pub served: Served,
+}
+
 /// Default bound on faults per page piece of an access.
 pub const DEFAULT_MAX_FAULTS: u32 = 8;
 
@@ -204,33 +218,34 @@ impl Port {
         self.counters.snapshot()
     }
 
-    /// Translate `va` for `access` by `unit`, faulting and retrying; returns the
-    /// physical address and the memory holding it.
-    pub fn resolve(
+    /// Report miss `miss` of `va` to the core and count the answer; `faults` is the
+    /// access's running fault count, bounded by `limit`.
+    #[allow(clippy::too_many_arguments)]
+    fn fault(
         &self,
         gm: &Gmem,
-        unit: usize,
+        id: DeviceId,
         va: VirtAddr,
         access: Prot,
-    ) -> Result<(PhysAddr, Arc<SimMemory>), AccessError> {
-        let id = self.id().ok_or(AccessError::NotCreated)?;
-        let mut faults = 0;
-        let leaf = loop {
-            let miss = match self.translator.translate(unit, va, access) {
-                Ok(leaf) => break leaf,
-                Err(m) => m,
-            };
-            if faults == self.max_faults {
-                return Err(AccessError::Livelock { va, faults });
-            }
-            faults += 1;
-            let c = &self.counters;
-            add(&c.faults, 1);
-            if matches!(miss, Miss::Protection { .. }) {
-                add(&c.protection_faults, 1);
-            }
-            match gm.dev_fault(id, va, access) {
-                Ok(r) => add(
+        miss: Miss,
+        faults: &mut u32,
+        limit: u32,
+    ) -> Result<(), AccessError> {
+        if *faults >= limit {
+            return Err(AccessError::Livelock {
+                va,
+                faults: *faults,
+            });
+        }
+        *faults += 1;
+        let c = &self.counters;
+        add(&c.faults, 1);
+        if matches!(miss, Miss::Protection { .. }) {
+            add(&c.protection_faults, 1);
+        }
+        match gm.dev_fault(id, va, access) {
+            Ok(r) => {
+                add(
                     match r.kind {
                         FaultKind::ZeroFill => &c.zero_fills,
                         FaultKind::Migrated => &c.migrations,
@@ -239,20 +254,99 @@ impl Port {
                         FaultKind::Spurious => &c.spurious,
                     },
                     1,
-                ),
-                Err(error) => {
-                    add(&c.failed_faults, 1);
-                    return Err(AccessError::Fault { va, access, error });
+                );
+                Ok(())
+            }
+            Err(error) => {
+                add(&c.failed_faults, 1);
+                Err(AccessError::Fault { va, access, error })
+            }
+        }
+    }
+
+    /// Translate every `(va, access)` of `pages` for `unit`, faulting and retrying the
+    /// whole list after each fault (as a GPU replays a faulted instruction), then run
+    /// `f` on the translations while invalidations of this device wait: the frames `f`
+    /// sees stay this device's until it returns. `out` is scratch space (its contents
+    /// are replaced). At most [`Port::max_faults`] faults per page are taken.
+    ///
+    /// # Errors
+    /// [`AccessError::NotCreated`] before [`Port::bind`]; the core's answer to a fault
+    /// it could not serve; [`AccessError::Livelock`] past the fault bound;
+    /// [`AccessError::NoMemory`] for a leaf no memory answers for; whatever `f` returns.
+    pub fn with_pages<R>(
+        &self,
+        gm: &Gmem,
+        unit: usize,
+        pages: &[(VirtAddr, Prot)],
+        out: &mut Vec<Resolved>,
+        f: impl FnOnce(&[Resolved]) -> Result<R, AccessError>,
+    ) -> Result<R, AccessError> {
+        let id = self.id().ok_or(AccessError::NotCreated)?;
+        let limit = self.max_faults.saturating_mul(pages.len().max(1) as u32);
+        let mut faults = 0;
+        loop {
+            out.clear();
+            let gate = self.translator.gate().map(AccessGate::enter);
+            let mut missed = None;
+            for &(va, access) in pages {
+                match self.translator.translate_served(unit, va, access) {
+                    (Ok(leaf), served) => {
+                        let pa = leaf.translate(va);
+                        out.push(Resolved {
+                            pa,
+                            memory: self.memory_of(&leaf, pa)?,
+                            served,
+                        });
+                    }
+                    (Err(m), _) => {
+                        missed = Some((va, access, m));
+                        break;
+                    }
                 }
             }
-        };
-        let pa = leaf.translate(va);
+            match missed {
+                None => {
+                    let r = f(out);
+                    drop(gate);
+                    return r;
+                }
+                Some((va, access, m)) => {
+                    // Never hold the gate across a fault: serving it may invalidate
+                    // this very device.
+                    drop(gate);
+                    self.fault(gm, id, va, access, m, &mut faults, limit)?;
+                }
+            }
+        }
+    }
+
+    fn memory_of(&self, leaf: &Leaf, pa: PhysAddr) -> Result<Arc<SimMemory>, AccessError> {
         let memory = if leaf.local {
             self.local.clone()
         } else {
             self.map.at(pa).map(|(_, m)| m)
         };
-        Ok((pa, memory.ok_or(AccessError::NoMemory { pa })?))
+        memory.ok_or(AccessError::NoMemory { pa })
+    }
+
+    /// Translate `va` for `access` by `unit`, faulting and retrying; returns the
+    /// physical address and the memory holding it. The frame may move as soon as this
+    /// returns: to move bytes safely use [`Port::with_pages`] (loads and stores do).
+    ///
+    /// # Errors
+    /// As [`Port::with_pages`].
+    pub fn resolve(
+        &self,
+        gm: &Gmem,
+        unit: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<(PhysAddr, Arc<SimMemory>), AccessError> {
+        let mut out = Vec::with_capacity(1);
+        self.with_pages(gm, unit, &[(va, access)], &mut out, |r| {
+            Ok((r[0].pa, r[0].memory.clone()))
+        })
     }
 
     fn pieces(
@@ -286,9 +380,13 @@ impl Port {
     ) -> Result<(), AccessError> {
         add(&self.counters.loads, 1);
         let len = buf.len();
+        let mut out = Vec::with_capacity(1);
         Self::pieces(va, len, |a, r| {
-            let (pa, mem) = self.resolve(gm, unit, a, Prot::READ)?;
-            mem.read(pa, &mut buf[r]).map_err(AccessError::Bounds)
+            self.with_pages(gm, unit, &[(a, Prot::READ)], &mut out, |p| {
+                p[0].memory
+                    .read(p[0].pa, &mut buf[r])
+                    .map_err(AccessError::Bounds)
+            })
         })?;
         add(&self.counters.bytes_loaded, len as u64);
         Ok(())
@@ -303,9 +401,13 @@ impl Port {
         data: &[u8],
     ) -> Result<(), AccessError> {
         add(&self.counters.stores, 1);
+        let mut out = Vec::with_capacity(1);
         Self::pieces(va, data.len(), |a, r| {
-            let (pa, mem) = self.resolve(gm, unit, a, Prot::WRITE)?;
-            mem.write(pa, &data[r]).map_err(AccessError::Bounds)
+            self.with_pages(gm, unit, &[(a, Prot::WRITE)], &mut out, |p| {
+                p[0].memory
+                    .write(p[0].pa, &data[r])
+                    .map_err(AccessError::Bounds)
+            })
         })?;
         add(&self.counters.bytes_stored, data.len() as u64);
         Ok(())

@@ -151,6 +151,16 @@ impl<V> Entry<V> {
 pub struct Tlb<V> {
     config: TlbConfig,
     slots: Vec<Option<Entry<V>>>,
+    /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
+    /// (one word per way, so a set is a few cache lines); the asid is checked on a
+    /// key match.
+    keys: Vec<u64>,
+    /// Each slot's asid.
+    asids: Vec<u64>,
+    /// Each slot's LRU / FIFO stamp (compact, for victim selection).
+    stamps: Vec<u64>,
+    /// Valid ways per set.
+    filled: Vec<u32>,
     clock: u64,
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
@@ -159,6 +169,12 @@ pub struct Tlb<V> {
 }
 
 const MAX_ENTRIES: usize = 1 << 20;
+
+const INVALID: u64 = u64::MAX;
+
+fn key(tag: u64, shift: u8) -> u64 {
+    tag << 6 | u64::from(shift)
+}
 
 impl<V: Copy> Tlb<V> {
     /// An empty TLB.
@@ -178,6 +194,10 @@ impl<V: Copy> Tlb<V> {
         Ok(Tlb {
             config,
             slots: vec![None; entries],
+            keys: vec![INVALID; entries],
+            asids: vec![0; entries],
+            stamps: vec![0; entries],
+            filled: vec![0; config.sets],
             clock: 0,
             rng,
             shifts: 0,
@@ -206,15 +226,44 @@ impl<V: Copy> Tlb<V> {
     }
 
     fn set_of(&self, tag: u64) -> std::ops::Range<usize> {
-        let set = (tag % self.config.sets as u64) as usize;
+        let sets = self.config.sets as u64;
+        let set = if sets.is_power_of_two() {
+            (tag & (sets - 1)) as usize
+        } else {
+            (tag % sets) as usize
+        };
         set * self.config.ways..(set + 1) * self.config.ways
     }
 
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
-        self.set_of(tag).find(|&i| {
-            matches!(&self.slots[i], Some(e) if e.asid == asid && e.tag == tag && e.shift == shift)
-        })
+        let k = key(tag, shift);
+        let r = self.set_of(tag);
+        // Branch-free over the set (the compiler vectorises it): a key is in a set once
+        // per asid, so the last match is the only one.
+        let (keys, asids) = (&self.keys[r.clone()], &self.asids[r.clone()]);
+        let mut hit = usize::MAX;
+        for (i, (&x, &a)) in keys.iter().zip(asids).enumerate() {
+            if x == k && a == asid {
+                hit = i;
+            }
+        }
+        (hit != usize::MAX).then(|| r.start + hit)
+    }
+
+    fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<Entry<V>> {
+        self.keys[i] = e.as_ref().map_or(INVALID, |e| key(e.tag, e.shift));
+        self.asids[i] = e.as_ref().map_or(0, |e| e.asid);
+        self.stamps[i] = e.as_ref().map_or(0, |e| e.stamp);
+        let set = i / self.config.ways;
+        let new = e.is_some();
+        let old = std::mem::replace(&mut self.slots[i], e);
+        match (old.is_some(), new) {
+            (false, true) => self.filled[set] += 1,
+            (true, false) => self.filled[set] -= 1,
+            _ => {}
+        }
+        old
     }
 
     fn shift_list(&self) -> impl Iterator<Item = u8> + '_ {
@@ -224,6 +273,11 @@ impl<V: Copy> Tlb<V> {
     /// Look `va` up in any page size, smallest first; a hit refreshes the entry for
     /// LRU. Returns the entry's page shift and value.
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
+        if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
+            // One page size (the common case): no list to build.
+            let s = self.shifts.trailing_zeros().min(63) as u8;
+            return self.lookup_deepest(asid, va, &[s]);
+        }
         let (mut buf, mut n) = ([0u8; 64], 0);
         for s in self.shift_list() {
             buf[n] = s;
@@ -248,9 +302,12 @@ impl<V: Copy> Tlb<V> {
         match hit {
             Some((s, i)) => {
                 self.stats.hits += 1;
+                let clock = self.clock;
+                let lru = self.config.policy == Replacement::Lru;
                 let e = self.slots[i].as_mut().expect("found valid");
-                if self.config.policy == Replacement::Lru {
-                    e.stamp = self.clock;
+                if lru {
+                    e.stamp = clock;
+                    self.stamps[i] = clock;
                 }
                 Some((s, e.value))
             }
@@ -280,6 +337,31 @@ impl<V: Copy> Tlb<V> {
     /// same key is overwritten; otherwise a free way is used, or the policy's victim is
     /// evicted. Returns the evicted entry's `(asid, page address)` if one was.
     pub fn insert(&mut self, asid: u64, va: u64, shift: u8, value: V) -> Option<(u64, u64)> {
+        self.insert_inner(asid, va, shift, value, true)
+    }
+
+    /// [`Tlb::insert`] for a key the caller just looked up and missed (no entry of
+    /// `asid` translates `va` in any size): skips the search for an entry to overwrite.
+    /// Inserting a key that is present would duplicate it; use [`Tlb::insert`] then.
+    pub fn insert_missing(
+        &mut self,
+        asid: u64,
+        va: u64,
+        shift: u8,
+        value: V,
+    ) -> Option<(u64, u64)> {
+        debug_assert!(!self.holds(asid, va), "insert_missing of a present key");
+        self.insert_inner(asid, va, shift, value, false)
+    }
+
+    fn insert_inner(
+        &mut self,
+        asid: u64,
+        va: u64,
+        shift: u8,
+        value: V,
+        search: bool,
+    ) -> Option<(u64, u64)> {
         let shift = shift.min(63);
         self.clock += 1;
         self.shifts |= 1 << shift;
@@ -292,24 +374,32 @@ impl<V: Copy> Tlb<V> {
             value,
             stamp: self.clock,
         };
-        if let Some(i) = self.find(asid, va, shift) {
-            self.slots[i] = Some(entry);
-            return None;
+        if search {
+            if let Some(i) = self.find(asid, va, shift) {
+                self.put(i, Some(entry));
+                return None;
+            }
         }
         let range = self.set_of(tag);
-        if let Some(i) = range.clone().find(|&i| self.slots[i].is_none()) {
-            self.slots[i] = Some(entry);
-            return None;
+        let set = range.start / self.config.ways;
+        if self.filled[set] < self.config.ways as u32 {
+            if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
+                self.put(range.start + i, Some(entry));
+                return None;
+            }
         }
         let victim = match self.config.policy {
             Replacement::Random { .. } => {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
-            Replacement::Lru | Replacement::Fifo => range
-                .min_by_key(|&i| self.slots[i].as_ref().map_or(0, |e| e.stamp))
-                .expect("a set has at least one way"),
+            Replacement::Lru | Replacement::Fifo => {
+                // The set is full: the smallest stamp, first of equals.
+                let stamps = &self.stamps[range.clone()];
+                let oldest = stamps.iter().copied().fold(u64::MAX, u64::min);
+                range.start + stamps.iter().position(|&x| x == oldest).expect("a way")
+            }
         };
-        let old = self.slots[victim].replace(entry).expect("full set");
+        let old = self.put(victim, Some(entry)).expect("full set");
         self.stats.evictions += 1;
         Some((old.asid, old.tag << old.shift))
     }
@@ -322,7 +412,7 @@ impl<V: Copy> Tlb<V> {
             .filter_map(|s| self.find(asid, va, s))
             .collect();
         for i in &hits {
-            self.slots[*i] = None;
+            self.put(*i, None);
         }
         self.stats.invalidated += hits.len() as u64;
         hits.len() as u64
@@ -354,18 +444,18 @@ impl<V: Copy> Tlb<V> {
                     let last = start.saturating_add(len - 1) >> sh;
                     for tag in first..=last {
                         if let Some(i) = self.find(asid, tag << sh, sh) {
-                            self.slots[i] = None;
+                            self.put(i, None);
                             dropped += 1;
                         }
                     }
                 }
             }
         } else {
-            for slot in self.slots.iter_mut() {
-                if matches!(slot, Some(e) if e.asid == asid
+            for i in 0..self.slots.len() {
+                if matches!(&self.slots[i], Some(e) if e.asid == asid
                     && ranges.iter().any(|&(s, l)| l > 0 && e.overlaps(s, l)))
                 {
-                    *slot = None;
+                    self.put(i, None);
                     dropped += 1;
                 }
             }
@@ -378,9 +468,9 @@ impl<V: Copy> Tlb<V> {
     pub fn flush_asid(&mut self, asid: u64) -> u64 {
         self.stats.invalidations += 1;
         let mut dropped = 0;
-        for slot in self.slots.iter_mut() {
-            if matches!(slot, Some(e) if e.asid == asid) {
-                *slot = None;
+        for i in 0..self.slots.len() {
+            if matches!(&self.slots[i], Some(e) if e.asid == asid) {
+                self.put(i, None);
                 dropped += 1;
             }
         }
@@ -393,6 +483,8 @@ impl<V: Copy> Tlb<V> {
         self.stats.invalidations += 1;
         let dropped = self.len() as u64;
         self.slots.iter_mut().for_each(|s| *s = None);
+        self.keys.iter_mut().for_each(|k| *k = INVALID);
+        self.filled.iter_mut().for_each(|f| *f = 0);
         self.shifts = 0;
         self.stats.invalidated += dropped;
         dropped

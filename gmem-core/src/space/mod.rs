@@ -37,7 +37,7 @@ use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
 use crate::queue::{Callback, Discard, MmuQueue};
 use crate::stats::Counters;
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard, Rank};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -221,7 +221,7 @@ impl SpaceInner {
             range,
             policy,
             arena,
-            state: Mutex::new(SpaceState::new(host)),
+            state: Mutex::ranked(SpaceState::new(host), Rank::SpaceState),
         }
     }
 

@@ -1,0 +1,106 @@
+//! The cost model: turns a run's events into cycles and time.
+//!
+//! ## Parameters and where they come from
+//! Geometry and clocks are the MESC paper's Table I (gem5-gpu baseline): a 700 MHz GPU,
+//! 128-byte lines, per-CU 32 KiB 4-way L1 data caches, a shared 2 MiB 16-way L2, 16
+//! concurrent page-table walkers, DRAM at 1 GHz with 2 channels. Peak DRAM bandwidth
+//! follows from that line as 2 channels × 64 bit × 2 transfers per clock × 1 GHz =
+//! 32 GB/s = 45.7 bytes per GPU cycle (the 64-bit DDR channel width is our reading; the
+//! table does not say). Latencies are not in the MESC text: we take the GPU memory
+//! latencies reported by Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+//! Microbenchmarking" (arXiv:1804.06826, 2018): L1 data hit ≈ 28 cycles, L2 hit ≈ 193
+//! cycles. The DRAM round trip of 400 cycles is our assumption, in the range such
+//! microbenchmark studies report for GPU global memory; these values are the one
+//! calibration, applied to every design alike, never tuned per design. TLB latencies are assumptions stated here: 1 cycle for the per-CU L1 TLB
+//! (looked up in parallel with address generation), 20 cycles for the shared/IOMMU TLB,
+//! 10 cycles for a page-walk-cache probe; a walk's table reads each cost a DRAM access
+//! (the walker's reads are not cached in the data caches).
+//!
+//! ## What is charged
+//! A warp instruction issues in one cycle. A memory instruction then waits for its
+//! translations — the slowest of its pages, walks beyond the walker count queueing
+//! behind each other — and then for its data: each 128-byte transaction hits the
+//! unit's L1 data cache, the shared L2, or goes to DRAM, where it also occupies the
+//! shared DRAM link for `128 / bytes_per_cycle` cycles. The warp is ready again when
+//! the slowest part is done (loads and stores alike: no scoreboarding).
+
+use std::fmt;
+
+/// The parameters, in GPU cycles unless named otherwise.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    /// GPU clock, MHz.
+    pub clock_mhz: f64,
+    /// Per-unit L1 TLB hit.
+    pub l1_tlb: u64,
+    /// Shared (L2 / IOMMU) TLB lookup.
+    pub l2_tlb: u64,
+    /// Page-walk-cache probe, once per walk.
+    pub walk_cache: u64,
+    /// One DRAM access (a table read or a data miss).
+    pub dram: u64,
+    /// Concurrent page walks.
+    pub walkers: u64,
+    /// L1 data-cache hit.
+    pub l1_data: u64,
+    /// L2 data-cache hit.
+    pub l2_data: u64,
+    /// DRAM bytes per GPU cycle (whole machine).
+    pub dram_bytes_per_cycle: f64,
+    /// Model the data caches (when off every transaction goes to DRAM).
+    pub data_caches: bool,
+    /// Per-unit L1 data cache: sets × ways of 128-byte lines.
+    pub l1_data_geometry: (usize, usize),
+    /// Shared L2 data cache: sets × ways of 128-byte lines.
+    pub l2_data_geometry: (usize, usize),
+}
+
+impl CostModel {
+    /// The calibrated parameters (see the module documentation for their sources).
+    pub const fn calibrated() -> CostModel {
+        CostModel {
+            clock_mhz: 700.0,
+            l1_tlb: 1,
+            l2_tlb: 20,
+            walk_cache: 10,
+            dram: 400,
+            walkers: 16,
+            l1_data: 28,
+            l2_data: 193,
+            dram_bytes_per_cycle: 32_000.0 / 700.0,
+            data_caches: true,
+            l1_data_geometry: (64, 4),
+            l2_data_geometry: (1024, 16),
+        }
+    }
+
+    /// Seconds for `cycles`.
+    pub fn seconds(&self, cycles: u64) -> f64 {
+        cycles as f64 / (self.clock_mhz * 1e6)
+    }
+}
+
+impl fmt::Display for CostModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cost model: {} MHz; TLB L1 {} / shared {} / walk cache {} cycles; DRAM {} cycles, \
+             {:.1} B/cycle; {} walkers; data caches {} (L1 {}x{} lines, {} cycles; L2 {}x{} \
+             lines, {} cycles)",
+            self.clock_mhz,
+            self.l1_tlb,
+            self.l2_tlb,
+            self.walk_cache,
+            self.dram,
+            self.dram_bytes_per_cycle,
+            self.walkers,
+            if self.data_caches { "on" } else { "off" },
+            self.l1_data_geometry.0,
+            self.l1_data_geometry.1,
+            self.l1_data,
+            self.l2_data_geometry.0,
+            self.l2_data_geometry.1,
+            self.l2_data,
+        )
+    }
+}

@@ -1,0 +1,108 @@
+//! The kernel representation: a grid of thread blocks whose warps are programs that
+//! yield warp instructions.
+//!
+//! A [`Kernel`] says how many blocks it has, what one block needs (for occupancy) and
+//! makes the [`WarpProgram`] of each warp. The engine calls [`WarpProgram::next`]
+//! whenever the warp may issue; the program fills the [`WarpIo`] (32 lane addresses, an
+//! active mask, store values) and returns the [`Op`]. After a load the engine puts each
+//! active lane's 32-bit value in [`WarpIo::value`] before the next call, so programs
+//! can branch on loaded data (BFS, PageRank). Divergence is the active mask: lanes a
+//! branch excludes sit out the instruction, and a warp whose lanes take different
+//! paths runs both, one after the other, as hardware does.
+
+use crate::coalesce::LANES;
+use crate::occupancy::KernelResources;
+
+/// What a warp does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Load 4 bytes at each active lane's `io.addr` into `io.value`.
+    Load,
+    /// Store each active lane's `io.value` at its `io.addr`.
+    Store,
+    /// Arithmetic for this many cycles (no memory access).
+    Compute(u32),
+    /// The warp is done.
+    Exit,
+}
+
+/// A warp instruction's operands and, after a load, its results.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarpIo {
+    /// Lane addresses.
+    pub addr: [u64; LANES],
+    /// Store values in, load values out (raw 32-bit words; `f32::to_bits` for floats).
+    pub value: [u32; LANES],
+    /// Active lanes (bit `i` = lane `i`).
+    pub mask: u32,
+}
+
+impl Default for WarpIo {
+    fn default() -> WarpIo {
+        WarpIo {
+            addr: [0; LANES],
+            value: [0; LANES],
+            mask: 0,
+        }
+    }
+}
+
+impl WarpIo {
+    /// Set each active lane's address with `f(lane)`; lanes where `f` gives `None` are
+    /// masked off. Returns whether any lane is active.
+    pub fn lanes(&mut self, mut f: impl FnMut(usize) -> Option<u64>) -> bool {
+        self.mask = 0;
+        for l in 0..LANES {
+            if let Some(a) = f(l) {
+                self.addr[l] = a;
+                self.mask |= 1 << l;
+            }
+        }
+        self.mask != 0
+    }
+
+    /// [`WarpIo::lanes`] over the lanes of `candidates` only (the others are masked
+    /// off without calling `f`).
+    pub fn lanes_of(&mut self, candidates: u32, mut f: impl FnMut(usize) -> Option<u64>) -> bool {
+        let mut mask = 0;
+        let mut c = candidates;
+        while c != 0 {
+            let l = c.trailing_zeros() as usize;
+            c &= c - 1;
+            if let Some(a) = f(l) {
+                self.addr[l] = a;
+                mask |= 1 << l;
+            }
+        }
+        self.mask = mask;
+        mask != 0
+    }
+
+    /// Lane `l`'s value as an `f32`.
+    pub fn f32(&self, l: usize) -> f32 {
+        f32::from_bits(self.value[l])
+    }
+
+    /// Whether lane `l` is active.
+    pub fn active(&self, l: usize) -> bool {
+        self.mask & (1 << l) != 0
+    }
+}
+
+/// The program of one warp.
+pub trait WarpProgram {
+    /// The next instruction; `io.value` holds the last load's values.
+    fn next(&mut self, io: &mut WarpIo) -> Op;
+}
+
+/// A kernel launch.
+pub trait Kernel {
+    /// The warp program type.
+    type Warp: WarpProgram;
+    /// Thread blocks in the grid.
+    fn blocks(&self) -> u64;
+    /// What one block needs.
+    fn resources(&self) -> KernelResources;
+    /// The program of warp `warp` of block `block`.
+    fn warp(&self, block: u64, warp: u32) -> Self::Warp;
+}

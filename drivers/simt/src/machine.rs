@@ -1,0 +1,402 @@
+//! The machine workloads run on: a host CPU and a GPU sharing one gmem address space.
+//!
+//! Two GPUs: the integrated GPU of the MESC paper's setting (16 CUs walking the CPU's
+//! x86-64 tables in host memory: shared mode, so data the host initialised is already
+//! mapped for it) and the discrete GPU (its own tables in video memory; data faults over
+//! and migrates on first touch). Both get the MESC paper's TLB geometry (Table I):
+//! a 32-entry fully associative L1 TLB per CU, a 512-entry 16-way shared TLB, and an
+//! 8 KiB page-walk cache (1024 eight-byte entries, 64 × 16). Data is allocated with
+//! `Gmem::as_alloc` and written by the host CPU through its own MMU.
+
+use crate::cost::CostModel;
+use crate::dispatch::{Dispatch, LooseRoundRobin, RoundRobin, WarpScheduler};
+use crate::engine::{run, AccessObserver, Device, Launch, RunStats, SimtError};
+use crate::kernel::Kernel;
+use crate::occupancy::{OccupancyModel, SmConfig};
+use gmem_core::{
+    Activation, AllocPolicy, AllocRequest, Gmem, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE,
+};
+use gmem_dgpu::{Dgpu, DgpuConfig};
+use gmem_host_cpu::{HostCpu, HostCpuConfig};
+use gmem_igpu::Igpu;
+use gmem_sim::{
+    HierarchyConfig, MmuStats, Port, Replacement, TlbConfig, TlbStats, TraceLog, Translator,
+};
+use std::sync::Arc;
+
+/// Which GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuKind {
+    /// Integrated, walking the CPU's table (shared mode).
+    Integrated,
+    /// Discrete, with this many pages of video memory.
+    Discrete {
+        /// Pages of video memory for data.
+        pages: u64,
+    },
+}
+
+/// The MESC paper's translation caches (Table I) for `cus` compute units.
+pub fn mesc_tlbs(cus: usize) -> HierarchyConfig {
+    HierarchyConfig {
+        units: cus,
+        l1: TlbConfig::new(1, 32, Replacement::Lru),
+        l2: Some(TlbConfig::new(32, 16, Replacement::Lru)),
+        walk_cache: Some(TlbConfig::new(64, 16, Replacement::Lru)),
+    }
+}
+
+/// Compute units of the MESC paper's GPU.
+pub const MESC_UNITS: usize = 16;
+
+enum Gpu {
+    Integrated(Igpu),
+    Discrete(Dgpu),
+}
+
+/// A host, a GPU and one address space.
+pub struct SimtMachine {
+    gm: Gmem,
+    cpu: HostCpu,
+    gpu: Gpu,
+    space: SpaceId,
+    /// Occupancy calculation used for launches.
+    pub occupancy: Box<dyn OccupancyModel + Send + Sync>,
+    /// The cost model used for launches.
+    pub cost: CostModel,
+}
+
+impl SimtMachine {
+    /// A machine with `host_pages` of host memory and `gpu` with `tlbs`.
+    ///
+    /// # Errors
+    /// A description of what the core or a driver refused.
+    pub fn new(
+        host_pages: u64,
+        gpu: GpuKind,
+        tlbs: HierarchyConfig,
+    ) -> Result<SimtMachine, String> {
+        let defaults = HostCpuConfig::default();
+        let table_frames = host_pages.div_ceil(512) + 256;
+        let config = HostCpuConfig {
+            memory_bytes: (host_pages + table_frames) * PAGE_SIZE,
+            table_frames,
+            ..defaults
+        };
+        let (gm, cpu) = HostCpu::boot(config).map_err(|e| format!("{e:?}"))?;
+        let space = gm
+            .as_create(
+                VirtAddr::new(1 << 32),
+                VirtAddr::new(1 << 39),
+                AllocPolicy::empty(),
+            )
+            .map_err(|e| e.to_string())?;
+        let shared = gpu == GpuKind::Integrated;
+        let cpu_mode = if shared {
+            MmuMode::Shared
+        } else {
+            MmuMode::Coherent
+        };
+        gm.as_attach(space, gm.host(), cpu_mode, Activation::Switch)
+            .map_err(|e| e.to_string())?;
+        let (gpu, id, mode) = match gpu {
+            GpuKind::Integrated => {
+                let g = Igpu::with_tlbs(cpu.tables().clone(), cpu.memory_map().clone(), tlbs)
+                    .map_err(|e| format!("{e:?}"))?;
+                let id = g.create(&gm, "igpu").map_err(|e| format!("{e:?}"))?;
+                (Gpu::Integrated(g), id, MmuMode::Shared)
+            }
+            GpuKind::Discrete { pages } => {
+                let mut c = DgpuConfig::new(0, 0, tlbs.units);
+                c.tlbs = tlbs;
+                c.table_frames = (host_pages + pages).div_ceil(512) + 64;
+                c.vram_bytes = (c.table_frames + pages.max(1)) * PAGE_SIZE;
+                let g = Dgpu::new(cpu.memory_map().clone(), c).map_err(|e| format!("{e:?}"))?;
+                let id = g.create(&gm, "dgpu").map_err(|e| format!("{e:?}"))?;
+                (Gpu::Discrete(g), id, MmuMode::Coherent)
+            }
+        };
+        let got = gm
+            .as_attach(space, id, mode, Activation::Switch)
+            .map_err(|e| e.to_string())?;
+        if got != mode {
+            return Err(format!("GPU attached in {got:?} mode, wanted {mode:?}"));
+        }
+        Ok(SimtMachine {
+            gm,
+            cpu,
+            gpu,
+            space,
+            occupancy: Box::new(SmConfig::maxwell()),
+            cost: CostModel::calibrated(),
+        })
+    }
+
+    /// The MESC paper's integrated GPU with enough host memory for `data_pages`.
+    ///
+    /// # Errors
+    /// As [`SimtMachine::new`].
+    pub fn mesc(data_pages: u64) -> Result<SimtMachine, String> {
+        SimtMachine::new(
+            data_pages + 1024,
+            GpuKind::Integrated,
+            mesc_tlbs(MESC_UNITS),
+        )
+    }
+
+    /// The GMEM instance.
+    pub fn gm(&self) -> &Gmem {
+        &self.gm
+    }
+
+    /// The GPU's port.
+    pub fn port(&self) -> &Port {
+        match &self.gpu {
+            Gpu::Integrated(g) => g.port(),
+            Gpu::Discrete(g) => g.port(),
+        }
+    }
+
+    /// The host CPU.
+    pub fn cpu(&self) -> &HostCpu {
+        &self.cpu
+    }
+
+    /// The address space.
+    pub fn space(&self) -> SpaceId {
+        self.space
+    }
+
+    /// A second port of the GPU (same device id, same memories) whose translations go
+    /// through `wrap(GPU MMU)`: instrumentation for tests (pausing an access between
+    /// its translation and its bytes).
+    ///
+    /// # Errors
+    /// Never in practice: binding a fresh port to the GPU's id.
+    pub fn port_through(
+        &self,
+        wrap: impl FnOnce(Arc<dyn Translator>) -> Arc<dyn Translator>,
+    ) -> Result<Port, String> {
+        let (mmu, local): (Arc<dyn Translator>, _) = match &self.gpu {
+            Gpu::Integrated(g) => (g.mmu().clone(), None),
+            Gpu::Discrete(g) => (g.mmu().clone(), Some(g.vram().clone())),
+        };
+        let port = Port::new(wrap(mmu), self.cpu.memory_map().clone(), local);
+        let id = self.port().id().ok_or("GPU not created")?;
+        port.bind(id)
+            .map_err(|d| format!("already bound to {d:?}"))?;
+        Ok(port)
+    }
+
+    /// For each address of `vas` and each unit whose caches hold a translation of it,
+    /// check that the translation the caches serve equals a fresh walk of the table
+    /// (frame, page size, permissions, format bits). Returns how many cached translations were
+    /// checked.
+    ///
+    /// # Errors
+    /// The first mismatch, described.
+    pub fn audit_tlbs(&self, vas: impl Iterator<Item = u64>) -> Result<u64, String> {
+        match &self.gpu {
+            Gpu::Integrated(g) => audit(g.mmu(), vas),
+            Gpu::Discrete(g) => audit(g.mmu(), vas),
+        }
+    }
+
+    /// The GPU's MMU counters.
+    pub fn gpu_mmu(&self) -> MmuStats {
+        match &self.gpu {
+            Gpu::Integrated(g) => g.mmu().stats(),
+            Gpu::Discrete(g) => g.mmu().stats(),
+        }
+    }
+
+    /// Unit `u`'s L1 TLB counters.
+    pub fn l1_stats(&self, u: usize) -> Option<TlbStats> {
+        match &self.gpu {
+            Gpu::Integrated(g) => g.mmu().l1_stats(u),
+            Gpu::Discrete(g) => g.mmu().l1_stats(u),
+        }
+    }
+
+    /// Start recording the GPU's translation stream.
+    pub fn start_recording(&self) {
+        match &self.gpu {
+            Gpu::Integrated(g) => g.mmu().start_recording(),
+            Gpu::Discrete(g) => g.mmu().start_recording(),
+        }
+    }
+
+    /// Stop recording and take the stream.
+    pub fn take_recording(&self) -> TraceLog {
+        match &self.gpu {
+            Gpu::Integrated(g) => g.mmu().take_recording(),
+            Gpu::Discrete(g) => g.mmu().take_recording(),
+        }
+    }
+
+    /// Allocate `bytes` (rounded up to pages) in the space.
+    ///
+    /// # Errors
+    /// The core's refusal.
+    pub fn alloc(&self, bytes: u64) -> Result<Region, String> {
+        let size = bytes.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        self.gm
+            .as_alloc(self.space, AllocRequest::new(size))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Allocate an array of `values` and write it through the host CPU.
+    ///
+    /// # Errors
+    /// As [`SimtMachine::alloc`], or a failed host store.
+    pub fn upload(&self, values: &[u32]) -> Result<Region, String> {
+        let r = self.alloc(values.len() as u64 * 4)?;
+        self.store_words(r, values)?;
+        Ok(r)
+    }
+
+    /// Write `values` at the start of `r` through the host CPU.
+    ///
+    /// # Errors
+    /// A failed host store.
+    pub fn store_words(&self, r: Region, values: &[u32]) -> Result<(), String> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for (i, c) in bytes.chunks(PAGE_SIZE as usize).enumerate() {
+            self.cpu
+                .store(
+                    &self.gm,
+                    VirtAddr::new(r.start.as_u64() + i as u64 * PAGE_SIZE),
+                    c,
+                )
+                .map_err(|e| format!("host store: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Allocate an array of f32 `values` and write it through the host CPU.
+    ///
+    /// # Errors
+    /// As [`SimtMachine::upload`].
+    pub fn upload_f32(&self, values: &[f32]) -> Result<Region, String> {
+        let v: Vec<u32> = values.iter().map(|x| x.to_bits()).collect();
+        self.upload(&v)
+    }
+
+    /// Read `n` words at the start of `r` through the host CPU.
+    ///
+    /// # Errors
+    /// A failed host load.
+    pub fn download(&self, r: Region, n: usize) -> Result<Vec<u32>, String> {
+        let mut bytes = vec![0u8; n * 4];
+        for (i, c) in bytes.chunks_mut(PAGE_SIZE as usize).enumerate() {
+            self.cpu
+                .load(
+                    &self.gm,
+                    VirtAddr::new(r.start.as_u64() + i as u64 * PAGE_SIZE),
+                    c,
+                )
+                .map_err(|e| format!("host load: {e}"))?;
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Read `n` f32s at the start of `r` through the host CPU.
+    ///
+    /// # Errors
+    /// As [`SimtMachine::download`].
+    pub fn download_f32(&self, r: Region, n: usize) -> Result<Vec<f32>, String> {
+        Ok(self
+            .download(r, n)?
+            .into_iter()
+            .map(f32::from_bits)
+            .collect())
+    }
+
+    /// Launch `kernel` with round-robin dispatch and loose round-robin warp scheduling.
+    ///
+    /// # Errors
+    /// As [`crate::engine::run`].
+    pub fn launch<K: Kernel>(&self, kernel: &K) -> Result<RunStats, SimtError> {
+        self.launch_with(kernel, &mut RoundRobin::default(), &|| {
+            Box::new(LooseRoundRobin::default()) as Box<dyn WarpScheduler>
+        })
+    }
+
+    /// Launch `kernel` with the given dispatch policy and warp schedulers.
+    ///
+    /// # Errors
+    /// As [`crate::engine::run`].
+    pub fn launch_with<K: Kernel>(
+        &self,
+        kernel: &K,
+        dispatch: &mut dyn Dispatch,
+        scheduler: &dyn Fn() -> Box<dyn WarpScheduler>,
+    ) -> Result<RunStats, SimtError> {
+        self.launch_observed(kernel, dispatch, scheduler, None)
+    }
+
+    /// [`SimtMachine::launch_with`], telling `observer` about every transaction.
+    ///
+    /// # Errors
+    /// As [`crate::engine::run`].
+    pub fn launch_observed<K: Kernel>(
+        &self,
+        kernel: &K,
+        dispatch: &mut dyn Dispatch,
+        scheduler: &dyn Fn() -> Box<dyn WarpScheduler>,
+        observer: Option<&mut dyn AccessObserver>,
+    ) -> Result<RunStats, SimtError> {
+        run(
+            Device {
+                gm: &self.gm,
+                port: self.port(),
+            },
+            kernel,
+            Launch {
+                occupancy: &*self.occupancy,
+                dispatch,
+                scheduler,
+                cost: &self.cost,
+                page_shift: 12,
+                observer,
+            },
+        )
+    }
+}
+
+fn audit<F: gmem_sim::TableFormat>(
+    mmu: &gmem_sim::SimMmu<F>,
+    vas: impl Iterator<Item = u64>,
+) -> Result<u64, String> {
+    use gmem_core::Prot;
+    let Some(root) = mmu.active_root() else {
+        return Ok(0);
+    };
+    let mut checked = 0;
+    for va in vas {
+        let va = VirtAddr::new(va);
+        for u in 0..mmu.units() {
+            if !mmu.cached(u, va) {
+                continue;
+            }
+            let fresh = mmu.table_format().walk(root, va, Prot::empty(), None).leaf;
+            let served = mmu.translate(u, va, Prot::empty());
+            let same = match (&served, &fresh) {
+                (Ok(s), Some(f)) => {
+                    s.frame == f.frame && s.shift == f.shift && s.prot == f.prot && s.bits == f.bits
+                }
+                _ => false,
+            };
+            if !same {
+                return Err(format!(
+                    "unit {u} at {va}: caches serve {served:?}, a walk gives {fresh:?}"
+                ));
+            }
+            checked += 1;
+        }
+    }
+    Ok(checked)
+}
