@@ -44,8 +44,9 @@
 
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
-// `unsafe` appears only as the `FrameSource` contract (an `unsafe trait`); no unsafe
-// operation is performed anywhere in the crate.
+// `unsafe` appears as the `FrameSource` contract (an `unsafe trait`) and in two fenced
+// places of `physmem` (linking and unlinking a frame's node on an intrusive page queue,
+// which `intrusive-collections` can only do in O(1) through raw node pointers).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![warn(clippy::missing_errors_doc)]
@@ -90,9 +91,10 @@ pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
-    DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
+    bounce_copy, DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat,
+    PageTableRoot, COPY_BOUNCE_BYTES,
 };
-pub use physmem::FrameCounts;
+pub use physmem::{EvictionPolicy, FrameCounts};
 pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;
 pub use space::{

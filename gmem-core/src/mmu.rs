@@ -25,6 +25,14 @@
 //!   invalidation of that table. (For a table shared by several devices the core
 //!   invalidates every sharer in the same call sequence, the last sharer's
 //!   invalidation completing the batch.)
+//! - Accessed bits ([`Mmu::test_and_clear_accessed`], optional): the eviction scan asks
+//!   the tables that map a candidate page whether the hardware set its accessed bit
+//!   since the last look, and clears it. A TLB that caches the translation would let
+//!   the device keep using the page without setting the bit again, so for every range
+//!   the driver reports referenced the core invalidates the TLB of every device using
+//!   that table (one `invalidate` per device, as for an unmap) before it trusts the bit
+//!   again; a driver need not invalidate inside the call. A driver without accessed
+//!   bits keeps the default (`None`) and its memory is aged by fault order (FIFO).
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
 //!   the core then edits the table through the MMU of the device that created it and
 //!   invalidates the TLB of every sharer through its own MMU.
@@ -141,6 +149,21 @@ pub trait Mmu: Send + Sync {
     /// Point the device's translation at `root` (the device is activated in the owning
     /// space), or at nothing.
     fn activate(&self, root: Option<PageTableRoot>);
+    /// Read and clear the accessed bits of every mapping in `range` of `root`: `Some(true)`
+    /// when the hardware set at least one of them since it was last cleared (or since the
+    /// mapping was installed), `Some(false)` when none was set or nothing is mapped there,
+    /// `None` when the format keeps no accessed bits (the default; the core then evicts
+    /// this device's pages by fault order).
+    ///
+    /// Hardware sets accessed bits concurrently with this call (a walk sets them with an
+    /// atomic read-modify-write): clearing must be one compare-exchange per entry so
+    /// that a bit set meanwhile is either reported now or kept for the next call. The
+    /// driver need not invalidate its TLB here: the core invalidates every device using
+    /// the table for a range reported referenced (see the module's contracts).
+    fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
+        let _ = (root, range);
+        None
+    }
 }
 
 /// Why a memory operation of a driver failed.
@@ -185,6 +208,40 @@ pub struct FrameConstraint {
     pub max: PhysAddr,
 }
 
+/// The largest bounce buffer [`DeviceMemory::copy`]'s default uses (64 KiB).
+pub const COPY_BOUNCE_BYTES: u64 = 64 << 10;
+
+/// [`DeviceMemory::copy`]'s default: `len` bytes from `src` of `from` to `dst` of `to`
+/// through a bounce buffer of at most [`COPY_BOUNCE_BYTES`]. An overriding `copy` calls
+/// it for destinations it cannot copy to directly.
+///
+/// # Errors
+/// The first [`MemError`] of a `read` or `write`.
+pub fn bounce_copy<M: DeviceMemory + ?Sized>(
+    from: &M,
+    src: PhysAddr,
+    to: &dyn DeviceMemory,
+    dst: PhysAddr,
+    len: u64,
+) -> Result<(), MemError> {
+    let mut buf = alloc::vec![0u8; len.min(COPY_BOUNCE_BYTES) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(COPY_BOUNCE_BYTES);
+        let b = &mut buf[..n as usize];
+        let at = |base: PhysAddr| {
+            base.as_u64()
+                .checked_add(done)
+                .map(PhysAddr::new)
+                .ok_or(MemError::OutOfRange { pa: base })
+        };
+        from.read(at(src)?, b)?;
+        to.write(at(dst)?, b)?;
+        done += n;
+    }
+    Ok(())
+}
+
 /// How the core moves bytes in a device's local memory (the data mover).
 pub trait DeviceMemory: Send + Sync {
     /// Fill `len` bytes from `pa` with zeros (bulk zeroing: `len` may be a whole 2 MiB
@@ -203,6 +260,33 @@ pub trait DeviceMemory: Send + Sync {
     /// # Errors
     /// [`MemError`] when the range is not memory of this device or the hardware fails.
     fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError>;
+    /// Copy `len` bytes from `src` in this memory to `dst` in memory `to` (another
+    /// device's, or this one: the ranges then do not overlap) in one operation. The core
+    /// calls it once per physically contiguous run it migrates.
+    ///
+    /// The default moves the bytes through a bounce buffer of at most
+    /// [`COPY_BOUNCE_BYTES`], `read` from this memory then `write` to `to`, which any
+    /// pair of memories supports. A data mover that copies directly (a DMA engine, or a
+    /// simulated memory copying between its own kind) overrides it, recognising `to`
+    /// through [`DeviceMemory::as_any`], and falls back to the bounce copy otherwise.
+    ///
+    /// # Errors
+    /// [`MemError`] when a range is not memory of its device or the hardware fails; the
+    /// bytes of `dst` copied before the failure may have changed.
+    fn copy(
+        &self,
+        src: PhysAddr,
+        to: &dyn DeviceMemory,
+        dst: PhysAddr,
+        len: u64,
+    ) -> Result<(), MemError> {
+        bounce_copy(self, src, to, dst, len)
+    }
+    /// This memory as [`core::any::Any`], so that an overriding [`DeviceMemory::copy`]
+    /// can recognise a destination of its own type. `None` (the default) opts out.
+    fn as_any(&self) -> Option<&dyn core::any::Any> {
+        None
+    }
     /// The constraint on frames that back `pages` pages from `va`, or `None` for any
     /// frame (the default). Asked before every allocation in this device's memory.
     fn frame_constraint(&self, va: VirtAddr, pages: u64) -> Option<FrameConstraint> {

@@ -7,10 +7,19 @@
 //!
 //! Every frame has a small record (`FrameMeta`): its state and, when in use, its
 //! reverse mapping (which address space and virtual page it backs). Frames in use sit
-//! on one of three queues, doubly linked through their records by index:
-//! - **active**: recently faulted in;
+//! on one of three page queues, intrusive doubly linked lists
+//! (`intrusive_collections::LinkedList`) threaded through a per-frame queue node, so
+//! that any frame leaves its queue in O(1), as a kernel's page queues allow:
+//! - **active**: recently faulted in, or referenced when the eviction scan looked;
 //! - **inactive**: aged out of the active queue, the first candidates for eviction;
 //! - **wired**: pinned (caller-given or `region_map`ped), never evicted.
+//!
+//! Free frames are not on a list: they live in the arena, which the core asks for
+//! aligned contiguous runs (a linked free list could not answer "a free, 2 MiB-aligned
+//! run of 512 frames" without a scan). The queue nodes live in one boxed slice per
+//! registered range, never moved or freed while the memory exists, so a list may hold
+//! plain references to them (`UnsafeRef`); the lists are emptied before the nodes are
+//! dropped.
 //!
 //! A frame released while a TLB may still translate to it (an asynchronous unmap not yet
 //! invalidated) is **pending**: on no queue and not in the arena until the invalidation
@@ -18,17 +27,70 @@
 //! `free + active + inactive + wired + pending = registered` (checked by
 //! `PhysMem::check`).
 //!
-//! Aging is by fault order (the core sees faults, not accessed bits): eviction takes the
-//! head of the inactive queue; when the inactive queue holds less than a third of the
-//! frames in use, the oldest active frames are moved to its tail first.
+//! Aging: when the inactive queue holds less than a third of the frames in use, the
+//! oldest active frames are moved to its tail; eviction scans the inactive queue from
+//! its head. Under [`EvictionPolicy::Fifo`] the head is evicted (fault order). Under
+//! [`EvictionPolicy::Clock`] (second chance) the scan asks the page tables that map a
+//! candidate whether it was referenced since the last look (`Mmu::test_and_clear_accessed`,
+//! which also clears the bit); a referenced page goes back to the active tail
+//! (`PhysMem::second_chance`), an unreferenced one is evicted. The scan itself is
+//! in `space::fault` (it needs the page tables); this module keeps the queues.
 
 use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::handle::SpaceId;
 use crate::mmu::FrameConstraint;
 use crate::vmem::{Arena, ArenaConfig, Constraint, SpanError};
+use alloc::boxed::Box;
 use alloc::vec::Vec;
+use intrusive_collections::linked_list::{AtomicLink, LinkedList};
+use intrusive_collections::{intrusive_adapter, UnsafeRef};
 
 const NIL: u32 = u32::MAX;
+
+/// How the core picks the page of a full device memory to evict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum EvictionPolicy {
+    /// Oldest first by fault order: the head of the inactive queue, whatever its use.
+    Fifo,
+    /// Second chance (CLOCK) on the hardware's accessed bits: a page referenced since
+    /// the scan last looked goes back to the active queue with its bit cleared. A device
+    /// whose MMU keeps no accessed bits is aged FIFO.
+    #[default]
+    Clock,
+}
+
+/// A frame's link in its page queue. The node of frame index `i` lives at a fixed
+/// address for the life of the memory (its range's boxed slice), and `index` names it
+/// back.
+struct QueueNode {
+    link: AtomicLink,
+    index: u32,
+}
+
+intrusive_adapter!(QueueAdapter = UnsafeRef<QueueNode>: QueueNode { link: AtomicLink });
+
+/// One page queue and its length (the list keeps no count).
+struct PageQueue {
+    list: LinkedList<QueueAdapter>,
+    len: u64,
+}
+
+impl PageQueue {
+    fn new() -> PageQueue {
+        PageQueue {
+            list: LinkedList::new(QueueAdapter::new()),
+            len: 0,
+        }
+    }
+}
+
+/// The queue nodes of one registered range: frame indices `first..first + nodes.len()`
+/// are frames `base_pfn..` (chunks are kept in index order).
+struct Chunk {
+    first: u32,
+    base_pfn: u64,
+    nodes: Box<[QueueNode]>,
+}
 
 /// What a frame is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,24 +120,7 @@ pub struct Owner {
 #[derive(Clone, Copy)]
 struct FrameMeta {
     owner: Option<Owner>,
-    prev: u32,
-    next: u32,
     state: FrameState,
-}
-
-#[derive(Clone, Copy, Default)]
-struct List {
-    head: u32,
-    tail: u32,
-    len: u64,
-}
-
-impl List {
-    const EMPTY: List = List {
-        head: NIL,
-        tail: NIL,
-        len: 0,
-    };
 }
 
 struct Range {
@@ -141,8 +186,13 @@ pub(crate) struct PhysMem {
     arena: Arena,
     ranges: Vec<Range>,
     frames: Vec<FrameMeta>,
-    queues: [List; 3],
+    /// Active, inactive, wired. Declared before `chunks`: the lists reference the
+    /// nodes and are emptied first (see `Drop`).
+    queues: [PageQueue; 3],
+    /// Queue nodes, one chunk per registered range, in frame-index order.
+    chunks: Vec<Chunk>,
     pending: u64,
+    policy: EvictionPolicy,
     /// Set while `dev_destroy` retires the memory: no frame is handed out any more.
     retired: bool,
 }
@@ -164,10 +214,22 @@ impl PhysMem {
             arena,
             ranges: Vec::new(),
             frames: Vec::new(),
-            queues: [List::EMPTY; 3],
+            queues: [PageQueue::new(), PageQueue::new(), PageQueue::new()],
+            chunks: Vec::new(),
             pending: 0,
+            policy: EvictionPolicy::default(),
             retired: false,
         }
+    }
+
+    /// The eviction policy of this memory.
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    /// Set the eviction policy of this memory.
+    pub fn set_policy(&mut self, policy: EvictionPolicy) {
+        self.policy = policy;
     }
 
     /// Stop (or, with `false`, resume) handing out frames: the device is being
@@ -225,12 +287,31 @@ impl PhysMem {
             (first + pages) as usize,
             FrameMeta {
                 owner: None,
-                prev: NIL,
-                next: NIL,
                 state: FrameState::Free,
             },
         );
+        let nodes = (0..pages)
+            .map(|k| QueueNode {
+                link: AtomicLink::new(),
+                index: (first + k) as u32,
+            })
+            .collect();
+        self.chunks.push(Chunk {
+            first: first as u32,
+            base_pfn,
+            nodes,
+        });
         Ok(())
+    }
+
+    fn chunk_of(&self, index: u32) -> &Chunk {
+        let pos = self.chunks.partition_point(|c| c.first <= index);
+        &self.chunks[pos - 1]
+    }
+
+    fn node(&self, index: u32) -> &QueueNode {
+        let c = self.chunk_of(index);
+        &c.nodes[(index - c.first) as usize]
     }
 
     fn index(&self, pfn: u64) -> Option<u32> {
@@ -240,9 +321,8 @@ impl PhysMem {
     }
 
     fn pfn_of(&self, index: u32) -> u64 {
-        let pos = self.ranges.partition_point(|r| r.first <= index);
-        let r = &self.ranges[pos - 1];
-        r.base_pfn + (index - r.first) as u64
+        let c = self.chunk_of(index);
+        c.base_pfn + (index - c.first) as u64
     }
 
     /// Whether `pfn` is a registered frame of this device.
@@ -261,43 +341,30 @@ impl PhysMem {
             .and_then(|i| self.frames[i as usize].owner)
     }
 
+    #[allow(unsafe_code)]
     fn unlink(&mut self, i: u32) {
-        let meta = self.frames[i as usize];
-        let Some(q) = queue_of(meta.state) else {
+        let Some(q) = queue_of(self.frames[i as usize].state) else {
             return;
         };
-        let list = &mut self.queues[q];
-        if meta.prev == NIL {
-            list.head = meta.next
-        } else {
-            self.frames[meta.prev as usize].next = meta.next
-        }
-        if meta.next == NIL {
-            list.tail = meta.prev
-        } else {
-            self.frames[meta.next as usize].prev = meta.prev
-        }
-        list.len -= 1;
-        let m = &mut self.frames[i as usize];
-        m.prev = NIL;
-        m.next = NIL;
+        let node: *const QueueNode = self.node(i);
+        // SAFETY: a frame whose state names queue `q` has its node linked on queue `q`
+        // (every state change goes through `set_state`, which links and unlinks in
+        // step; `check` verifies it), so `node` is an element of that list.
+        let removed = unsafe { self.queues[q].list.cursor_mut_from_ptr(node) }.remove();
+        debug_assert!(removed.is_some(), "frame {i} was on its queue");
+        self.queues[q].len -= 1;
     }
 
+    #[allow(unsafe_code)]
     fn push_tail(&mut self, i: u32, state: FrameState) {
         let q = queue_of(state).expect("push_tail takes a queue state");
-        let tail = self.queues[q].tail;
-        {
-            let m = &mut self.frames[i as usize];
-            m.state = state;
-            m.prev = tail;
-            m.next = NIL;
-        }
-        if tail == NIL {
-            self.queues[q].head = i
-        } else {
-            self.frames[tail as usize].next = i
-        }
-        self.queues[q].tail = i;
+        self.frames[i as usize].state = state;
+        let node: *const QueueNode = self.node(i);
+        // SAFETY: the node lives in a boxed slice that is never moved or freed while
+        // any list can reach it (`Drop` empties the lists before the chunks go), and it
+        // is on no list now (`set_state` unlinked it), as `push_back` requires.
+        let node = unsafe { UnsafeRef::from_raw(node) };
+        self.queues[q].list.push_back(node);
         self.queues[q].len += 1;
     }
 
@@ -431,28 +498,49 @@ impl PhysMem {
         }
     }
 
+    /// Give an evictable frame a second chance: it was referenced, so it goes to the
+    /// tail of the active queue. Returns whether the frame was on the active or
+    /// inactive queue (wired, pending and free frames are left alone).
+    pub fn second_chance(&mut self, pfn: Pfn) -> bool {
+        match self.index(pfn.0) {
+            Some(i)
+                if matches!(
+                    self.frames[i as usize].state,
+                    FrameState::Active | FrameState::Inactive
+                ) =>
+            {
+                self.set_state(i, FrameState::Active);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Frames on the active and inactive queues (the ones eviction may take).
+    pub fn evictable(&self) -> u64 {
+        self.queues[0].len + self.queues[1].len
+    }
+
     /// Up to `max` eviction candidates, oldest first, after ageing the active queue.
     pub fn eviction_candidates(&mut self, max: usize) -> Vec<(Pfn, Owner)> {
         let in_use = self.queues[0].len + self.queues[1].len;
-        while self.queues[1].len * 3 < in_use && self.queues[0].head != NIL {
-            let i = self.queues[0].head;
+        while self.queues[1].len * 3 < in_use {
+            let Some(i) = self.queues[0].list.front().get().map(|n| n.index) else {
+                break;
+            };
             self.set_state(i, FrameState::Inactive);
         }
         let mut out = Vec::new();
-        let mut i = self.queues[1].head;
-        while i != NIL && out.len() < max {
-            if let Some(owner) = self.frames[i as usize].owner {
-                out.push((Pfn(self.pfn_of(i)), owner));
-            }
-            i = self.frames[i as usize].next;
-        }
-        if out.len() < max {
-            let mut i = self.queues[0].head;
-            while i != NIL && out.len() < max {
-                if let Some(owner) = self.frames[i as usize].owner {
-                    out.push((Pfn(self.pfn_of(i)), owner));
+        for q in [1, 0] {
+            let mut c = self.queues[q].list.front();
+            while let Some(n) = c.get() {
+                if out.len() >= max {
+                    return out;
                 }
-                i = self.frames[i as usize].next;
+                if let Some(owner) = self.frames[n.index as usize].owner {
+                    out.push((Pfn(self.pfn_of(n.index)), owner));
+                }
+                c.move_next();
             }
         }
         out
@@ -491,26 +579,35 @@ impl PhysMem {
         if by_state != [c.free, c.active, c.inactive, c.wired, c.pending] {
             return Err("frame states disagree with queue lengths");
         }
-        for (q, list) in self.queues.iter().enumerate() {
+        for (q, queue) in self.queues.iter().enumerate() {
             let mut n = 0;
-            let mut prev = NIL;
-            let mut i = list.head;
-            while i != NIL {
-                let m = &self.frames[i as usize];
-                if queue_of(m.state) != Some(q) || m.prev != prev {
+            for node in queue.list.iter() {
+                let m = self
+                    .frames
+                    .get(node.index as usize)
+                    .ok_or("queue node names no frame")?;
+                if queue_of(m.state) != Some(q) || !core::ptr::eq(node, self.node(node.index)) {
                     return Err("queue link or state corrupted");
                 }
-                prev = i;
-                i = m.next;
                 n += 1;
-                if n > list.len {
+                if n > queue.len {
                     return Err("queue longer than its count");
                 }
             }
-            if n != list.len || prev != list.tail {
-                return Err("queue length or tail mismatch");
+            if n != queue.len {
+                return Err("queue length mismatch");
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for PhysMem {
+    fn drop(&mut self) {
+        // The lists hold references into `chunks`: unlink everything while the nodes
+        // are still alive (field order would do it too; this says it).
+        for q in &mut self.queues {
+            q.list.fast_clear();
+        }
     }
 }

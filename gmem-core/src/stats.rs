@@ -50,8 +50,17 @@ counters! {
     bytes_dev_to_host,
     /// Bytes copied between two device memories.
     bytes_dev_to_dev,
-    /// Pages evicted from device memory to host memory.
+    /// Pages evicted from device memory to host memory (all policies).
     evictions,
+    /// Evictions that took the oldest candidate by fault order (FIFO policy, or a CLOCK
+    /// device whose MMU keeps no accessed bits).
+    evictions_fifo,
+    /// Evictions of a candidate the CLOCK scan found unreferenced.
+    evictions_clock,
+    /// Eviction candidates the CLOCK scan examined (accessed bits read and cleared).
+    pages_scanned,
+    /// Candidates found referenced and moved back to the active queue.
+    second_chances,
     /// Calls to `Mmu::map`.
     mmu_maps,
     /// Calls to `Mmu::unmap`.

@@ -26,7 +26,7 @@ use crate::mmu::{
 use crate::platform::SingleCpu;
 use crate::sync::{Arc, Mutex, RwLock};
 use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::String;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
@@ -89,9 +89,14 @@ pub struct Pte {
 type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
 
 /// Page tables of one format: root → (vpn → PTE). Shared by MMUs that share tables.
+///
+/// Each PTE also has an accessed bit (kept beside the tables): a walk that fills a TLB
+/// sets it, a new mapping starts with it clear, and
+/// [`Mmu::test_and_clear_accessed`] reads and clears it.
 #[derive(Default)]
 pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
+    accessed: Mutex<BTreeSet<(u64, u64)>>,
 }
 
 impl TableStore {
@@ -118,6 +123,11 @@ impl TableStore {
             .get(&root.0)
             .map(|t| t.iter().map(|(v, p)| (*v, *p)).collect())
             .unwrap_or_default()
+    }
+
+    /// Whether the accessed bit of `vpn`'s PTE in `root` is set.
+    pub fn accessed(&self, root: PageTableRoot, vpn: u64) -> bool {
+        self.accessed.lock().contains(&(root.0, vpn))
     }
 
     /// Whether `root` names a live (created, not yet destroyed) table.
@@ -233,6 +243,9 @@ impl TestMmu {
         }
         tlb.misses += 1;
         let p = self.store.lookup(root, va.vpn().0)?;
+        // The walk sets the accessed bit. (A concurrent unmap may remove the PTE between
+        // the lookup and here; the stale bit is cleared by the next map of the page.)
+        self.store.accessed.lock().insert(key);
         tlb.entries.insert(key, p);
         Some(p)
     }
@@ -269,6 +282,7 @@ impl Mmu for TestMmu {
     }
     fn destroy_page_table(&self, root: PageTableRoot) {
         self.store.tables.lock().1.remove(&root.0);
+        self.store.accessed.lock().retain(|(r, _)| *r != root.0);
         self.log(MmuEvent::Destroy { mmu: self.id, root });
     }
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
@@ -282,7 +296,9 @@ impl Mmu for TestMmu {
         {
             let mut t = self.store.tables.lock();
             let table = t.1.get_mut(&root.0).ok_or(MmuError::Hardware(1))?;
+            let mut accessed = self.store.accessed.lock();
             for k in 0..run.len >> PAGE_SHIFT {
+                accessed.remove(&(root.0, run.va.vpn().0 + k));
                 table.insert(
                     run.va.vpn().0 + k,
                     Pte {
@@ -305,8 +321,10 @@ impl Mmu for TestMmu {
             let mut t = self.store.tables.lock();
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
+                let mut accessed = self.store.accessed.lock();
                 for v in first..first + range.pages() {
                     table.remove(&v);
+                    accessed.remove(&(root.0, v));
                 }
             }
         }
@@ -378,6 +396,15 @@ impl Mmu for TestMmu {
         self.tlb.lock().root = root;
         self.log(MmuEvent::Activate { mmu: self.id, root });
     }
+    fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
+        let first = range.first_vpn().0;
+        let mut accessed = self.store.accessed.lock();
+        let mut any = false;
+        for v in first..first + range.pages() {
+            any |= accessed.remove(&(root.0, v));
+        }
+        Some(any)
+    }
 }
 
 /// Sparse byte-holding memory: absent pages read as zeros.
@@ -399,6 +426,9 @@ pub struct MemCounts {
     pub read: u64,
     /// Bytes written.
     pub written: u64,
+    /// `copy` calls made from this memory (each moves one run, through the bounce
+    /// buffer of [`crate::mmu::bounce_copy`]).
+    pub copies: u64,
 }
 
 impl TestMemory {
@@ -442,6 +472,16 @@ impl TestMemory {
 }
 
 impl DeviceMemory for TestMemory {
+    fn copy(
+        &self,
+        src: PhysAddr,
+        to: &dyn DeviceMemory,
+        dst: PhysAddr,
+        len: u64,
+    ) -> Result<(), MemError> {
+        self.counts.lock().copies += 1;
+        crate::mmu::bounce_copy(self, src, to, dst, len)
+    }
     fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
         self.check(pa, len)?;
         let mut pages = self.pages.lock();

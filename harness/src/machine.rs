@@ -37,6 +37,19 @@ pub enum Accel {
     IntegratedCoherent,
 }
 
+thread_local! {
+    /// The eviction policy machines built on this thread give the discrete GPU's memory
+    /// (the `aging` comparison runs the same workload under each).
+    static GPU_EVICTION: std::cell::Cell<gmem_core::EvictionPolicy> =
+        const { std::cell::Cell::new(gmem_core::EvictionPolicy::Clock) };
+}
+
+/// Make machines built on this thread from now on evict the discrete GPU's memory by
+/// `policy`; returns the previous setting.
+pub fn set_gpu_eviction_policy(policy: gmem_core::EvictionPolicy) -> gmem_core::EvictionPolicy {
+    GPU_EVICTION.with(|p| p.replace(policy))
+}
+
 /// Compute units of the simulated GPUs.
 pub const COMPUTE_UNITS: usize = 4;
 
@@ -129,6 +142,8 @@ impl Machine {
                 let id = g
                     .create(&gm, "dgpu")
                     .map_err(|e| format!("discrete GPU: {e:?}"))?;
+                gm.dev_set_eviction_policy(id, GPU_EVICTION.with(|p| p.get()))
+                    .map_err(|e| e.to_string())?;
                 (Gpu::Discrete(g), id, MmuMode::Coherent)
             }
             Accel::IntegratedShared | Accel::IntegratedCoherent => {

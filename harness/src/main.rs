@@ -1,6 +1,7 @@
 //! `gmem-harness`: runs workloads and replays traces over gmem-core on simulated devices
 //! that hold real bytes, and verifies every result against a CPU-only reference.
 
+mod aging;
 mod full_report;
 mod iommu_bench;
 mod machine;
@@ -139,6 +140,22 @@ enum Command {
         /// Where to write the report, tables and plots.
         #[arg(long, default_value = "out")]
         out: String,
+    },
+    /// FIFO against CLOCK eviction of the discrete GPU's memory: Table 4's traffic and
+    /// a skewed hot/cold workload under each policy, in one run (every run verified).
+    Aging {
+        /// Backprop input units (1_092_000 is the paper's 137.5 MiB network).
+        #[arg(long, default_value_t = 1 << 16)]
+        inputs: u64,
+        /// Backprop training steps.
+        #[arg(long, default_value_t = 3)]
+        steps: u32,
+        /// Hot/cold: pages of the working set (the device holds half).
+        #[arg(long, default_value_t = 4096)]
+        pages: u64,
+        /// Hot/cold: accesses.
+        #[arg(long, default_value_t = 200_000)]
+        accesses: u64,
     },
     /// Run workloads on the SIMT GPU model (MESC geometry), verified, with per-unit L1
     /// and shared-TLB hit ratios, walks per 1000 requests and modelled cycles.
@@ -524,6 +541,25 @@ fn main() -> ExitCode {
             out,
             ..
         }) => iommu_bench::run(inval_ns, packets, &out),
+        Some(Command::Aging {
+            inputs,
+            steps,
+            pages,
+            accesses,
+        }) => match aging::run(inputs, steps, pages, accesses) {
+            Ok(rows) => {
+                print!("{}", aging::render(&rows));
+                if rows.iter().all(|r| r.verified) {
+                    return ExitCode::SUCCESS;
+                }
+                eprintln!("a run did not verify");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("aging: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
         Some(Command::Reproduce {
             experiment: Experiment::Regdem,
             quick,

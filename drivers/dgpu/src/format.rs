@@ -1,9 +1,14 @@
-//! The discrete GPU's page-table format: three levels, 4 KiB pages, an aperture bit.
+//! The discrete GPU's page-table format: three levels, 4 KiB pages, an aperture bit,
+//! an accessed bit.
 //!
 //! ```text
-//!  63..52   51..12           11..5  4  3  2  1         0
-//!  ignored  frame address    zero   X  W  R  APERTURE  VALID
+//!  63..52   51..12           11..6  5         4  3  2  1         0
+//!  ignored  frame address    zero   ACCESSED  X  W  R  APERTURE  VALID
 //! ```
+//! The walker sets **accessed** (with a compare-exchange) on a leaf it uses; the core's
+//! CLOCK eviction reads and clears it. (Our model: the GMEM paper's GPU is a simulated
+//! one, and real GPUs track use with access counters rather than PTE bits; an accessed
+//! bit is the simplest hardware that gives the core a per-page reference signal.)
 //! Three levels of 512-entry tables translate 39-bit virtual addresses (512 GiB);
 //! entries at levels 2 and 1 point to tables, level-0 entries are 4 KiB leaves. A
 //! leaf's **aperture** says which bus the frame is on: set, the GPU's own video memory;
@@ -28,6 +33,8 @@ pub const VALID: u64 = 1 << 0;
 pub const APERTURE_LOCAL: u64 = 1 << 1;
 /// Readable.
 pub const READ: u64 = 1 << 2;
+/// Accessed: set by the walker on a leaf it used, cleared by the core's eviction scan.
+pub const ACCESSED: u64 = 1 << 5;
 /// Writable.
 pub const WRITE: u64 = 1 << 3;
 /// Executable (instruction fetch by shaders).
@@ -132,6 +139,12 @@ impl Codec for GpuCodec {
     }
     fn split(&self, raw: u64, _level: u32, _i: u64) -> u64 {
         raw // no large leaves: never called
+    }
+    fn used(&self, raw: u64, _access: Prot) -> u64 {
+        raw | ACCESSED
+    }
+    fn accessed_bit(&self, _level: u32) -> Option<u64> {
+        Some(ACCESSED)
     }
 }
 

@@ -132,6 +132,9 @@ impl Codec for EptCodec {
         }
         (base + i * level_size(level - 1)) | flags
     }
+    fn accessed_bit(&self, _level: u32) -> Option<u64> {
+        Some(A)
+    }
     fn used(&self, raw: u64, access: Prot) -> u64 {
         if access.contains(Prot::WRITE) {
             raw | A | D

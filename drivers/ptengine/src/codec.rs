@@ -151,6 +151,13 @@ pub trait Codec {
         let _ = access;
         raw
     }
+    /// The accessed bit of a leaf at `level` (the bit [`Codec::used`] sets on any
+    /// permitted access), which [`crate::Engine::test_and_clear_accessed`] reads and
+    /// clears; `None` for a format without one (the default).
+    fn accessed_bit(&self, level: u32) -> Option<u64> {
+        let _ = level;
+        None
+    }
     /// Levels whose table-pointing entries carry bits derived from the table below
     /// them: bit `l` set for entries at level `l` (`l > 0`). Default: none.
     fn derived_levels(&self) -> u32 {

@@ -651,6 +651,60 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
         }
     }
 
+    /// Read and clear the accessed bits of the leaves covering `[va, va + len)` in the
+    /// tree of `root`: `Some(true)` when at least one was set, `Some(false)` when none
+    /// was (or nothing is mapped there), `None` when the codec keeps no accessed bits.
+    /// Each bit is cleared with a compare-exchange, so an accessed or dirty bit a walk
+    /// sets concurrently is never lost (a walk that set it after the read is retried
+    /// against). The caller invalidates the TLBs that may cache a leaf found accessed:
+    /// until then the hardware may use it without setting the bit again.
+    pub fn test_and_clear_accessed(&self, root: u64, va: u64, len: u64) -> Option<bool> {
+        self.codec.accessed_bit(0)?;
+        if len == 0 || !self.codec.va_ok(va, len) {
+            return Some(false);
+        }
+        let end = va + len;
+        let mut at = va;
+        let mut any = false;
+        while at < end {
+            let mut table = root;
+            let mut level = self.top();
+            let step = loop {
+                let epa = table + index(at, level) * 8;
+                let Some(raw) = self.memory.read(epa) else {
+                    break level_size(level);
+                };
+                match self.codec.decode(raw, level) {
+                    Entry::Table(t) if level > 0 => {
+                        table = t.as_u64();
+                        level -= 1;
+                    }
+                    Entry::Leaf(_) => {
+                        let mask = self.codec.accessed_bit(level).unwrap_or(0);
+                        let mut cur = raw;
+                        while cur & mask != 0 {
+                            match self.memory.compare_exchange(epa, cur, cur & !mask) {
+                                Some(Ok(_)) => {
+                                    any = true;
+                                    break;
+                                }
+                                Some(Err(now)) => cur = now,
+                                None => break,
+                            }
+                        }
+                        break level_size(level);
+                    }
+                    _ => break level_size(level),
+                }
+            };
+            match (at & !(step - 1)).checked_add(step) {
+                Some(next) => at = next,
+                None => break,
+            }
+        }
+        Some(any)
+    }
+
     /// Software lookup of `va` in the tree of `root`: nothing written, nothing counted.
     pub fn lookup(&self, root: u64, va: u64) -> Option<Leaf> {
         if !self.codec.va_ok(va, 1) {

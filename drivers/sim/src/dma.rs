@@ -76,6 +76,11 @@ impl DmaEngine {
         }
     }
 
+    /// `n` bytes came into the device memory by a copy another memory made.
+    pub(crate) fn copied_in(&self, n: u64) {
+        self.count(&self.h2d, n);
+    }
+
     fn count(&self, c: &AtomicU64, n: u64) {
         if n > 0 {
             c.fetch_add(n, Ordering::Relaxed);
@@ -113,6 +118,31 @@ impl DmaEngine {
 }
 
 impl DeviceMemory for DmaEngine {
+    /// One transfer out of the device memory, counted device → host, when `to` is a
+    /// simulated memory or another engine (whose memory then counts it host → device);
+    /// the bounce-buffer default otherwise.
+    fn copy(
+        &self,
+        src: PhysAddr,
+        to: &dyn DeviceMemory,
+        dst: PhysAddr,
+        len: u64,
+    ) -> Result<(), MemError> {
+        let any = to.as_any();
+        if let Some(m) = any.and_then(|a| a.downcast_ref::<SimMemory>()) {
+            self.memory.copy_to(src, m, dst, len)?;
+        } else if let Some(e) = any.and_then(|a| a.downcast_ref::<DmaEngine>()) {
+            self.memory.copy_to(src, &e.memory, dst, len)?;
+            e.count(&e.h2d, len);
+        } else {
+            return gmem_core::bounce_copy(self, src, to, dst, len);
+        }
+        self.count(&self.d2h, len);
+        Ok(())
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
         self.memory.zero(pa, len)?;
         self.count(&self.zeroed, len);

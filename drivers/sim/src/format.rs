@@ -61,6 +61,13 @@ pub trait TableFormat: Send + Sync + 'static {
     fn unmap(&self, root: PageTableRoot, range: VaRange);
     /// Rewrite the permissions of every leaf in `range`.
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError>;
+    /// Read and clear the accessed bits of the leaves in `range` (see
+    /// [`gmem_core::Mmu::test_and_clear_accessed`]); `None` (the default) for a format
+    /// without accessed bits.
+    fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
+        let _ = (root, range);
+        None
+    }
     /// The hardware walk of `va` for `access`, starting from the deepest level the
     /// page-walk cache `cache` (keyed by root, one page shift per level) knows and
     /// filling it. A permitted access sets the format's accessed/dirty bits.

@@ -478,6 +478,12 @@ impl<F: TableFormat, C: TranslationCaches> Mmu for SimMmu<F, C> {
         }
         self.format.walker_invalidated(self.walker, root);
     }
+    /// The format's accessed bits. The TLB is not touched here: the core invalidates
+    /// every device using the table for a page reported referenced, after which the
+    /// next access walks and sets the bit again.
+    fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
+        self.format.test_and_clear_accessed(root, range)
+    }
     fn activate(&self, root: Option<PageTableRoot>) {
         {
             let _drained = self.gate.shootdown();

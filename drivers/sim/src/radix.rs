@@ -261,6 +261,15 @@ impl<C: PteCodec + Send + Sync + 'static> TableFormat for RadixTables<C> {
             .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))
     }
 
+    fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
+        let roots = lock(&self.roots);
+        if !roots.contains(&root.0) {
+            return self.engine.codec().accessed_bit(0).map(|_| false);
+        }
+        self.engine
+            .test_and_clear_accessed(root.0, range.start.as_u64(), range.len)
+    }
+
     fn walk(
         &self,
         root: PageTableRoot,

@@ -90,6 +90,9 @@ impl Codec for X86Codec {
         let base = pte.addr().as_u64() & !(level_size(level) - 1);
         (base + i * level_size(level - 1)) | flags.bits()
     }
+    fn accessed_bit(&self, _level: u32) -> Option<u64> {
+        Some(X86Flags::A.bits())
+    }
     fn used(&self, raw: u64, access: Prot) -> u64 {
         let mut f = X86Flags::A;
         if access.contains(Prot::WRITE) {

@@ -325,3 +325,67 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
     t2.unmap(r2, range(0x4000_0000, 512));
     assert_eq!(t2.stats().tables_in_use, 1);
 }
+
+#[test]
+fn accessed_bits_are_read_and_cleared_over_a_range_keeping_dirty() {
+    let dev = some_device();
+    let t = tables(
+        16,
+        X86Config {
+            user: false,
+            large_pages: true,
+        },
+    );
+    let root = t.create().unwrap();
+    t.map(root, &run(0x1000, 0x9000, 4, Prot::RW, dev)).unwrap();
+    // Nothing used yet: no bit set.
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x1000, 4)),
+        Some(false)
+    );
+    t.walk(root, VirtAddr::new(0x3000), Prot::WRITE, None);
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x1000, 2)),
+        Some(false)
+    );
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x1000, 4)),
+        Some(true)
+    );
+    // Cleared: asked again, not referenced; the dirty bit stays.
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x3000, 1)),
+        Some(false)
+    );
+    assert!(t.lookup(root, VirtAddr::new(0x3000)).unwrap().dirty);
+    // The next use walks and sets it again (one write).
+    assert_eq!(
+        t.walk(root, VirtAddr::new(0x3000), Prot::READ, None).writes,
+        1
+    );
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x3000, 1)),
+        Some(true)
+    );
+    // A large leaf: any page of it reports (and clears) the one bit.
+    t.map(root, &run(0x4000_0000, 0x20_0000, 512, Prot::RW, dev))
+        .unwrap();
+    t.walk(root, VirtAddr::new(0x4010_0000), Prot::READ, None);
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x4000_0000, 1)),
+        Some(true)
+    );
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x4000_0000, 512)),
+        Some(false)
+    );
+    // Unmapped ranges and unknown roots: nothing referenced.
+    assert_eq!(
+        t.test_and_clear_accessed(root, range(0x80_0000, 8)),
+        Some(false)
+    );
+    assert_eq!(
+        t.test_and_clear_accessed(PageTableRoot(0x7000), range(0x1000, 1)),
+        Some(false)
+    );
+}

@@ -150,6 +150,22 @@ impl Gmem {
         Ok(c)
     }
 
+    /// Choose how the core picks the page of the device's full memory to evict
+    /// ([`crate::EvictionPolicy::Clock`] by default; a device whose MMU keeps no accessed bits
+    /// is aged FIFO whatever the policy).
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownDevice`] for a stale handle.
+    pub fn dev_set_eviction_policy(
+        &self,
+        id: DeviceId,
+        policy: crate::physmem::EvictionPolicy,
+    ) -> Result<(), DeviceError> {
+        let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
+        dev.phys.lock().set_policy(policy);
+        Ok(())
+    }
+
     /// The opaque driver data given at creation.
     ///
     /// # Errors

@@ -1,8 +1,8 @@
 //! The fault path's implementation (the theory is in [`crate::fault`]): serving a
 //! fault, zero-fill, migration, eviction, prefetch.
 
-use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
-use crate::addr::{Pfn, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, TableRun, MAX_TABLES};
+use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::{DeviceInner, FrameRun};
 use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
@@ -10,12 +10,27 @@ use crate::flags::{DevCaps, Prot};
 use crate::gmem::Ctx;
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
+use crate::physmem::EvictionPolicy;
 use crate::stats::Counters;
 use crate::sync::Arc;
+use alloc::vec::Vec;
 
 /// Eviction candidates examined per attempt (oldest first; pages that cannot be
 /// evicted now — wired, pending, or in a space whose lock is taken — are skipped).
 const EVICT_BATCH: usize = 16;
+
+/// The longest run a migration moves in one call (2 MiB).
+const MOVE_RUN_MAX: u64 = 512;
+
+/// What the eviction scan did with one candidate.
+enum Scan {
+    /// Moved to host memory.
+    Evicted,
+    /// Referenced since the last look: given a second chance.
+    Referenced,
+    /// Cannot be evicted now (wired, pending, the faulting page, a busy space).
+    Skipped,
+}
 
 impl SpaceState {
     /// Serve a fault of the device in attachment `slot`.
@@ -301,8 +316,17 @@ impl SpaceState {
         }
     }
 
-    /// Evict the oldest page of `dev`'s memory that can be evicted now (pages of other
-    /// spaces only if their lock is free) to host memory. Returns whether one was.
+    /// Evict one page of `dev`'s memory that can be evicted now (pages of other spaces
+    /// only if their lock is free) to host memory. Returns whether one was.
+    ///
+    /// The scan walks the inactive queue from its head ([`crate::physmem`] ages the
+    /// active queue into it). Under [`EvictionPolicy::Fifo`] the first evictable
+    /// candidate goes. Under [`EvictionPolicy::Clock`] each candidate's accessed bits are
+    /// read and cleared in the tables that map it: a referenced page gets a second
+    /// chance (back to the active tail), the first unreferenced one goes. A sweep can
+    /// give every page a second chance, but after it every bit it saw is clear, so the
+    /// rounds are bounded by the evictable frames; a last round evicts FIFO (pages
+    /// re-referenced faster than the scan clears them must not make the fault fail).
     fn evict_from(
         &mut self,
         cx: &Ctx<'_>,
@@ -310,23 +334,125 @@ impl SpaceState {
         dev: &Arc<DeviceInner>,
         keep_vpn: Vpn,
     ) -> Result<bool, MoveError> {
-        let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
-        for (pfn, owner) in candidates {
-            let evicted = if owner.space == space.id {
-                owner.vpn != keep_vpn && self.evict_page(cx, owner.vpn, dev, pfn)?
-            } else if let Some(other) = cx.space(owner.space) {
-                match other.try_lock() {
-                    Some(mut st) => st.evict_page(cx, owner.vpn, dev, pfn)?,
-                    None => false,
-                }
+        let (policy, evictable) = {
+            let p = dev.phys.lock();
+            (p.policy(), p.evictable())
+        };
+        let rounds = match policy {
+            EvictionPolicy::Fifo => 1,
+            EvictionPolicy::Clock => evictable / EVICT_BATCH as u64 + 2,
+        };
+        for round in 0..rounds {
+            let policy = if round + 1 == rounds {
+                EvictionPolicy::Fifo
             } else {
-                false
+                policy
             };
-            if evicted {
-                return Ok(true);
+            let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
+            let mut second_chances = false;
+            for (pfn, owner) in candidates {
+                let scan = if owner.space == space.id {
+                    if owner.vpn == keep_vpn {
+                        Scan::Skipped
+                    } else {
+                        self.scan_evict(cx, owner.vpn, dev, pfn, policy)?
+                    }
+                } else if let Some(other) = cx.space(owner.space) {
+                    match other.try_lock() {
+                        Some(mut st) => st.scan_evict(cx, owner.vpn, dev, pfn, policy)?,
+                        None => Scan::Skipped,
+                    }
+                } else {
+                    Scan::Skipped
+                };
+                match scan {
+                    Scan::Evicted => return Ok(true),
+                    Scan::Referenced => second_chances = true,
+                    Scan::Skipped => {}
+                }
+            }
+            if !second_chances {
+                return Ok(false);
             }
         }
         Ok(false)
+    }
+
+    /// One candidate of the eviction scan: page `vpn` on frame `pfn` of `dev`.
+    fn scan_evict(
+        &mut self,
+        cx: &Ctx<'_>,
+        vpn: Vpn,
+        dev: &Arc<DeviceInner>,
+        pfn: Pfn,
+        policy: EvictionPolicy,
+    ) -> Result<Scan, MoveError> {
+        let e = self.lpt.get(vpn);
+        if !self.evictable(&e, dev, pfn) {
+            return Ok(Scan::Skipped);
+        }
+        let by_clock = match policy {
+            EvictionPolicy::Fifo => false,
+            EvictionPolicy::Clock => match self.page_referenced(cx.counters, vpn, e.mapped) {
+                None => false,
+                Some(referenced) => {
+                    Counters::add(&cx.counters.pages_scanned, 1);
+                    if referenced {
+                        dev.phys.lock().second_chance(pfn);
+                        Counters::add(&cx.counters.second_chances, 1);
+                        return Ok(Scan::Referenced);
+                    }
+                    true
+                }
+            },
+        };
+        if !self.evict_page(cx, vpn, dev, pfn)? {
+            return Ok(Scan::Skipped);
+        }
+        let counter = match by_clock {
+            true => &cx.counters.evictions_clock,
+            false => &cx.counters.evictions_fifo,
+        };
+        Counters::add(counter, 1);
+        Ok(Scan::Evicted)
+    }
+
+    /// Read and clear the accessed bit of page `vpn` in every table of `mapped`; the
+    /// TLBs of every device using a table that reported it referenced are invalidated
+    /// for the page (a cached translation would let the device use the page without
+    /// setting the bit again). `None` when no table that maps the page keeps accessed
+    /// bits; a page mapped nowhere is unreferenced (a use would have faulted).
+    fn page_referenced(&self, stats: &Counters, vpn: Vpn, mapped: u32) -> Option<bool> {
+        let range = VaRange {
+            start: vpn.addr(),
+            len: PAGE_SIZE,
+        };
+        let mut supported = mapped == 0;
+        let mut runs = Vec::new();
+        for (t, table) in self.tables.iter().enumerate() {
+            let Some(table) = table.as_ref().filter(|_| mapped & (1 << t) != 0) else {
+                continue;
+            };
+            if let Some(referenced) = table.mmu.test_and_clear_accessed(table.root, range) {
+                supported = true;
+                if referenced {
+                    runs.push(TableRun { table: t, range });
+                }
+            }
+        }
+        if !runs.is_empty() {
+            self.invalidate(stats, &runs);
+        }
+        supported.then_some(!runs.is_empty())
+    }
+
+    /// Whether page entry `e` (expected on frame `pfn` of `dev`) can be evicted now.
+    fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
+        e.is_populated()
+            && e.pfn == pfn
+            && self.memories.get(e.mem).id == dev.id
+            && !e.has(PENDING)
+            && !SpaceState::is_wired(e)
     }
 
     /// Move page `vpn` (frame `pfn` of `dev`) to host memory.
@@ -338,12 +464,7 @@ impl SpaceState {
         pfn: Pfn,
     ) -> Result<bool, MoveError> {
         let e = self.lpt.get(vpn);
-        if !e.is_populated()
-            || e.pfn != pfn
-            || self.memories.get(e.mem).id != dev.id
-            || e.has(PENDING)
-            || SpaceState::is_wired(&e)
-        {
+        if !self.evictable(&e, dev, pfn) {
             return Ok(false);
         }
         let owner = dev.phys.lock().owner(pfn).map(|o| o.space);
@@ -393,7 +514,7 @@ impl SpaceState {
         // old frame, so the copy below sees the page's final bytes. (On a copy failure
         // the page stays where it is; the dropped mappings fault back in.)
         self.unmap_pages(stats, vpn, 1, u32::MAX);
-        self.copy_page(&from, e.pfn, to, new.pfn())?;
+        copy_run(&from, e.pfn, to, new.pfn(), 1)?;
         let new = new.commit();
         self.release_frame(&e, false);
         self.lpt.update(vpn, |x| {
@@ -414,27 +535,69 @@ impl SpaceState {
         Ok(())
     }
 
-    fn copy_page(
+    /// Move the `pages` pages from `first` — populated, in one memory, on the
+    /// physically contiguous frames from the first page's, none wired or pending — to
+    /// the frame run `new` of `to`: one unmap (and one invalidation per device), one
+    /// [`crate::DeviceMemory::copy`], one mirror. On a copy failure nothing moved (the
+    /// dropped mappings fault back in) and `new` is freed.
+    fn move_run(
         &mut self,
-        from: &Arc<DeviceInner>,
-        src: Pfn,
+        cx: &Ctx<'_>,
+        first: Vpn,
+        pages: u64,
         to: &Arc<DeviceInner>,
-        dst: Pfn,
-    ) -> Result<(), MemError> {
-        let src_mem = from
-            .memory
-            .as_ref()
-            .ok_or(MemError::OutOfRange { pa: src.addr() })?;
-        let dst_mem = to
-            .memory
-            .as_ref()
-            .ok_or(MemError::OutOfRange { pa: dst.addr() })?;
-        let mut buf = core::mem::take(&mut self.bounce);
-        let r = src_mem
-            .read(src.addr(), &mut buf)
-            .and_then(|()| dst_mem.write(dst.addr(), &buf));
-        self.bounce = buf;
-        r
+        new: FrameRun,
+    ) -> Result<(), MoveError> {
+        let stats = cx.counters;
+        let e = self.lpt.get(first);
+        let from = self.memories.get(e.mem).clone();
+        let mem = self
+            .mem_index(to)
+            .map_err(|_| MoveError::TooManyMemories(to.id))?;
+        self.unmap_pages(stats, first, pages, u32::MAX);
+        copy_run(&from, e.pfn, to, new.pfn(), pages)?;
+        let new = new.commit();
+        for k in 0..pages {
+            let v = first.add(k);
+            let old = self.lpt.get(v);
+            self.release_frame(&old, false);
+            self.lpt.update(v, |x| {
+                x.mem = mem;
+                x.pfn = new.add(k);
+            });
+        }
+        let counter = match (
+            from.caps.contains(DevCaps::HOST),
+            to.caps.contains(DevCaps::HOST),
+        ) {
+            (true, false) => &stats.bytes_host_to_dev,
+            (false, true) => &stats.bytes_dev_to_host,
+            _ => &stats.bytes_dev_to_dev,
+        };
+        Counters::add(counter, pages * PAGE_SIZE);
+        let replicas = self.replica_mask();
+        self.mirror(stats, first, pages, replicas)?;
+        Ok(())
+    }
+
+    /// Pages from `vpn` (at most `max`) that [`SpaceState::move_run`] can move as one
+    /// run: populated, not wired, in the memory of `vpn`'s entry, on consecutive frames.
+    fn movable_run(&self, vpn: Vpn, max: u64) -> u64 {
+        let e = self.lpt.get(vpn);
+        let mut n = 1;
+        while n < max {
+            let x = self.lpt.get(vpn.add(n));
+            if !x.is_populated()
+                || x.mem != e.mem
+                || x.pfn != e.pfn.add(n)
+                || x.flags != e.flags
+                || SpaceState::is_wired(&x)
+            {
+                break;
+            }
+            n += 1;
+        }
+        n
     }
 
     /// Give page `vpn` a zero-filled frame in `target` (no mapping; the next fault or a
@@ -491,11 +654,26 @@ impl SpaceState {
             self.drain(cx.counters, &space.arena);
         }
         let mut done = 0;
-        for vpn in first.span(pages) {
+        let end = first.add(pages);
+        let mut vpn = first;
+        while vpn < end {
             let e = self.lpt.get(vpn);
             if e.is_populated() {
                 if SpaceState::is_wired(&e) || self.memories.get(e.mem).id == target.id {
+                    vpn = vpn.add(1);
                     continue;
+                }
+                // A physically contiguous run moves in one call when the target has a
+                // free run as long; otherwise page by page (evicting as needed).
+                let n = self.movable_run(vpn, (end.0 - vpn.0).min(MOVE_RUN_MAX));
+                if n > 1 {
+                    let limit = frame_limit(target, vpn, n);
+                    if let Some(run) = target.alloc_frames(n, 1, space.id, vpn, limit) {
+                        self.move_run(cx, vpn, n, target, run)?;
+                        done += n;
+                        vpn = vpn.add(n);
+                        continue;
+                    }
                 }
                 self.migrate_page(cx, space, vpn, target)?;
                 done += 1;
@@ -503,6 +681,7 @@ impl SpaceState {
                 self.prepare_page(cx, space, vpn, target)?;
                 done += 1;
             }
+            vpn = vpn.add(1);
         }
         Ok(done)
     }
@@ -515,4 +694,29 @@ fn frame_limit(dev: &DeviceInner, vpn: Vpn, pages: u64) -> Option<crate::mmu::Fr
     dev.memory
         .as_ref()
         .and_then(|m| m.frame_constraint(vpn.addr(), pages))
+}
+
+/// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one
+/// [`crate::DeviceMemory::copy`] call.
+fn copy_run(
+    from: &DeviceInner,
+    src: Pfn,
+    to: &DeviceInner,
+    dst: Pfn,
+    pages: u64,
+) -> Result<(), MemError> {
+    let src_mem = from
+        .memory
+        .as_ref()
+        .ok_or(MemError::OutOfRange { pa: src.addr() })?;
+    let dst_mem = to
+        .memory
+        .as_ref()
+        .ok_or(MemError::OutOfRange { pa: dst.addr() })?;
+    src_mem.copy(
+        src.addr(),
+        dst_mem.as_ref(),
+        dst.addr(),
+        pages << PAGE_SHIFT,
+    )
 }

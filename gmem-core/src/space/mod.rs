@@ -28,7 +28,7 @@
 //! devices that cannot fault get every wired page; both are refreshed whenever a page
 //! moves (`SpaceState::mirror`).
 
-use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT};
 use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
@@ -292,8 +292,6 @@ pub(crate) struct SpaceState {
     /// Mapping sets.
     sets: Slots<MappingSet>,
     next_region_id: u64,
-    /// Migration's bounce buffer (one page).
-    bounce: Vec<u8>,
 }
 
 /// A space already names [`MAX_MEMORIES`] memories and cannot name one more.
@@ -412,7 +410,6 @@ impl SpaceState {
             queue: MmuQueue::default(),
             sets: Slots::default(),
             next_region_id: 1,
-            bounce: alloc::vec![0; PAGE_SIZE as usize],
         }
     }
 

@@ -44,9 +44,9 @@ use gmem_core::testing::{AccessError, MmuEvent, TestMmu, TestSystem, HOST_BASE};
 use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
     Activation, AddrError, AllocError, AllocPolicy, AttachError, DevCaps, DeviceError, DeviceId,
-    FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode, PageTableRoot, PhysAddr,
-    Placement, PlacementMode, PlacementTarget, PolicyError, PopulateError, Prot, ProtectError,
-    Region, RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
+    EvictionPolicy, FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode,
+    PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError, PopulateError,
+    Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
 };
 
 /// Operations a fuzz input or a seeded sequence may hold at most.
@@ -423,6 +423,14 @@ pub enum Op {
         dev: u8,
         /// Which region.
         region: u16,
+    },
+    /// `dev_set_eviction_policy`: FIFO or CLOCK for a device's memory (which pages get
+    /// evicted changes, never the bytes the model predicts).
+    SetEviction {
+        /// Which device.
+        dev: u8,
+        /// CLOCK (else FIFO).
+        clock: bool,
     },
 }
 
@@ -1069,6 +1077,20 @@ impl KpiRunner {
                 let sp = self.space_mut(slot);
                 sp.fail_every = u64::from(n);
                 sp.attempts = 0;
+            }
+            Op::SetEviction { dev, clock } => {
+                let dev = usize::from(dev) % NDEV;
+                let id = self.devices[dev];
+                let policy = match clock {
+                    true => EvictionPolicy::Clock,
+                    false => EvictionPolicy::Fifo,
+                };
+                let r = self.sys.gm.dev_set_eviction_policy(id, policy);
+                if !self.alive[dev] {
+                    return self.misuse(ctx, r, DeviceError::UnknownDevice(id));
+                }
+                assert_eq!(r, Ok(()), "{ctx}");
+                self.summary.succeeded += 1;
             }
             Op::Verify { dev, region } => {
                 let Some((slot, start)) = self.pick_region(region) else {
