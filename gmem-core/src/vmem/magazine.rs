@@ -106,7 +106,9 @@ impl MagazineLayer {
 
     #[inline]
     fn cpu(&self, cpu: usize) -> &Mutex<CpuCache> {
-        &self.cpus[cpu % self.cpus.len()].0
+        // The arena passes `cpu < ncpus`; an out-of-range id shares CPU 0's magazines
+        // (correct, only slower) instead of paying a division on every operation.
+        &self.cpus.get(cpu).unwrap_or(&self.cpus[0]).0
     }
 
     /// Pop a round for CPU `cpu`: loaded, then previous, then a full magazine from the

@@ -111,6 +111,7 @@
 //! provably in range: segments are described by their start and size and bounds are
 //! inclusive, so a span may end exactly at 2^64 and be allocated up to its last byte.
 
+mod addrmap;
 mod allocator;
 mod config;
 mod constraint;
@@ -375,7 +376,15 @@ impl Arena {
     #[inline]
     fn cpu(&self) -> usize {
         match &self.platform {
-            Some(p) if self.ncpus > 1 => p.current_cpu() % self.ncpus,
+            Some(p) if self.ncpus > 1 => {
+                let c = p.current_cpu();
+                // The platform promises `c < ncpus`; divide only if it does not.
+                if c < self.ncpus {
+                    c
+                } else {
+                    c % self.ncpus
+                }
+            }
             _ => 0,
         }
     }
