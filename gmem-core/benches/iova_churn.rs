@@ -290,6 +290,9 @@ struct Outcome {
 /// The live set: one optional handle per slot.
 type Slots<H> = Vec<Option<H>>;
 
+/// One bench thread's live set and trace position.
+type ThreadState = (Slots<(u64, u64)>, usize);
+
 /// Build an allocator holding the trace's initial live set; counts failures.
 fn filled<A: Iova>(make: &impl Fn() -> A, t: &Trace, failures: &mut u64) -> (A, Slots<A::Handle>) {
     let mut a = make();
@@ -500,7 +503,7 @@ fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
             .collect();
         let space: u64 = traces.iter().map(|t| t.space).sum();
         let a = arena(space, Variant::Cached, threads);
-        let states: Vec<Mutex<(Slots<(u64, u64)>, usize)>> = traces
+        let states: Vec<Mutex<ThreadState>> = traces
             .iter()
             .map(|t| {
                 let mut o = Ours(Arc::clone(&a));
