@@ -1,34 +1,56 @@
-//! IOVA churn: the workload of an IOMMU driver mapping and unmapping DMA buffers.
+//! Range-allocator benchmarks: our vmem arena against `offset-allocator`, `range-alloc`
+//! and `vm-allocator` on three traces, the uncached cost curve from 1k to 1M live
+//! ranges, and the cached arena on one and two threads.
 //!
-//! Sizes are uniform in 1..=32 pages of 4 KiB. A live set of ranges is allocated
-//! first; then every step frees one random live range and allocates a new one of a
-//! random size in its place. All allocators replay the same pre-generated, seeded
-//! trace, and the time is per (free + alloc) pair. Group 1 compares our arena (with
-//! quantum caches and magazines, with caches but no magazines, and plain instant-fit)
-//! against `offset-allocator`, `range-alloc` and `vm-allocator` at 64k live ranges.
-//! Group 2 runs plain instant-fit, and offset-allocator beside it, at 1k to 1M live
-//! ranges: how the cost per pair grows with the number of segments, and how much of
-//! that growth the memory hierarchy imposes on an O(1) allocator too. Criterion writes its usual reports; a summary
-//! table with medians and ratios is printed at the end.
+//! Every trace is a seeded, pre-generated list of steps over a fixed number of live
+//! slots: a live set is allocated first, then each step frees one slot's range and
+//! allocates a new range (of the step's size) into the same slot. All allocators
+//! replay the same trace; the time is per (free + alloc) pair.
+//!
+//! - **churn**: sizes uniform in 1..=32 pages of 4 KiB, the freed slot uniformly
+//!   random, in a space of four times the all-maximum live set (the original trace).
+//! - **fragmenting**: mixed sizes (half 1..=8 pages, three eighths 1..=32, one eighth
+//!   1..=128), random frees, in a space only 1.25x the largest live total the trace
+//!   ever reaches. Sizes above the quantum-cache limit reach the segment layer, and a
+//!   search-based best fit walks many free ranges.
+//! - **iommu**: the sizes Linux's IOVA range caches serve (powers of two, 1 to 32
+//!   pages, small ones most frequent) freed FIFO-ish (step `k` frees slot
+//!   `k + jitter`, jitter below 32), as DMA buffers are unmapped in roughly the order
+//!   they were mapped.
+//!
+//! For each trace the table shows ns per pair, the free-segment count at the end (ours
+//! from [`Arena::stats`], range-alloc's from its allocated runs), allocation failures
+//! (a full or fragmented space: the slot stays empty) and the speed ratio of our cached
+//! arena against each peer. Then: uncached instant-fit at 1k..1M live ranges on the
+//! churn trace (with offset-allocator beside it), and the cached arena driven by one
+//! and by two threads (each with its own live set and CPU id), in pairs per second.
+//!
+//! Set `GMEM_BENCH_LIVE` to change the live-set size of the three traces (default
+//! 65 536) and `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator.
 
+use std::cell::Cell;
 use std::hint::black_box;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use gmem_core::platform::Platform;
 use gmem_core::vmem::{Arena, ArenaConfig, FitPolicy};
 
 const PAGE: u64 = 4096;
-const MAX_PAGES: u64 = 32;
 /// Steps in a trace; replayed cyclically (every step keeps the live set valid).
 const TRACE_STEPS: usize = 1 << 20;
-const LIVE: usize = 64 * 1024;
+const BASE: u64 = 1 << 32;
 
 /// The seeded operation trace shared by every allocator.
 struct Trace {
+    name: &'static str,
     /// Size in pages of each initially live range.
     initial: Vec<u64>,
     /// (slot to free and refill, pages of the new range).
     steps: Vec<(u32, u64)>,
+    /// Pages of address space the allocators manage.
+    space: u64,
 }
 
 fn xorshift(state: &mut u64) -> u64 {
@@ -40,61 +62,158 @@ fn xorshift(state: &mut u64) -> u64 {
     x
 }
 
-fn trace(live: usize, seed: u64) -> Trace {
+/// Trace (a): uniform 1..=32 pages, random slots, four times the worst-case space.
+fn churn_trace(live: usize, seed: u64) -> Trace {
     let mut s = seed;
-    let initial = (0..live)
-        .map(|_| xorshift(&mut s) % MAX_PAGES + 1)
-        .collect();
+    let initial = (0..live).map(|_| xorshift(&mut s) % 32 + 1).collect();
     let steps = (0..TRACE_STEPS)
         .map(|_| {
             let slot = (xorshift(&mut s) % live as u64) as u32;
-            (slot, xorshift(&mut s) % MAX_PAGES + 1)
+            (slot, xorshift(&mut s) % 32 + 1)
         })
         .collect();
-    Trace { initial, steps }
+    Trace {
+        name: "churn",
+        initial,
+        steps,
+        space: live as u64 * 32 * 4,
+    }
+}
+
+/// Trace (b): mixed sizes, random frees, space 1.25x the peak live total.
+fn fragmenting_trace(live: usize, seed: u64) -> Trace {
+    let mut s = seed;
+    let mut size = move || {
+        let r = xorshift(&mut s);
+        let max = match r % 8 {
+            0..=3 => 8,
+            4..=6 => 32,
+            _ => 128,
+        };
+        ((r >> 8) % max + 1, xorshift(&mut s))
+    };
+    let initial: Vec<u64> = (0..live).map(|_| size().0).collect();
+    let mut live_pages: u64 = initial.iter().sum();
+    let mut peak = live_pages;
+    let mut cur = initial.clone();
+    let steps: Vec<(u32, u64)> = (0..TRACE_STEPS)
+        .map(|_| {
+            let (pages, r) = size();
+            let slot = (r % live as u64) as u32;
+            live_pages = live_pages - cur[slot as usize] + pages;
+            cur[slot as usize] = pages;
+            peak = peak.max(live_pages);
+            (slot, pages)
+        })
+        .collect();
+    Trace {
+        name: "fragmenting",
+        initial,
+        steps,
+        space: peak + peak / 4,
+    }
+}
+
+/// Trace (c): Linux IOVA rcache sizes (orders 0..=5), FIFO-ish frees.
+fn iommu_trace(live: usize, seed: u64) -> Trace {
+    let mut s = seed;
+    let mut size = move || {
+        // Orders 0..5 with weights 16, 6, 4, 3, 2, 1 (of 32): small mappings dominate.
+        let order = match xorshift(&mut s) % 32 {
+            0..=15 => 0,
+            16..=21 => 1,
+            22..=25 => 2,
+            26..=28 => 3,
+            29..=30 => 4,
+            _ => 5,
+        };
+        1u64 << order
+    };
+    let initial: Vec<u64> = (0..live).map(|_| size()).collect();
+    let mut j = seed ^ 0x5555;
+    let steps = (0..TRACE_STEPS)
+        .map(|k| {
+            let jitter = (xorshift(&mut j) % 32) as usize;
+            (((k + jitter) % live) as u32, size())
+        })
+        .collect();
+    Trace {
+        name: "iommu",
+        initial,
+        steps,
+        space: live as u64 * 32 * 2,
+    }
 }
 
 /// An allocator of page-granular ranges, as the churn loop drives it.
 trait Iova {
-    type Handle: Copy;
-    fn alloc(&mut self, pages: u64) -> Self::Handle;
+    type Handle: Copy + Send;
+    /// `None` when the space is full (or too fragmented).
+    fn alloc(&mut self, pages: u64) -> Option<Self::Handle>;
     fn free(&mut self, h: Self::Handle);
-    /// Free fragments (free segments / free ranges), where the allocator can tell.
+    /// Free segments / free ranges, where the allocator can tell.
     fn fragments(&self) -> Option<u64> {
         None
     }
 }
 
-/// Our arena; the handle is (address, size).
-struct Ours(Arena);
+// The CPU id of the calling bench thread, for `ThreadCpus`.
+thread_local! {
+    static CPU: Cell<usize> = const { Cell::new(0) };
+}
 
-impl Ours {
-    fn new(live: usize, qcache_pages: u64, magazines: bool) -> Self {
-        let cfg = ArenaConfig {
-            qcache_max: qcache_pages * PAGE,
-            magazines,
-            // As the address space uses it: it checks its own region map first.
-            check_frees: false,
-            fit: FitPolicy::InstantFit,
-            ..ArenaConfig::new(PAGE)
-        };
-        let a = Arena::new(cfg, None).expect("config");
-        a.add_span(1 << 32, space_pages(live) * PAGE).expect("span");
-        Self(a)
+/// A platform whose "CPUs" are the bench threads (each sets its id in [`CPU`]).
+struct ThreadCpus(usize);
+
+impl Platform for ThreadCpus {
+    fn current_cpu(&self) -> usize {
+        CPU.with(Cell::get)
+    }
+    fn cpu_count(&self) -> usize {
+        self.0
     }
 }
 
-/// Address space for a live set: four times the worst case of all-maximum ranges.
-fn space_pages(live: usize) -> u64 {
-    live as u64 * MAX_PAGES * 4
+/// Our arena; the handle is (address, size).
+struct Ours(Arc<Arena>);
+
+/// Our arena variants.
+#[derive(Clone, Copy)]
+enum Variant {
+    /// Quantum caches up to 32 pages with per-CPU magazines, instant-fit behind them.
+    Cached,
+    /// No caches, instant-fit.
+    Instant,
+    /// No caches, best-fit (the fragmentation reference).
+    Best,
+}
+
+fn arena(space: u64, v: Variant, cpus: usize) -> Arc<Arena> {
+    let (qcache_max, fit) = match v {
+        Variant::Cached => (32 * PAGE, FitPolicy::InstantFit),
+        Variant::Instant => (0, FitPolicy::InstantFit),
+        Variant::Best => (0, FitPolicy::BestFit),
+    };
+    let cfg = ArenaConfig {
+        qcache_max,
+        magazines: qcache_max != 0,
+        // As the address space uses it: it checks its own region map first.
+        check_frees: false,
+        fit,
+        ..ArenaConfig::new(PAGE)
+    };
+    let platform: Arc<dyn Platform> = Arc::new(ThreadCpus(cpus));
+    let a = Arena::new(cfg, Some(platform)).expect("config");
+    a.add_span(BASE, space * PAGE).expect("span");
+    Arc::new(a)
 }
 
 impl Iova for Ours {
     type Handle = (u64, u64);
     #[inline]
-    fn alloc(&mut self, pages: u64) -> (u64, u64) {
+    fn alloc(&mut self, pages: u64) -> Option<(u64, u64)> {
         let size = pages * PAGE;
-        (self.0.alloc(size).expect("arena alloc"), size)
+        self.0.alloc(size).ok().map(|a| (a, size))
     }
     #[inline]
     fn free(&mut self, (addr, size): (u64, u64)) {
@@ -111,10 +230,8 @@ struct Offset(offset_allocator::Allocator<u32>);
 impl Iova for Offset {
     type Handle = offset_allocator::Allocation<u32>;
     #[inline]
-    fn alloc(&mut self, pages: u64) -> Self::Handle {
-        self.0
-            .allocate(pages as u32)
-            .expect("offset-allocator alloc")
+    fn alloc(&mut self, pages: u64) -> Option<Self::Handle> {
+        self.0.allocate(pages as u32)
     }
     #[inline]
     fn free(&mut self, h: Self::Handle) {
@@ -122,18 +239,15 @@ impl Iova for Offset {
     }
 }
 
-/// `range-alloc`, in bytes.
+/// `range-alloc`, in bytes (best fit over a sorted vector of free ranges).
 struct RangeAlloc(range_alloc::RangeAllocator<u64>);
 
 impl Iova for RangeAlloc {
     type Handle = (u64, u64);
     #[inline]
-    fn alloc(&mut self, pages: u64) -> (u64, u64) {
-        let r = self
-            .0
-            .allocate_range(pages * PAGE)
-            .expect("range-alloc alloc");
-        (r.start, r.end)
+    fn alloc(&mut self, pages: u64) -> Option<(u64, u64)> {
+        let r = self.0.allocate_range(pages * PAGE).ok()?;
+        Some((r.start, r.end))
     }
     #[inline]
     fn free(&mut self, (start, end): (u64, u64)) {
@@ -151,10 +265,10 @@ struct VmAlloc(vm_allocator::AddressAllocator);
 impl Iova for VmAlloc {
     type Handle = vm_allocator::RangeInclusive;
     #[inline]
-    fn alloc(&mut self, pages: u64) -> Self::Handle {
+    fn alloc(&mut self, pages: u64) -> Option<Self::Handle> {
         self.0
             .allocate(pages * PAGE, PAGE, vm_allocator::AllocPolicy::FirstMatch)
-            .expect("vm-allocator alloc")
+            .ok()
     }
     #[inline]
     fn free(&mut self, h: Self::Handle) {
@@ -169,13 +283,56 @@ struct Outcome {
     ns: Option<f64>,
     /// Free fragments at the end, if the allocator reports them.
     fragments: Option<u64>,
+    /// Allocations that failed (space full or fragmented), fill included.
+    failures: u64,
 }
 
-/// Build an allocator holding the trace's initial live set.
-fn filled<A: Iova>(make: impl Fn() -> A, t: &Trace) -> (A, Vec<A::Handle>) {
+/// The live set: one optional handle per slot.
+type Slots<H> = Vec<Option<H>>;
+
+/// Keeps each thread's state on its own cache lines.
+#[repr(align(128))]
+struct CachePadded<T>(T);
+
+/// One bench thread's live set and trace position.
+type ThreadState = (Slots<(u64, u64)>, usize);
+
+/// Build an allocator holding the trace's initial live set; counts failures.
+fn filled<A: Iova>(make: &impl Fn() -> A, t: &Trace, failures: &mut u64) -> (A, Slots<A::Handle>) {
     let mut a = make();
-    let slots = t.initial.iter().map(|&p| a.alloc(p)).collect();
+    let slots = t
+        .initial
+        .iter()
+        .map(|&p| {
+            let h = a.alloc(p);
+            *failures += u64::from(h.is_none());
+            h
+        })
+        .collect();
     (a, slots)
+}
+
+/// Replay `iters` steps of `t` from `*pos`; returns the failures.
+#[inline]
+fn replay<A: Iova>(
+    a: &mut A,
+    slots: &mut Slots<A::Handle>,
+    t: &Trace,
+    pos: &mut usize,
+    iters: u64,
+) -> u64 {
+    let mut failures = 0;
+    for _ in 0..iters {
+        let (slot, pages) = t.steps[*pos];
+        *pos = (*pos + 1) & (TRACE_STEPS - 1);
+        let slot = &mut slots[slot as usize];
+        if let Some(h) = slot.take() {
+            a.free(h);
+        }
+        *slot = black_box(a.alloc(pages));
+        failures += u64::from(slot.is_none());
+    }
+    failures
 }
 
 /// Benchmark one allocator on one trace. The live set is built lazily on the first
@@ -190,21 +347,16 @@ fn churn<A: Iova>(
     t: &Trace,
     eager: bool,
 ) -> Outcome {
-    let mut state: Option<(A, Vec<A::Handle>)> = eager.then(|| filled(&make, t));
+    let mut failures = 0u64;
+    let mut state: Option<(A, Slots<A::Handle>)> = eager.then(|| filled(&make, t, &mut failures));
     let mut pos = 0usize;
     let mut per_call: Vec<f64> = Vec::new();
     group.bench_function(name, |b| {
         b.iter_custom(|iters| {
             // The live set is built once, outside the timed region.
-            let (a, slots) = state.get_or_insert_with(|| filled(&make, t));
+            let (a, slots) = state.get_or_insert_with(|| filled(&make, t, &mut failures));
             let start = Instant::now();
-            for _ in 0..iters {
-                let (slot, pages) = t.steps[pos];
-                pos = (pos + 1) & (TRACE_STEPS - 1);
-                let slot = &mut slots[slot as usize];
-                a.free(*slot);
-                *slot = black_box(a.alloc(pages));
-            }
+            failures += replay(a, slots, t, &mut pos, iters);
             let elapsed = start.elapsed();
             per_call.push(elapsed.as_nanos() as f64 / iters.max(1) as f64);
             elapsed
@@ -221,6 +373,7 @@ fn churn<A: Iova>(
     Outcome {
         ns: Some(measured[measured.len() / 2]),
         fragments: state.as_ref().and_then(|(a, _)| a.fragments()),
+        failures,
     }
 }
 
@@ -232,103 +385,205 @@ fn fmt_count(v: Option<u64>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-fn main() {
-    let mut c = Criterion::default().configure_from_args();
-    let t = trace(LIVE, 0x10_7a_c4_u64 ^ 0x9e37_79b9_7f4a_7c15);
-    let samples = 30;
+fn ratio(peer: Outcome, ours: Outcome) -> Option<f64> {
+    match (peer.ns, ours.ns) {
+        (Some(p), Some(o)) if o > 0.0 => Some(p / o),
+        _ => None,
+    }
+}
 
-    let mut group = c.benchmark_group("iova_churn_64k");
+/// One trace's results, for the summary.
+struct TraceResult {
+    name: &'static str,
+    live: usize,
+    space: u64,
+    rows: Vec<(&'static str, Outcome)>,
+}
+
+fn run_trace(c: &mut Criterion, t: &Trace, live: usize, skip_vm: bool) -> TraceResult {
+    let samples = 20;
+    let mut group = c.benchmark_group(format!("ranges_{}", t.name));
     group
         .sample_size(samples)
-        .warm_up_time(Duration::from_millis(800))
-        .measurement_time(Duration::from_secs(3));
-    let ours_mag = churn(
-        &mut group,
-        "vmem_qcache_magazines",
-        samples,
-        || Ours::new(LIVE, MAX_PAGES, true),
-        &t,
-        false,
-    );
-    let ours_stack = churn(
-        &mut group,
-        "vmem_qcache_stacks",
-        samples,
-        || Ours::new(LIVE, MAX_PAGES, false),
-        &t,
-        false,
-    );
-    let ours_plain = churn(
-        &mut group,
-        "vmem_instant_fit",
-        samples,
-        || Ours::new(LIVE, 0, false),
-        &t,
-        false,
-    );
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let space = t.space;
+    let mut rows = Vec::new();
+    for (label, id, v) in [
+        (
+            "gmem vmem, qcache + magazines",
+            "vmem_cached",
+            Variant::Cached,
+        ),
+        (
+            "gmem vmem, instant-fit, no caches",
+            "vmem_instant_fit",
+            Variant::Instant,
+        ),
+        (
+            "gmem vmem, best-fit, no caches",
+            "vmem_best_fit",
+            Variant::Best,
+        ),
+    ] {
+        let o = churn(
+            &mut group,
+            id,
+            samples,
+            || Ours(arena(space, v, 1)),
+            t,
+            false,
+        );
+        rows.push((label, o));
+    }
     let offset = churn(
         &mut group,
         "offset_allocator",
         samples,
         || {
-            let pages = space_pages(LIVE) as u32;
             Offset(offset_allocator::Allocator::with_max_allocs(
-                pages,
-                4 * LIVE as u32,
+                space as u32,
+                4 * live as u32,
             ))
         },
-        &t,
+        t,
         false,
     );
+    rows.push(("offset-allocator 0.2", offset));
     let range = churn(
         &mut group,
         "range_alloc",
         samples,
-        || {
-            let base = 1u64 << 32;
-            RangeAlloc(range_alloc::RangeAllocator::new(
-                base..base + space_pages(LIVE) * PAGE,
-            ))
-        },
-        &t,
+        || RangeAlloc(range_alloc::RangeAllocator::new(BASE..BASE + space * PAGE)),
+        t,
         false,
     );
-    // vm-allocator searches linearly (hundreds of microseconds per pair at 64k live,
-    // and a fill of tens of seconds): few samples, short measurement, eager fill.
-    let vm_samples = 10;
-    group
-        .sample_size(vm_samples)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2));
-    let vm = churn(
-        &mut group,
-        "vm_allocator",
-        vm_samples,
-        || {
-            VmAlloc(
-                vm_allocator::AddressAllocator::new(1 << 32, space_pages(LIVE) * PAGE)
-                    .expect("vm-allocator"),
-            )
-        },
-        &t,
-        true,
-    );
+    rows.push(("range-alloc 0.1", range));
+    if !skip_vm {
+        // vm-allocator searches linearly (hundreds of microseconds per pair at 64k
+        // live, and a fill of tens of seconds): few samples, eager fill.
+        let vm_samples = 10;
+        group
+            .sample_size(vm_samples)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(2));
+        let vm = churn(
+            &mut group,
+            "vm_allocator",
+            vm_samples,
+            || {
+                VmAlloc(
+                    vm_allocator::AddressAllocator::new(BASE, space * PAGE).expect("vm-allocator"),
+                )
+            },
+            t,
+            true,
+        );
+        rows.push(("vm-allocator 0.1", vm));
+    }
     group.finish();
+    TraceResult {
+        name: t.name,
+        live,
+        space,
+        rows,
+    }
+}
+
+/// Pairs per second of the cached arena driven by `threads` threads, each replaying
+/// its own churn trace (its own live set) with its own CPU id. Criterion's time per
+/// iteration is the wall time of one pair on every thread at once.
+fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
+    let samples = 20;
+    let mut group = c.benchmark_group("cached_threads");
+    group
+        .sample_size(samples)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let mut out = Vec::new();
+    for threads in [1usize, 2] {
+        let traces: Vec<Trace> = (0..threads)
+            .map(|i| churn_trace(live, 0x7417 + i as u64))
+            .collect();
+        let space: u64 = traces.iter().map(|t| t.space).sum();
+        let a = arena(space, Variant::Cached, threads);
+        let states: Vec<CachePadded<Mutex<ThreadState>>> = traces
+            .iter()
+            .map(|t| {
+                let mut o = Ours(Arc::clone(&a));
+                let slots = t.initial.iter().map(|&p| o.alloc(p)).collect();
+                CachePadded(Mutex::new((slots, 0usize)))
+            })
+            .collect();
+        let mut per_call = Vec::new();
+        group.bench_function(format!("threads_{threads}"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for (i, (st, t)) in states.iter().zip(&traces).enumerate() {
+                        let a = Arc::clone(&a);
+                        s.spawn(move || {
+                            CPU.with(|c| c.set(i));
+                            let mut st = st.0.lock().expect("state");
+                            let (slots, pos) = &mut *st;
+                            let mut o = Ours(a);
+                            // A local cursor: the threads' states are neighbours in
+                            // memory, and a shared line written every step would be
+                            // false sharing the arena is not responsible for.
+                            let mut at = *pos;
+                            let failed = replay(&mut o, slots, t, &mut at, iters);
+                            *pos = at;
+                            assert_eq!(failed, 0, "the churn space never fills");
+                        });
+                    }
+                });
+                let elapsed = start.elapsed();
+                // Pairs per second over all threads.
+                per_call.push((threads as u64 * iters) as f64 / elapsed.as_secs_f64());
+                elapsed
+            })
+        });
+        let n = per_call.len();
+        let mut measured = per_call.split_off(n.saturating_sub(samples));
+        measured.sort_by(f64::total_cmp);
+        out.push((threads, measured.get(measured.len() / 2).copied()));
+    }
+    group.finish();
+    out
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    let live: usize = std::env::var("GMEM_BENCH_LIVE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64 * 1024);
+    let skip_vm = std::env::var("GMEM_BENCH_SKIP_VM").is_ok_and(|v| v == "1");
+
+    let traces = [
+        churn_trace(live, 0x10_7a_c4_u64 ^ 0x9e37_79b9_7f4a_7c15),
+        fragmenting_trace(live, 0xf4a9_3e11),
+        iommu_trace(live, 0x10_3300),
+    ];
+    let results: Vec<TraceResult> = traces
+        .iter()
+        .map(|t| run_trace(&mut c, t, live, skip_vm))
+        .collect();
 
     let mut group = c.benchmark_group("instant_fit_scaling");
-    let scale_samples = 20;
+    let scale_samples = 15;
     group
         .sample_size(scale_samples)
-        .warm_up_time(Duration::from_millis(500))
+        .warm_up_time(Duration::from_millis(400))
         .measurement_time(Duration::from_secs(2));
     let mut curve = Vec::new();
     for live in [1_000usize, 10_000, 100_000, 1_000_000] {
-        let t = trace(live, 0x5ca1e ^ live as u64);
+        let t = churn_trace(live, 0x5ca1e ^ live as u64);
         let v = churn(
             &mut group,
             &format!("live_{live}"),
             scale_samples,
-            || Ours::new(live, 0, false),
+            || Ours(arena(t.space, Variant::Instant, 1)),
             &t,
             false,
         );
@@ -340,7 +595,7 @@ fn main() {
             scale_samples,
             || {
                 Offset(offset_allocator::Allocator::with_max_allocs(
-                    space_pages(live) as u32,
+                    t.space as u32,
                     4 * live as u32,
                 ))
             },
@@ -350,83 +605,96 @@ fn main() {
         curve.push((live, v, peer));
     }
     group.finish();
+
+    let threads = threaded(&mut c, 32 * 1024);
     c.final_summary();
 
     println!();
     println!(
-        "=== IOVA churn: 64k live ranges, 1-32 pages of 4 KiB, \
-         ns per (free + alloc) pair, median of criterion's samples ==="
+        "=== range allocators: ns per (free + alloc) pair, median of criterion's samples; \
+         ours single-CPU, check_frees = false (as the address space uses the arena) ==="
     );
-    println!(
-        "(our cached variants run with check_frees = false, as the address space uses \
-         the arena; all ours are single-CPU, no contention)"
-    );
-    let rows = [
-        ("gmem vmem, qcache 32 pages + magazines", ours_mag),
-        ("gmem vmem, qcache 32 pages, locked stacks", ours_stack),
-        ("gmem vmem, instant-fit, no caches", ours_plain),
-        ("offset-allocator 0.2", offset),
-        ("range-alloc 0.1", range),
-        ("vm-allocator 0.1", vm),
-    ];
-    println!(
-        "{:<44} {:>12} {:>16}",
-        "allocator", "ns/op", "free fragments"
-    );
-    for (name, o) in &rows {
+    for r in &results {
+        println!();
         println!(
-            "{:<44} {:>12} {:>16}",
-            name,
-            fmt_ns(o.ns),
-            fmt_count(o.fragments)
+            "--- trace {}: {} live ranges, space {} pages ---",
+            r.name, r.live, r.space
         );
+        println!(
+            "{:<36} {:>10} {:>14} {:>10}",
+            "allocator", "ns/pair", "free segments", "failures"
+        );
+        for (name, o) in &r.rows {
+            println!(
+                "{:<36} {:>10} {:>14} {:>10}",
+                name,
+                fmt_ns(o.ns),
+                fmt_count(o.fragments),
+                o.failures
+            );
+        }
+        let ours = r.rows[0].1;
+        for (name, o) in &r.rows[3..] {
+            let target = match *name {
+                n if n.starts_with("offset") => Some(3.0),
+                n if n.starts_with("range") => Some(1.5),
+                _ => None,
+            };
+            let verdict = match (ratio(*o, ours), target) {
+                (Some(x), Some(t)) => format!(
+                    "{x:.2}x (target >= {t}x: {})",
+                    if x >= t { "met" } else { "NOT met" }
+                ),
+                (Some(x), None) => format!("{x:.2}x"),
+                _ => "n/a".into(),
+            };
+            println!("  cached arena vs {name:<28} {verdict}");
+        }
+        let inst = r.rows[1].1;
+        let best = r.rows[2].1;
+        if let (Some(i), Some(b)) = (inst.fragments, best.fragments) {
+            println!(
+                "  free segments, instant-fit / best-fit: {i} / {b} = {:.2} (target <= 2)",
+                i as f64 / b.max(1) as f64
+            );
+        }
     }
     println!();
+    println!("=== uncached instant-fit: ns per (free + alloc) pair vs live ranges (churn) ===");
     println!(
-        "{:<44} {:>18} {:>14} {:>14}",
-        "speedup (peer ns / ours ns)", "offset-allocator", "range-alloc", "vm-allocator"
+        "{:>10} {:>10} {:>10} {:>16} {:>18} {:>10}",
+        "live", "ns/pair", "vs 1k", "free segments", "offset-alloc ns", "vs 1k"
     );
-    for (name, ours) in &rows[..3] {
-        let ratio = |peer: Outcome| match (peer.ns, ours.ns) {
-            (Some(p), Some(o)) if o > 0.0 => format!("{:.2}x", p / o),
-            _ => "n/a".into(),
-        };
-        println!(
-            "{:<44} {:>18} {:>14} {:>14}",
-            name,
-            ratio(offset),
-            ratio(range),
-            ratio(vm)
-        );
-    }
-    let target = |peer: Outcome, want: f64| match (peer.ns, ours_mag.ns) {
-        (Some(p), Some(o)) if o > 0.0 => {
-            let r = p / o;
-            format!(
-                "{r:.2}x (target >= {want}x: {})",
-                if r >= want { "met" } else { "NOT met" }
-            )
-        }
+    let (base, peer_base) = (curve[0].1.ns, curve[0].2.ns);
+    let growth = |v: Option<f64>, b: Option<f64>| match (v, b) {
+        (Some(v), Some(b)) if b > 0.0 => format!("{:.2}x", v / b),
         _ => "n/a".into(),
     };
-    println!(
-        "targets: caches+magazines vs offset-allocator {}; vs range-alloc {}",
-        target(offset, 1.5),
-        target(range, 20.0)
-    );
-    println!();
-    println!("=== instant-fit, no caches: ns per (free + alloc) pair vs live ranges ===");
-    println!(
-        "{:>12} {:>12} {:>16} {:>22}",
-        "live", "ns/op", "free segments", "offset-allocator ns/op"
-    );
-    for (live, o, peer) in curve {
+    for (live, o, peer) in &curve {
         println!(
-            "{:>12} {:>12} {:>16} {:>22}",
+            "{:>10} {:>10} {:>10} {:>16} {:>18} {:>10}",
             live,
             fmt_ns(o.ns),
+            growth(o.ns, base),
             fmt_count(o.fragments),
-            fmt_ns(peer.ns)
+            fmt_ns(peer.ns),
+            growth(peer.ns, peer_base)
+        );
+    }
+    println!();
+    println!("=== cached arena (magazines), churn trace, 32k live per thread ===");
+    for (n, pps) in &threads {
+        println!(
+            "{n} thread(s): {} Mpairs/s",
+            pps.map_or_else(|| "skipped".into(), |p| format!("{:.2}", p / 1e6))
+        );
+    }
+    if let [(_, Some(one)), (_, Some(two))] = threads[..] {
+        println!(
+            "2 threads / 1 thread: {:.2}x (target >= 1.7x: {}); cores available: {}",
+            two / one,
+            if two / one >= 1.7 { "met" } else { "NOT met" },
+            std::thread::available_parallelism().map_or(0, |n| n.get())
         );
     }
 }

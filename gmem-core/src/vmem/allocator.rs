@@ -8,12 +8,11 @@
 
 use alloc::vec::Vec;
 
-use hashbrown::HashMap;
-
+use super::addrmap::AddrMap;
 use super::config::FitPolicy;
 use super::constraint::Placement;
 use super::error::{FreeError, SpanError};
-use super::freelist::{list_of, FreeLists};
+use super::freelist::FreeLists;
 use super::seglist::{Kind, Seg, SegTable, SENTINEL};
 
 /// One span, for overlap checks and ordered insertion.
@@ -42,7 +41,7 @@ pub(super) struct SegmentAllocator {
     table: SegTable,
     lists: FreeLists,
     /// Start address -> index of every `Alloc` and `Cached` segment.
-    hash: HashMap<u64, u32>,
+    hash: AddrMap,
     /// Sorted by base.
     spans: Vec<SpanRec>,
     /// Next-fit rotor: the node to resume at and, when that node is a segment, the
@@ -63,8 +62,8 @@ impl SegmentAllocator {
         Self {
             quantum,
             table: SegTable::new(),
-            lists: FreeLists::new(),
-            hash: HashMap::new(),
+            lists: FreeLists::new(quantum),
+            hash: AddrMap::new(quantum),
             spans: Vec::new(),
             rotor: (SENTINEL, 0),
             total: 0,
@@ -164,7 +163,7 @@ impl SegmentAllocator {
     /// run of frames allocated at once and released page by page). State is unchanged
     /// on error.
     pub fn split(&mut self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
-        let Some(&i) = self.hash.get(&addr) else {
+        let Some(i) = self.hash.get(addr) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -202,7 +201,7 @@ impl SegmentAllocator {
     /// hash. A cached segment with the right size is in a cache: freeing it again is
     /// a double free.
     pub fn free(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
-        let Some(&i) = self.hash.get(&addr) else {
+        let Some(i) = self.hash.get(addr) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -216,7 +215,7 @@ impl SegmentAllocator {
         if seg.kind != Kind::Alloc {
             return Err(FreeError::NotAllocated { addr });
         }
-        self.hash.remove(&addr);
+        self.hash.remove(addr);
         self.free_segment(i);
         self.frees += 1;
         Ok(())
@@ -225,9 +224,9 @@ impl SegmentAllocator {
     /// Give back an object a quantum cache held (imported, or freed into the cache by
     /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
     pub fn release_cached(&mut self, addr: u64) -> bool {
-        match self.hash.get(&addr) {
-            Some(&i) => {
-                self.hash.remove(&addr);
+        match self.hash.get(addr) {
+            Some(i) => {
+                self.hash.remove(addr);
                 self.free_segment(i);
                 true
             }
@@ -272,34 +271,33 @@ impl SegmentAllocator {
         None
     }
 
-    /// Instant-fit: lists whose every segment is large enough (from the next power of
-    /// two up, or the size's own list when the size is a power of two) in O(1) for
-    /// plain requests, then the size's own list as a fallback.
+    /// Instant-fit (good fit): the head of the lowest non-empty class whose every
+    /// segment is large enough, in O(1) for plain requests; a constrained request
+    /// moves on to the next non-empty class when a head cannot hold it. Then the
+    /// size's own class (whose segments may or may not be large enough) as a fallback.
     fn find_instant(&self, p: &Placement) -> Option<(u32, u64)> {
-        let k = list_of(p.size);
-        let first = if p.size.is_power_of_two() { k } else { k + 1 };
-        if first < 64 {
-            let mut map = self.lists.bitmap() & (u64::MAX << first);
-            while map != 0 {
-                if let Some(hit) = self.scan_first(map.trailing_zeros(), p) {
-                    return Some(hit);
-                }
-                map &= map - 1;
+        let own = self.lists.class_of(p.size);
+        let first = self.lists.first_sufficient(p.size);
+        let mut c = first;
+        while let Some(k) = self.lists.next_nonempty(c) {
+            if let Some(hit) = self.scan_first(k, p) {
+                return Some(hit);
             }
+            c = k + 1;
         }
-        if first != k {
-            return self.scan_first(k, p);
+        if first != own {
+            return self.scan_first(own, p);
         }
         None
     }
 
-    /// Best-fit: the smallest fitting segment of the lowest list holding one (every
-    /// segment of a higher list is larger).
+    /// Best-fit: the smallest fitting segment of the lowest class holding one (every
+    /// segment of a higher class is larger).
     fn find_best(&self, p: &Placement) -> Option<(u32, u64)> {
-        let mut map = self.lists.bitmap() & (u64::MAX << list_of(p.size));
-        while map != 0 {
+        let mut c = self.lists.class_of(p.size);
+        while let Some(k) = self.lists.next_nonempty(c) {
             let mut best: Option<(u32, u64, u64)> = None;
-            let mut i = self.lists.head(map.trailing_zeros());
+            let mut i = self.lists.head(k);
             while i != super::seglist::NIL {
                 let s = self.table.get(i);
                 if best.map_or(true, |(_, _, size)| s.size < size) {
@@ -312,7 +310,7 @@ impl SegmentAllocator {
             if let Some((i, a, _)) = best {
                 return Some((i, a));
             }
-            map &= map - 1;
+            c = k + 1;
         }
         None
     }
@@ -320,10 +318,10 @@ impl SegmentAllocator {
     /// First-fit: the lowest fitting address over every free segment that could hold
     /// the size.
     fn find_first(&self, p: &Placement) -> Option<(u32, u64)> {
-        let mut map = self.lists.bitmap() & (u64::MAX << list_of(p.size));
+        let mut c = self.lists.class_of(p.size);
         let mut best: Option<(u32, u64)> = None;
-        while map != 0 {
-            let mut i = self.lists.head(map.trailing_zeros());
+        while let Some(k) = self.lists.next_nonempty(c) {
+            let mut i = self.lists.head(k);
             while i != super::seglist::NIL {
                 let s = self.table.get(i);
                 if best.map_or(true, |(_, a)| s.start < a) {
@@ -335,7 +333,7 @@ impl SegmentAllocator {
                 }
                 i = s.fnext;
             }
-            map &= map - 1;
+            c = k + 1;
         }
         best
     }
@@ -508,7 +506,7 @@ impl SegmentAllocator {
                         free_segs += 1;
                     }
                     _ => {
-                        if self.hash.get(&g.start) != Some(&j) {
+                        if self.hash.get(g.start) != Some(j) {
                             return Err("allocated segment missing from hash");
                         }
                         allocated += 1;
@@ -525,15 +523,18 @@ impl SegmentAllocator {
         if span_idx != self.spans.len() {
             return Err("fewer markers than spans");
         }
-        for k in 0..64u32 {
+        for k in 0..super::freelist::CLASSES {
             let mut j = self.lists.head(k);
-            if (j != NIL) != (self.lists.bitmap() & (1 << k) != 0) {
+            if (j != NIL) != self.lists.occupied(k) {
                 return Err("bitmap disagrees with lists");
+            }
+            if (j != NIL) != (self.lists.next_nonempty(k) == Some(k)) {
+                return Err("two-level bitmap disagrees with lists");
             }
             let mut prev = NIL;
             while j != NIL {
                 let g = self.table.get(j);
-                if g.kind != Kind::Free || list_of(g.size) != k || g.fprev != prev {
+                if g.kind != Kind::Free || self.lists.class_of(g.size) != k || g.fprev != prev {
                     return Err("freelist corrupt");
                 }
                 on_lists += 1;
@@ -621,22 +622,25 @@ mod tests {
     }
 
     #[test]
-    fn instant_fit_takes_a_segment_from_the_next_power_of_two_list() {
+    fn instant_fit_takes_the_head_of_the_smallest_sufficient_class() {
         let mut a = arena(&[(0, 0x100000)]);
         holes(&mut a);
-        // 3 quanta: next power of two is 4 q -> list of 4..8 q holds the 5 q hole.
-        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::InstantFit), Some(0x10000));
-        // 2 quanta, a power of two: the head of its own list (2..4 q), which is LIFO:
-        // the 2 q remainder of the 5 q hole, put there by the carve just above.
-        assert_eq!(alloc(&mut a, 2 * Q, FitPolicy::InstantFit), Some(0x13000));
+        // Sizes below 64 quanta have exact classes: 3 q finds the 3 q hole, 4 q (no
+        // 4 q hole) the 5 q one, and 1 q the 1 q remainder that split left.
+        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::InstantFit), Some(0x20000));
+        assert_eq!(alloc(&mut a, 4 * Q, FitPolicy::InstantFit), Some(0x10000));
+        assert_eq!(alloc(&mut a, Q, FitPolicy::InstantFit), Some(0x14000));
+        assert_eq!(alloc(&mut a, 2 * Q, FitPolicy::InstantFit), Some(0));
+        // Nothing small is left: the tail.
+        assert_eq!(alloc(&mut a, Q, FitPolicy::InstantFit), Some(0x30000));
     }
 
     #[test]
-    fn instant_fit_falls_back_to_the_sizes_own_list() {
-        let mut a = arena(&[(0, 3 * Q)]);
-        // The only free segment (3 q) is on list 2..4 q. A 3 q request rounds up to
-        // 4 q, finds nothing from there up, and falls back to scanning 2..4 q.
-        assert_eq!(alloc(&mut a, 3 * Q, FitPolicy::InstantFit), Some(0));
+    fn instant_fit_falls_back_to_the_sizes_own_class() {
+        let mut a = arena(&[(0, 65 * Q)]);
+        // The only free segment (65 q) is in class 64..=65 q. A 65 q request needs
+        // class 66 q and up, finds nothing there, and falls back to scanning its own.
+        assert_eq!(alloc(&mut a, 65 * Q, FitPolicy::InstantFit), Some(0));
         assert_eq!(alloc(&mut a, Q, FitPolicy::InstantFit), None);
     }
 

@@ -8,8 +8,9 @@
 /// `VM_BESTFIT`, `VM_FIRSTFIT`, `VM_NEXTFIT` in illumos).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum FitPolicy {
-    /// Constant time: the head of the smallest power-of-two freelist whose every
-    /// segment is large enough (see the theory statement, section 4).
+    /// Constant time: the head of the smallest size-class freelist whose every
+    /// segment is large enough (exact classes below 64 quanta, so a good fit; see the
+    /// theory statement, section 4).
     #[default]
     InstantFit,
     /// The smallest free segment that fits (searches the size's freelists upward).

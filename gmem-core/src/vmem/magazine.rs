@@ -32,8 +32,11 @@ use crate::sync::Mutex;
 pub(super) const MAGAZINE_ROUNDS: usize = 32;
 
 /// Full magazines the depot keeps per size class before flushing the oldest to the
-/// arena.
-pub(super) const DEPOT_MAX_FULL: usize = 8;
+/// arena. Linux's IOVA range cache keeps 32 (`MAX_GLOBAL_MAGS`): a class whose
+/// population random-walks (frees of one size, allocations of another) reaches the
+/// arena, and its lock, about `1 / bound` as often, and every such visit moves a whole
+/// magazine through the segment layer under that lock.
+pub(super) const DEPOT_MAX_FULL: usize = 32;
 
 /// Keeps a per-CPU lock on its own cache line.
 #[repr(align(64))]
@@ -106,7 +109,9 @@ impl MagazineLayer {
 
     #[inline]
     fn cpu(&self, cpu: usize) -> &Mutex<CpuCache> {
-        &self.cpus[cpu % self.cpus.len()].0
+        // The arena passes `cpu < ncpus`; an out-of-range id shares CPU 0's magazines
+        // (correct, only slower) instead of paying a division on every operation.
+        &self.cpus.get(cpu).unwrap_or(&self.cpus[0]).0
     }
 
     /// Pop a round for CPU `cpu`: loaded, then previous, then a full magazine from the

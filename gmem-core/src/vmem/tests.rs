@@ -488,3 +488,61 @@ fn errors_display_their_values() {
     assert!(shown[3].contains("min is above max"));
     assert!(shown[4].contains("0x9000") && shown[4].contains("0x2000"));
 }
+
+/// Replay a seeded churn (free a random live range, allocate one of a random size from
+/// `sizes`) on an uncached arena of `space` bytes with policy `fit`; returns the free
+/// segments at the end, after checking the invariants.
+fn churn_free_segments(fit: FitPolicy, sizes: &[u64], live: usize, space: u64) -> u64 {
+    let a = arena(
+        ArenaConfig {
+            fit,
+            ..config(0, false, true)
+        },
+        space,
+    );
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut slots: Vec<(u64, u64)> = (0..live)
+        .map(|_| {
+            let size = sizes[(next() % sizes.len() as u64) as usize] * Q;
+            (a.alloc(size).unwrap(), size)
+        })
+        .collect();
+    for _ in 0..20 * live {
+        let slot = &mut slots[(next() % live as u64) as usize];
+        a.free(slot.0, slot.1).unwrap();
+        let size = sizes[(next() % sizes.len() as u64) as usize] * Q;
+        *slot = (a.alloc(size).unwrap(), size);
+    }
+    balanced(&a).free_segments
+}
+
+#[test]
+fn instant_fit_keeps_free_segments_within_twice_best_fit_on_churn() {
+    // The trace that shredded power-of-two instant-fit: 1..=32 pages, random frees,
+    // four times the worst-case space.
+    let sizes: Vec<u64> = (1..=32).collect();
+    let live = 1000;
+    let space = live as u64 * 32 * 4 * Q;
+    let instant = churn_free_segments(FitPolicy::InstantFit, &sizes, live, space);
+    let best = churn_free_segments(FitPolicy::BestFit, &sizes, live, space);
+    assert!(
+        instant <= 2 * best.max(4),
+        "instant-fit {instant} free segments, best-fit {best}"
+    );
+    // Mixed sizes up to 128 pages in a space 1.25x the all-maximum-of-small set: the
+    // same bound.
+    let mixed: Vec<u64> = [1, 1, 2, 2, 3, 4, 5, 8, 13, 21, 32, 48, 64, 100, 128].to_vec();
+    let space = live as u64 * 32 * 5 / 4 * Q * 2;
+    let instant = churn_free_segments(FitPolicy::InstantFit, &mixed, live, space);
+    let best = churn_free_segments(FitPolicy::BestFit, &mixed, live, space);
+    assert!(
+        instant <= 2 * best.max(4),
+        "mixed: instant-fit {instant} free segments, best-fit {best}"
+    );
+}
