@@ -15,9 +15,10 @@
 //! callbacks that became ready after releasing it, so callbacks may call the KPI again —
 //! all of it but `as_synchronize` on their own space, which waits for callbacks in
 //! flight). The state's fields are private to this module and its children, one per
-//! concern: `attach` (tables and attachments), `fault` (the fault path), `queue` (the
-//! queue's work: enqueue, drain, strict unmaps), `ops` (region operations shared by
-//! several calls), `check` (the invariants). The KPI modules reach it through methods.
+//! concern: `attach` (tables and attachments), `memories` (the memories page entries
+//! name), `fault` (the fault path), `queue` (the queue's work: enqueue, drain, strict
+//! unmaps), `ops` (region operations shared by several calls), `check` (the
+//! invariants). The KPI modules reach it through methods.
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of
@@ -292,84 +293,6 @@ pub(crate) struct SpaceState {
     /// Mapping sets.
     sets: Slots<MappingSet>,
     next_region_id: u64,
-}
-
-/// A space already names [`MAX_MEMORIES`] memories and cannot name one more.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct TooManyMemories;
-
-/// Memories a space can name at once (a page entry's `mem` is one byte; `NO_MEM` is
-/// reserved for "no frame").
-pub const MAX_MEMORIES: usize = NO_MEM as usize;
-
-/// The memories frames of one space live in; a page entry's `mem` byte indexes it.
-///
-/// Slot 0 is the host. A slot is added the first time a frame of that memory backs a
-/// page of the space, and emptied only by `dev_destroy` once no entry names it, so an
-/// index stays valid as long as an entry holds it and a destroyed device is not kept
-/// alive by the spaces it once served.
-pub(crate) struct Memories {
-    slots: Vec<Option<Arc<DeviceInner>>>,
-}
-
-impl Memories {
-    fn new(host: Arc<DeviceInner>) -> Memories {
-        Memories {
-            slots: alloc::vec![Some(host)],
-        }
-    }
-
-    /// The memory an entry names. Every populated entry names a live slot (checked by
-    /// `check_invariants`).
-    pub fn get(&self, mem: u8) -> &Arc<DeviceInner> {
-        self.slots[mem as usize]
-            .as_ref()
-            .expect("a page entry names a live memory slot")
-    }
-
-    /// The memory an entry names, if the slot is live.
-    pub fn try_get(&self, mem: u8) -> Option<&Arc<DeviceInner>> {
-        self.slots.get(mem as usize).and_then(Option::as_ref)
-    }
-
-    /// The slot of device `id`, if the space names it.
-    pub fn position(&self, id: DeviceId) -> Option<u8> {
-        self.slots
-            .iter()
-            .position(|d| d.as_ref().is_some_and(|d| d.id == id))
-            .map(|i| i as u8)
-    }
-
-    /// The slot of `dev`, taking a free one if the space does not name it yet.
-    pub fn index_of(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
-        if let Some(i) = self.position(dev.id) {
-            return Ok(i);
-        }
-        if let Some(i) = self.slots.iter().position(Option::is_none) {
-            self.slots[i] = Some(dev.clone());
-            return Ok(i as u8);
-        }
-        if self.slots.len() >= MAX_MEMORIES {
-            return Err(TooManyMemories);
-        }
-        self.slots.push(Some(dev.clone()));
-        Ok((self.slots.len() - 1) as u8)
-    }
-
-    /// Empty the slot of device `id` (no entry may name it any more).
-    pub fn forget(&mut self, id: DeviceId) {
-        if let Some(i) = self.position(id) {
-            self.slots[i as usize] = None;
-        }
-    }
-
-    /// Live slots with their indices.
-    pub fn iter(&self) -> impl Iterator<Item = (u8, &Arc<DeviceInner>)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.as_ref().map(|d| (i as u8, d)))
-    }
 }
 
 /// Table runs whose entries were cleared and whose TLB invalidation is still owed.
@@ -896,6 +819,10 @@ pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
 }
 
 mod attach;
+mod memories;
+
+pub use memories::MAX_MEMORIES;
+pub(crate) use memories::{Memories, TooManyMemories};
 mod check;
 mod fault;
 mod ops;
