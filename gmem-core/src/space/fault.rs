@@ -493,10 +493,9 @@ impl SpaceState {
         self.move_page(cx, vpn, target, new)
     }
 
-    /// Tear down every mapping of `vpn` (unmap + invalidate), then copy its bytes into
-    /// frame run `new` of `to` (committed once the bytes are there; on a failure before
-    /// that it is freed and the page stays where it was), free the old frame,
-    /// re-mirror.
+    /// Move one page: [`SpaceState::move_run`] of the page `vpn` into frame run `new`
+    /// of `to` (committed once the bytes are there; on a failure before that it is
+    /// freed and the page stays where it was).
     pub(crate) fn move_page(
         &mut self,
         cx: &Ctx<'_>,
@@ -504,35 +503,7 @@ impl SpaceState {
         to: &Arc<DeviceInner>,
         new: FrameRun,
     ) -> Result<(), MoveError> {
-        let stats = cx.counters;
-        let e = self.lpt.get(vpn);
-        let from = self.memories.get(e.mem).clone();
-        let mem = self
-            .mem_index(to)
-            .map_err(|_| MoveError::TooManyMemories(to.id))?;
-        // Mappings first: once every TLB is invalidated no device can still write the
-        // old frame, so the copy below sees the page's final bytes. (On a copy failure
-        // the page stays where it is; the dropped mappings fault back in.)
-        self.unmap_pages(stats, vpn, 1, u32::MAX);
-        copy_run(&from, e.pfn, to, new.pfn(), 1)?;
-        let new = new.commit();
-        self.release_frame(&e, false);
-        self.lpt.update(vpn, |x| {
-            x.mem = mem;
-            x.pfn = new;
-        });
-        let bytes = PAGE_SIZE;
-        let from_host = from.caps.contains(DevCaps::HOST);
-        let to_host = to.caps.contains(DevCaps::HOST);
-        let counter = match (from_host, to_host) {
-            (true, false) => &stats.bytes_host_to_dev,
-            (false, true) => &stats.bytes_dev_to_host,
-            _ => &stats.bytes_dev_to_dev,
-        };
-        Counters::add(counter, bytes);
-        let replicas = self.replica_mask();
-        self.mirror(stats, vpn, 1, replicas)?;
-        Ok(())
+        self.move_run(cx, vpn, 1, to, new)
     }
 
     /// Move the `pages` pages from `first` — populated, in one memory, on the
