@@ -8,7 +8,12 @@
 //! - The core serialises every call that touches one page table (it holds the owning
 //!   address space's lock), so an implementation needs no locking of its own for page
 //!   table updates; TLB invalidation of one device may race with updates of another
-//!   device's tables and must be safe for that.
+//!   device's tables and must be safe for that. The exception is opt-in: a driver whose
+//!   tables take concurrent edits of disjoint ranges (compare-and-swap or
+//!   reader-writer disciplines) says so with [`Mmu::concurrent_edits`], and the core
+//!   then makes `region_map`'s eager mappings and a strict `region_dealloc`'s unmapping
+//!   outside the space lock, so that disjoint regions of one space are edited at once.
+//!   The core still never destroys a table while such an edit of it runs.
 //! - [`Mmu::map`] receives a whole physically contiguous run; a driver may use large
 //!   pages or contiguity hints (MESC subregion bits) when the run's alignment allows.
 //!   [`Mmu::unmap`] and [`Mmu::protect`] receive whole virtual ranges, never split by the
@@ -146,6 +151,21 @@ pub trait Mmu: Send + Sync {
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]);
     /// Invalidate every TLB entry of this device for `root`.
     fn invalidate_all(&self, root: PageTableRoot);
+    /// Whether this MMU's tables accept [`Mmu::map`] and [`Mmu::unmap`] of *disjoint*
+    /// virtual ranges of one table from several threads at once, concurrently with
+    /// hardware walks (`false`, the default: the core serialises every edit of a table
+    /// under its space's lock).
+    ///
+    /// When `true` the core may edit such a table without the space lock — the eager
+    /// mapping of a `region_map`ped region (when every table that takes it eagerly
+    /// says `true`) and the unmapping of a strict `region_dealloc` — while other
+    /// threads edit other ranges of the same table. It guarantees that the ranges of
+    /// concurrent calls never overlap, that no `unmap` of a range runs with a `map` of
+    /// it, and that [`Mmu::destroy_page_table`] waits until every unlocked edit of the
+    /// table has returned.
+    fn concurrent_edits(&self) -> bool {
+        false
+    }
     /// Point the device's translation at `root` (the device is activated in the owning
     /// space), or at nothing.
     fn activate(&self, root: Option<PageTableRoot>);

@@ -97,6 +97,7 @@ type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
 pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
     accessed: Mutex<BTreeSet<(u64, u64)>>,
+    dead_edits: Mutex<u64>,
 }
 
 impl TableStore {
@@ -139,6 +140,19 @@ impl TableStore {
     pub fn tables(&self) -> usize {
         self.tables.lock().1.len()
     }
+
+    /// `map`, `unmap` and `protect` calls that named a table already destroyed (the
+    /// core must never make one: a real driver would write freed memory).
+    pub fn edits_of_destroyed(&self) -> u64 {
+        *self.dead_edits.lock()
+    }
+
+    /// Count an edit of `root` if it was created and is gone.
+    fn note_edit(&self, tables: &(u64, Tables), root: PageTableRoot) {
+        if root.0 <= tables.0 && !tables.1.contains_key(&root.0) {
+            *self.dead_edits.lock() += 1;
+        }
+    }
 }
 
 /// A shared, ordered log of MMU events.
@@ -162,6 +176,7 @@ pub struct TestMmu {
     tlb: Mutex<TlbState>,
     fail_next_maps: Mutex<u32>,
     fail_next_protects: Mutex<u32>,
+    concurrent: bool,
     /// Held shared by every access from translation to the end of its memory access,
     /// and exclusively by invalidation: an invalidation completes only after the
     /// accesses that may have used a stale translation have finished, as a real TLB
@@ -188,6 +203,7 @@ impl TestMmu {
             }),
             fail_next_maps: Mutex::new(0),
             fail_next_protects: Mutex::new(0),
+            concurrent: false,
             inflight: RwLock::new(()),
         }
     }
@@ -195,6 +211,13 @@ impl TestMmu {
     /// Report these page sizes instead of 4 KiB only.
     pub fn with_page_sizes(mut self, sizes: PageSizes) -> TestMmu {
         self.sizes = sizes;
+        self
+    }
+
+    /// Declare that the tables take concurrent edits of disjoint ranges
+    /// ([`Mmu::concurrent_edits`]; the store's lock makes that true).
+    pub fn with_concurrent_edits(mut self) -> TestMmu {
+        self.concurrent = true;
         self
     }
 
@@ -295,6 +318,7 @@ impl Mmu for TestMmu {
         }
         {
             let mut t = self.store.tables.lock();
+            self.store.note_edit(&t, root);
             let table = t.1.get_mut(&root.0).ok_or(MmuError::Hardware(1))?;
             let mut accessed = self.store.accessed.lock();
             for k in 0..run.len >> PAGE_SHIFT {
@@ -319,6 +343,7 @@ impl Mmu for TestMmu {
     fn unmap(&self, root: PageTableRoot, range: VaRange) {
         {
             let mut t = self.store.tables.lock();
+            self.store.note_edit(&t, root);
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
                 let mut accessed = self.store.accessed.lock();
@@ -343,6 +368,7 @@ impl Mmu for TestMmu {
         };
         {
             let mut t = self.store.tables.lock();
+            self.store.note_edit(&t, root);
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
                 let pages = if fail { 1 } else { range.pages() };
@@ -395,6 +421,9 @@ impl Mmu for TestMmu {
     fn activate(&self, root: Option<PageTableRoot>) {
         self.tlb.lock().root = root;
         self.log(MmuEvent::Activate { mmu: self.id, root });
+    }
+    fn concurrent_edits(&self) -> bool {
+        self.concurrent
     }
     fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
         let first = range.first_vpn().0;
@@ -557,6 +586,8 @@ pub struct TestSystem {
     pub log: EventLog,
     /// Table store of format 1 (the host's format, shared-mode capable).
     pub host_store: Arc<TableStore>,
+    /// Whether devices added from now on declare [`Mmu::concurrent_edits`].
+    pub concurrent_edits: bool,
 }
 
 /// Base of the host memory of a [`TestSystem`].
@@ -609,6 +640,7 @@ impl TestSystem {
             }],
             log,
             host_store,
+            concurrent_edits: false,
         }
     }
 
@@ -634,6 +666,9 @@ impl TestSystem {
             TableStore::new()
         };
         let mut mmu = TestMmu::new(n, format, store, self.log.clone());
+        if self.concurrent_edits {
+            mmu = mmu.with_concurrent_edits();
+        }
         if self.log.lock().is_empty() && !self.devices[0].mmu.record {
             mmu = mmu.without_log();
         }

@@ -13,7 +13,7 @@ use crate::handle::{DeviceId, MappingSetId, SpaceId};
 use crate::queue::Callback;
 use crate::space::{
     Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
-    SpaceState,
+    SpaceState, TableEdits,
 };
 use crate::sync::Arc;
 
@@ -106,7 +106,15 @@ impl Gmem {
             .space(region.space)
             .ok_or(RegionError::UnknownSpace(region.space))?;
         let mut st = space.lock();
-        let rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
+        let mut rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
+        // A region whose pages are being mapped outside the lock (by another thread:
+        // a caller race) is waited for, so that no two edits of its range overlap.
+        while rec.busy {
+            drop(st);
+            crate::sync::spin_wait();
+            st = space.lock();
+            rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
+        }
         let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
         let checked = Checked {
             region,
@@ -143,12 +151,20 @@ impl Gmem {
         let pending = self.with_region(region, |cx, space, st, c| {
             st.settle(cx, space, &c);
             st.remove_region(&c);
-            let d = st.discard_pages_deferred(cx.counters, c.first, c.pages);
             let va = Some((c.rec.reserve_start, c.rec.reserve_len));
             if flags.contains(MapFlags::ASYNC) {
+                let d =
+                    st.discard_pages_deferred(cx.counters, c.first, c.pages, TableEdits::UnderLock);
                 st.enqueue_unmap(cx.counters, &space.arena, d, va, callback);
                 Ok::<_, RegionError>(None)
             } else {
+                // Tables that take concurrent edits are unmapped outside the lock too.
+                let d = st.discard_pages_deferred(
+                    cx.counters,
+                    c.first,
+                    c.pages,
+                    TableEdits::Deferrable,
+                );
                 Ok(st.defer_invalidation(space, d, va, callback))
             }
         })?;
@@ -181,9 +197,20 @@ impl Gmem {
             callback,
         } = req;
         let memdev = self.device(memory).ok_or(MapError::UnknownDevice(memory))?;
-        self.with_region(region, |cx, space, st, c| {
+        let space = self
+            .space(region.space)
+            .ok_or(RegionError::UnknownSpace(region.space))?;
+        let unlocked = self.with_region(region, |cx, space, st, c| {
             st.map_frames(cx, space, &c, &memdev, prot, frames, set, flags, callback)
-        })
+        })?;
+        let Some(edit) = unlocked else {
+            return Ok(());
+        };
+        // The tables take concurrent edits of disjoint ranges: map without the lock,
+        // so that other regions of the space are mapped and unmapped meanwhile.
+        let edited = edit.edit(&self.counters);
+        let mut st = space.lock();
+        edit.finish(&mut st, &self.counters, edited)
     }
 
     /// Unmap the region (`gm_region_unmap`). A `region_map`ped region then holds nothing

@@ -70,7 +70,10 @@ impl SpaceState {
                     return fail("unique page mapped by more than one page table", Some(vpn));
                 }
             }
-            if queue_empty && !e.has(PENDING) {
+            // A region being mapped outside the lock has its logical entries before
+            // its mapping bits.
+            let busy = region.is_some_and(|(_, r)| r.busy);
+            if queue_empty && !e.has(PENDING) && !busy {
                 if replicas & !e.mapped != 0 {
                     return fail("replicate table misses a populated page", Some(vpn));
                 }

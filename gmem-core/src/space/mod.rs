@@ -36,12 +36,23 @@ use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
-use crate::queue::{Callback, Discard, MmuQueue};
+use crate::queue::{Callback, Discard, MmuQueue, TableUnmap};
 use crate::stats::Counters;
 use crate::sync::{Arc, Mutex, MutexGuard, Rank};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
+
+/// Whether a deferred discard may leave its page-table unmaps to an unlocked
+/// completion (see [`SpaceState::discard_pages_deferred`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TableEdits {
+    /// Unmap under the lock (queued unmaps: the queue's drain invalidates).
+    UnderLock,
+    /// Leave the unmaps of tables that take concurrent edits to the strict unmap's
+    /// unlocked completion.
+    Deferrable,
+}
 
 /// Maximum page tables and attachments per space (one bit each in a page entry).
 pub const MAX_TABLES: usize = 32;
@@ -179,6 +190,8 @@ pub(crate) struct RegionRec {
     pub explicit: bool,
     pub mapped: bool,
     pub set: Option<MappingSetId>,
+    /// An unlocked edit of its pages is in flight (`unlocked`): KPI calls on it wait.
+    pub busy: bool,
 }
 
 pub(crate) struct PageTable {
@@ -190,6 +203,8 @@ pub(crate) struct PageTable {
     pub users: u32,
     /// Whether any user can fault (tables of non-faultable users get wired pages eagerly).
     pub faultable: bool,
+    /// Distinguishes this table from earlier and later ones in the same slot.
+    pub generation: u64,
 }
 
 pub(crate) struct Attachment {
@@ -293,6 +308,15 @@ pub(crate) struct SpaceState {
     /// Mapping sets.
     sets: Slots<MappingSet>,
     next_region_id: u64,
+    /// Generation of the next page table created.
+    next_table_generation: u64,
+    /// Bumped by every attach: a strict unmap finishing its unlocked invalidation
+    /// sees whether a device joined a table meanwhile.
+    attach_epoch: u64,
+    /// Page-table edits running without the lock right now (`unlocked`).
+    unlocked_edits: u32,
+    /// Tables detached while such edits ran, destroyed when the last one ends.
+    doomed: Vec<unlocked::Doomed>,
 }
 
 /// Table runs whose entries were cleared and whose TLB invalidation is still owed.
@@ -333,6 +357,10 @@ impl SpaceState {
             queue: MmuQueue::default(),
             sets: Slots::default(),
             next_region_id: 1,
+            next_table_generation: 0,
+            attach_epoch: 0,
+            unlocked_edits: 0,
+            doomed: Vec::new(),
         }
     }
 
@@ -368,6 +396,7 @@ impl SpaceState {
                 explicit: false,
                 mapped: false,
                 set: None,
+                busy: false,
             },
         );
         Some(id)
@@ -727,15 +756,44 @@ impl SpaceState {
     /// entries are cleared at once (new translations fault), the frames quarantined and
     /// the pages marked pending. The returned [`Discard`] must go to the queue
     /// (`enqueue_unmap`) or to a strict unmap completed outside the lock
-    /// (`defer_invalidation`), which invalidate and then release.
-    pub fn discard_pages_deferred(&mut self, stats: &Counters, first: Vpn, pages: u64) -> Discard {
+    /// (`defer_invalidation`), which invalidate and then release. With
+    /// [`TableEdits::Deferrable`] and tables that all take concurrent edits, the
+    /// page-table unmaps are left in the discard too, for the unlocked completion of a
+    /// strict unmap to make before its invalidation (an unlocked edit in flight).
+    pub fn discard_pages_deferred(
+        &mut self,
+        stats: &Counters,
+        first: Vpn,
+        pages: u64,
+        edits: TableEdits,
+    ) -> Discard {
         let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.mapped != 0)
             .map(|(v, e)| (v, e.mapped))
             .collect();
-        let owed = self.clear_entries(stats, &touched);
+        let all = touched.iter().fold(0, |m, (_, bits)| m | bits);
+        let mut unlocked = Vec::new();
+        let owed = if edits == TableEdits::Deferrable && self.edits_unlocked(all) {
+            let runs = table_runs(&touched);
+            for &(v, bits) in &touched {
+                self.lpt.update(v, |e| e.mapped &= !bits);
+            }
+            for run in &runs {
+                let table = self.tables[run.table]
+                    .as_ref()
+                    .expect("a mapping bit's table");
+                unlocked.push(TableUnmap {
+                    mmu: table.mmu.clone(),
+                    root: table.root,
+                    range: run.range,
+                });
+            }
+            OwedInvalidation(runs)
+        } else {
+            self.clear_entries(stats, &touched)
+        };
         let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         let mut frames = Vec::new();
         for (v, e) in entries {
@@ -759,6 +817,7 @@ impl SpaceState {
             frames,
             first,
             pages,
+            unlocked,
         }
     }
 
@@ -827,3 +886,6 @@ mod check;
 mod fault;
 mod ops;
 mod queue;
+mod unlocked;
+
+pub(crate) use unlocked::UnlockedMap;

@@ -12,7 +12,9 @@ use crate::lpt::{PageEntry, EXTERNAL};
 use crate::lpt::{PENDING, WIRED};
 use crate::mmu::MmuError;
 use crate::queue::Callback;
-use crate::space::{PlacementTarget, Region, RegionRec, SpaceInner, SpaceState};
+use crate::space::{
+    PlacementTarget, Region, RegionRec, SpaceInner, SpaceState, TableEdits, UnlockedMap,
+};
 use crate::sync::Arc;
 use alloc::vec::Vec;
 
@@ -125,7 +127,7 @@ impl SpaceState {
         let (first, pages) = (c.first, c.pages);
         self.settle(cx, space, c);
         if flags.contains(MapFlags::ASYNC) {
-            let d = self.discard_pages_deferred(cx.counters, first, pages);
+            let d = self.discard_pages_deferred(cx.counters, first, pages, TableEdits::UnderLock);
             self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
         } else {
             self.discard_pages(cx.counters, first, pages);
@@ -154,7 +156,10 @@ impl SpaceState {
         })
     }
 
-    /// `region_map` under the lock: see [`crate::Gmem::region_map`].
+    /// `region_map` under the lock: see [`crate::Gmem::region_map`]. When every table
+    /// that must take the pages eagerly can be edited unlocked (and the map is
+    /// synchronous), the page-table edits are left to the caller as an
+    /// [`UnlockedMap`] to run after releasing the lock; otherwise they are done here.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn map_frames(
         &mut self,
@@ -167,7 +172,7 @@ impl SpaceState {
         set: Option<MappingSetId>,
         flags: MapFlags,
         callback: Option<Callback>,
-    ) -> Result<(), MapError> {
+    ) -> Result<Option<UnlockedMap>, MapError> {
         let memory = memdev.id;
         let (first, pages) = (c.first, c.pages);
         if prot.is_empty() {
@@ -214,6 +219,8 @@ impl SpaceState {
         }
         let asynchronous = flags.contains(MapFlags::ASYNC);
         let extra = if asynchronous { PENDING } else { 0 };
+        let mask = self.wired_mask();
+        let unlocked = !asynchronous && self.edits_unlocked(mask);
         for (k, f) in frames.iter().enumerate() {
             self.lpt.set(
                 first + k as u64,
@@ -225,6 +232,9 @@ impl SpaceState {
                 },
             );
         }
+        if unlocked {
+            return Ok(Some(self.begin_unlocked_map(c, prot, mask, set, callback)));
+        }
         self.put_region(
             c,
             RegionRec {
@@ -235,7 +245,6 @@ impl SpaceState {
                 ..c.rec
             },
         );
-        let mask = self.wired_mask();
         if asynchronous {
             self.enqueue_map(cx.counters, &space.arena, first, pages, callback);
         } else if let Err(e) = self.mirror(cx.counters, first, pages, mask) {
@@ -248,7 +257,7 @@ impl SpaceState {
         if let Some(s) = set.and_then(|s| self.sets.get_mut(s.index, s.generation)) {
             s.regions.push(c.region);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Switching a region to the unique policy: drop every mapping of the pages that

@@ -82,6 +82,9 @@ pub struct Setup {
     pub igpu_mode: Mode,
     /// The mode the I/O device attaches to the first space with.
     pub io_mode: Mode,
+    /// Whether the I/O device's tables take concurrent edits (so that `region_map`
+    /// and strict deallocation edit them outside the space lock).
+    pub io_concurrent: bool,
 }
 
 /// An allocation policy of a new space.
@@ -616,6 +619,7 @@ impl KpiRunner {
         let mut sys = TestSystem::new(host_pages);
         let dgpu = sys.add_device(7, DevCaps::FAULTABLE, DGPU_BASE, dev_pages);
         let igpu = sys.add_device(1, DevCaps::FAULTABLE, 0, 0);
+        sys.concurrent_edits = setup.io_concurrent;
         let io = sys.add_device(9, DevCaps::empty(), 0, 0);
         assert_eq!((dgpu, igpu, io), (DGPU, IGPU, IO));
         let devices = [
