@@ -23,7 +23,7 @@
 //! | [`SetError`] | `mapping_set_unmap`, `mapping_set_destroy` |
 //! | [`FaultError`] | `dev_fault` |
 
-use crate::addr::{AddrError, PhysAddr, VirtAddr};
+use crate::addr::{AddrError, PhysAddr, VaRange, VirtAddr};
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, SpaceId};
 use crate::mmu::{MemError, MmuError};
@@ -123,6 +123,9 @@ pub enum RegionError {
     UnknownSpace(SpaceId),
     /// The region handle is stale (deallocated before).
     StaleRegion(Region),
+    /// A page range of a `region_*_range` call is empty, not page-aligned, or not
+    /// inside the region.
+    BadRange(VaRange),
 }
 
 /// Errors of `region_protect`.
@@ -130,7 +133,7 @@ pub enum RegionError {
 pub enum ProtectError {
     /// The region handle does not resolve.
     Region(RegionError),
-    /// Protection argument out of range (empty).
+    /// Protection argument with bits no protection has.
     BadProt(Prot),
     /// The driver failed to change a page table (every change was rolled back).
     Mmu(MmuError),
@@ -194,6 +197,8 @@ pub enum PopulateError {
     Mmu(MmuError),
     /// A data mover failed.
     Memory(MemError),
+    /// `dev_evacuate` of the host, whose memory is where evacuated pages go.
+    IsHost,
 }
 
 /// Errors of `mapping_set_unmap` and `mapping_set_destroy`.
@@ -380,6 +385,11 @@ impl fmt::Display for RegionError {
             RegionError::StaleRegion(r) => {
                 write!(f, "stale region handle at {:?} (deallocated)", r.start)
             }
+            RegionError::BadRange(r) => write!(
+                f,
+                "range {:?}+{:#x} is empty, unaligned or outside the region",
+                r.start, r.len
+            ),
         }
     }
 }
@@ -443,6 +453,7 @@ impl fmt::Display for PopulateError {
             }
             PopulateError::Mmu(e) => write!(f, "driver failed: {e}"),
             PopulateError::Memory(e) => write!(f, "data mover failed: {e}"),
+            PopulateError::IsHost => write!(f, "host memory cannot be evacuated"),
         }
     }
 }

@@ -1111,10 +1111,20 @@ fn protect_updates_tables_and_invalidates_then_allows_the_write() {
     s.gm.region_protect(r, Prot::RW).unwrap();
     s.write(0, r.start, b"ok").unwrap();
     assert_eq!(s.read(0, r.start, 2).unwrap(), b"ok");
+    let junk = Prot::from_bits_retain(0x80);
     assert_eq!(
-        s.gm.region_protect(r, Prot::empty()),
-        Err(ProtectError::BadProt(Prot::empty()))
+        s.gm.region_protect(r, junk),
+        Err(ProtectError::BadProt(junk))
     );
+    // No access: every access faults, the data stays.
+    s.gm.region_protect(r, Prot::empty()).unwrap();
+    ok(&s, space);
+    assert!(matches!(
+        s.read(0, r.start, 2),
+        Err(AccessError::Fault(FaultError::ProtectionViolation { .. }))
+    ));
+    s.gm.region_protect(r, Prot::READ).unwrap();
+    assert_eq!(s.read(0, r.start, 2).unwrap(), b"ok");
     ok(&s, space);
 }
 

@@ -280,20 +280,120 @@ impl Gmem {
         })
     }
 
-    /// Change the protection of a region; every page table that maps its pages is
-    /// updated and the TLBs invalidated before this returns.
+    /// Change the protection of a region (pieces a range protect split off merge
+    /// back); every page table that maps its pages is updated and the TLBs
+    /// invalidated before this returns. [`Prot::empty`] is no access: every mapping
+    /// of the region goes (its pages keep their data) and every access faults with a
+    /// protection violation until the protection is raised again.
     ///
     /// # Errors
-    /// [`ProtectError`]: a bad handle, an empty protection, or a driver failure — after
-    /// which every table holds the old protection again (see
+    /// [`ProtectError`]: a bad handle, a protection with unknown bits, or a driver
+    /// failure — after which every table holds the old protection again (see
     /// `SpaceState::protect_runs`).
     pub fn region_protect(&self, region: Region, prot: Prot) -> Result<(), ProtectError> {
-        if prot.is_empty() {
+        if !Prot::RWX.contains(prot) {
             return Err(ProtectError::BadProt(prot));
         }
         self.with_region(region, |cx, space, st, c| {
-            st.protect_region(cx, space, &c, prot)?;
-            st.put_region(&c, RegionRec { prot, ..c.rec });
+            Ok(st.protect_region(cx, space, &c, prot)?)
+        })
+    }
+
+    /// Change the protection of the pages `range` of a region, splitting it as Linux
+    /// splits a VMA (the pieces merge back when their protection is the region's
+    /// again). [`Prot::empty`] is no access, as for [`Gmem::region_protect`].
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle, a range that is empty, unaligned or not inside
+    /// the region ([`RegionError::BadRange`]), a protection with unknown bits, or a
+    /// driver failure — after which every table holds the old protections again.
+    pub fn region_protect_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        prot: Prot,
+    ) -> Result<(), ProtectError> {
+        if !Prot::RWX.contains(prot) {
+            return Err(ProtectError::BadProt(prot));
+        }
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            Ok(st.protect_range(cx, space, &c, first, pages, prot)?)
+        })
+    }
+
+    /// Unmap the pages `range` of a region (strictly, or queued with
+    /// [`MapFlags::ASYNC`], as [`Gmem::region_unmap`]): an anonymous region zero-fills
+    /// them again on the next fault; in a `region_map`ped one they hold nothing (faults
+    /// fail with `NotMapped`) while the rest stays mapped.
+    ///
+    /// # Errors
+    /// [`RegionError`]: a bad handle or range; nothing changes then and `callback` is
+    /// dropped unrun.
+    pub fn region_unmap_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) -> Result<(), RegionError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            st.unmap_range(cx, space, &c, first, pages, flags, callback);
+            Ok(())
+        })
+    }
+
+    /// [`Gmem::region_migrate`] of the pages `range` of a region.
+    ///
+    /// # Errors
+    /// [`PopulateError`] as for [`Gmem::region_migrate`], or a bad range.
+    pub fn region_migrate_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        target: DeviceId,
+        scope: MigrateScope,
+    ) -> Result<u64, PopulateError> {
+        let dev = self
+            .device(target)
+            .ok_or(PopulateError::UnknownDevice(target))?;
+        let dest = if dev.has_memory() {
+            dev
+        } else {
+            self.host.clone()
+        };
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            let prefetch = scope == MigrateScope::Prefetch && !c.rec.explicit;
+            Ok(st.migrate_range(cx, space, first, pages, &dest, prefetch)?)
+        })
+    }
+
+    /// [`Gmem::region_wire`] of the pages `range` of a region.
+    ///
+    /// # Errors
+    /// [`PopulateError`] as for [`Gmem::region_wire`], or a bad range; no page is then
+    /// left wired by this call.
+    pub fn region_wire_range(&self, region: Region, range: VaRange) -> Result<u64, PopulateError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            if c.rec.explicit {
+                return Ok(0);
+            }
+            let target = c.rec.placement.target;
+            Ok(st.wire_range(cx, space, first, pages, target)?)
+        })
+    }
+
+    /// [`Gmem::region_unwire`] of the pages `range` of a region.
+    ///
+    /// # Errors
+    /// [`RegionError`]: a bad handle or range.
+    pub fn region_unwire_range(&self, region: Region, range: VaRange) -> Result<(), RegionError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            st.unwire_range(cx, space, &c, first, pages);
             Ok(())
         })
     }
@@ -358,6 +458,30 @@ impl Gmem {
             st.unwire_region(cx, space, &c);
             Ok(())
         })
+    }
+}
+
+impl Checked {
+    /// The pages of `range`, which must be non-empty, page-aligned and inside the
+    /// region.
+    ///
+    /// # Errors
+    /// [`RegionError::BadRange`] otherwise.
+    pub(crate) fn range(&self, range: VaRange) -> Result<(Vpn, u64), RegionError> {
+        let start = self.region.start.as_u64();
+        let ok = range.len > 0
+            && range.start.as_u64() % PAGE_SIZE == 0
+            && range.len % PAGE_SIZE == 0
+            && range.start.as_u64() >= start
+            && range
+                .start
+                .as_u64()
+                .checked_add(range.len)
+                .is_some_and(|end| end <= start + (self.pages << crate::addr::PAGE_SHIFT));
+        if !ok {
+            return Err(RegionError::BadRange(range));
+        }
+        Ok((range.start.vpn(), range.len >> crate::addr::PAGE_SHIFT))
     }
 }
 

@@ -126,6 +126,7 @@ impl SpaceState {
             let _ = arena.free(r.reserve_start, r.reserve_len);
         }
         self.regions.clear();
+        self.segments = super::segments::Segments::default();
         self.alive = false;
     }
 

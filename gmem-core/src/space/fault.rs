@@ -43,11 +43,13 @@ impl SpaceState {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let stats = cx.counters;
-        let (rstart, prot, placement, granularity, explicit, rlen) =
+        let (rstart, rprot, placement, granularity, explicit, rlen) =
             match self.region_at(va.as_u64()) {
                 Some((s, r)) => (s, r.prot, r.placement, r.granularity, r.explicit, r.len),
                 None => return Err(FaultError::NotAllocated(va)),
             };
+        // The page's own protection: its region's, or a range protect's.
+        let prot = self.segments.prot_at(rprot, va.vpn());
         if !prot.contains(access) {
             return Err(FaultError::ProtectionViolation {
                 va,
@@ -75,6 +77,14 @@ impl SpaceState {
                 granularity >> PAGE_SHIFT
             } else {
                 dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
+            };
+            // A block is mapped with one protection: split regions fall back to pages.
+            let g = match self
+                .segments
+                .uniform(rprot, vpn.align_down(g.max(1)), g.max(1))
+            {
+                Some(_) => g,
+                None => 1,
             };
             let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
             return Ok(self.zero_fill(

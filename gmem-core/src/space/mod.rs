@@ -307,6 +307,8 @@ pub(crate) struct SpaceState {
     queue: MmuQueue,
     /// Mapping sets.
     sets: Slots<MappingSet>,
+    /// Pieces of regions whose protection a range protect changed.
+    segments: segments::Segments,
     next_region_id: u64,
     /// Generation of the next page table created.
     next_table_generation: u64,
@@ -356,6 +358,7 @@ impl SpaceState {
             memories: Memories::new(host),
             queue: MmuQueue::default(),
             sets: Slots::default(),
+            segments: segments::Segments::default(),
             next_region_id: 1,
             next_table_generation: 0,
             attach_epoch: 0,
@@ -586,6 +589,11 @@ impl SpaceState {
                     i += 1;
                     continue;
                 }
+                let region = self
+                    .region_at(v0.addr().as_u64())
+                    .map(|(_, r)| r.prot)
+                    .unwrap_or(Prot::READ);
+                let prot = self.segments.prot_at(region, v0);
                 let mut n = 1;
                 while i + (n as usize) < entries.len() {
                     let (v, e) = entries[i + n as usize];
@@ -593,16 +601,16 @@ impl SpaceState {
                         || e.mem != e0.mem
                         || e.pfn != e0.pfn + n
                         || e.mapped & (1 << t) != 0
+                        || self.segments.prot_at(region, v) != prot
                     {
                         break;
                     }
                     n += 1;
                 }
-                let prot = self
-                    .region_at(v0.addr().as_u64())
-                    .map(|(_, r)| r.prot)
-                    .unwrap_or(Prot::READ);
-                self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
+                // A no-access page is mapped by no table.
+                if !prot.is_empty() {
+                    self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
+                }
                 i += n as usize;
             }
         }
@@ -646,8 +654,8 @@ impl SpaceState {
 
     /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
     /// if the driver fails on a run, the runs changed so far (and the failed one, which
-    /// the driver may have changed in part) get `old` back and are invalidated before
-    /// the error is returned. A run the driver cannot restore either loses its mapping
+    /// the driver may have changed in part) get their old protection back (`old[i]` for
+    /// `runs[i]`) and are invalidated before the error is returned. A run the driver cannot restore either loses its mapping
     /// (unmap cannot fail; a faultable user faults it back with the region's
     /// protection) and, in a table that must hold it eagerly, is mapped again.
     pub fn protect_runs(
@@ -655,8 +663,9 @@ impl SpaceState {
         stats: &Counters,
         runs: &[TableRun],
         prot: Prot,
-        old: Prot,
+        old: &[Prot],
     ) -> Result<(), MmuError> {
+        debug_assert_eq!(runs.len(), old.len());
         for (i, run) in runs.iter().enumerate() {
             let Some(table) = self.tables[run.table].as_ref() else {
                 continue;
@@ -666,9 +675,9 @@ impl SpaceState {
             };
             let changed = &runs[..=i];
             let mut lost = Vec::new();
-            for r in changed {
+            for (r, &was) in changed.iter().zip(old) {
                 if let Some(t) = self.tables[r.table].as_ref() {
-                    if t.mmu.protect(t.root, r.range, old).is_err() {
+                    if t.mmu.protect(t.root, r.range, was).is_err() {
                         lost.push(*r);
                     }
                 }
@@ -886,6 +895,8 @@ mod check;
 mod fault;
 mod ops;
 mod queue;
+mod range;
+mod segments;
 mod unlocked;
 
 pub(crate) use unlocked::UnlockedMap;

@@ -37,6 +37,7 @@ impl SpaceState {
     /// Remove a checked region's record, and the region from its mapping set.
     pub(crate) fn remove_region(&mut self, c: &Checked) {
         self.regions.remove(&c.region.start.as_u64());
+        self.segments.clear(c.first, c.pages);
         self.leave_set(c);
     }
 
@@ -232,6 +233,8 @@ impl SpaceState {
                 },
             );
         }
+        // The whole region gets the map's protection.
+        self.segments.clear(first, pages);
         if unlocked {
             return Ok(Some(self.begin_unlocked_map(c, prot, mask, set, callback)));
         }
@@ -275,8 +278,8 @@ impl SpaceState {
         self.unmap_entries(cx.counters, &touched);
     }
 
-    /// `region_protect` under the lock: change every table's protection of the
-    /// region's mapped pages, all or nothing (see `protect_runs`).
+    /// `region_protect` under the lock: the whole region gets `prot` (its split-off
+    /// pieces merge back), all or nothing (see `protect_range`).
     pub(crate) fn protect_region(
         &mut self,
         cx: &Ctx<'_>,
@@ -284,37 +287,14 @@ impl SpaceState {
         c: &Checked,
         prot: Prot,
     ) -> Result<(), MmuError> {
-        self.settle(cx, space, c);
-        let touched: Vec<(Vpn, u32)> = self
-            .lpt
-            .entries_in(c.first, c.pages)
-            .filter(|(_, e)| e.mapped != 0)
-            .map(|(v, e)| (v, e.mapped))
-            .collect();
-        let runs = crate::space::table_runs(&touched);
-        self.protect_runs(cx.counters, &runs, prot, c.rec.prot)
+        self.protect_range(cx, space, c, c.first, c.pages, prot)?;
+        self.segments.clear(c.first, c.pages);
+        self.put_region(c, RegionRec { prot, ..c.rec });
+        Ok(())
     }
 
-    /// `region_unwire` under the lock: unpin the region's wired pages (caller-given
-    /// frames stay) and drop every mapping of them but the replicas.
+    /// `region_unwire` under the lock: [`SpaceState::unwire_range`] of the whole region.
     pub(crate) fn unwire_region(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
-        self.settle(cx, space, c);
-        let wired: Vec<(Vpn, PageEntry)> = self
-            .lpt
-            .entries_in(c.first, c.pages)
-            .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
-            .collect();
-        // Every mapping but the replicas goes: the next fault places the page by the
-        // region's policy again (a wired page may be mapped by several tables).
-        let mask = !self.replica_mask();
-        let touched: Vec<(Vpn, u32)> = wired
-            .iter()
-            .filter(|(_, e)| e.mapped & mask != 0)
-            .map(|(v, e)| (*v, e.mapped & mask))
-            .collect();
-        self.unmap_entries(cx.counters, &touched);
-        for (v, _) in wired {
-            self.set_page_wired(v, false);
-        }
+        self.unwire_range(cx, space, c, c.first, c.pages);
     }
 }
