@@ -17,7 +17,7 @@
 //! | [`LookupError`] | `as_lookup` |
 //! | [`RegionError`] | `region_info`, `region_unmap`, `region_dealloc`, `region_unwire` |
 //! | [`ProtectError`] | `region_protect` |
-//! | [`PolicyError`] | `region_set_policy`, `region_set_granularity` |
+//! | [`PolicyError`] | `region_set_policy`, `region_set_zero_fill_block` |
 //! | [`MapError`] | `region_map` |
 //! | [`PopulateError`] | `region_migrate`, `region_wire` |
 //! | [`SetError`] | `mapping_set_unmap`, `mapping_set_destroy` |
@@ -139,7 +139,7 @@ pub enum ProtectError {
     Mmu(MmuError),
 }
 
-/// Errors of `region_set_policy` and `region_set_granularity`.
+/// Errors of `region_set_policy` and `region_set_zero_fill_block`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyError {
     /// The region handle does not resolve.
@@ -148,8 +148,8 @@ pub enum PolicyError {
     UnknownDevice(DeviceId),
     /// The placement target has no registered memory.
     NoMemory(DeviceId),
-    /// The granularity is not a power of two between 4 KiB and 1 GiB.
-    BadGranularity(u64),
+    /// The zero-fill block size is not a power of two between 4 KiB and 1 GiB.
+    BadZeroFillBlock(u64),
 }
 
 /// Errors of `region_map`.
@@ -410,10 +410,10 @@ impl fmt::Display for PolicyError {
             PolicyError::Region(e) => e.fmt(f),
             PolicyError::UnknownDevice(d) => write!(f, "placement target {d} is no live device"),
             PolicyError::NoMemory(d) => write!(f, "placement target {d} has no memory"),
-            PolicyError::BadGranularity(g) => {
+            PolicyError::BadZeroFillBlock(g) => {
                 write!(
                     f,
-                    "granularity {g:#x} is not a power of two in 4 KiB..=1 GiB"
+                    "zero-fill block {g:#x} is not a power of two in 4 KiB..=1 GiB"
                 )
             }
         }

@@ -91,8 +91,8 @@ pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
-    bounce_copy, DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat,
-    PageTableRoot, COPY_BOUNCE_BYTES,
+    bounce_copy, Attrs, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest, MapRun,
+    MemError, Mmu, MmuError, PageTableFormat, PageTableRoot, COPY_BOUNCE_BYTES,
 };
 pub use physmem::{EvictionPolicy, FrameCounts};
 pub use platform::{FrameSource, Platform, SingleCpu};

@@ -38,13 +38,23 @@
 //!   that table (one `invalidate` per device, as for an unmap) before it trusts the bit
 //!   again; a driver need not invalidate inside the call. A driver without accessed
 //!   bits keeps the default (`None`) and its memory is aged by fault order (FIFO).
+//! - Region attributes ([`Attrs`], `region_set_attrs`) are the driver's per-page value:
+//!   the core stores them with the pages' protection (split off per page range as a
+//!   range protect splits a region) and hands them back in every [`MapRun`] (a format
+//!   bit in the PTE, such as CODA's granularity bit) and every [`FrameRequest`].
+//! - Frame placement: before every allocation in a device's memory the core asks its
+//!   [`DeviceMemory::frame_request`] with the space, the virtual address, the page
+//!   count, the attributes and the faulting device (if a fault asked). The answer is
+//!   any frame, a hard constraint ([`FramePlacement::Require`]: when none is free the
+//!   core evicts rather than look elsewhere) or a soft preference
+//!   ([`FramePlacement::Prefer`]: tried first, then any frame, never evicting for it).
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
 //!   the core then edits the table through the MMU of the device that created it and
 //!   invalidates the TLB of every sharer through its own MMU.
 
 use crate::addr::{PageSize, PhysAddr, VaRange, VirtAddr};
 use crate::flags::{PageSizes, Prot};
-use crate::handle::DeviceId;
+use crate::handle::{DeviceId, SpaceId};
 use core::fmt;
 
 /// Identifies a page-table format. Devices whose formats are equal can share one page
@@ -73,6 +83,47 @@ pub struct MapRun {
     /// The device whose local memory holds the frames; a driver compares it with its own
     /// id to pick an aperture (local vs system memory) in its PTEs.
     pub memory: DeviceId,
+    /// The region attributes of every page of the run (`region_set_attrs`): opaque to
+    /// the core, for the driver's format bits (CODA's granularity bit).
+    pub attrs: Attrs,
+}
+
+/// Region attributes: a value the core stores per page for the driver and hands back
+/// in every [`MapRun`] and [`FrameRequest`] of those pages, never interpreting it (a
+/// placement descriptor, a format bit such as CODA's fine/coarse granularity, a cache
+/// policy). 0 unless `region_set_attrs` says otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Attrs(pub u32);
+
+/// What the core is about to allocate frames for, asked of the memory's driver before
+/// every allocation in it ([`DeviceMemory::frame_request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameRequest {
+    /// The address space whose pages the frames will back.
+    pub space: SpaceId,
+    /// The first page's virtual address.
+    pub va: VirtAddr,
+    /// Pages (one contiguous, aligned run when more than one).
+    pub pages: u64,
+    /// The attributes of those pages.
+    pub attrs: Attrs,
+    /// The device whose fault asked for the frames; `None` for a KPI call (migration,
+    /// prefetch, wiring) or an eviction.
+    pub device: Option<DeviceId>,
+}
+
+/// A driver's answer to a [`FrameRequest`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FramePlacement {
+    /// Any free frame (the default).
+    #[default]
+    Any,
+    /// Only frames within the constraint: when none is free the core evicts pages
+    /// inside it rather than use others (a DMA window, a page group of one class).
+    Require(FrameConstraint),
+    /// Frames within the constraint if one is free, any frame otherwise (a stack near
+    /// the unit that will use the pages).
+    Prefer(FrameConstraint),
 }
 
 impl MapRun {
@@ -307,10 +358,11 @@ pub trait DeviceMemory: Send + Sync {
     fn as_any(&self) -> Option<&dyn core::any::Any> {
         None
     }
-    /// The constraint on frames that back `pages` pages from `va`, or `None` for any
-    /// frame (the default). Asked before every allocation in this device's memory.
-    fn frame_constraint(&self, va: VirtAddr, pages: u64) -> Option<FrameConstraint> {
-        let _ = (va, pages);
-        None
+    /// Where the frames of `request` should come from in this memory (the default:
+    /// anywhere). Asked before every allocation in this device's memory, under the
+    /// space's lock: answer from the request alone, without calling the core.
+    fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
+        let _ = request;
+        FramePlacement::Any
     }
 }

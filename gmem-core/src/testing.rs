@@ -21,7 +21,8 @@ use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::Gmem;
 use crate::handle::DeviceId;
 use crate::mmu::{
-    DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
+    DeviceMemory, FramePlacement, FrameRequest, MapRun, MemError, Mmu, MmuError, PageTableFormat,
+    PageTableRoot,
 };
 use crate::platform::SingleCpu;
 use crate::sync::{Arc, Mutex, RwLock};
@@ -83,6 +84,8 @@ pub struct Pte {
     pub prot: Prot,
     /// Whose memory.
     pub memory: DeviceId,
+    /// The region attributes the core gave the mapping.
+    pub attrs: crate::mmu::Attrs,
 }
 
 /// Root → (vpn → PTE).
@@ -329,6 +332,7 @@ impl Mmu for TestMmu {
                         pfn: run.pa.pfn().0 + k,
                         prot: run.prot,
                         memory: run.memory,
+                        attrs: run.attrs,
                     },
                 );
             }
@@ -443,7 +447,8 @@ pub struct TestMemory {
     /// `[base, end)` of addresses this memory answers for (`None` = any).
     bounds: Option<(u64, u64)>,
     counts: Mutex<MemCounts>,
-    limit: Mutex<Option<FrameConstraint>>,
+    placement: Mutex<FramePlacement>,
+    requests: Mutex<Vec<FrameRequest>>,
 }
 
 /// What a [`TestMemory`] was asked to do.
@@ -469,9 +474,14 @@ impl TestMemory {
         }
     }
 
-    /// Answer every frame-placement question with `limit` (`None`: any frame).
-    pub fn set_frame_constraint(&self, limit: Option<FrameConstraint>) {
-        *self.limit.lock() = limit;
+    /// Answer every frame request with `placement`.
+    pub fn set_frame_placement(&self, placement: FramePlacement) {
+        *self.placement.lock() = placement;
+    }
+
+    /// The frame requests asked of this memory since the last call, in order.
+    pub fn take_frame_requests(&self) -> Vec<FrameRequest> {
+        core::mem::take(&mut *self.requests.lock())
     }
 
     /// What it was asked to do.
@@ -548,8 +558,9 @@ impl DeviceMemory for TestMemory {
         self.counts.lock().written += buf.len() as u64;
         Ok(())
     }
-    fn frame_constraint(&self, _va: VirtAddr, _pages: u64) -> Option<FrameConstraint> {
-        *self.limit.lock()
+    fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
+        self.requests.lock().push(*request);
+        *self.placement.lock()
     }
 }
 

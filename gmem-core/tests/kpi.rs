@@ -500,10 +500,10 @@ fn bulk_zeroing_prepares_a_whole_block_with_one_fault() {
             },
         )
         .unwrap();
-    s.gm.region_set_granularity(r, 1 << 21).unwrap();
+    s.gm.region_set_zero_fill_block(r, 1 << 21).unwrap();
     assert_eq!(
-        s.gm.region_set_granularity(r, 3 << 12),
-        Err(PolicyError::BadGranularity(3 << 12))
+        s.gm.region_set_zero_fill_block(r, 3 << 12),
+        Err(PolicyError::BadZeroFillBlock(3 << 12))
     );
     s.take_events();
     let res =
@@ -1338,7 +1338,7 @@ fn driver_frame_constraint_steers_placement_and_forces_eviction_inside_its_windo
         .memory
         .as_ref()
         .unwrap()
-        .set_frame_constraint(Some(window));
+        .set_frame_placement(FramePlacement::Require(window));
     let r =
         s.gm.as_alloc(space, AllocRequest::new(3 * PAGE_SIZE))
             .unwrap();
@@ -1700,7 +1700,8 @@ fn migration_moves_a_contiguous_run_in_one_copy_and_keeps_bytes() {
         s.gm.as_alloc(space, AllocRequest::new(pages * PAGE_SIZE))
             .unwrap();
     // One fault zero-fills the whole region on one contiguous host run.
-    s.gm.region_set_granularity(r, pages * PAGE_SIZE).unwrap();
+    s.gm.region_set_zero_fill_block(r, pages * PAGE_SIZE)
+        .unwrap();
     let data = pattern(11, (pages * PAGE_SIZE) as usize);
     s.write(0, r.start, &data).unwrap();
     assert_eq!(s.gm.stats().faults_zero_fill, 1);

@@ -293,3 +293,104 @@ fn evacuation_empties_a_device_wired_pages_included_so_it_can_be_destroyed() {
     s.gm.dev_destroy(gid).unwrap();
     s.gm.check_invariants(space).unwrap();
 }
+
+#[test]
+fn attributes_reach_every_map_run_and_frame_request() {
+    let (mut s, space) = system();
+    let g = attach(&mut s, space, DevCaps::FAULTABLE, 8);
+    let gid = s.devices[g].id;
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    s.gm.region_set_attrs(r, Attrs(1)).unwrap();
+    s.gm.region_set_attrs_range(r, pages(r, 2, 1), Attrs(5))
+        .unwrap();
+    assert_eq!(s.gm.region_info(r).unwrap().attrs, Attrs(1));
+    assert_eq!(
+        s.gm.region_set_attrs_range(r, pages(r, 3, 2), Attrs(9)),
+        Err(ProtectError::Region(RegionError::BadRange(pages(r, 3, 2))))
+    );
+    let memory = s.devices[g].memory.clone().unwrap();
+    memory.take_frame_requests();
+    s.take_events();
+    for k in 0..4 {
+        s.write(g, page(r, k), &[k as u8]).unwrap();
+    }
+    let want = |k: u64| if k == 2 { Attrs(5) } else { Attrs(1) };
+    let requests = memory.take_frame_requests();
+    assert_eq!(requests.len(), 4, "{requests:?}");
+    for (k, q) in requests.iter().enumerate() {
+        assert_eq!(q.va, page(r, k as u64));
+        assert_eq!(q.attrs, want(k as u64));
+        assert_eq!(q.device, Some(gid));
+        assert_eq!(q.space, space);
+    }
+    let maps: Vec<(VirtAddr, Attrs)> = s
+        .take_events()
+        .iter()
+        .filter_map(|e| match e {
+            testing::MmuEvent::Map { run, .. } => Some((run.va, run.attrs)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        maps,
+        (0..4).map(|k| (page(r, k), want(k))).collect::<Vec<_>>()
+    );
+    // A new value for the whole region (its pieces too) while its pages are mapped:
+    // their mappings are made again with it.
+    s.gm.region_set_attrs(r, Attrs(7)).unwrap();
+    s.take_events();
+    assert_eq!(s.read(g, page(r, 0), 1).unwrap(), [0]);
+    assert_eq!(s.read(g, page(r, 2), 1).unwrap(), [2]);
+    let maps: Vec<Attrs> = s
+        .take_events()
+        .iter()
+        .filter_map(|e| match e {
+            testing::MmuEvent::Map { run, .. } => Some(run.attrs),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        maps,
+        [Attrs(7), Attrs(7)],
+        "the whole region, pieces included"
+    );
+    s.gm.check_invariants(space).unwrap();
+}
+
+#[test]
+fn a_preferred_placement_is_tried_first_then_any_frame_without_eviction() {
+    let (mut s, space) = system();
+    let g = attach(&mut s, space, DevCaps::FAULTABLE, 8);
+    let gid = s.devices[g].id;
+    let window = FrameConstraint {
+        align: 0,
+        phase: 0,
+        nocross: 0,
+        min: PhysAddr::new(GPU_BASE + 6 * PAGE_SIZE),
+        max: PhysAddr::new(GPU_BASE + 7 * PAGE_SIZE - 1),
+    };
+    let memory = s.devices[g].memory.clone().unwrap();
+    memory.set_frame_placement(FramePlacement::Prefer(window));
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(3 * PAGE_SIZE))
+            .unwrap();
+    for k in 0..3 {
+        s.write(g, page(r, k), &[k as u8 + 1]).unwrap();
+    }
+    let frames: Vec<u64> = (0..3)
+        .map(|k| s.devices[g].mmu.translate(page(r, k)).unwrap().pfn * PAGE_SIZE)
+        .collect();
+    assert_eq!(
+        frames[0],
+        GPU_BASE + 6 * PAGE_SIZE,
+        "the preferred frame first"
+    );
+    assert!(frames[1..]
+        .iter()
+        .all(|&pa| (GPU_BASE..GPU_BASE + 8 * PAGE_SIZE).contains(&pa)));
+    assert_eq!(s.gm.stats().evictions, 0, "a preference never evicts");
+    assert_eq!(s.gm.dev_frames(gid).unwrap().active, 3);
+    s.gm.check_invariants(space).unwrap();
+}

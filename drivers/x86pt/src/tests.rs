@@ -34,6 +34,7 @@ fn run(va: u64, pa: u64, pages: u64, prot: Prot, memory: DeviceId) -> MapRun {
         prot,
         page_size: PageSize::Size4K,
         memory,
+        attrs: Default::default(),
     }
 }
 

@@ -10,6 +10,7 @@ use crate::error::{MapError, PolicyError, PopulateError, ProtectError, RegionErr
 use crate::flags::{MapFlags, Prot};
 use crate::gmem::{Ctx, Gmem};
 use crate::handle::{DeviceId, MappingSetId, SpaceId};
+use crate::mmu::Attrs;
 use crate::queue::Callback;
 use crate::space::{
     Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
@@ -262,17 +263,21 @@ impl Gmem {
     /// device's largest page size up to 2 MiB.
     ///
     /// # Errors
-    /// [`PolicyError::BadGranularity`] unless `bytes` is 0 or a power of two in
+    /// [`PolicyError::BadZeroFillBlock`] unless `bytes` is 0 or a power of two in
     /// 4 KiB..=1 GiB; [`PolicyError::Region`] for a bad handle.
-    pub fn region_set_granularity(&self, region: Region, bytes: u64) -> Result<(), PolicyError> {
+    pub fn region_set_zero_fill_block(
+        &self,
+        region: Region,
+        bytes: u64,
+    ) -> Result<(), PolicyError> {
         if bytes != 0 && (!bytes.is_power_of_two() || !(PAGE_SIZE..=1 << 30).contains(&bytes)) {
-            return Err(PolicyError::BadGranularity(bytes));
+            return Err(PolicyError::BadZeroFillBlock(bytes));
         }
         self.with_region(region, |_, _, st, c| {
             st.put_region(
                 &c,
                 RegionRec {
-                    granularity: bytes,
+                    zero_fill_block: bytes,
                     ..c.rec
                 },
             );
@@ -341,6 +346,39 @@ impl Gmem {
             let (first, pages) = c.range(range)?;
             st.unmap_range(cx, space, &c, first, pages, flags, callback);
             Ok(())
+        })
+    }
+
+    /// Set the driver attributes of a region ([`Attrs`]: opaque to the core, handed to
+    /// the driver in every [`crate::MapRun`] and [`crate::FrameRequest`] of its pages —
+    /// CODA's granularity bit, a placement descriptor). Set it before the pages are
+    /// first touched to steer where their frames go; pages already mapped are mapped
+    /// again with the new value (their frames stay).
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle, or a driver failure re-making an eager mapping
+    /// (the attributes are set).
+    pub fn region_set_attrs(&self, region: Region, attrs: Attrs) -> Result<(), ProtectError> {
+        self.with_region(region, |cx, space, st, c| {
+            Ok(st.set_attrs(cx, space, &c, c.first, c.pages, attrs, true)?)
+        })
+    }
+
+    /// [`Gmem::region_set_attrs`] of the pages `range` of a region (split off as a
+    /// range protect splits).
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle or range, or a driver failure re-making an eager
+    /// mapping (the attributes are set).
+    pub fn region_set_attrs_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        attrs: Attrs,
+    ) -> Result<(), ProtectError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            Ok(st.set_attrs(cx, space, &c, first, pages, attrs, false)?)
         })
     }
 
@@ -499,7 +537,8 @@ pub(crate) fn info(space: SpaceId, start: u64, r: &RegionRec) -> RegionInfo {
         },
         prot: r.prot,
         placement: r.placement,
-        granularity: r.granularity,
+        zero_fill_block: r.zero_fill_block,
         mapped: r.mapped,
+        attrs: r.attrs,
     }
 }

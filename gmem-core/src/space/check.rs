@@ -41,11 +41,11 @@ impl SpaceState {
         }
 
         // Split-off pieces: each inside one region, with a protection of its own.
-        for (first, pages, prot) in st.segments.iter() {
+        for (first, pages, piece) in st.segments.iter() {
             match st.region_at(first.addr().as_u64()) {
                 Some((s, r))
                     if (first.0 + pages) << crate::addr::PAGE_SHIFT <= s + r.len
-                        && prot != r.prot => {}
+                        && piece != r.piece() => {}
                 _ => return fail("protection piece outside its region", Some(first.0)),
             }
         }
@@ -64,7 +64,7 @@ impl SpaceState {
                 return fail("mapping bit of a dead page table", Some(vpn));
             }
             if e.mapped != 0
-                && region.is_some_and(|(_, r)| st.segments.prot_at(r.prot, Vpn(vpn)).is_empty())
+                && region.is_some_and(|(_, r)| st.segments.at(r.piece(), Vpn(vpn)).prot.is_empty())
             {
                 return fail("a no-access page is mapped", Some(vpn));
             }
@@ -90,7 +90,7 @@ impl SpaceState {
             let busy = region.is_some_and(|(_, r)| r.busy);
             // A no-access page is mapped by no table.
             let no_access =
-                region.is_some_and(|(_, r)| st.segments.prot_at(r.prot, Vpn(vpn)).is_empty());
+                region.is_some_and(|(_, r)| st.segments.at(r.piece(), Vpn(vpn)).prot.is_empty());
             if queue_empty && !e.has(PENDING) && !busy && !no_access {
                 if replicas & !e.mapped != 0 {
                     return fail("replicate table misses a populated page", Some(vpn));

@@ -4,7 +4,7 @@
 //! - a vmem arena over `[begin, end)` that hands out regions (with the space's fit
 //!   policy, guard pages and quantum caches as asked);
 //! - the regions, by start address, each with its protection, placement policy and
-//!   preparation granularity;
+//!   zero-fill block size;
 //! - the logical page table (`lpt`);
 //! - up to 32 page tables, each created by a driver and used by one device (coherent or
 //!   replicate mode) or several devices of the same format (shared mode);
@@ -34,7 +34,7 @@ use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
-use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::mmu::{Attrs, MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
 use crate::queue::{Callback, Discard, MmuQueue, TableUnmap};
 use crate::stats::Counters;
@@ -142,11 +142,14 @@ pub struct RegionInfo {
     pub prot: Prot,
     /// Placement policy.
     pub placement: Placement,
-    /// Preparation granularity in bytes (0 = the faulting device's largest page size up
+    /// Zero-fill block size in bytes (0 = the faulting device's largest page size up
     /// to 2 MiB).
-    pub granularity: u64,
+    pub zero_fill_block: u64,
     /// Whether `region_map` gave it wired frames.
     pub mapped: bool,
+    /// The driver's attributes of its pages (`region_set_attrs`; a range call may
+    /// have given some pages others).
+    pub attrs: Attrs,
 }
 
 /// A constrained region request (`gm_as_alloc`'s arguments).
@@ -185,13 +188,25 @@ pub(crate) struct RegionRec {
     pub reserve_len: u64,
     pub prot: Prot,
     pub placement: Placement,
-    pub granularity: u64,
+    pub zero_fill_block: u64,
     /// `region_map` gave frames: an absent page is "nowhere", not "zero-fill".
     pub explicit: bool,
     pub mapped: bool,
     pub set: Option<MappingSetId>,
     /// An unlocked edit of its pages is in flight (`unlocked`): KPI calls on it wait.
     pub busy: bool,
+    /// The driver's attributes of its pages (split-off pieces aside).
+    pub attrs: Attrs,
+}
+
+impl RegionRec {
+    /// The region's own protection and attributes (what its unsplit pages have).
+    pub fn piece(&self) -> segments::Piece {
+        segments::Piece {
+            prot: self.prot,
+            attrs: self.attrs,
+        }
+    }
 }
 
 pub(crate) struct PageTable {
@@ -395,11 +410,12 @@ impl SpaceState {
                 reserve_len,
                 prot: Prot::RW,
                 placement: Placement::default(),
-                granularity: 0,
+                zero_fill_block: 0,
                 explicit: false,
                 mapped: false,
                 set: None,
                 busy: false,
+                attrs: Attrs::default(),
             },
         );
         Some(id)
@@ -542,16 +558,17 @@ impl SpaceState {
         pages: u64,
         pfn: Pfn,
         mem: u8,
-        prot: Prot,
+        piece: segments::Piece,
     ) -> Result<(), MmuError> {
         let table = self.tables[t].as_ref().expect("mapping into a live table");
         let run = MapRun {
             va: first.addr(),
             pa: pfn.addr(),
             len: pages << PAGE_SHIFT,
-            prot,
+            prot: piece.prot,
             page_size: crate::addr::PageSize::Size4K,
             memory: self.memories.get(mem).id,
+            attrs: piece.attrs,
         };
         table.mmu.map(table.root, &run)?;
         Counters::add(&stats.mmu_maps, 1);
@@ -591,9 +608,12 @@ impl SpaceState {
                 }
                 let region = self
                     .region_at(v0.addr().as_u64())
-                    .map(|(_, r)| r.prot)
-                    .unwrap_or(Prot::READ);
-                let prot = self.segments.prot_at(region, v0);
+                    .map(|(_, r)| r.piece())
+                    .unwrap_or(segments::Piece {
+                        prot: Prot::READ,
+                        attrs: Attrs::default(),
+                    });
+                let piece = self.segments.at(region, v0);
                 let mut n = 1;
                 while i + (n as usize) < entries.len() {
                     let (v, e) = entries[i + n as usize];
@@ -601,15 +621,15 @@ impl SpaceState {
                         || e.mem != e0.mem
                         || e.pfn != e0.pfn + n
                         || e.mapped & (1 << t) != 0
-                        || self.segments.prot_at(region, v) != prot
+                        || self.segments.at(region, v) != piece
                     {
                         break;
                     }
                     n += 1;
                 }
                 // A no-access page is mapped by no table.
-                if !prot.is_empty() {
-                    self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
+                if !piece.prot.is_empty() {
+                    self.map_run(stats, t, v0, n, e0.pfn, e0.mem, piece)?;
                 }
                 i += n as usize;
             }
@@ -896,7 +916,7 @@ mod fault;
 mod ops;
 mod queue;
 mod range;
-mod segments;
+pub(crate) mod segments;
 mod unlocked;
 
 pub(crate) use unlocked::UnlockedMap;

@@ -12,6 +12,7 @@ use crate::lpt::{PageEntry, EXTERNAL};
 use crate::lpt::{PENDING, WIRED};
 use crate::mmu::MmuError;
 use crate::queue::Callback;
+use crate::space::segments::Piece;
 use crate::space::{
     PlacementTarget, Region, RegionRec, SpaceInner, SpaceState, TableEdits, UnlockedMap,
 };
@@ -233,8 +234,16 @@ impl SpaceState {
                 },
             );
         }
-        // The whole region gets the map's protection.
-        self.segments.clear(first, pages);
+        // The whole region gets the map's protection (its pages keep their attributes).
+        let region = Piece {
+            prot,
+            attrs: c.rec.attrs,
+        };
+        self.segments
+            .update(region, (first, pages), first, pages, |p| Piece {
+                prot,
+                ..p
+            });
         if unlocked {
             return Ok(Some(self.begin_unlocked_map(c, prot, mask, set, callback)));
         }

@@ -11,6 +11,7 @@
 //! wired pages included (they are re-pinned and re-mirrored on their new frames) —
 //! so that the device can be destroyed; caller-given frames are the caller's and stay.
 
+use super::segments::Piece;
 use super::{SpaceInner, SpaceState, TableEdits, TableRun};
 use crate::addr::Vpn;
 use crate::device::DeviceInner;
@@ -19,12 +20,41 @@ use crate::flags::{MapFlags, Prot};
 use crate::gmem::Ctx;
 use crate::kpi::region::Checked;
 use crate::lpt::{PageEntry, EXTERNAL, WIRED};
-use crate::mmu::MmuError;
+use crate::mmu::{Attrs, MmuError};
 use crate::queue::Callback;
 use crate::sync::Arc;
 use alloc::vec::Vec;
 
 impl SpaceState {
+    /// The protection and attributes of page `vpn` (read-only and none outside every
+    /// region).
+    pub(crate) fn piece_at(&self, vpn: Vpn) -> Piece {
+        match self.region_at(vpn.addr().as_u64()) {
+            Some((_, r)) => self.segments.at(r.piece(), vpn),
+            None => Piece {
+                prot: Prot::READ,
+                attrs: Attrs::default(),
+            },
+        }
+    }
+
+    /// The attributes of page `vpn`.
+    pub(crate) fn attrs_at(&self, vpn: Vpn) -> Attrs {
+        self.piece_at(vpn).attrs
+    }
+
+    /// Whether the `pages` pages from `vpn` lie in one region with one protection and
+    /// one attribute value.
+    pub(crate) fn same_attrs(&self, vpn: Vpn, pages: u64) -> bool {
+        match self.region_at(vpn.addr().as_u64()) {
+            Some((s, r)) => {
+                vpn.add(pages).addr().as_u64() <= s + r.len
+                    && self.segments.uniform(r.piece(), vpn, pages).is_some()
+            }
+            None => false,
+        }
+    }
+
     /// Give `[first, first + pages)` of region `c` protection `prot`, all or nothing:
     /// mapped pages change protection in every table (no access: lose every mapping),
     /// pages that had no access get their eager mappings back, and the range is
@@ -49,9 +79,9 @@ impl SpaceState {
         let mut v = first;
         let end = first.add(pages);
         while v < end {
-            let was = self.segments.prot_at(c.rec.prot, v);
+            let was = self.segments.at(c.rec.piece(), v).prot;
             let mut n = 1;
-            while v.add(n) < end && self.segments.prot_at(c.rec.prot, v.add(n)) == was {
+            while v.add(n) < end && self.segments.at(c.rec.piece(), v.add(n)).prot == was {
                 n += 1;
             }
             let touched: Vec<(Vpn, u32)> = self
@@ -80,12 +110,53 @@ impl SpaceState {
             self.protect_runs(stats, &runs, prot, &old)?;
         }
         self.segments
-            .set(c.rec.prot, (c.first, c.pages), first, pages, prot);
+            .update(c.rec.piece(), (c.first, c.pages), first, pages, |p| Piece {
+                prot,
+                ..p
+            });
         if !prot.is_empty() {
             // Pages that had no access: the tables that hold them eagerly get them back.
             self.remirror(stats, first, pages)?;
         }
         Ok(())
+    }
+
+    /// Give `[first, first + pages)` of region `c` the driver attributes `attrs` (the
+    /// whole region, its own value included, with `whole`). Pages already mapped lose
+    /// their mappings, which are made again with the new attributes: faultable devices
+    /// fault them back, the tables that hold pages eagerly get them at once. Frames stay
+    /// where they are (a driver that places frames by attributes sees the new value in
+    /// the frame requests of later allocations and migrations).
+    ///
+    /// # Errors
+    /// The driver's [`MmuError`] when an eager mapping cannot be made again (the
+    /// attributes are set; a faultable user would fault the page back).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn set_attrs(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        first: Vpn,
+        pages: u64,
+        attrs: Attrs,
+        whole: bool,
+    ) -> Result<(), MmuError> {
+        self.settle(cx, space, c);
+        let region = if whole {
+            let rec = super::RegionRec { attrs, ..c.rec };
+            self.put_region(c, rec);
+            rec.piece()
+        } else {
+            c.rec.piece()
+        };
+        self.segments
+            .update(region, (c.first, c.pages), first, pages, |p| Piece {
+                attrs,
+                ..p
+            });
+        self.unmap_pages(cx.counters, first, pages, u32::MAX);
+        self.remirror(cx.counters, first, pages)
     }
 
     /// Map `[first, first + pages)` into the tables that must hold it eagerly

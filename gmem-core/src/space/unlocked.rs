@@ -26,6 +26,7 @@
 //! [`UnlockedMap::finish`] (under the lock again: mapping bits, or on a driver failure
 //! the undo with the region restored exactly as before).
 
+use super::segments::Piece;
 use super::{RegionRec, SpaceState};
 use crate::addr::{VaRange, PAGE_SHIFT};
 use crate::error::MapError;
@@ -136,12 +137,20 @@ impl SpaceState {
         callback: Option<Callback>,
     ) -> UnlockedMap {
         let mut runs = Vec::new();
+        let region = Piece {
+            prot,
+            attrs: c.rec.attrs,
+        };
         let mut i = 0;
         while i < c.pages {
             let v0 = c.first.add(i);
             let e0 = self.lpt.get(v0);
+            let attrs = self.segments.at(region, v0).attrs;
             let mut n = 1;
-            while i + n < c.pages && self.lpt.get(v0.add(n)).pfn == e0.pfn.add(n) {
+            while i + n < c.pages
+                && self.lpt.get(v0.add(n)).pfn == e0.pfn.add(n)
+                && self.segments.at(region, v0.add(n)).attrs == attrs
+            {
                 n += 1;
             }
             runs.push(MapRun {
@@ -151,6 +160,7 @@ impl SpaceState {
                 prot,
                 page_size: crate::addr::PageSize::Size4K,
                 memory: self.memories.get(e0.mem).id,
+                attrs,
             });
             i += n;
         }

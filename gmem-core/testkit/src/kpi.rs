@@ -43,8 +43,8 @@ use arbitrary::Arbitrary;
 use gmem_core::testing::{AccessError, MmuEvent, TestMmu, TestSystem, HOST_BASE};
 use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
-    Activation, AddrError, AllocError, AllocPolicy, AttachError, DevCaps, DeviceError, DeviceId,
-    EvictionPolicy, FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode,
+    Activation, AddrError, AllocError, AllocPolicy, AttachError, Attrs, DevCaps, DeviceError,
+    DeviceId, EvictionPolicy, FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode,
     PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError, PopulateError,
     Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VaRange, VirtAddr, PAGE_SIZE,
 };
@@ -358,8 +358,8 @@ pub enum Op {
         /// Remote access instead of unique.
         remote: bool,
     },
-    /// `region_set_granularity`.
-    Granularity {
+    /// `region_set_zero_fill_block`.
+    ZeroFillBlock {
         /// Which.
         region: u16,
         /// `PAGE_SIZE << s` when below 11, 0 (default) at 11, else a bad value.
@@ -429,6 +429,20 @@ pub enum Op {
     Evacuate {
         /// Which device.
         dev: u8,
+    },
+    /// `region_set_attrs` (whole region) or `region_set_attrs_range`; then every
+    /// mapping of the region's pages in every active table carries the model's value.
+    SetAttrs {
+        /// Which.
+        region: u16,
+        /// The whole region (else a range).
+        whole: bool,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// The value (small, so that equal values meet and pieces merge).
+        value: u8,
     },
     /// `region_migrate`.
     Migrate {
@@ -511,7 +525,7 @@ struct RegionModel {
     reserve: (u64, u64),
     prot: Prot,
     placement: Placement,
-    granularity: u64,
+    zero_fill_block: u64,
     kind: Kind,
     /// Pages whose bytes are not all zero.
     bytes: BTreeMap<u64, Vec<u8>>,
@@ -525,6 +539,8 @@ struct RegionModel {
     prots: BTreeMap<u64, Prot>,
     /// Pages of a `region_map`ped region that a range unmap emptied.
     holes: BTreeSet<u64>,
+    /// The driver attributes of each page whose value is not 0.
+    attrs: BTreeMap<u64, u32>,
 }
 
 impl RegionModel {
@@ -1054,7 +1070,7 @@ impl KpiRunner {
                 };
                 self.set_policy(ctx, slot, start, target, remote);
             }
-            Op::Granularity { region, shift } => {
+            Op::ZeroFillBlock { region, shift } => {
                 let Some((slot, start)) = self.pick_region(region) else {
                     return;
                 };
@@ -1064,13 +1080,13 @@ impl KpiRunner {
                     11 => 0,
                     _ => 3 * PAGE_SIZE,
                 };
-                let r = self.sys.gm.region_set_granularity(handle, bytes);
+                let r = self.sys.gm.region_set_zero_fill_block(handle, bytes);
                 if bytes == 3 * PAGE_SIZE {
-                    self.misuse(ctx, r, PolicyError::BadGranularity(bytes));
+                    self.misuse(ctx, r, PolicyError::BadZeroFillBlock(bytes));
                 } else {
                     assert_eq!(r, Ok(()), "{ctx}");
                     self.summary.succeeded += 1;
-                    self.region_mut(slot, start).granularity = bytes;
+                    self.region_mut(slot, start).zero_fill_block = bytes;
                 }
             }
             Op::Protect { region, prot } => {
@@ -1154,6 +1170,18 @@ impl KpiRunner {
                 }
             }
             Op::Evacuate { dev } => self.evacuate(ctx, usize::from(dev) % NDEV),
+            Op::SetAttrs {
+                region,
+                whole,
+                page,
+                pages,
+                value,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                self.set_attrs(ctx, slot, start, whole, page, pages, u32::from(value % 4));
+            }
             Op::Migrate {
                 region,
                 dev,
@@ -1592,7 +1620,7 @@ impl KpiRunner {
                 reserve: (res, c.size),
                 prot: Prot::RW,
                 placement: Placement::default(),
-                granularity: 0,
+                zero_fill_block: 0,
                 kind: Kind::Anonymous,
                 bytes: BTreeMap::new(),
                 populated: BTreeSet::new(),
@@ -1600,6 +1628,7 @@ impl KpiRunner {
                 wired: BTreeSet::new(),
                 prots: BTreeMap::new(),
                 holes: BTreeSet::new(),
+                attrs: BTreeMap::new(),
             },
         );
     }
@@ -1932,7 +1961,7 @@ impl KpiRunner {
         let r = self.region_mut(slot, start);
         if r.kind == Kind::Anonymous {
             r.populated.insert((va - start) / PAGE_SIZE);
-            if r.granularity > PAGE_SIZE {
+            if r.zero_fill_block > PAGE_SIZE {
                 r.maybe_populated = true;
             }
         }
@@ -2219,6 +2248,66 @@ impl KpiRunner {
                 self.region_mut(slot, start).maybe_populated = true;
             }
             (_, Err(e)) => panic!("{ctx}: {e:?}"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_attrs(
+        &mut self,
+        ctx: &str,
+        slot: usize,
+        start: u64,
+        whole: bool,
+        page: u8,
+        pages: u8,
+        value: u32,
+    ) {
+        let r = self.region(slot, start);
+        let (p0, n) = if whole {
+            (0, r.pages())
+        } else {
+            r.range(page, pages, false)
+        };
+        let handle = r.handle;
+        let res = if whole {
+            self.sys.gm.region_set_attrs(handle, Attrs(value))
+        } else {
+            let range = r.va_range((p0, n));
+            self.sys
+                .gm
+                .region_set_attrs_range(handle, range, Attrs(value))
+        };
+        assert_eq!(res, Ok(()), "{ctx}");
+        self.summary.succeeded += 1;
+        let m = self.region_mut(slot, start);
+        for p in p0..p0 + n {
+            if value == 0 {
+                m.attrs.remove(&p);
+            } else {
+                m.attrs.insert(p, value);
+            }
+        }
+        // Every mapping of the region's pages, in the tables of the devices active in
+        // its space, carries the value.
+        let (a, attrs, npages) = {
+            let r = self.region(slot, start);
+            (r.start(), r.attrs.clone(), r.pages())
+        };
+        for dev in 0..NDEV {
+            if self.active[dev] != Some(slot) || !self.alive[dev] {
+                continue;
+            }
+            let mmu = &self.sys.devices[dev].mmu;
+            let Some(root) = mmu.active_root() else {
+                continue;
+            };
+            for p in 0..npages {
+                let vpn = (a + p * PAGE_SIZE) / PAGE_SIZE;
+                if let Some(pte) = mmu.store().lookup(root, vpn) {
+                    let want = attrs.get(&p).copied().unwrap_or(0);
+                    assert_eq!(pte.attrs, Attrs(want), "{ctx}: page {p} mapped by {dev}");
+                }
+            }
         }
     }
 

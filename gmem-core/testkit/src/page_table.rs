@@ -162,6 +162,7 @@ impl PtRunner {
                     prot,
                     page_size: PageSize::Size4K,
                     memory: self.device,
+                    attrs: Default::default(),
                 };
                 match self.tables.map(self.root, &run) {
                     Ok(()) => {
@@ -242,6 +243,7 @@ impl PtRunner {
                     prot: Prot::RW,
                     page_size: PageSize::Size4K,
                     memory: self.device,
+                    attrs: Default::default(),
                 };
                 match self.tables.map(self.root, &run) {
                     Err(MmuError::Unsupported { .. }) if pages > 1 => {}
