@@ -281,7 +281,7 @@ pub fn walk<C: Codec, M: TableMemory>(
                     }
                 }
             }
-            if let Some(c) = cache.as_deref_mut() {
+            if let Some(c) = cache {
                 w.msc_hit = Some(false);
                 c.insert(frame_vpn, b);
             }
