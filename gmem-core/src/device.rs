@@ -123,10 +123,49 @@ impl DeviceInner {
         vpn: Vpn,
         limit: Option<crate::mmu::FrameConstraint>,
     ) -> Option<FrameRun> {
+        let class = self
+            .memory
+            .as_ref()
+            .map_or(0, |m| m.frame_class(vpn.addr(), pages));
+        let mut phys = self.phys.lock();
+        let pfn = if phys.group_order().is_some() {
+            phys.alloc_grouped(
+                pages,
+                align,
+                space,
+                vpn,
+                false,
+                limit,
+                class,
+                self.memory.as_deref(),
+            )
+        } else {
+            phys.alloc_run(pages, align, space, vpn, false, limit)
+        }?;
+        drop(phys);
+        Some(FrameRun {
+            dev: self.clone(),
+            pfn,
+            pages,
+        })
+    }
+
+    /// Allocate `pages` contiguous frames inside frames `[lo, hi)` for the pages of
+    /// `space` from `vpn` (a compaction destination), from page groups of `class` when
+    /// the memory has groups.
+    pub fn alloc_frames_within(
+        self: &Arc<Self>,
+        lo: u64,
+        hi: u64,
+        pages: u64,
+        class: Option<u32>,
+        space: SpaceId,
+        vpn: Vpn,
+    ) -> Option<FrameRun> {
         let pfn = self
             .phys
             .lock()
-            .alloc_run(pages, align, space, vpn, false, limit)?;
+            .alloc_within(lo, hi, pages, class, space, vpn)?;
         Some(FrameRun {
             dev: self.clone(),
             pfn,

@@ -293,4 +293,20 @@ pub trait DeviceMemory: Send + Sync {
         let _ = (va, pages);
         None
     }
+    /// The page-group class of frames that back `pages` pages from `va` (0, the
+    /// default, for every request). Asked before every allocation in this device's
+    /// memory; it matters only once the memory is managed in page groups
+    /// (`Gmem::dev_set_page_groups`): the frames then come from groups of that class.
+    fn frame_class(&self, va: VirtAddr, pages: u64) -> u32 {
+        let _ = (va, pages);
+        0
+    }
+    /// The page group of `frames` frames from `base` (all free) changes class from
+    /// `from` to `to`. The core calls it before it hands out any frame of the group,
+    /// so before any is zeroed, copied or mapped; it holds the device's frame lock
+    /// meanwhile, so the driver must not call back into the core. The default does
+    /// nothing.
+    fn group_class_changed(&self, base: PhysAddr, frames: u64, from: u32, to: u32) {
+        let _ = (base, frames, from, to);
+    }
 }

@@ -355,11 +355,11 @@ impl SpaceState {
                     if owner.vpn == keep_vpn {
                         Scan::Skipped
                     } else {
-                        self.scan_evict(cx, owner.vpn, dev, pfn, policy)?
+                        self.scan_evict(cx, owner.vpn, dev, pfn, policy, Some(keep_vpn))?
                     }
                 } else if let Some(other) = cx.space(owner.space) {
                     match other.try_lock() {
-                        Some(mut st) => st.scan_evict(cx, owner.vpn, dev, pfn, policy)?,
+                        Some(mut st) => st.scan_evict(cx, owner.vpn, dev, pfn, policy, None)?,
                         None => Scan::Skipped,
                     }
                 } else {
@@ -386,6 +386,7 @@ impl SpaceState {
         dev: &Arc<DeviceInner>,
         pfn: Pfn,
         policy: EvictionPolicy,
+        keep_vpn: Option<Vpn>,
     ) -> Result<Scan, MoveError> {
         let e = self.lpt.get(vpn);
         if !self.evictable(&e, dev, pfn) {
@@ -406,14 +407,15 @@ impl SpaceState {
                 }
             },
         };
-        if !self.evict_page(cx, vpn, dev, pfn)? {
+        let pages = self.evict_page(cx, vpn, dev, pfn, policy, keep_vpn)?;
+        if pages == 0 {
             return Ok(Scan::Skipped);
         }
         let counter = match by_clock {
             true => &cx.counters.evictions_clock,
             false => &cx.counters.evictions_fifo,
         };
-        Counters::add(counter, 1);
+        Counters::add(counter, pages);
         Ok(Scan::Evicted)
     }
 
@@ -422,7 +424,7 @@ impl SpaceState {
     /// for the page (a cached translation would let the device use the page without
     /// setting the bit again). `None` when no table that maps the page keeps accessed
     /// bits; a page mapped nowhere is unreferenced (a use would have faulted).
-    fn page_referenced(&self, stats: &Counters, vpn: Vpn, mapped: u32) -> Option<bool> {
+    pub(super) fn page_referenced(&self, stats: &Counters, vpn: Vpn, mapped: u32) -> Option<bool> {
         let range = VaRange {
             start: vpn.addr(),
             len: PAGE_SIZE,
@@ -447,7 +449,7 @@ impl SpaceState {
     }
 
     /// Whether page entry `e` (expected on frame `pfn` of `dev`) can be evicted now.
-    fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
+    pub(super) fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
         e.is_populated()
             && e.pfn == pfn
             && self.memories.get(e.mem).id == dev.id
@@ -455,30 +457,42 @@ impl SpaceState {
             && !SpaceState::is_wired(e)
     }
 
-    /// Move page `vpn` (frame `pfn` of `dev`) to host memory.
+    /// Move page `vpn` (frame `pfn` of `dev`) to host memory, with the cold pages on
+    /// the frames after it as one run (see [`SpaceState::evict_run_len`]; never
+    /// `keep`). Returns the pages evicted (0: the page cannot be evicted now).
     pub(crate) fn evict_page(
         &mut self,
         cx: &Ctx<'_>,
         vpn: Vpn,
         dev: &Arc<DeviceInner>,
         pfn: Pfn,
-    ) -> Result<bool, MoveError> {
+        policy: EvictionPolicy,
+        keep: Option<Vpn>,
+    ) -> Result<u64, MoveError> {
         let e = self.lpt.get(vpn);
         if !self.evictable(&e, dev, pfn) {
-            return Ok(false);
+            return Ok(0);
         }
         let owner = dev.phys.lock().owner(pfn).map(|o| o.space);
         let Some(space_id) = owner else {
-            return Ok(false);
+            return Ok(0);
         };
         let host = cx.host.clone();
-        let limit = frame_limit(&host, vpn, 1);
-        let Some(new) = host.alloc_frames(1, 1, space_id, vpn, limit) else {
-            return Err(MoveError::OutOfMemory(host.id));
-        };
-        self.move_page(cx, vpn, &host, new)?;
-        Counters::add(&cx.counters.evictions, 1);
-        Ok(true)
+        let run = self.evict_run_len(cx.counters, vpn, dev, policy, keep);
+        let mut moved = 0;
+        for n in [run, 1] {
+            let limit = frame_limit(&host, vpn, n);
+            if let Some(new) = host.alloc_frames(n, 1, space_id, vpn, limit) {
+                self.move_run(cx, vpn, n, &host, new)?;
+                moved = n;
+                break;
+            }
+            if n == 1 {
+                return Err(MoveError::OutOfMemory(host.id));
+            }
+        }
+        Counters::add(&cx.counters.evictions, moved);
+        Ok(moved)
     }
 
     /// Move page `vpn` to `target` (migration under unique or on the remote hint).
@@ -511,7 +525,7 @@ impl SpaceState {
     /// the frame run `new` of `to`: one unmap (and one invalidation per device), one
     /// [`crate::DeviceMemory::copy`], one mirror. On a copy failure nothing moved (the
     /// dropped mappings fault back in) and `new` is freed.
-    fn move_run(
+    pub(super) fn move_run(
         &mut self,
         cx: &Ctx<'_>,
         first: Vpn,
@@ -553,7 +567,7 @@ impl SpaceState {
 
     /// Pages from `vpn` (at most `max`) that [`SpaceState::move_run`] can move as one
     /// run: populated, not wired, in the memory of `vpn`'s entry, on consecutive frames.
-    fn movable_run(&self, vpn: Vpn, max: u64) -> u64 {
+    pub(super) fn movable_run(&self, vpn: Vpn, max: u64) -> u64 {
         let e = self.lpt.get(vpn);
         let mut n = 1;
         while n < max {
