@@ -415,6 +415,10 @@ pub struct TestMemory {
     bounds: Option<(u64, u64)>,
     counts: Mutex<MemCounts>,
     limit: Mutex<Option<FrameConstraint>>,
+    /// Page-group classes: `Some(n)` answers class `(va / 16 KiB) % n`.
+    classes: Mutex<Option<u32>>,
+    /// Every page-group class change the core announced: `(base, frames, from, to)`.
+    class_changes: Mutex<Vec<(PhysAddr, u64, u32, u32)>>,
 }
 
 /// What a [`TestMemory`] was asked to do.
@@ -443,6 +447,25 @@ impl TestMemory {
     /// Answer every frame-placement question with `limit` (`None`: any frame).
     pub fn set_frame_constraint(&self, limit: Option<FrameConstraint>) {
         *self.limit.lock() = limit;
+    }
+
+    /// Answer frame requests with page-group class `(va / 16 KiB) % n` (`None` or
+    /// `Some(0)`: class 0 for all).
+    pub fn set_frame_classes(&self, n: Option<u32>) {
+        *self.classes.lock() = n.filter(|&n| n > 0);
+    }
+
+    /// The class [`DeviceMemory::frame_class`] answers for `va`.
+    pub fn class_of(&self, va: VirtAddr) -> u32 {
+        match *self.classes.lock() {
+            Some(n) => ((va.as_u64() >> (PAGE_SHIFT + 2)) % u64::from(n)) as u32,
+            None => 0,
+        }
+    }
+
+    /// The page-group class changes announced so far: `(base, frames, from, to)`.
+    pub fn class_changes(&self) -> Vec<(PhysAddr, u64, u32, u32)> {
+        self.class_changes.lock().clone()
     }
 
     /// What it was asked to do.
@@ -521,6 +544,12 @@ impl DeviceMemory for TestMemory {
     }
     fn frame_constraint(&self, _va: VirtAddr, _pages: u64) -> Option<FrameConstraint> {
         *self.limit.lock()
+    }
+    fn frame_class(&self, va: VirtAddr, _pages: u64) -> u32 {
+        self.class_of(va)
+    }
+    fn group_class_changed(&self, base: PhysAddr, frames: u64, from: u32, to: u32) {
+        self.class_changes.lock().push((base, frames, from, to));
     }
 }
 

@@ -1,6 +1,7 @@
 //! KPI: a device's frames — fragmentation measured (`dev_free_extents`), controlled
-//! (`dev_compact`), and page groups (`dev_set_page_groups`, `dev_page_groups`,
-//! `dev_set_group_class`).
+//! (`dev_compact`), page groups (`dev_set_page_groups`, `dev_page_groups`,
+//! `dev_group_class`, `dev_set_group_class`), and where a page lives
+//! (`as_page_frame`).
 //!
 //! ## Compaction
 //! `dev_compact(dev, order)` makes free aligned blocks of `2^order` frames by
@@ -23,10 +24,11 @@
 //! not count as made. Compaction takes no lock across blocks, so faults proceed
 //! meanwhile.
 
-use crate::addr::{PhysAddr, PAGE_SHIFT};
+use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT};
+use crate::error::LookupError;
 use crate::error::MoveError;
 use crate::gmem::Gmem;
-use crate::handle::DeviceId;
+use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::MemError;
 use crate::physmem::{BlockUse, FreeExtents, GroupStats, MAX_GROUP_ORDER, MAX_ORDER};
 use crate::sync::Arc;
@@ -248,6 +250,27 @@ impl Gmem {
             next = pfn.add(n.max(1));
         }
         Ok((moved, copies))
+    }
+
+    /// Where the page holding `va` of a space lives: the device whose memory holds its
+    /// frame, and the frame's address (`None` for a page of a region that has no frame
+    /// yet). Fragmentation tools and contiguity measurements read physical placement
+    /// with it.
+    ///
+    /// # Errors
+    /// [`LookupError`] for a stale space or an address no region holds.
+    pub fn as_page_frame(
+        &self,
+        space_id: SpaceId,
+        va: VirtAddr,
+    ) -> Result<Option<(DeviceId, PhysAddr)>, LookupError> {
+        let space = self
+            .space(space_id)
+            .ok_or(LookupError::UnknownSpace(space_id))?;
+        let st = space.lock();
+        st.region_at(va.as_u64())
+            .ok_or(LookupError::NotAllocated(va))?;
+        Ok(st.frame_of(va.vpn()).map(|(d, pfn)| (d, pfn.addr())))
     }
 
     /// Manage the device's frames in page groups of `2^order` frames (`Some(order)`),

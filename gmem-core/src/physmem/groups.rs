@@ -265,11 +265,14 @@ impl PhysMem {
         let Some(grp) = groups.groups.get(&g).copied() else {
             return;
         };
+        if grp.class == class {
+            return;
+        }
         debug_assert_eq!(
             grp.free, grp.frames,
             "only a wholly free group changes class"
         );
-        if grp.class == class || grp.free != grp.frames {
+        if grp.free != grp.frames {
             return;
         }
         let (lo, hi) = groups.group_range(g);
@@ -346,6 +349,10 @@ impl PhysMem {
                 continue;
             };
             let pfn = pa >> PAGE_SHIFT;
+            debug_assert!(
+                pfn >= lo && pfn + pages <= hi,
+                "run {pfn:#x}+{pages} outside window [{lo:#x}, {hi:#x})"
+            );
             self.claim_groups(pfn, pages, class, mem);
             return Some(self.take_run(pa, pages, space, vpn, wired));
         }

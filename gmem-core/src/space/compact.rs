@@ -61,3 +61,13 @@ impl SpaceState {
         Ok(0)
     }
 }
+
+impl SpaceState {
+    /// Where page `vpn` lives: the memory's device and the frame (`None` for a page
+    /// without a frame).
+    pub(crate) fn frame_of(&self, vpn: Vpn) -> Option<(crate::handle::DeviceId, Pfn)> {
+        let e = self.lpt.get(vpn);
+        e.is_populated()
+            .then(|| (self.memories.get(e.mem).id, e.pfn))
+    }
+}
