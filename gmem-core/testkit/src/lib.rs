@@ -134,6 +134,8 @@ pub struct Summary {
     pub rejected: u64,
     /// Bytes read back and compared with the model.
     pub bytes_checked: u64,
+    /// Pages `dev_compact` moved (their bytes are checked by later reads).
+    pub pages_compacted: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -142,5 +144,6 @@ impl core::ops::AddAssign for Summary {
         self.succeeded += o.succeeded;
         self.rejected += o.rejected;
         self.bytes_checked += o.bytes_checked;
+        self.pages_compacted += o.pages_compacted;
     }
 }
