@@ -505,6 +505,36 @@ impl PhysMem {
         }
     }
 
+    /// Return `pages` in-use frames from `pfn` to the allocator now (their mappings are
+    /// gone and invalidated), in one arena operation when they are adjacent
+    /// allocations (a migrated or evicted run).
+    pub fn free_run(&mut self, pfn: Pfn, pages: u64) {
+        let in_use = |p: &PhysMem, k: u64| {
+            p.index(pfn.0 + k)
+                .is_some_and(|i| p.frames[i as usize].state != FrameState::Free)
+        };
+        if pages < 2 || !(0..pages).all(|k| in_use(self, k)) {
+            for k in 0..pages {
+                self.free(pfn.add(k));
+            }
+            return;
+        }
+        for k in 0..pages {
+            let i = self.index(pfn.0 + k).expect("checked above");
+            self.set_state(i, FrameState::Free);
+            self.frames[i as usize].owner = None;
+        }
+        let pa = pfn.0 << PAGE_SHIFT;
+        if self.arena.free_run(pa, pages << PAGE_SHIFT, PAGE_SIZE).is_err() {
+            // Not one segment per frame side by side (cannot happen for frames handed
+            // out by `take_run`, but the arena's answer is the authority): one by one.
+            for k in 0..pages {
+                let freed = self.arena.free(pa + (k << PAGE_SHIFT), PAGE_SIZE);
+                debug_assert!(freed.is_ok(), "frame {:#x} was not allocated", pfn.0 + k);
+            }
+        }
+    }
+
     /// Take an in-use frame off its queue until its invalidation completed.
     pub fn quarantine(&mut self, pfn: Pfn) {
         let pfn = pfn.0;

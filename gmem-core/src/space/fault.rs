@@ -542,10 +542,17 @@ impl SpaceState {
         self.unmap_pages(stats, first, pages, u32::MAX);
         copy_run(&from, e.pfn, to, new.pfn(), pages)?;
         let new = new.commit();
+        if pages > 1 && e.mem != crate::lpt::NO_MEM && !e.has(crate::lpt::EXTERNAL) {
+            // The run's frames are consecutive in one memory: one release.
+            from.phys.lock().free_run(e.pfn, pages);
+        } else {
+            for k in 0..pages {
+                let old = self.lpt.get(first.add(k));
+                self.release_frame(&old, false);
+            }
+        }
         for k in 0..pages {
             let v = first.add(k);
-            let old = self.lpt.get(v);
-            self.release_frame(&old, false);
             self.lpt.update(v, |x| {
                 x.mem = mem;
                 x.pfn = new.add(k);
