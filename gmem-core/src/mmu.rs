@@ -33,6 +33,16 @@
 //!   that table (one `invalidate` per device, as for an unmap) before it trusts the bit
 //!   again; a driver need not invalidate inside the call. A driver without accessed
 //!   bits keeps the default (`None`) and its memory is aged by fault order (FIFO).
+//! - Page groups ([`DeviceMemory::frame_class`], [`DeviceMemory::group_class_changed`],
+//!   optional): once a device's memory is managed in groups of `2^k` frames
+//!   (`Gmem::dev_set_page_groups`), every frame request names a class and gets frames
+//!   of groups of that class only. A group changes class only while all its frames are
+//!   free, and the driver hears of the change before any frame of the group is handed
+//!   out — so before it is zeroed, copied or mapped. The announcement comes with the
+//!   device's frame lock held: the driver records it and must not call into the core.
+//! - Copies ([`DeviceMemory::copy`]): migration, eviction and compaction move each
+//!   physically contiguous run of pages in one call (up to 2 MiB for migration and
+//!   compaction, 64 KiB for eviction, which takes only cold pages along).
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
 //!   the core then edits the table through the MMU of the device that created it and
 //!   invalidates the TLB of every sharer through its own MMU.

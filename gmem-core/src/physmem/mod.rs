@@ -525,7 +525,11 @@ impl PhysMem {
             self.frames[i as usize].owner = None;
         }
         let pa = pfn.0 << PAGE_SHIFT;
-        if self.arena.free_run(pa, pages << PAGE_SHIFT, PAGE_SIZE).is_err() {
+        if self
+            .arena
+            .free_run(pa, pages << PAGE_SHIFT, PAGE_SIZE)
+            .is_err()
+        {
             // Not one segment per frame side by side (cannot happen for frames handed
             // out by `take_run`, but the arena's answer is the authority): one by one.
             for k in 0..pages {

@@ -352,8 +352,7 @@ impl Arena {
     /// were freed).
     pub fn free_run(&self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
         let q = self.config.quantum;
-        if size == 0 || piece == 0 || (addr | size | piece) & (q - 1) != 0 || size % piece != 0
-        {
+        if size == 0 || piece == 0 || (addr | size | piece) & (q - 1) != 0 || size % piece != 0 {
             return Err(FreeError::Unaligned { addr, size });
         }
         if self.caches.class_of(piece).is_some() {

@@ -576,7 +576,13 @@ fn free_run_frees_split_pieces_at_once_and_refuses_what_is_not_allocated() {
         a.reap();
         let end = space(&a);
         assert_eq!(
-            (end.free, end.segments, end.free_segments, end.allocs, end.frees),
+            (
+                end.free,
+                end.segments,
+                end.free_segments,
+                end.allocs,
+                end.frees
+            ),
             (fresh.free, fresh.segments, fresh.free_segments, 16, 16),
             "{cfg:?}"
         );
