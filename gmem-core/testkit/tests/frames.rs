@@ -431,3 +431,31 @@ fn compaction_agrees_with_a_byte_model_on_seeded_sequences() {
     }
     assert!(moved > 100, "compaction moved pages: {moved}");
 }
+
+#[test]
+fn a_run_longer_than_a_group_takes_consecutive_groups_of_its_class() {
+    let (s, gpu, space) = system(64);
+    let id = s.devices[gpu].id;
+    let mem = s.devices[gpu].memory.clone().unwrap();
+    s.gm.dev_set_page_groups(id, Some(1)).unwrap();
+    mem.set_frame_classes(Some(3));
+    // Zero-fill blocks of 4 pages (16 KiB: one class per block) need 2 groups each.
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(40 * PAGE_SIZE))
+            .unwrap();
+    s.gm.region_set_granularity(r, 4 * PAGE_SIZE).unwrap();
+    for p in (0..40u64).step_by(4) {
+        let va = VirtAddr::new(r.start.as_u64() + p * PAGE_SIZE);
+        let res = s.gm.dev_fault(id, va, Prot::WRITE).unwrap();
+        assert_eq!(res.pages, 4, "one block per fault");
+        s.gm.check_invariants(space).unwrap();
+        for k in 0..4 {
+            let v = VirtAddr::new(va.as_u64() + k * PAGE_SIZE);
+            let (_, pa) = s.gm.as_page_frame(space, v).unwrap().unwrap();
+            assert_eq!(s.gm.dev_group_class(id, pa), Ok(Some(mem.class_of(va))));
+        }
+    }
+    let g = s.gm.dev_page_groups(id).unwrap().unwrap();
+    let in_use: u64 = g.by_class.iter().map(|c| c.1 * 2 - c.2).sum();
+    assert_eq!(in_use, 40, "{g:?}");
+}
