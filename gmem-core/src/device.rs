@@ -114,7 +114,9 @@ impl Drop for FrameRun {
 
 impl DeviceInner {
     /// Allocate `pages` frames aligned to `align` pages for the pages of `space` from
-    /// `vpn`, within the driver's constraint `limit`.
+    /// `vpn`, within the driver's constraint `limit`, from page groups of `class` when
+    /// the memory has groups.
+    #[allow(clippy::too_many_arguments)]
     pub fn alloc_frames(
         self: &Arc<Self>,
         pages: u64,
@@ -122,11 +124,47 @@ impl DeviceInner {
         space: SpaceId,
         vpn: Vpn,
         limit: Option<crate::mmu::FrameConstraint>,
+        class: u32,
+    ) -> Option<FrameRun> {
+        let mut phys = self.phys.lock();
+        let pfn = if phys.group_order().is_some() {
+            phys.alloc_grouped(
+                pages,
+                align,
+                space,
+                vpn,
+                false,
+                limit,
+                class,
+                self.memory.as_deref(),
+            )
+        } else {
+            phys.alloc_run(pages, align, space, vpn, false, limit)
+        }?;
+        drop(phys);
+        Some(FrameRun {
+            dev: self.clone(),
+            pfn,
+            pages,
+        })
+    }
+
+    /// Allocate `pages` contiguous frames inside frames `[lo, hi)` for the pages of
+    /// `space` from `vpn` (a compaction destination), from page groups of `class` when
+    /// the memory has groups.
+    pub fn alloc_frames_within(
+        self: &Arc<Self>,
+        lo: u64,
+        hi: u64,
+        pages: u64,
+        class: Option<u32>,
+        space: SpaceId,
+        vpn: Vpn,
     ) -> Option<FrameRun> {
         let pfn = self
             .phys
             .lock()
-            .alloc_run(pages, align, space, vpn, false, limit)?;
+            .alloc_within(lo, hi, pages, class, space, vpn)?;
         Some(FrameRun {
             dev: self.clone(),
             pfn,

@@ -33,7 +33,7 @@
 //! | [`space`] | one address space's state behind its lock: regions, page tables, attachments (`attach`), the fault path (`fault`), the queue's work (`queue`), shared region operations (`ops`), its invariants (`check`) |
 //! | [`fault`] | what a fault answers, and the fault path's theory |
 //! | `queue` | the asynchronous MMU queue, callbacks, strict unmaps invalidated outside the lock |
-//! | [`physmem`] | one device's frames: queues, reverse map |
+//! | [`physmem`] | one device's frames: queues, reverse map, free extents, page groups |
 //! | [`error`] | one error enum per call family |
 //! | [`sync`] | locks and atomics (loom-switchable) and **the lock order** |
 //! | [`check`] | `check_invariants` |
@@ -89,12 +89,13 @@ pub use fault::{FaultKind, FaultResolution};
 pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
+pub use kpi::frames::{CompactReport, FrameError};
 pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
     bounce_copy, Attrs, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest, MapRun,
     MemError, Mmu, MmuError, PageTableFormat, PageTableRoot, COPY_BOUNCE_BYTES,
 };
-pub use physmem::{EvictionPolicy, FrameCounts};
+pub use physmem::{EvictionPolicy, FrameCounts, FreeExtents, GroupStats};
 pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;
 pub use space::{

@@ -48,6 +48,16 @@
 //!   any frame, a hard constraint ([`FramePlacement::Require`]: when none is free the
 //!   core evicts rather than look elsewhere) or a soft preference
 //!   ([`FramePlacement::Prefer`]: tried first, then any frame, never evicting for it).
+//! - Page groups ([`DeviceMemory::frame_class`], [`DeviceMemory::group_class_changed`],
+//!   optional): once a device's memory is managed in groups of `2^k` frames
+//!   (`Gmem::dev_set_page_groups`), every frame request names a class and gets frames
+//!   of groups of that class only. A group changes class only while all its frames are
+//!   free, and the driver hears of the change before any frame of the group is handed
+//!   out — so before it is zeroed, copied or mapped. The announcement comes with the
+//!   device's frame lock held: the driver records it and must not call into the core.
+//! - Copies ([`DeviceMemory::copy`]): migration, eviction and compaction move each
+//!   physically contiguous run of pages in one call (up to 2 MiB for migration and
+//!   compaction, 64 KiB for eviction, which takes only cold pages along).
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
 //!   the core then edits the table through the MMU of the device that created it and
 //!   invalidates the TLB of every sharer through its own MMU.
@@ -364,5 +374,22 @@ pub trait DeviceMemory: Send + Sync {
     fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
         let _ = request;
         FramePlacement::Any
+    }
+    /// The page-group class of the frames of `request` (0, the default, for every
+    /// request). Asked with [`DeviceMemory::frame_request`] before every allocation
+    /// in this device's memory; it matters only once the memory is managed in page
+    /// groups (`Gmem::dev_set_page_groups`): the frames then come from groups of that
+    /// class (CODA: fine- or coarse-grain interleaving, from the pages' attributes).
+    fn frame_class(&self, request: &FrameRequest) -> u32 {
+        let _ = request;
+        0
+    }
+    /// The page group of `frames` frames from `base` (all free) changes class from
+    /// `from` to `to`. The core calls it before it hands out any frame of the group,
+    /// so before any is zeroed, copied or mapped; it holds the device's frame lock
+    /// meanwhile, so the driver must not call back into the core. The default does
+    /// nothing.
+    fn group_class_changed(&self, base: PhysAddr, frames: u64, from: u32, to: u32) {
+        let _ = (base, frames, from, to);
     }
 }

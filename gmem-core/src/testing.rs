@@ -449,6 +449,10 @@ pub struct TestMemory {
     counts: Mutex<MemCounts>,
     placement: Mutex<FramePlacement>,
     requests: Mutex<Vec<FrameRequest>>,
+    /// Page-group classes: `Some(n)` answers class `(va / 16 KiB) % n`.
+    classes: Mutex<Option<u32>>,
+    /// Every page-group class change the core announced: `(base, frames, from, to)`.
+    class_changes: Mutex<Vec<(PhysAddr, u64, u32, u32)>>,
 }
 
 /// What a [`TestMemory`] was asked to do.
@@ -482,6 +486,25 @@ impl TestMemory {
     /// The frame requests asked of this memory since the last call, in order.
     pub fn take_frame_requests(&self) -> Vec<FrameRequest> {
         core::mem::take(&mut *self.requests.lock())
+    }
+
+    /// Answer frame requests with page-group class `(va / 16 KiB) % n` (`None` or
+    /// `Some(0)`: class 0 for all).
+    pub fn set_frame_classes(&self, n: Option<u32>) {
+        *self.classes.lock() = n.filter(|&n| n > 0);
+    }
+
+    /// The class [`DeviceMemory::frame_class`] answers for `va`.
+    pub fn class_of(&self, va: VirtAddr) -> u32 {
+        match *self.classes.lock() {
+            Some(n) => ((va.as_u64() >> (PAGE_SHIFT + 2)) % u64::from(n)) as u32,
+            None => 0,
+        }
+    }
+
+    /// The page-group class changes announced so far: `(base, frames, from, to)`.
+    pub fn class_changes(&self) -> Vec<(PhysAddr, u64, u32, u32)> {
+        self.class_changes.lock().clone()
     }
 
     /// What it was asked to do.
@@ -561,6 +584,12 @@ impl DeviceMemory for TestMemory {
     fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
         self.requests.lock().push(*request);
         *self.placement.lock()
+    }
+    fn frame_class(&self, request: &FrameRequest) -> u32 {
+        self.class_of(request.va)
+    }
+    fn group_class_changed(&self, base: PhysAddr, frames: u64, from: u32, to: u32) {
+        self.class_changes.lock().push((base, frames, from, to));
     }
 }
 

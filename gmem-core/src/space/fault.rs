@@ -47,7 +47,7 @@ impl SpaceState {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let stats = cx.counters;
-        let (rstart, region, placement, granularity, explicit, rlen) =
+        let (rstart, region, placement, fill_block, explicit, rlen) =
             match self.region_at(va.as_u64()) {
                 Some((s, r)) => (
                     s,
@@ -85,8 +85,8 @@ impl SpaceState {
             if explicit {
                 return Err(FaultError::NotMapped(va));
             }
-            let g = if granularity != 0 {
-                granularity >> PAGE_SHIFT
+            let g = if fill_block != 0 {
+                fill_block >> PAGE_SHIFT
             } else {
                 dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
             };
@@ -283,7 +283,7 @@ impl SpaceState {
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
         let block = whole
             .then(|| {
-                let placement = frame_placement(target, space, b0, g, asker);
+                let placement = frame_placement(target, space.id, b0, g, asker);
                 alloc_placed(target, g, g, space.id, b0, placement)
             })
             .flatten();
@@ -344,7 +344,7 @@ impl SpaceState {
         vpn: Vpn,
         asker: Asker,
     ) -> Result<FrameRun, MoveError> {
-        let placement = frame_placement(target, space, vpn, 1, asker);
+        let placement = frame_placement(target, space.id, vpn, 1, asker);
         loop {
             if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement) {
                 return Ok(run);
@@ -394,11 +394,11 @@ impl SpaceState {
                     if owner.vpn == keep_vpn {
                         Scan::Skipped
                     } else {
-                        self.scan_evict(cx, owner.vpn, dev, pfn, policy)?
+                        self.scan_evict(cx, owner.vpn, dev, pfn, policy, Some(keep_vpn))?
                     }
                 } else if let Some(other) = cx.space(owner.space) {
                     match other.try_lock() {
-                        Some(mut st) => st.scan_evict(cx, owner.vpn, dev, pfn, policy)?,
+                        Some(mut st) => st.scan_evict(cx, owner.vpn, dev, pfn, policy, None)?,
                         None => Scan::Skipped,
                     }
                 } else {
@@ -425,6 +425,7 @@ impl SpaceState {
         dev: &Arc<DeviceInner>,
         pfn: Pfn,
         policy: EvictionPolicy,
+        keep_vpn: Option<Vpn>,
     ) -> Result<Scan, MoveError> {
         let e = self.lpt.get(vpn);
         if !self.evictable(&e, dev, pfn) {
@@ -445,14 +446,15 @@ impl SpaceState {
                 }
             },
         };
-        if !self.evict_page(cx, vpn, dev, pfn)? {
+        let pages = self.evict_page(cx, vpn, dev, pfn, policy, keep_vpn)?;
+        if pages == 0 {
             return Ok(Scan::Skipped);
         }
         let counter = match by_clock {
             true => &cx.counters.evictions_clock,
             false => &cx.counters.evictions_fifo,
         };
-        Counters::add(counter, 1);
+        Counters::add(counter, pages);
         Ok(Scan::Evicted)
     }
 
@@ -461,7 +463,7 @@ impl SpaceState {
     /// for the page (a cached translation would let the device use the page without
     /// setting the bit again). `None` when no table that maps the page keeps accessed
     /// bits; a page mapped nowhere is unreferenced (a use would have faulted).
-    fn page_referenced(&self, stats: &Counters, vpn: Vpn, mapped: u32) -> Option<bool> {
+    pub(super) fn page_referenced(&self, stats: &Counters, vpn: Vpn, mapped: u32) -> Option<bool> {
         let range = VaRange {
             start: vpn.addr(),
             len: PAGE_SIZE,
@@ -486,7 +488,7 @@ impl SpaceState {
     }
 
     /// Whether page entry `e` (expected on frame `pfn` of `dev`) can be evicted now.
-    fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
+    pub(super) fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
         e.is_populated()
             && e.pfn == pfn
             && self.memories.get(e.mem).id == dev.id
@@ -494,44 +496,52 @@ impl SpaceState {
             && !SpaceState::is_wired(e)
     }
 
-    /// Move page `vpn` (frame `pfn` of `dev`) to host memory.
+    /// Move page `vpn` (frame `pfn` of `dev`) to host memory, with the cold pages on
+    /// the frames after it as one run (see [`SpaceState::evict_run_len`]; never
+    /// `keep`). Returns the pages evicted (0: the page cannot be evicted now).
     pub(crate) fn evict_page(
         &mut self,
         cx: &Ctx<'_>,
         vpn: Vpn,
         dev: &Arc<DeviceInner>,
         pfn: Pfn,
-    ) -> Result<bool, MoveError> {
+        policy: EvictionPolicy,
+        keep: Option<Vpn>,
+    ) -> Result<u64, MoveError> {
         let e = self.lpt.get(vpn);
         if !self.evictable(&e, dev, pfn) {
-            return Ok(false);
+            return Ok(0);
         }
         let owner = dev.phys.lock().owner(pfn).map(|o| o.space);
         let Some(space_id) = owner else {
-            return Ok(false);
+            return Ok(0);
         };
         let host = cx.host.clone();
+        let run = self.evict_run_len(cx.counters, vpn, dev, policy, keep);
+        // One run, one frame request: its pages must share their attributes.
+        let run = if run > 1 && self.same_attrs(vpn, run) {
+            run
+        } else {
+            1
+        };
         let asker = Asker {
             device: None,
             attrs: self.attrs_at(vpn),
         };
-        let request = FrameRequest {
-            space: space_id,
-            va: vpn.addr(),
-            pages: 1,
-            attrs: asker.attrs,
-            device: None,
-        };
-        let placement = host
-            .memory
-            .as_ref()
-            .map_or(FramePlacement::Any, |m| m.frame_request(&request));
-        let Some(new) = alloc_placed(&host, 1, 1, space_id, vpn, placement) else {
-            return Err(MoveError::OutOfMemory(host.id));
-        };
-        self.move_page(cx, vpn, &host, new)?;
-        Counters::add(&cx.counters.evictions, 1);
-        Ok(true)
+        let mut moved = 0;
+        for n in [run, 1] {
+            let placement = frame_placement(&host, space_id, vpn, n, asker);
+            if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement) {
+                self.move_run(cx, vpn, n, &host, new)?;
+                moved = n;
+                break;
+            }
+            if n == 1 {
+                return Err(MoveError::OutOfMemory(host.id));
+            }
+        }
+        Counters::add(&cx.counters.evictions, moved);
+        Ok(moved)
     }
 
     /// Move page `vpn` to `target` (migration under unique or on the remote hint).
@@ -565,7 +575,7 @@ impl SpaceState {
     /// the frame run `new` of `to`: one unmap (and one invalidation per device), one
     /// [`crate::DeviceMemory::copy`], one mirror. On a copy failure nothing moved (the
     /// dropped mappings fault back in) and `new` is freed.
-    fn move_run(
+    pub(super) fn move_run(
         &mut self,
         cx: &Ctx<'_>,
         first: Vpn,
@@ -582,10 +592,17 @@ impl SpaceState {
         self.unmap_pages(stats, first, pages, u32::MAX);
         copy_run(&from, e.pfn, to, new.pfn(), pages)?;
         let new = new.commit();
+        if pages > 1 && e.mem != crate::lpt::NO_MEM && !e.has(crate::lpt::EXTERNAL) {
+            // The run's frames are consecutive in one memory: one release.
+            from.phys.lock().free_run(e.pfn, pages);
+        } else {
+            for k in 0..pages {
+                let old = self.lpt.get(first.add(k));
+                self.release_frame(&old, false);
+            }
+        }
         for k in 0..pages {
             let v = first.add(k);
-            let old = self.lpt.get(v);
-            self.release_frame(&old, false);
             self.lpt.update(v, |x| {
                 x.mem = mem;
                 x.pfn = new.add(k);
@@ -607,7 +624,7 @@ impl SpaceState {
 
     /// Pages from `vpn` (at most `max`) that [`SpaceState::move_run`] can move as one
     /// run: populated, not wired, in the memory of `vpn`'s entry, on consecutive frames.
-    fn movable_run(&self, vpn: Vpn, max: u64) -> u64 {
+    pub(super) fn movable_run(&self, vpn: Vpn, max: u64) -> u64 {
         let e = self.lpt.get(vpn);
         let mut n = 1;
         while n < max {
@@ -706,7 +723,7 @@ impl SpaceState {
                     1
                 };
                 if n > 1 {
-                    let placement = frame_placement(target, space, vpn, n, asker);
+                    let placement = frame_placement(target, space.id, vpn, n, asker);
                     if let Some(run) = alloc_placed(target, n, 1, space.id, vpn, placement) {
                         self.move_run(cx, vpn, n, target, run)?;
                         done += n;
@@ -738,24 +755,36 @@ pub(crate) struct Asker {
     pub attrs: Attrs,
 }
 
-/// Where `dev`'s driver places the frames backing `pages` pages of `space` from `vpn`.
+/// Where `dev`'s driver places the frames backing `pages` pages of `space` from
+/// `vpn`, and their page-group class.
 fn frame_placement(
     dev: &DeviceInner,
-    space: &SpaceInner,
+    space: SpaceId,
     vpn: Vpn,
     pages: u64,
     asker: Asker,
-) -> FramePlacement {
+) -> Placed {
     let Some(memory) = dev.memory.as_ref() else {
-        return FramePlacement::Any;
+        return Placed::default();
     };
-    memory.frame_request(&FrameRequest {
-        space: space.id,
+    let request = FrameRequest {
+        space,
         va: vpn.addr(),
         pages,
         attrs: asker.attrs,
         device: asker.device,
-    })
+    };
+    Placed {
+        placement: memory.frame_request(&request),
+        class: memory.frame_class(&request),
+    }
+}
+
+/// A driver's answers for one allocation.
+#[derive(Clone, Copy, Default)]
+struct Placed {
+    placement: FramePlacement,
+    class: u32,
 }
 
 /// `pages` frames of `dev` aligned to `align` pages, placed as the driver said: a
@@ -766,14 +795,15 @@ fn alloc_placed(
     align: u64,
     space: SpaceId,
     vpn: Vpn,
-    placement: FramePlacement,
+    placed: Placed,
 ) -> Option<FrameRun> {
-    match placement {
-        FramePlacement::Any => dev.alloc_frames(pages, align, space, vpn, None),
-        FramePlacement::Require(c) => dev.alloc_frames(pages, align, space, vpn, Some(c)),
+    let class = placed.class;
+    match placed.placement {
+        FramePlacement::Any => dev.alloc_frames(pages, align, space, vpn, None, class),
+        FramePlacement::Require(c) => dev.alloc_frames(pages, align, space, vpn, Some(c), class),
         FramePlacement::Prefer(c) => dev
-            .alloc_frames(pages, align, space, vpn, Some(c))
-            .or_else(|| dev.alloc_frames(pages, align, space, vpn, None)),
+            .alloc_frames(pages, align, space, vpn, Some(c), class)
+            .or_else(|| dev.alloc_frames(pages, align, space, vpn, None, class)),
     }
 }
 

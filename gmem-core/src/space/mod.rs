@@ -912,6 +912,8 @@ mod memories;
 pub use memories::MAX_MEMORIES;
 pub(crate) use memories::{Memories, TooManyMemories};
 mod check;
+mod compact;
+mod evict;
 mod fault;
 mod ops;
 mod queue;

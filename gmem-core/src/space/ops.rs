@@ -297,8 +297,12 @@ impl SpaceState {
         prot: Prot,
     ) -> Result<(), MmuError> {
         self.protect_range(cx, space, c, c.first, c.pages, prot)?;
-        self.segments.clear(c.first, c.pages);
-        self.put_region(c, RegionRec { prot, ..c.rec });
+        let rec = RegionRec { prot, ..c.rec };
+        self.put_region(c, rec);
+        // Every page has `prot` now: pieces that differ from the region only by
+        // attributes stay, the others merge back into it.
+        self.segments
+            .update(rec.piece(), (c.first, c.pages), c.first, c.pages, |p| p);
         Ok(())
     }
 

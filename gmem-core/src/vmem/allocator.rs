@@ -221,6 +221,50 @@ impl SegmentAllocator {
         Ok(())
     }
 
+    /// Free `size / piece` consecutive caller allocations of `piece` bytes each from
+    /// `addr` (the pieces of a [`SegmentAllocator::split`] run, or any adjacent
+    /// allocations of that size) as one: every piece is validated first, then they
+    /// merge into one segment that is freed and coalesced once. State is unchanged on
+    /// error.
+    pub fn free_run(&mut self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
+        if piece == 0 || piece & (self.quantum - 1) != 0 || size == 0 || size % piece != 0 {
+            return Err(FreeError::Unaligned { addr, size: piece });
+        }
+        let n = size / piece;
+        let Some(first) = self.hash.get(addr) else {
+            return Err(FreeError::NotAllocated { addr });
+        };
+        let mut i = first;
+        for k in 0..n {
+            let a = addr + k * piece;
+            let seg = *self.table.get(i);
+            if seg.kind != Kind::Alloc || seg.start != a || self.hash.get(a) != Some(i) {
+                return Err(FreeError::NotAllocated { addr: a });
+            }
+            if seg.size != piece {
+                return Err(FreeError::SizeMismatch {
+                    addr: a,
+                    allocated: seg.size,
+                    given: piece,
+                });
+            }
+            i = seg.anext;
+        }
+        for _ in 1..n {
+            let j = self.table.get(first).anext;
+            let start = self.table.get(j).start;
+            self.hash.remove(start);
+            self.table.unlink(j);
+            self.table.release(j);
+            self.retarget_rotor(j, first);
+        }
+        self.table.get_mut(first).size = size;
+        self.hash.remove(addr);
+        self.free_segment(first);
+        self.frees += n;
+        Ok(())
+    }
+
     /// Give back an object a quantum cache held (imported, or freed into the cache by
     /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
     pub fn release_cached(&mut self, addr: u64) -> bool {

@@ -546,3 +546,49 @@ fn instant_fit_keeps_free_segments_within_twice_best_fit_on_churn() {
         "mixed: instant-fit {instant} free segments, best-fit {best}"
     );
 }
+
+#[test]
+fn free_run_frees_split_pieces_at_once_and_refuses_what_is_not_allocated() {
+    for cfg in all_modes() {
+        let a = arena(cfg, 64 * Q);
+        let fresh = space(&a);
+        let c = Constraint {
+            align: 16 * Q,
+            ..Constraint::new(16 * Q)
+        };
+        let run = a.xalloc(&c).unwrap();
+        a.split(run, 16 * Q, Q).unwrap();
+        // One piece freed alone: the run is no longer whole, a free_run over it fails
+        // and changes nothing (pieces of a cached size go through the cache one by
+        // one, so only the uncached arena can promise that).
+        a.free(run + 3 * Q, Q).unwrap();
+        let before = space(&a);
+        if cfg.qcache_max == 0 {
+            assert_eq!(
+                a.free_run(run, 16 * Q, Q),
+                Err(FreeError::NotAllocated { addr: run + 3 * Q })
+            );
+            assert!(a.free_run(run, 16 * Q, 3 * Q).is_err());
+            assert_eq!(space(&a), before);
+        }
+        a.free_run(run, 3 * Q, Q).unwrap();
+        a.free_run(run + 4 * Q, 12 * Q, Q).unwrap();
+        a.reap();
+        let end = space(&a);
+        assert_eq!(
+            (
+                end.free,
+                end.segments,
+                end.free_segments,
+                end.allocs,
+                end.frees
+            ),
+            (fresh.free, fresh.segments, fresh.free_segments, 16, 16),
+            "{cfg:?}"
+        );
+        assert_eq!(balanced(&a).allocated, 0);
+        // The whole span is one free segment again: the largest run fits.
+        let again = a.xalloc(&Constraint::new(64 * Q)).unwrap();
+        a.free(again, 64 * Q).unwrap();
+    }
+}

@@ -34,6 +34,11 @@
 //!   every space whose queue is empty;
 //! - callbacks: each ran exactly once, only after its request's batch, and at that
 //!   moment no TLB of the space's devices held a page of an unmapped range;
+//! - frames: `dev_free_extents` adds up to the free frames, `dev_compact` keeps the
+//!   frames in the memory and never loses a free block (and the bytes it moved are
+//!   read back by later operations), page groups are set up only on a free memory, a
+//!   group changes class only while free (`check_invariants` checks every group is
+//!   uniform), and every misuse of these calls is a typed error that changes nothing;
 //! - at the end every space is destroyed and every frame of every memory is free.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -44,9 +49,10 @@ use gmem_core::testing::{AccessError, MmuEvent, TestMmu, TestSystem, HOST_BASE};
 use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
     Activation, AddrError, AllocError, AllocPolicy, AttachError, Attrs, DevCaps, DeviceError,
-    DeviceId, EvictionPolicy, FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode,
-    PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError, PopulateError,
-    Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VaRange, VirtAddr, PAGE_SIZE,
+    DeviceId, EvictionPolicy, FaultError, FrameError, MapError, MapFlags, MapRequest, MigrateScope,
+    MmuMode, PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError,
+    PopulateError, Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VaRange, VirtAddr,
+    PAGE_SIZE,
 };
 
 /// Operations a fuzz input or a seeded sequence may hold at most.
@@ -506,6 +512,47 @@ pub enum Op {
         dev: u8,
         /// CLOCK (else FIFO).
         clock: bool,
+    },
+    /// `dev_free_extents`: the histogram adds up to the device's free frames (a device
+    /// without memory is misuse).
+    Extents {
+        /// Which device.
+        dev: u8,
+        /// The order of the index checked (modulo 20).
+        order: u8,
+    },
+    /// `dev_compact` at order `order % 4` (the memories are small), or 19 + `order %
+    /// 2` (misuse) for `order >= 248`: frames stay in the memory, free blocks never
+    /// decrease, bytes are checked by later reads.
+    Compact {
+        /// Which device.
+        dev: u8,
+        /// The order.
+        order: u8,
+    },
+    /// `dev_set_page_groups`: groups of `2^(order % 21)` frames (above 18 misuse) or
+    /// none; refused unless every frame of the memory is free.
+    PageGroups {
+        /// Which device.
+        dev: u8,
+        /// The group order, or none.
+        order: Option<u8>,
+    },
+    /// `dev_set_group_class` for the group of frame `frame % (pages + 2)` of the
+    /// device's memory (past its end: misuse).
+    GroupClass {
+        /// Which device.
+        dev: u8,
+        /// Which frame.
+        frame: u8,
+        /// The class (modulo 4).
+        class: u8,
+    },
+    /// The discrete GPU's memory answers page-group class `(va / 16 KiB) % n` for
+    /// `n = classes % 4` (0: class 0 for every request).
+    FrameClasses {
+        /// n.
+        classes: u8,
     },
 }
 
@@ -1271,6 +1318,18 @@ impl KpiRunner {
                 }
                 assert_eq!(r, Ok(()), "{ctx}");
                 self.summary.succeeded += 1;
+            }
+            Op::Extents { dev, order } => self.extents(ctx, usize::from(dev) % NDEV, order),
+            Op::Compact { dev, order } => self.compact(ctx, usize::from(dev) % NDEV, order),
+            Op::PageGroups { dev, order } => self.page_groups(ctx, usize::from(dev) % NDEV, order),
+            Op::GroupClass { dev, frame, class } => {
+                self.group_class(ctx, usize::from(dev) % NDEV, frame, class)
+            }
+            Op::FrameClasses { classes } => {
+                let n = u32::from(classes % 4);
+                if let Some(m) = &self.sys.devices[DGPU].memory {
+                    m.set_frame_classes(Some(n));
+                }
             }
             Op::Verify { dev, region } => {
                 let Some((slot, start)) = self.pick_region(region) else {
@@ -2305,7 +2364,11 @@ impl KpiRunner {
                 let vpn = (a + p * PAGE_SIZE) / PAGE_SIZE;
                 if let Some(pte) = mmu.store().lookup(root, vpn) {
                     let want = attrs.get(&p).copied().unwrap_or(0);
-                    assert_eq!(pte.attrs, Attrs(want), "{ctx}: page {p} mapped by {dev}");
+                    assert_eq!(
+                        pte.attrs,
+                        Attrs(want),
+                        "{ctx}: page {p} (vpn {vpn:#x}) mapped by {dev}"
+                    );
                 }
             }
         }
@@ -2427,6 +2490,144 @@ impl KpiRunner {
         // places pages in host memory.
     }
 
+    // ----- frames: extents, compaction, page groups ----------------------------------
+
+    /// The misuse a frame call on `dev` gets before its own checks, if any.
+    fn frame_misuse(&self, dev: usize) -> Option<FrameError> {
+        let id = self.devices[dev];
+        if !self.alive[dev] {
+            Some(FrameError::UnknownDevice(id))
+        } else if dev == IGPU || dev == IO {
+            Some(FrameError::NoMemory(id))
+        } else {
+            None
+        }
+    }
+
+    fn extents(&mut self, ctx: &str, dev: usize, order: u8) {
+        let id = self.devices[dev];
+        let r = self.sys.gm.dev_free_extents(id);
+        if let Some(want) = self.frame_misuse(dev) {
+            return self.misuse(ctx, r.map(|_| ()), want);
+        }
+        let e = r.unwrap_or_else(|e| panic!("{ctx}: {e:?}"));
+        let f = self.sys.gm.dev_frames(id).expect("live device");
+        let sum: u64 = e.blocks.iter().enumerate().map(|(k, n)| n << k).sum();
+        assert_eq!(
+            (sum, e.free, e.registered),
+            (f.free, f.free, f.registered),
+            "{ctx}: the histogram adds up to the free frames"
+        );
+        let order = u32::from(order % 20);
+        let i = e.unusable_index(order);
+        assert!((0.0..=1.0).contains(&i), "{ctx}: index {i}");
+        assert_eq!(
+            e.unusable_frames(order) + e.free_in_blocks_from(order),
+            e.free,
+            "{ctx}"
+        );
+        self.summary.succeeded += 1;
+        self.unchanged(ctx);
+    }
+
+    fn compact(&mut self, ctx: &str, dev: usize, order: u8) {
+        let id = self.devices[dev];
+        let order = match order {
+            248.. => 19 + u32::from(order % 2),
+            _ => u32::from(order % 4),
+        };
+        let before = self.sys.gm.dev_frames(id).ok();
+        let r = self.sys.gm.dev_compact(id, order);
+        if let Some(want) = self.frame_misuse(dev) {
+            return self.misuse(ctx, r.map(|_| ()), want);
+        }
+        if order > 18 {
+            return self.misuse(ctx, r.map(|_| ()), FrameError::BadOrder { order });
+        }
+        let rep = r.unwrap_or_else(|e| panic!("{ctx}: {e:?}"));
+        let (before, after) = (
+            before.expect("live device"),
+            self.sys.gm.dev_frames(id).expect("live device"),
+        );
+        assert_eq!(before.registered, after.registered, "{ctx}");
+        // Compaction may drain a queue (a page it meets is awaiting invalidation),
+        // which frees frames; it never takes one.
+        assert!(after.free >= before.free, "{ctx}: {before:?} -> {after:?}");
+        assert!(
+            rep.free_blocks_after >= rep.free_blocks_before
+                && rep.blocks_made <= rep.blocks_tried
+                && rep.copies <= rep.pages_moved
+                && (rep.copies > 0) == (rep.pages_moved > 0),
+            "{ctx}: {rep:?}"
+        );
+        if order == 0 {
+            assert_eq!(rep.pages_moved, 0, "{ctx}: nothing to gain at order 0");
+        }
+        self.summary.pages_compacted += rep.pages_moved;
+        self.summary.succeeded += 1;
+    }
+
+    fn page_groups(&mut self, ctx: &str, dev: usize, order: Option<u8>) {
+        let id = self.devices[dev];
+        let order = order.map(|o| u32::from(o % 21));
+        let frames = self.sys.gm.dev_frames(id).ok();
+        let r = self.sys.gm.dev_set_page_groups(id, order);
+        if let Some(want) = self.frame_misuse(dev) {
+            return self.misuse(ctx, r, want);
+        }
+        if let Some(o) = order.filter(|&o| o > 18) {
+            return self.misuse(ctx, r, FrameError::BadOrder { order: o });
+        }
+        let f = frames.expect("live device");
+        if f.free != f.registered {
+            let frames = f.registered - f.free;
+            return self.misuse(ctx, r, FrameError::FramesInUse { frames });
+        }
+        assert_eq!(r, Ok(()), "{ctx}");
+        let g = self.sys.gm.dev_page_groups(id).expect("live device");
+        assert_eq!(g.map(|g| g.order), order, "{ctx}");
+        self.summary.succeeded += 1;
+    }
+
+    fn group_class(&mut self, ctx: &str, dev: usize, frame: u8, class: u8) {
+        let id = self.devices[dev];
+        let class = u32::from(class % 4);
+        let (base, pages) = match dev {
+            HOST => (HOST_BASE, 48 + u64::from(self.setup.host_pages % 160)),
+            _ => (DGPU_BASE, 2 + u64::from(self.setup.dev_pages % 30)),
+        };
+        let pa = PhysAddr::new(base + (u64::from(frame) % (pages + 2)) * PAGE_SIZE);
+        let grouped = self.alive[dev]
+            && self.frame_misuse(dev).is_none()
+            && self.sys.gm.dev_page_groups(id) != Ok(None);
+        let r = self.sys.gm.dev_set_group_class(id, pa, class);
+        if let Some(want) = self.frame_misuse(dev) {
+            return self.misuse(ctx, r, want);
+        }
+        if !grouped {
+            return self.misuse(ctx, r, FrameError::NoGroups(id));
+        }
+        if pa.as_u64() >= base + pages * PAGE_SIZE {
+            return self.misuse(ctx, r, FrameError::NotRegistered { pa });
+        }
+        match r {
+            Ok(()) => {
+                assert_eq!(
+                    self.sys.gm.dev_group_class(id, pa),
+                    Ok(Some(class)),
+                    "{ctx}"
+                );
+                self.summary.succeeded += 1;
+            }
+            Err(FrameError::GroupInUse { frames, .. }) => {
+                assert!(frames > 0, "{ctx}");
+                self.summary.rejected += 1;
+                self.unchanged(ctx);
+            }
+            Err(e) => panic!("{ctx}: {e:?}"),
+        }
+    }
+
     // ----- checks --------------------------------------------------------------------
 
     /// Everything a failed call must leave as it was. `None` while some queue holds
@@ -2457,9 +2658,10 @@ impl KpiRunner {
         }
         for d in 0..NDEV {
             out += &format!(
-                "{d} {:?} {:?}\n",
+                "{d} {:?} {:?} {:?}\n",
                 self.sys.gm.dev_frames(self.devices[d]),
-                self.sys.gm.dev_active(self.devices[d])
+                self.sys.gm.dev_active(self.devices[d]),
+                self.sys.gm.dev_page_groups(self.devices[d]),
             );
         }
         Some(out)

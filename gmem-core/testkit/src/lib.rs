@@ -24,10 +24,15 @@
 //!   After every operation it runs [`gmem_core::Gmem::check_invariants`] on every live
 //!   space and checks that no TLB holds a translation its page table no longer has.
 //!
+//! Beside the runners, [`frag`] holds a seeded fragmenter that brings a device's
+//! memory to a chosen unusable-free-space index (for compaction tests and the
+//! fragmentation sweeps of the harness).
+//!
 //! A runner reports a broken expectation by panicking with a message that names the
 //! operation, what was expected and what happened: a fuzzer records the panic as a
 //! crash, a test fails with the message.
 
+pub mod frag;
 pub mod kpi;
 pub mod page_table;
 pub mod trace;
@@ -129,6 +134,8 @@ pub struct Summary {
     pub rejected: u64,
     /// Bytes read back and compared with the model.
     pub bytes_checked: u64,
+    /// Pages `dev_compact` moved (their bytes are checked by later reads).
+    pub pages_compacted: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -137,5 +144,6 @@ impl core::ops::AddAssign for Summary {
         self.succeeded += o.succeeded;
         self.rejected += o.rejected;
         self.bytes_checked += o.bytes_checked;
+        self.pages_compacted += o.pages_compacted;
     }
 }

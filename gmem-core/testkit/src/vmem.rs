@@ -296,6 +296,7 @@ impl VmemRunner {
             succeeded: self.allocs + self.frees,
             rejected: self.failures + self.misuses,
             bytes_checked: 0,
+            pages_compacted: 0,
         };
         self.arena.set_fail_every(0);
         self.fail_every = 0;

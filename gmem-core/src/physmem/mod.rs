@@ -35,6 +35,10 @@
 //! which also clears the bit); a referenced page goes back to the active tail
 //! (`PhysMem::second_chance`), an unreferenced one is evicted. The scan itself is
 //! in `space::fault` (it needs the page tables); this module keeps the queues.
+//!
+//! Two submodules: `extents` measures fragmentation (free blocks by order, the
+//! unusable-free-space index, block use for compaction) and `groups` manages the frames
+//! in page groups with driver-chosen classes.
 
 use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::handle::SpaceId;
@@ -44,6 +48,13 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use intrusive_collections::linked_list::{AtomicLink, LinkedList};
 use intrusive_collections::{intrusive_adapter, UnsafeRef};
+
+mod extents;
+mod groups;
+
+pub(crate) use extents::BlockUse;
+pub use extents::{FreeExtents, MAX_ORDER};
+pub use groups::{GroupStats, MAX_GROUP_ORDER};
 
 const NIL: u32 = u32::MAX;
 
@@ -195,6 +206,8 @@ pub(crate) struct PhysMem {
     policy: EvictionPolicy,
     /// Set while `dev_destroy` retires the memory: no frame is handed out any more.
     retired: bool,
+    /// Page groups, when the driver asked for them (`groups`).
+    groups: Option<groups::Groups>,
 }
 
 fn queue_of(state: FrameState) -> Option<usize> {
@@ -219,6 +232,7 @@ impl PhysMem {
             pending: 0,
             policy: EvictionPolicy::default(),
             retired: false,
+            groups: None,
         }
     }
 
@@ -301,6 +315,9 @@ impl PhysMem {
             base_pfn,
             nodes,
         });
+        if let Some(g) = self.groups.as_mut() {
+            g.add_range(first as u32, base_pfn, pages);
+        }
         Ok(())
     }
 
@@ -370,6 +387,12 @@ impl PhysMem {
 
     fn set_state(&mut self, i: u32, state: FrameState) {
         let old = self.frames[i as usize].state;
+        if self.groups.is_some() {
+            let pfn = self.pfn_of(i);
+            if let Some(g) = self.groups.as_mut() {
+                g.on_state(pfn, old, state);
+            }
+        }
         if old == FrameState::Pending {
             self.pending -= 1;
         }
@@ -403,24 +426,48 @@ impl PhysMem {
         }
         let pa = match limit {
             None if pages == 1 => self.arena.alloc(PAGE_SIZE).ok()?,
-            _ => {
-                let mut c = Constraint::new(pages << PAGE_SHIFT);
-                c.align = align_pages << PAGE_SHIFT;
-                if let Some(l) = limit {
-                    if pages > 1 && l.phase % c.align.max(1) != 0 {
-                        return None;
-                    }
-                    if l.align > c.align {
-                        c.align = l.align;
-                        c.phase = l.phase;
-                    }
-                    c.nocross = l.nocross;
-                    c.min = l.min.as_u64();
-                    c.max = l.max.as_u64();
-                }
-                self.arena.xalloc(&c).ok()?
-            }
+            _ => self.constrained_alloc(pages, align_pages, limit, 0, u64::MAX >> PAGE_SHIFT)?,
         };
+        Some(self.take_run(pa, pages, space, vpn, wired))
+    }
+
+    /// Take `pages` frames aligned to `align_pages` from the arena, within the driver's
+    /// `limit` and within frames `[lo, hi)`; returns the physical address.
+    fn constrained_alloc(
+        &mut self,
+        pages: u64,
+        align_pages: u64,
+        limit: Option<FrameConstraint>,
+        lo: u64,
+        hi: u64,
+    ) -> Option<u64> {
+        let mut c = Constraint::new(pages << PAGE_SHIFT);
+        c.align = align_pages << PAGE_SHIFT;
+        if let Some(l) = limit {
+            if pages > 1 && l.phase % c.align.max(1) != 0 {
+                return None;
+            }
+            if l.align > c.align {
+                c.align = l.align;
+                c.phase = l.phase;
+            }
+            c.nocross = l.nocross;
+            c.min = l.min.as_u64();
+            c.max = l.max.as_u64();
+        }
+        c.min = c.min.max(lo << PAGE_SHIFT);
+        if hi < u64::MAX >> PAGE_SHIFT {
+            c.max = c.max.min((hi << PAGE_SHIFT).checked_sub(1)?);
+        }
+        if c.min > c.max {
+            return None;
+        }
+        self.arena.xalloc(&c).ok()
+    }
+
+    /// Frames `[pa, pa + pages)`, just taken from the arena as one segment, become
+    /// single frames on the active (or wired) queue owned by `space`, `vpn..`.
+    fn take_run(&mut self, pa: u64, pages: u64, space: SpaceId, vpn: Vpn, wired: bool) -> Pfn {
         if pages > 1 {
             let split = self.arena.split(pa, pages << PAGE_SHIFT, PAGE_SIZE);
             debug_assert!(split.is_ok(), "a fresh run splits into frames: {split:?}");
@@ -441,7 +488,7 @@ impl PhysMem {
             });
             self.set_state(i, state);
         }
-        Some(Pfn(pfn))
+        Pfn(pfn)
     }
 
     /// Return an in-use frame to the allocator now (its mappings are gone and invalidated).
@@ -455,6 +502,40 @@ impl PhysMem {
             self.frames[i as usize].owner = None;
             let freed = self.arena.free(pfn << PAGE_SHIFT, PAGE_SIZE);
             debug_assert!(freed.is_ok(), "frame {pfn:#x} was not allocated: {freed:?}");
+        }
+    }
+
+    /// Return `pages` in-use frames from `pfn` to the allocator now (their mappings are
+    /// gone and invalidated), in one arena operation when they are adjacent
+    /// allocations (a migrated or evicted run).
+    pub fn free_run(&mut self, pfn: Pfn, pages: u64) {
+        let in_use = |p: &PhysMem, k: u64| {
+            p.index(pfn.0 + k)
+                .is_some_and(|i| p.frames[i as usize].state != FrameState::Free)
+        };
+        if pages < 2 || !(0..pages).all(|k| in_use(self, k)) {
+            for k in 0..pages {
+                self.free(pfn.add(k));
+            }
+            return;
+        }
+        for k in 0..pages {
+            let i = self.index(pfn.0 + k).expect("checked above");
+            self.set_state(i, FrameState::Free);
+            self.frames[i as usize].owner = None;
+        }
+        let pa = pfn.0 << PAGE_SHIFT;
+        if self
+            .arena
+            .free_run(pa, pages << PAGE_SHIFT, PAGE_SIZE)
+            .is_err()
+        {
+            // Not one segment per frame side by side (cannot happen for frames handed
+            // out by `take_run`, but the arena's answer is the authority): one by one.
+            for k in 0..pages {
+                let freed = self.arena.free(pa + (k << PAGE_SHIFT), PAGE_SIZE);
+                debug_assert!(freed.is_ok(), "frame {:#x} was not allocated", pfn.0 + k);
+            }
         }
     }
 
@@ -598,7 +679,7 @@ impl PhysMem {
                 return Err("queue length mismatch");
             }
         }
-        Ok(())
+        self.check_groups()
     }
 }
 

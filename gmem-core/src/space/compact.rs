@@ -1,0 +1,73 @@
+//! Compaction's work inside one space: moving the pages of one aligned block of a
+//! device's memory out into frames elsewhere in the same memory.
+//!
+//! `Gmem::dev_compact` (in [`crate::kpi::frames`]) chooses the blocks and the
+//! destinations; this module moves the pages of one space. A page moves by the core's
+//! own migration path, [`SpaceState::move_run`] — unmap from every table that maps it,
+//! invalidate those TLBs, copy the bytes in one [`crate::DeviceMemory::copy`] per
+//! physically contiguous run, release the old frames, mirror into replicate tables — so
+//! no mapping, reverse map or TLB can keep naming the old frame. Only pages that
+//! eviction could take move (populated, unwired, not awaiting an invalidation, on
+//! exactly the frame the block scan saw); anything else leaves its block as it is.
+
+use super::{SpaceInner, SpaceState};
+use crate::addr::{Pfn, Vpn};
+use crate::device::DeviceInner;
+use crate::error::MoveError;
+use crate::gmem::Ctx;
+use crate::lpt::PENDING;
+use crate::sync::Arc;
+
+/// The longest run compaction moves in one copy (2 MiB).
+const COMPACT_RUN_MAX: u64 = 512;
+
+impl SpaceState {
+    /// Move page `vpn` — expected on frame `pfn` of `dev` — and the pages after it on
+    /// the following frames up to `end`, out into a run of frames inside one of the
+    /// frame windows `dests` (`[lo, hi)`, best first), from page groups of `class`
+    /// when the memory has groups. Returns the pages moved (0 when the page cannot
+    /// move now or no destination has room).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn compact_out(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        vpn: Vpn,
+        dev: &Arc<DeviceInner>,
+        pfn: Pfn,
+        end: Pfn,
+        dests: &[(u64, u64)],
+        class: Option<u32>,
+    ) -> Result<u64, MoveError> {
+        if self.lpt.get(vpn).has(PENDING) {
+            self.drain(cx.counters, &space.arena);
+        }
+        let e = self.lpt.get(vpn);
+        if !self.evictable(&e, dev, pfn) {
+            return Ok(0);
+        }
+        let run = self.movable_run(vpn, (end.0 - pfn.0).min(COMPACT_RUN_MAX));
+        for n in [run, 1] {
+            for &(lo, hi) in dests {
+                if let Some(new) = dev.alloc_frames_within(lo, hi, n, class, space.id, vpn) {
+                    self.move_run(cx, vpn, n, dev, new)?;
+                    return Ok(n);
+                }
+            }
+            if run == 1 {
+                break;
+            }
+        }
+        Ok(0)
+    }
+}
+
+impl SpaceState {
+    /// Where page `vpn` lives: the memory's device and the frame (`None` for a page
+    /// without a frame).
+    pub(crate) fn frame_of(&self, vpn: Vpn) -> Option<(crate::handle::DeviceId, Pfn)> {
+        let e = self.lpt.get(vpn);
+        e.is_populated()
+            .then(|| (self.memories.get(e.mem).id, e.pfn))
+    }
+}
