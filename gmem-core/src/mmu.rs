@@ -134,6 +134,16 @@ pub enum FramePlacement {
     /// Frames within the constraint if one is free, any frame otherwise (a stack near
     /// the unit that will use the pages).
     Prefer(FrameConstraint),
+    /// Frames within `prefer` (of the request's page-group class) if one is free, any
+    /// frame of page-group class `class` otherwise (CODA: a coarse-grain page whose
+    /// stack has no free slot goes fine-grain). Counted in `Stats::placement_fallbacks`
+    /// when the fallback is taken.
+    PreferOrClass {
+        /// The preferred frames.
+        prefer: FrameConstraint,
+        /// The class of the fallback frames.
+        class: u32,
+    },
 }
 
 impl MapRun {

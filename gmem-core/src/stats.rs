@@ -74,6 +74,9 @@ counters! {
     async_requests,
     /// Batches drained from asynchronous MMU queues.
     async_batches,
+    /// Allocations a driver's preference (`FramePlacement::Prefer`, `PreferOrClass`)
+    /// could not satisfy, served elsewhere (or in its fallback class).
+    placement_fallbacks,
 }
 
 impl Counters {

@@ -278,14 +278,18 @@ impl DeviceMemory for HbmMemory {
             self.spread_requests.fetch_add(1, Ordering::Relaxed);
             return FramePlacement::Any;
         }
-        // The frame of its group that the coarse decode puts in `stack`.
-        FramePlacement::Prefer(FrameConstraint {
-            align: self.cfg.group_bytes(),
-            phase: u64::from(stack) * PAGE_SIZE,
-            nocross: 0,
-            min: self.cfg.base,
-            max: PhysAddr::new(self.cfg.end().as_u64() - 1),
-        })
+        // The frame of its group that the coarse decode puts in `stack`; when that
+        // stack has no free coarse slot, a fine-grain frame (the core counts it).
+        FramePlacement::PreferOrClass {
+            prefer: FrameConstraint {
+                align: self.cfg.group_bytes(),
+                phase: u64::from(stack) * PAGE_SIZE,
+                nocross: 0,
+                min: self.cfg.base,
+                max: PhysAddr::new(self.cfg.end().as_u64() - 1),
+            },
+            class: Granularity::Fine.class(),
+        }
     }
     fn group_class_changed(&self, base: PhysAddr, frames: u64, _from: u32, to: u32) {
         let mut classes = self.classes.lock();

@@ -89,6 +89,10 @@ fn the_granularity_bit_decides_where_the_bytes_are_and_traffic_follows_it() {
 
 /// A core with a test host and the HBM device (a test MMU, memory in page groups).
 fn system() -> (TestSystem, SpaceId, DeviceId, Arc<HbmMemory>) {
+    system_with(cfg())
+}
+
+fn system_with(cfg: HbmConfig) -> (TestSystem, SpaceId, DeviceId, Arc<HbmMemory>) {
     let s = TestSystem::new(256);
     let space =
         s.gm.as_create(
@@ -99,7 +103,7 @@ fn system() -> (TestSystem, SpaceId, DeviceId, Arc<HbmMemory>) {
         .unwrap();
     s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
         .unwrap();
-    let mem = Arc::new(HbmMemory::new(cfg()).unwrap());
+    let mem = Arc::new(HbmMemory::new(cfg).unwrap());
     let log: EventLog = EventLog::default();
     let mmu = Arc::new(TestMmu::new(9, 9, TableStore::new(), log));
     let c = *mem.config();
@@ -202,4 +206,62 @@ fn the_core_puts_each_coarse_page_in_its_chunks_stack_and_groups_stay_uniform() 
     // Every group that holds a page is of one class (the core's page groups).
     let groups = s.gm.dev_page_groups(dev).unwrap().unwrap();
     assert!(groups.groups > 0);
+}
+
+#[test]
+fn a_coarse_page_whose_stack_is_full_goes_fine_grain_and_is_counted() {
+    // Eight page groups: one slot per group in each stack.
+    let (s, space, dev, mem) = system_with(HbmConfig {
+        stack_bytes: 8 * PAGE_SIZE,
+        ..cfg()
+    });
+    let c = *mem.config();
+    let host = s.host().id;
+    let on_hbm = Placement {
+        target: PlacementTarget::Device(dev),
+        mode: PlacementMode::Unique,
+    };
+    let fault = |va: VirtAddr| {
+        let placed = s.gm.dev_fault(host, va, Prot::WRITE).unwrap();
+        assert_eq!(placed.pages, 1);
+        let (_, pa) = s.gm.as_page_frame(space, va).unwrap().unwrap();
+        let g = mem.granularity(pa).unwrap();
+        (g, decode(&c, pa, g).unwrap().stack)
+    };
+    // Three fine-grain pages make one group fine (one of its frames stays free).
+    let f =
+        s.gm.as_alloc(space, AllocRequest::new(3 * PAGE_SIZE))
+            .unwrap();
+    s.gm.region_set_zero_fill_block(f, PAGE_SIZE).unwrap();
+    s.gm.region_set_policy(f, on_hbm).unwrap();
+    for k in 0..3 {
+        let (g, _) = fault(VirtAddr::new(f.start.as_u64() + k * PAGE_SIZE));
+        assert_eq!(g, Granularity::Fine);
+    }
+    // One-page chunks: page k belongs to stack k mod 4; every fourth page wants stack 1.
+    let r =
+        s.gm.as_alloc(
+            space,
+            AllocRequest {
+                align: c.group_bytes(),
+                ..AllocRequest::new(32 * PAGE_SIZE)
+            },
+        )
+        .unwrap();
+    s.gm.region_set_zero_fill_block(r, PAGE_SIZE).unwrap();
+    s.gm.region_set_attrs(r, CodaAttrs::coarse(PAGE_SIZE).encode())
+        .unwrap();
+    s.gm.region_set_policy(r, on_hbm).unwrap();
+    // The other seven groups turn coarse, one stack-1 slot each; the eighth page finds
+    // none and takes the fine group's free frame.
+    for n in 0..8u64 {
+        let (g, stack) = fault(VirtAddr::new(r.start.as_u64() + (1 + 4 * n) * PAGE_SIZE));
+        if n < 7 {
+            assert_eq!((g, stack), (Granularity::Coarse, 1), "page {n}");
+        } else {
+            assert_eq!(g, Granularity::Fine, "no coarse slot of stack 1 was free");
+        }
+    }
+    assert_eq!(s.gm.stats().placement_fallbacks, 1);
+    s.gm.check_invariants(space).unwrap();
 }

@@ -284,7 +284,7 @@ impl SpaceState {
         let block = whole
             .then(|| {
                 let placement = frame_placement(target, space.id, b0, g, asker);
-                alloc_placed(target, g, g, space.id, b0, placement)
+                alloc_placed(target, g, g, space.id, b0, placement, cx.counters)
             })
             .flatten();
         let (first, pages, run) = match block {
@@ -346,7 +346,7 @@ impl SpaceState {
     ) -> Result<FrameRun, MoveError> {
         let placement = frame_placement(target, space.id, vpn, 1, asker);
         loop {
-            if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement) {
+            if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters) {
                 return Ok(run);
             }
             if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
@@ -531,7 +531,7 @@ impl SpaceState {
         let mut moved = 0;
         for n in [run, 1] {
             let placement = frame_placement(&host, space_id, vpn, n, asker);
-            if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement) {
+            if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement, cx.counters) {
                 self.move_run(cx, vpn, n, &host, new)?;
                 moved = n;
                 break;
@@ -724,7 +724,9 @@ impl SpaceState {
                 };
                 if n > 1 {
                     let placement = frame_placement(target, space.id, vpn, n, asker);
-                    if let Some(run) = alloc_placed(target, n, 1, space.id, vpn, placement) {
+                    if let Some(run) =
+                        alloc_placed(target, n, 1, space.id, vpn, placement, cx.counters)
+                    {
                         self.move_run(cx, vpn, n, target, run)?;
                         done += n;
                         vpn = vpn.add(n);
@@ -788,7 +790,8 @@ struct Placed {
 }
 
 /// `pages` frames of `dev` aligned to `align` pages, placed as the driver said: a
-/// requirement is the only place, a preference is tried first and then any frame.
+/// requirement is the only place, a preference is tried first and then any frame (of
+/// the fallback class, for [`FramePlacement::PreferOrClass`]); a fallback is counted.
 fn alloc_placed(
     dev: &Arc<DeviceInner>,
     pages: u64,
@@ -796,15 +799,23 @@ fn alloc_placed(
     space: SpaceId,
     vpn: Vpn,
     placed: Placed,
+    stats: &Counters,
 ) -> Option<FrameRun> {
     let class = placed.class;
-    match placed.placement {
-        FramePlacement::Any => dev.alloc_frames(pages, align, space, vpn, None, class),
-        FramePlacement::Require(c) => dev.alloc_frames(pages, align, space, vpn, Some(c), class),
-        FramePlacement::Prefer(c) => dev
-            .alloc_frames(pages, align, space, vpn, Some(c), class)
-            .or_else(|| dev.alloc_frames(pages, align, space, vpn, None, class)),
+    let (prefer, otherwise) = match placed.placement {
+        FramePlacement::Any => return dev.alloc_frames(pages, align, space, vpn, None, class),
+        FramePlacement::Require(c) => {
+            return dev.alloc_frames(pages, align, space, vpn, Some(c), class)
+        }
+        FramePlacement::Prefer(c) => (c, class),
+        FramePlacement::PreferOrClass { prefer, class } => (prefer, class),
+    };
+    if let Some(run) = dev.alloc_frames(pages, align, space, vpn, Some(prefer), class) {
+        return Some(run);
     }
+    let run = dev.alloc_frames(pages, align, space, vpn, None, otherwise)?;
+    Counters::add(&stats.placement_fallbacks, 1);
+    Some(run)
 }
 
 /// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one
