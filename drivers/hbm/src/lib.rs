@@ -12,6 +12,7 @@
 //! | [`config`] | the machine: stacks, SMs per stack, bytes per stack, the fine-grain chunk, bandwidths (printed by experiments) |
 //! | [`decode`](mod@decode) | the dual-mode decode: a fine-grain page interleaves chunks across the stacks, a coarse-grain page lives in one stack; a *page group* of one frame per stack is the unit both modes tile alike |
 //! | [`attrs`] | CODA's placement descriptor as the core's region attributes: the granularity bit and the chunk each thread block touches, hence each coarse page's stack |
+//! | [`mmu`] | [`HbmTables`]: the table host and SMs share, x86-64 leaves carrying each frame's granularity bit (so TLB entries keep it) |
 //! | [`memory`] | [`HbmMemory`]: the stacks' bytes as the core's `DeviceMemory` (zero, read, write, copy by the group's mode), the page-group classes the core announces, the frame requests that put a coarse page in its stack, and the access path of the SMs and the host (routed by the granularity bit of the translation that served them) with traffic accounting |
 //!
 //! How it meets the core: the device's memory is managed in page groups of
@@ -28,18 +29,16 @@
 //! bandwidth defaults (256 GB/s local, 128 GB/s host, 16 GB/s stack to stack, §5's
 //! prose).
 
-#![no_std]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 extern crate alloc;
-#[cfg(test)]
-extern crate std;
 
 pub mod attrs;
 pub mod config;
 pub mod decode;
 pub mod memory;
+pub mod mmu;
 #[cfg(test)]
 mod tests;
 
@@ -47,3 +46,4 @@ pub use attrs::CodaAttrs;
 pub use config::HbmConfig;
 pub use decode::{decode, Granularity, Location};
 pub use memory::{HbmMemory, Requester, Traffic};
+pub use mmu::{granularity_of, HbmTables, HBM_FORMAT};

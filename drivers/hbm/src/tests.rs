@@ -265,3 +265,98 @@ fn a_coarse_page_whose_stack_is_full_goes_fine_grain_and_is_counted() {
     assert_eq!(s.gm.stats().placement_fallbacks, 1);
     s.gm.check_invariants(space).unwrap();
 }
+
+#[test]
+fn the_sms_route_each_access_by_the_bit_their_translation_carries() {
+    use crate::mmu::{granularity_of, HbmTables};
+    use gmem_sim::{HierarchyConfig, Replacement, SimMemory, SimMmu, TlbConfig, Translator};
+    let c = cfg();
+    let mem = Arc::new(HbmMemory::new(c).unwrap());
+    let host_mem = Arc::new(SimMemory::new("tables", PhysAddr::new(0), 4 << 20).unwrap());
+    let tables = Arc::new(HbmTables::new(host_mem, PhysAddr::new(0), 256, mem.clone()).unwrap());
+    let tlbs = HierarchyConfig {
+        units: c.sms() as usize,
+        l1: TlbConfig::new(4, 4, Replacement::Lru),
+        l2: Some(TlbConfig::new(16, 8, Replacement::Lru)),
+        walk_cache: None,
+    };
+    let mmu = Arc::new(SimMmu::new(tables, tlbs).unwrap());
+    let s = TestSystem::new(64);
+    let space =
+        s.gm.as_create(
+            VirtAddr::new(1 << 32),
+            VirtAddr::new(2 << 32),
+            AllocPolicy::empty(),
+        )
+        .unwrap();
+    let dev =
+        s.gm.dev_create(DeviceDesc {
+            name: "hbm-sms".into(),
+            mmu: mmu.clone(),
+            memory: Some(mem.clone()),
+            caps: DevCaps::FAULTABLE,
+            data: None,
+        })
+        .unwrap();
+    s.gm.dev_register_physmem(dev, c.base, c.end()).unwrap();
+    s.gm.dev_set_page_groups(dev, Some(c.group_order()))
+        .unwrap();
+    s.gm.as_attach(space, dev, MmuMode::Coherent, Activation::Switch)
+        .unwrap();
+    let coarse =
+        s.gm.as_alloc(
+            space,
+            AllocRequest {
+                align: c.group_bytes(),
+                ..AllocRequest::new(8 * PAGE_SIZE)
+            },
+        )
+        .unwrap();
+    s.gm.region_set_zero_fill_block(coarse, PAGE_SIZE).unwrap();
+    s.gm.region_set_attrs(coarse, CodaAttrs::coarse(PAGE_SIZE).encode())
+        .unwrap();
+    let fine =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    // SM `k` touches page `k` of the coarse object (the page of its stack) and the fine
+    // object's first page; every access faults once, then translates.
+    for (region, pages, want) in [
+        (coarse, 8, Granularity::Coarse),
+        (fine, 2, Granularity::Fine),
+    ] {
+        for k in 0..pages {
+            let sm = (k * u64::from(c.sms_per_stack)) as u32 % c.sms();
+            let va = VirtAddr::new(region.start.as_u64() + k * PAGE_SIZE);
+            let leaf = match mmu.translate(sm as usize, va, Prot::WRITE) {
+                Ok(l) => l,
+                Err(_) => {
+                    let placed = s.gm.dev_fault(dev, va, Prot::WRITE).unwrap();
+                    assert_eq!(placed.pages, 1);
+                    mmu.translate(sm as usize, va, Prot::WRITE).unwrap()
+                }
+            };
+            let g = granularity_of(leaf.bits);
+            assert_eq!(g, want, "page {k}: the translation carries the page's mode");
+            let pa = leaf.translate(va);
+            // A whole page of distinct bytes (the first chunk of a group's first frame
+            // decodes alike in both modes; the rest does not).
+            let data: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 31 + k * 7) as u8).collect();
+            mem.store(Requester::Sm(sm), pa, g, &data).unwrap();
+            // The core's view (by the page's group) sees the same bytes...
+            let mut back = vec![0u8; PAGE_SIZE as usize];
+            mem.read(pa, &mut back).unwrap();
+            assert_eq!(back, data);
+            // ...and the wrong bit would not.
+            let other = match g {
+                Granularity::Fine => Granularity::Coarse,
+                Granularity::Coarse => Granularity::Fine,
+            };
+            mem.load(Requester::Host, pa, other, &mut back).unwrap();
+            assert_ne!(back, data, "page {k}: the bit is really used");
+        }
+    }
+    // Each SM's coarse page was in its own stack: no remote traffic from the coarse
+    // object; the fine one spread (remote for three quarters of its chunks).
+    assert!(mem.traffic().local >= 8 * PAGE_SIZE);
+    s.gm.check_invariants(space).unwrap();
+}

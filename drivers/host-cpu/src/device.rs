@@ -49,6 +49,7 @@ impl Default for HostCpuConfig {
                 user: true,
                 large_pages: false,
                 mesc: false,
+                granularity_bit: false,
             },
         }
     }

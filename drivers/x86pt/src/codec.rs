@@ -25,7 +25,15 @@ pub struct X86Config {
     /// Keep MESC's contiguity bits in level-1 table pointers ([`crate::mesc`]),
     /// recomputed inside every edit of the leaves below.
     pub mesc: bool,
+    /// Leaves carry [`GRANULARITY_BIT`] as a format bit (CODA's per-page address
+    /// mapping mode: a run asks for it in `Run::bits`, a walk returns it in
+    /// `Leaf::bits`, so TLB entries keep it).
+    pub granularity_bit: bool,
 }
+
+/// CODA's granularity bit in a leaf: bit 9, one of the bits x86-64 leaves leave to
+/// software. Set: a coarse-grain page (one stack); clear: fine grain (interleaved).
+pub const GRANULARITY_BIT: u64 = 1 << 9;
 
 /// The x86-64 encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -61,8 +69,16 @@ impl Codec for X86Codec {
     fn table(&self, table: PhysAddr) -> Option<u64> {
         (table.as_u64() & !crate::pte::ADDR_MASK == 0).then(|| X86Pte::table(table).0)
     }
+    fn format_bits(&self) -> u64 {
+        if self.config.granularity_bit {
+            GRANULARITY_BIT
+        } else {
+            0
+        }
+    }
     fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64> {
-        X86Pte::leaf(frame, run.prot, self.config.user, level > 0).map(|p| p.0)
+        X86Pte::leaf(frame, run.prot, self.config.user, level > 0)
+            .map(|p| p.0 | (run.bits & self.format_bits()))
     }
     fn decode(&self, raw: u64, level: u32) -> Entry {
         match X86Pte(raw).decode(level) {
@@ -79,19 +95,19 @@ impl Codec for X86Codec {
                 prot,
                 dirty: flags.contains(X86Flags::D),
                 local: false,
-                bits: 0,
+                bits: raw & self.format_bits(),
             }),
         }
     }
     fn with_prot(&self, raw: u64, prot: Prot, _level: u32) -> Option<u64> {
-        Some(X86Pte(raw).with_prot(prot).0)
+        Some(X86Pte(raw).with_prot(prot).0 | (raw & self.format_bits()))
     }
     fn split(&self, raw: u64, level: u32, i: u64) -> u64 {
         let pte = X86Pte(raw);
         let mut flags = pte.flags();
         flags.set(X86Flags::PS, level > 1);
         let base = pte.addr().as_u64() & !(level_size(level) - 1);
-        (base + i * level_size(level - 1)) | flags.bits()
+        (base + i * level_size(level - 1)) | flags.bits() | (raw & self.format_bits())
     }
     fn accessed_bit(&self, _level: u32) -> Option<u64> {
         Some(X86Flags::A.bits())

@@ -31,5 +31,5 @@ mod mesc_tests;
 #[cfg(test)]
 mod tests;
 
-pub use codec::{X86Codec, X86Config, X86_FORMAT};
+pub use codec::{X86Codec, X86Config, GRANULARITY_BIT, X86_FORMAT};
 pub use pte::{Decoded, X86Flags, X86Pte};

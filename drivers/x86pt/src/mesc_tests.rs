@@ -23,6 +23,7 @@ fn tables() -> Tables {
     let m = Arc::new(SimMemory::new("host", PhysAddr::new(0), 64 << 20).unwrap());
     let config = X86Config {
         mesc: true,
+        granularity_bit: false,
         ..X86Config::default()
     };
     Tables::new(X86Codec { config }, m, PhysAddr::new(POOL), 256).unwrap()

@@ -80,6 +80,7 @@ fn random_map_unmap_protect_sequences_agree_with_the_model_leaf_by_leaf_and_walk
                 user: true,
                 large_pages: large,
                 mesc: false,
+                granularity_bit: false,
             },
         );
         let root = t.create().unwrap();
@@ -277,6 +278,7 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
             user: false,
             large_pages: true,
             mesc: false,
+            granularity_bit: false,
         },
     );
     let root = t.create().unwrap();
@@ -320,6 +322,7 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
             user: false,
             large_pages: true,
             mesc: false,
+            granularity_bit: false,
         },
     );
     let r2 = t2.create().unwrap();
@@ -339,6 +342,7 @@ fn accessed_bits_are_read_and_cleared_over_a_range_keeping_dirty() {
             user: false,
             large_pages: true,
             mesc: false,
+            granularity_bit: false,
         },
     );
     let root = t.create().unwrap();

@@ -103,6 +103,7 @@ impl PtRunner {
             user: true,
             large_pages: config.large_pages,
             mesc: config.mesc,
+            granularity_bit: false,
         };
         let frames = 4 + config.pool_frames as u64;
         let tables = X86Tables::new(
