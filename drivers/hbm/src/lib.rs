@@ -13,6 +13,7 @@
 //! | [`decode`](mod@decode) | the dual-mode decode: a fine-grain page interleaves chunks across the stacks, a coarse-grain page lives in one stack; a *page group* of one frame per stack is the unit both modes tile alike |
 //! | [`attrs`] | CODA's placement descriptor as the core's region attributes: the granularity bit and the chunk each thread block touches, hence each coarse page's stack |
 //! | [`mmu`] | [`HbmTables`]: the table host and SMs share, x86-64 leaves carrying each frame's granularity bit (so TLB entries keep it) |
+//! | [`placement`] | the fine/coarse decision and each stack's chunk from an affine index expression (standing in for the paper's compiler pass) or a profile of another input |
 //! | [`memory`] | [`HbmMemory`]: the stacks' bytes as the core's `DeviceMemory` (zero, read, write, copy by the group's mode), the page-group classes the core announces, the frame requests that put a coarse page in its stack, and the access path of the SMs and the host (routed by the granularity bit of the translation that served them) with traffic accounting |
 //!
 //! How it meets the core: the device's memory is managed in page groups of
@@ -39,6 +40,7 @@ pub mod config;
 pub mod decode;
 pub mod memory;
 pub mod mmu;
+pub mod placement;
 #[cfg(test)]
 mod tests;
 

@@ -134,8 +134,11 @@ fn the_core_puts_each_coarse_page_in_its_chunks_stack_and_groups_stay_uniform() 
     };
     let r = s.gm.as_alloc(space, req).unwrap();
     s.gm.region_set_zero_fill_block(r, PAGE_SIZE).unwrap();
-    s.gm.region_set_attrs(r, CodaAttrs::coarse(chunk).encode())
-        .unwrap();
+    s.gm.region_set_attrs(
+        r,
+        CodaAttrs::coarse(r.start.as_u64(), chunk, c.stacks).encode(),
+    )
+    .unwrap();
     // A fine-grain object beside it.
     let f =
         s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
@@ -174,7 +177,7 @@ fn the_core_puts_each_coarse_page_in_its_chunks_stack_and_groups_stay_uniform() 
         let (d, pa) = s.gm.as_page_frame(space, va).unwrap().unwrap();
         assert_eq!(d, dev);
         assert_eq!(mem.granularity(pa), Some(Granularity::Coarse));
-        let want = CodaAttrs::coarse(chunk)
+        let want = CodaAttrs::coarse(r.start.as_u64(), chunk, c.stacks)
             .stack_of(va.as_u64(), c.stacks)
             .unwrap();
         assert_eq!(
@@ -249,8 +252,11 @@ fn a_coarse_page_whose_stack_is_full_goes_fine_grain_and_is_counted() {
         )
         .unwrap();
     s.gm.region_set_zero_fill_block(r, PAGE_SIZE).unwrap();
-    s.gm.region_set_attrs(r, CodaAttrs::coarse(PAGE_SIZE).encode())
-        .unwrap();
+    s.gm.region_set_attrs(
+        r,
+        CodaAttrs::coarse(r.start.as_u64(), PAGE_SIZE, c.stacks).encode(),
+    )
+    .unwrap();
     s.gm.region_set_policy(r, on_hbm).unwrap();
     // The other seven groups turn coarse, one stack-1 slot each; the eighth page finds
     // none and takes the fine group's free frame.
@@ -313,8 +319,11 @@ fn the_sms_route_each_access_by_the_bit_their_translation_carries() {
         )
         .unwrap();
     s.gm.region_set_zero_fill_block(coarse, PAGE_SIZE).unwrap();
-    s.gm.region_set_attrs(coarse, CodaAttrs::coarse(PAGE_SIZE).encode())
-        .unwrap();
+    s.gm.region_set_attrs(
+        coarse,
+        CodaAttrs::coarse(coarse.start.as_u64(), PAGE_SIZE, c.stacks).encode(),
+    )
+    .unwrap();
     let fine =
         s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
             .unwrap();
