@@ -199,6 +199,11 @@ pub enum PopulateError {
     Memory(MemError),
     /// `dev_evacuate` of the host, whose memory is where evacuated pages go.
     IsHost,
+    /// `region_alloc_private`: the device is not attached to the region's space.
+    NotAttached(DeviceId),
+    /// `region_alloc_private`: the device can fault, has no memory, or shares its
+    /// page table with another device (any of which would let a private frame leak).
+    CannotHoldPrivate(DeviceId),
 }
 
 /// Errors of `mapping_set_unmap` and `mapping_set_destroy`.
@@ -454,6 +459,11 @@ impl fmt::Display for PopulateError {
             PopulateError::Mmu(e) => write!(f, "driver failed: {e}"),
             PopulateError::Memory(e) => write!(f, "data mover failed: {e}"),
             PopulateError::IsHost => write!(f, "host memory cannot be evacuated"),
+            PopulateError::NotAttached(d) => write!(f, "{d} is not attached to the space"),
+            PopulateError::CannotHoldPrivate(d) => write!(
+                f,
+                "{d} cannot hold private frames (it faults, has no memory or shares its table)"
+            ),
         }
     }
 }

@@ -273,6 +273,30 @@ impl Gmem {
         Ok(st.frame_of(va.vpn()).map(|(d, pfn)| (d, pfn.addr())))
     }
 
+    /// The private frame `dev` has for the page at `va` (see
+    /// [`Gmem::region_alloc_private`]), as `(memory, physical address)`; `None` when it
+    /// has none.
+    ///
+    /// # Errors
+    /// [`LookupError`] for a destroyed space or an address outside every region.
+    pub fn as_private_frame(
+        &self,
+        space_id: SpaceId,
+        va: VirtAddr,
+        dev: DeviceId,
+    ) -> Result<Option<(DeviceId, PhysAddr)>, LookupError> {
+        let space = self
+            .space(space_id)
+            .ok_or(LookupError::UnknownSpace(space_id))?;
+        let st = space.lock();
+        st.region_at(va.as_u64())
+            .ok_or(LookupError::NotAllocated(va))?;
+        Ok(st
+            .slot_of(dev)
+            .and_then(|slot| st.private_frame(slot, va.vpn()))
+            .map(|(mem, pfn)| (st.memory_id(mem), pfn.addr())))
+    }
+
     /// Manage the device's frames in page groups of `2^order` frames (`Some(order)`),
     /// every group starting in class 0, or stop (`None`). See [`crate::physmem`]'s
     /// `groups` module for the rules.

@@ -17,6 +17,7 @@ use crate::space::{
     SpaceState, TableEdits,
 };
 use crate::sync::Arc;
+use alloc::vec::Vec;
 
 /// A region resolved under its space's lock: the handle, a copy of its record and the
 /// pages it spans.
@@ -405,6 +406,54 @@ impl Gmem {
             let (first, pages) = c.range(range)?;
             let prefetch = scope == MigrateScope::Prefetch && !c.rec.explicit;
             Ok(st.migrate_range(cx, space, first, pages, &dest, prefetch)?)
+        })
+    }
+
+    /// Give every page of a region a *private frame* in `dev`'s memory: zeroed, wired,
+    /// mapped at the same address in `dev`'s table only, while the other devices (the
+    /// CPU) keep the page's shared frame — one pointer, two copies, for a device that
+    /// cannot fault (ADSM/GMAC: its runtime moves the bytes between the copies, through
+    /// [`Gmem::as_private_frame`]). Pages that have one keep it. The frames go when the
+    /// pages are unmapped or deallocated, when the device detaches, or on
+    /// [`Gmem::region_free_private`]. Returns the pages newly given one.
+    ///
+    /// # Errors
+    /// [`PopulateError`]: a bad handle or device, [`PopulateError::NotAttached`],
+    /// [`PopulateError::CannotHoldPrivate`], the device's memory full (nothing is
+    /// evicted for a private frame) or a driver failure; no frame of this call is then
+    /// left.
+    pub fn region_alloc_private(
+        &self,
+        region: Region,
+        dev: DeviceId,
+    ) -> Result<u64, PopulateError> {
+        let d = self.device(dev).ok_or(PopulateError::UnknownDevice(dev))?;
+        self.with_region(region, |cx, space, st, c| {
+            let slot = st.private_slot(&d).map_err(|r| match r {
+                crate::space::PrivateRefusal::NotAttached => PopulateError::NotAttached(dev),
+                _ => PopulateError::CannotHoldPrivate(dev),
+            })?;
+            Ok(st.alloc_private(cx, space, &c, c.first, c.pages, slot, &d)?)
+        })
+    }
+
+    /// Take back the private frames `dev` has for a region's pages (see
+    /// [`Gmem::region_alloc_private`]): unmapped, invalidated, freed; the device's table
+    /// gets the shared frames again where it must hold them. Returns how many there
+    /// were.
+    ///
+    /// # Errors
+    /// [`PopulateError`]: a bad handle or device, [`PopulateError::NotAttached`].
+    pub fn region_free_private(&self, region: Region, dev: DeviceId) -> Result<u64, PopulateError> {
+        self.device(dev).ok_or(PopulateError::UnknownDevice(dev))?;
+        self.with_region(region, |cx, _, st, c| {
+            let slot = st.slot_of(dev).ok_or(PopulateError::NotAttached(dev))?;
+            let which: Vec<_> = st
+                .private_in(c.first, c.pages)
+                .into_iter()
+                .filter(|&(s, _)| s == slot)
+                .collect();
+            Ok(st.free_private(cx.counters, &which))
         })
     }
 

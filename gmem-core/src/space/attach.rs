@@ -171,6 +171,9 @@ impl SpaceState {
         };
         let t = att.table;
         let dev = att.dev.clone();
+        // Its private frames go first (unmapped, invalidated, freed).
+        let private = self.private_of_slot(slot);
+        self.free_private(stats, &private);
         {
             let mut b = dev.binding.lock();
             if b.is_active_in(space) {

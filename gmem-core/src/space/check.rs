@@ -92,10 +92,14 @@ impl SpaceState {
             let no_access =
                 region.is_some_and(|(_, r)| st.segments.at(r.piece(), Vpn(vpn)).prot.is_empty());
             if queue_empty && !e.has(PENDING) && !busy && !no_access {
-                if replicas & !e.mapped != 0 {
+                // A table holding a private frame of this page maps that instead.
+                let private: u32 = (0..st.tables.len())
+                    .filter(|&t| st.private_in_table(t, Vpn(vpn)))
+                    .fold(0, |m, t| m | 1 << t);
+                if replicas & !e.mapped & !private != 0 {
                     return fail("replicate table misses a populated page", Some(vpn));
                 }
-                if e.has(WIRED) && wired_tables & !e.mapped != 0 {
+                if e.has(WIRED) && wired_tables & !e.mapped & !private != 0 {
                     return fail(
                         "table of a non-faultable device misses a wired page",
                         Some(vpn),
@@ -118,6 +122,42 @@ impl SpaceState {
                 _ => return fail("frame's reverse mapping does not point back", Some(vpn)),
             }
             owned.push((e.mem, e.pfn));
+        }
+        // Private frames: of an attached device with a table of its own, for a page of a
+        // region, wired, owned by the page; the table holds no shared mapping there.
+        for (slot, vpn, mem, pfn) in st.private.iter() {
+            let Some(att) = st.attached.get(slot).and_then(Option::as_ref) else {
+                return fail("private frame of a detached slot", Some(vpn.0));
+            };
+            if st.tables[att.table].as_ref().map_or(0, |t| t.users) != 1 << slot {
+                return fail("private frame in a shared table", Some(vpn.0));
+            }
+            if st.region_at(vpn.addr().as_u64()).is_none() {
+                return fail("private frame outside every region", Some(vpn.0));
+            }
+            if st.lpt.get(vpn).mapped & (1 << att.table) != 0 {
+                return fail(
+                    "table maps both a private and the shared frame",
+                    Some(vpn.0),
+                );
+            }
+            let Some(memory) = st.memories.try_get(mem) else {
+                return fail("private frame names an unknown memory", Some(vpn.0));
+            };
+            let phys = memory.phys.lock();
+            if phys.state(pfn) != Some(FrameState::Wired) {
+                return fail("private frame is not wired", Some(vpn.0));
+            }
+            match phys.owner(pfn) {
+                Some(o) if o.space == id && o.vpn == vpn => {}
+                _ => {
+                    return fail(
+                        "private frame's reverse mapping does not point back",
+                        Some(vpn.0),
+                    )
+                }
+            }
+            owned.push((mem, pfn));
         }
         // 2. the space owns exactly the frames its table names; queues are sound.
         for (m, dev) in st.memories.iter() {

@@ -324,6 +324,8 @@ pub(crate) struct SpaceState {
     sets: Slots<MappingSet>,
     /// Pieces of regions whose protection a range protect changed.
     segments: segments::Segments,
+    /// Device-private frames (`private`).
+    private: private::PrivateFrames,
     next_region_id: u64,
     /// Generation of the next page table created.
     next_table_generation: u64,
@@ -374,6 +376,7 @@ impl SpaceState {
             queue: MmuQueue::default(),
             sets: Slots::default(),
             segments: segments::Segments::default(),
+            private: private::PrivateFrames::default(),
             next_region_id: 1,
             next_table_generation: 0,
             attach_epoch: 0,
@@ -602,7 +605,7 @@ impl SpaceState {
             let mut i = 0;
             while i < entries.len() {
                 let (v0, e0) = entries[i];
-                if e0.mapped & (1 << t) != 0 {
+                if e0.mapped & (1 << t) != 0 || self.private_in_table(t, v0) {
                     i += 1;
                     continue;
                 }
@@ -621,6 +624,7 @@ impl SpaceState {
                         || e.mem != e0.mem
                         || e.pfn != e0.pfn + n
                         || e.mapped & (1 << t) != 0
+                        || self.private_in_table(t, v)
                         || self.segments.at(region, v) != piece
                     {
                         break;
@@ -773,6 +777,8 @@ impl SpaceState {
     /// Remove every page of `[first, first+pages)` now: unmap everywhere, invalidate,
     /// release frames (the caller releases the range).
     pub fn discard_pages(&mut self, stats: &Counters, first: Vpn, pages: u64) {
+        let private = self.private_in(first, pages);
+        self.free_private(stats, &private);
         self.unmap_pages(stats, first, pages, u32::MAX);
         let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         for (v, e) in entries {
@@ -796,6 +802,8 @@ impl SpaceState {
         pages: u64,
         edits: TableEdits,
     ) -> Discard {
+        let private = self.private_in(first, pages);
+        self.free_private(stats, &private);
         let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(first, pages)
@@ -916,6 +924,8 @@ mod compact;
 mod evict;
 mod fault;
 mod ops;
+mod private;
+pub(crate) use private::PrivateRefusal;
 mod queue;
 mod range;
 pub(crate) mod segments;

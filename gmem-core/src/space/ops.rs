@@ -210,6 +210,7 @@ impl SpaceState {
                 .lpt
                 .entries_in(first, pages)
                 .any(|(_, e)| e.is_populated())
+            || !self.private_in(first, pages).is_empty()
         {
             return Err(MapError::AlreadyMapped);
         }
