@@ -72,6 +72,12 @@ pub trait TranslationCaches: Send + 'static {
     fn holds(&self, unit: usize, root: u64, va: u64) -> bool;
     /// Cache a walked leaf for `unit`.
     fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf);
+    /// [`TranslationCaches::fill`] right after [`TranslationCaches::lookup`] of the
+    /// same `(unit, root, va)` found nothing: an organisation may skip looking for an
+    /// entry to overwrite. The default calls `fill`.
+    fn fill_missed(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        self.fill(unit, root, va, leaf)
+    }
     /// Drop `unit`'s and the shared level's entries for `va` (the entry behind a fault).
     fn forget(&mut self, unit: usize, root: u64, va: u64);
     /// The page-walk cache a walk may use.
@@ -102,6 +108,13 @@ impl TranslationCaches for TlbHierarchy {
     }
     fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
         TlbHierarchy::fill(self, unit, root, va, leaf)
+    }
+    fn fill_missed(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        let u = self.unit(unit);
+        self.l1[u].insert_missing(root, va, leaf.shift, leaf);
+        if let Some(l2) = self.l2.as_mut() {
+            l2.insert_missing(root, va, leaf.shift, leaf);
+        }
     }
     fn forget(&mut self, unit: usize, root: u64, va: u64) {
         TlbHierarchy::forget(self, unit, root, va)

@@ -138,29 +138,40 @@ struct Entry<V> {
     stamp: u64,
 }
 
-impl<V> Entry<V> {
-    fn overlaps(&self, start: u64, len: u64) -> bool {
-        let s = (self.tag as u128) << self.shift;
-        let e = s + (1u128 << self.shift);
-        s < start as u128 + len as u128 && (start as u128) < e
-    }
+fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
+    let s = (tag as u128) << shift;
+    let e = s + (1u128 << shift);
+    s < start as u128 + len as u128 && (start as u128) < e
 }
 
 /// A set-associative TLB caching values of type `V`.
+///
+/// Stored as flat arrays, one element per way (structure of arrays): a lookup scans
+/// only the set's keys (and, once entries of several asids are present, their asids),
+/// a victim search only the set's stamps.
 #[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
-    slots: Vec<Option<Entry<V>>>,
     /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
-    /// (one word per way, so a set is a few cache lines); the asid is checked on a
-    /// key match.
+    /// (one word per way, so a set is a few cache lines).
     keys: Vec<u64>,
     /// Each slot's asid.
     asids: Vec<u64>,
+    /// Each slot's tag (`va >> shift`).
+    tags: Vec<u64>,
     /// Each slot's LRU / FIFO stamp (compact, for victim selection).
     stamps: Vec<u64>,
+    /// Each slot's value (`None` when empty).
+    values: Vec<Option<V>>,
     /// Valid ways per set.
     filled: Vec<u32>,
+    /// Valid entries.
+    valid: usize,
+    /// While `mixed` is false every valid entry has this asid, so a lookup compares
+    /// keys only.
+    asid0: u64,
+    /// Valid entries of more than one asid may be present.
+    mixed: bool,
     clock: u64,
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
@@ -193,11 +204,15 @@ impl<V: Copy> Tlb<V> {
         };
         Ok(Tlb {
             config,
-            slots: vec![None; entries],
             keys: vec![INVALID; entries],
             asids: vec![0; entries],
+            tags: vec![0; entries],
             stamps: vec![0; entries],
+            values: vec![None; entries],
             filled: vec![0; config.sets],
+            valid: 0,
+            asid0: 0,
+            mixed: false,
             clock: 0,
             rng,
             shifts: 0,
@@ -217,12 +232,12 @@ impl<V: Copy> Tlb<V> {
 
     /// Valid entries.
     pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.valid
     }
 
     /// Whether no entry is valid.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.valid == 0
     }
 
     fn set_of(&self, tag: u64) -> std::ops::Range<usize> {
@@ -235,33 +250,71 @@ impl<V: Copy> Tlb<V> {
         set * self.config.ways..(set + 1) * self.config.ways
     }
 
+    #[inline]
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
         let k = key(tag, shift);
         let r = self.set_of(tag);
+        let keys = &self.keys[r.clone()];
         // Branch-free over the set (the compiler vectorises it): a key is in a set once
         // per asid, so the last match is the only one.
-        let (keys, asids) = (&self.keys[r.clone()], &self.asids[r.clone()]);
         let mut hit = usize::MAX;
-        for (i, (&x, &a)) in keys.iter().zip(asids).enumerate() {
-            if x == k && a == asid {
-                hit = i;
+        if !self.mixed {
+            if asid != self.asid0 {
+                return None;
+            }
+            for (i, &x) in keys.iter().enumerate() {
+                if x == k {
+                    hit = i;
+                }
+            }
+        } else {
+            let asids = &self.asids[r.clone()];
+            for (i, (&x, &a)) in keys.iter().zip(asids).enumerate() {
+                if x == k && a == asid {
+                    hit = i;
+                }
             }
         }
         (hit != usize::MAX).then(|| r.start + hit)
     }
 
-    fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<Entry<V>> {
-        self.keys[i] = e.as_ref().map_or(INVALID, |e| key(e.tag, e.shift));
-        self.asids[i] = e.as_ref().map_or(0, |e| e.asid);
-        self.stamps[i] = e.as_ref().map_or(0, |e| e.stamp);
+    /// Put `e` in slot `i` (or empty it); returns the previous entry's `(asid, tag,
+    /// shift)` if the slot was valid.
+    fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<(u64, u64, u8)> {
+        let old = (self.keys[i] != INVALID)
+            .then(|| (self.asids[i], self.tags[i], (self.keys[i] & 63) as u8));
         let set = i / self.config.ways;
-        let new = e.is_some();
-        let old = std::mem::replace(&mut self.slots[i], e);
-        match (old.is_some(), new) {
-            (false, true) => self.filled[set] += 1,
-            (true, false) => self.filled[set] -= 1,
-            _ => {}
+        match e {
+            Some(e) => {
+                if old.is_none() {
+                    if self.valid == 0 {
+                        self.asid0 = e.asid;
+                        self.mixed = false;
+                    }
+                    self.valid += 1;
+                    self.filled[set] += 1;
+                }
+                if e.asid != self.asid0 {
+                    self.mixed = true;
+                }
+                self.keys[i] = key(e.tag, e.shift);
+                self.asids[i] = e.asid;
+                self.tags[i] = e.tag;
+                self.stamps[i] = e.stamp;
+                self.values[i] = Some(e.value);
+            }
+            None => {
+                if old.is_some() {
+                    self.valid -= 1;
+                    self.filled[set] -= 1;
+                    if self.valid == 0 {
+                        self.mixed = false;
+                    }
+                }
+                self.keys[i] = INVALID;
+                self.values[i] = None;
+            }
         }
         old
     }
@@ -272,6 +325,7 @@ impl<V: Copy> Tlb<V> {
 
     /// Look `va` up in any page size, smallest first; a hit refreshes the entry for
     /// LRU. Returns the entry's page shift and value.
+    #[inline]
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
         if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
             // One page size (the common case): no list to build.
@@ -287,6 +341,7 @@ impl<V: Copy> Tlb<V> {
     }
 
     /// Look `va` up in page size `1 << shift` only (a page-walk-cache level).
+    #[inline]
     pub fn lookup_at(&mut self, asid: u64, va: u64, shift: u8) -> Option<V> {
         self.lookup_deepest(asid, va, &[shift]).map(|(_, v)| v)
     }
@@ -294,6 +349,7 @@ impl<V: Copy> Tlb<V> {
     /// Look `va` up in each page size of `shifts`, in order, and return the first
     /// entry found with its shift: one hit or one miss is counted (a page-walk cache
     /// probing its levels deepest first).
+    #[inline]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
         self.clock += 1;
         let hit = shifts
@@ -302,14 +358,10 @@ impl<V: Copy> Tlb<V> {
         match hit {
             Some((s, i)) => {
                 self.stats.hits += 1;
-                let clock = self.clock;
-                let lru = self.config.policy == Replacement::Lru;
-                let e = self.slots[i].as_mut().expect("found valid");
-                if lru {
-                    e.stamp = clock;
-                    self.stamps[i] = clock;
+                if self.config.policy == Replacement::Lru {
+                    self.stamps[i] = self.clock;
                 }
-                Some((s, e.value))
+                self.values[i].map(|v| (s, v))
             }
             None => {
                 self.stats.misses += 1;
@@ -354,6 +406,7 @@ impl<V: Copy> Tlb<V> {
         self.insert_inner(asid, va, shift, value, false)
     }
 
+    #[inline]
     fn insert_inner(
         &mut self,
         asid: u64,
@@ -393,36 +446,47 @@ impl<V: Copy> Tlb<V> {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
             Replacement::Lru | Replacement::Fifo => {
-                // The set is full: the smallest stamp, first of equals.
+                // The set is full: the smallest stamp, first of equals (one pass).
                 let stamps = &self.stamps[range.clone()];
-                let oldest = stamps.iter().copied().fold(u64::MAX, u64::min);
-                range.start + stamps.iter().position(|&x| x == oldest).expect("a way")
+                let (mut best, mut oldest) = (0, stamps[0]);
+                for (i, &x) in stamps.iter().enumerate().skip(1) {
+                    if x < oldest {
+                        oldest = x;
+                        best = i;
+                    }
+                }
+                range.start + best
             }
         };
-        let old = self.put(victim, Some(entry)).expect("full set");
+        let (old_asid, old_tag, old_shift) = self.put(victim, Some(entry)).expect("full set");
         self.stats.evictions += 1;
-        Some((old.asid, old.tag << old.shift))
+        Some((old_asid, old_tag << old_shift))
     }
 
     /// Drop the entries translating `va` for `asid` (what hardware does with the entry
     /// that caused a fault). Returns how many were dropped.
     pub fn remove(&mut self, asid: u64, va: u64) -> u64 {
-        let hits: Vec<usize> = self
-            .shift_list()
-            .filter_map(|s| self.find(asid, va, s))
-            .collect();
-        for i in &hits {
-            self.put(*i, None);
+        let (mut hits, mut n) = ([0usize; 64], 0);
+        for s in 0u8..64 {
+            if self.shifts & (1 << s) != 0 {
+                if let Some(i) = self.find(asid, va, s) {
+                    hits[n] = i;
+                    n += 1;
+                }
+            }
         }
-        self.stats.invalidated += hits.len() as u64;
-        hits.len() as u64
+        for &i in &hits[..n] {
+            self.put(i, None);
+        }
+        self.stats.invalidated += n as u64;
+        n as u64
     }
 
     /// Drop every entry of `asid` overlapping any of `ranges` (`(start, len)` in bytes).
     /// Returns how many were dropped.
     pub fn invalidate(&mut self, asid: u64, ranges: &[(u64, u64)]) -> u64 {
         self.stats.invalidations += 1;
-        let capacity = self.slots.len() as u64;
+        let capacity = self.keys.len() as u64;
         let shifts: Vec<u8> = self.shift_list().collect();
         let probes: u64 = ranges
             .iter()
@@ -451,9 +515,13 @@ impl<V: Copy> Tlb<V> {
                 }
             }
         } else {
-            for i in 0..self.slots.len() {
-                if matches!(&self.slots[i], Some(e) if e.asid == asid
-                    && ranges.iter().any(|&(s, l)| l > 0 && e.overlaps(s, l)))
+            for i in 0..self.keys.len() {
+                let k = self.keys[i];
+                if k != INVALID
+                    && self.asids[i] == asid
+                    && ranges
+                        .iter()
+                        .any(|&(s, l)| l > 0 && overlaps(self.tags[i], (k & 63) as u8, s, l))
                 {
                     self.put(i, None);
                     dropped += 1;
@@ -468,10 +536,12 @@ impl<V: Copy> Tlb<V> {
     pub fn flush_asid(&mut self, asid: u64) -> u64 {
         self.stats.invalidations += 1;
         let mut dropped = 0;
-        for i in 0..self.slots.len() {
-            if matches!(&self.slots[i], Some(e) if e.asid == asid) {
-                self.put(i, None);
-                dropped += 1;
+        if self.valid > 0 && (self.mixed || self.asid0 == asid) {
+            for i in 0..self.keys.len() {
+                if self.keys[i] != INVALID && self.asids[i] == asid {
+                    self.put(i, None);
+                    dropped += 1;
+                }
             }
         }
         self.stats.invalidated += dropped;
@@ -481,10 +551,14 @@ impl<V: Copy> Tlb<V> {
     /// Drop every entry.
     pub fn flush(&mut self) -> u64 {
         self.stats.invalidations += 1;
-        let dropped = self.len() as u64;
-        self.slots.iter_mut().for_each(|s| *s = None);
-        self.keys.iter_mut().for_each(|k| *k = INVALID);
-        self.filled.iter_mut().for_each(|f| *f = 0);
+        let dropped = self.valid as u64;
+        if dropped > 0 {
+            self.values.iter_mut().for_each(|s| *s = None);
+            self.keys.iter_mut().for_each(|k| *k = INVALID);
+            self.filled.iter_mut().for_each(|f| *f = 0);
+        }
+        self.valid = 0;
+        self.mixed = false;
         self.shifts = 0;
         self.stats.invalidated += dropped;
         dropped
