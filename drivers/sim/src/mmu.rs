@@ -110,6 +110,24 @@ pub trait Translator: Send + Sync {
     fn gate(&self) -> Option<&AccessGate> {
         None
     }
+    /// [`Translator::translate_served`] for each `(va, access)` of `pages` in order,
+    /// handing each answer to `each` with the page's index, and stopping as soon as
+    /// `each` returns `false` (the way a faulting instruction stops). An MMU may serve
+    /// the whole list under one acquisition of its state; the default translates one
+    /// page at a time.
+    fn translate_batch(
+        &self,
+        unit: usize,
+        pages: &[(VirtAddr, Prot)],
+        each: &mut dyn FnMut(usize, Result<Leaf, Miss>, Served) -> bool,
+    ) {
+        for (i, &(va, access)) in pages.iter().enumerate() {
+            let (r, served) = self.translate_served(unit, va, access);
+            if !each(i, r, served) {
+                return;
+            }
+        }
+    }
 }
 
 /// One event of a recorded translation stream.
@@ -434,10 +452,46 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
         access: Prot,
     ) -> (Result<Leaf, Miss>, Served) {
         let mut g = lock(&self.state);
+        self.translate_locked(&mut g, unit, va, access)
+    }
+
+    fn translate_batch(
+        &self,
+        unit: usize,
+        pages: &[(VirtAddr, Prot)],
+        each: &mut dyn FnMut(usize, Result<Leaf, Miss>, Served) -> bool,
+    ) {
+        let mut g = lock(&self.state);
+        for (i, &(va, access)) in pages.iter().enumerate() {
+            let (r, served) = self.translate_locked(&mut g, unit, va, access);
+            if !each(i, r, served) {
+                return;
+            }
+        }
+    }
+
+    fn units(&self) -> usize {
+        lock(&self.state).caches.units()
+    }
+
+    fn gate(&self) -> Option<&AccessGate> {
+        Some(&self.gate)
+    }
+}
+
+impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
+    /// One translation with the state already locked.
+    fn translate_locked(
+        &self,
+        g: &mut State<C>,
+        unit: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> (Result<Leaf, Miss>, Served) {
         let Some(root) = g.root else {
             return (Err(Miss::Inactive), Served::Unknown);
         };
-        let st = &mut *g;
+        let st = g;
         let units = st.caches.units().max(1);
         let (r, served, walk, answer) = translate_in(
             &mut st.caches,
@@ -462,14 +516,6 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
             });
         }
         (r, served)
-    }
-
-    fn units(&self) -> usize {
-        lock(&self.state).caches.units()
-    }
-
-    fn gate(&self) -> Option<&AccessGate> {
-        Some(&self.gate)
     }
 }
 

@@ -155,6 +155,9 @@ pub struct Tlb<V> {
     /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
     /// (one word per way, so a set is a few cache lines).
     keys: Vec<u64>,
+    /// Each slot's 32-bit fingerprint of `(key, asid)`, 0 when empty: what a lookup
+    /// scans (four ways per SIMD compare); a match is confirmed on `keys` and `asids`.
+    fps: Vec<u32>,
     /// Each slot's asid.
     asids: Vec<u64>,
     /// Each slot's tag (`va >> shift`).
@@ -167,8 +170,8 @@ pub struct Tlb<V> {
     filled: Vec<u32>,
     /// Valid entries.
     valid: usize,
-    /// While `mixed` is false every valid entry has this asid, so a lookup compares
-    /// keys only.
+    /// While `mixed` is false every valid entry has this asid, so a lookup of another
+    /// asid misses at once.
     asid0: u64,
     /// Valid entries of more than one asid may be present.
     mixed: bool,
@@ -185,6 +188,37 @@ const INVALID: u64 = u64::MAX;
 
 fn key(tag: u64, shift: u8) -> u64 {
     tag << 6 | u64::from(shift)
+}
+
+/// A non-zero 32-bit fingerprint of a key and an asid.
+#[inline]
+fn fingerprint(key: u64, asid: u64) -> u32 {
+    let h = (key ^ asid.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((h >> 32) as u32) | 1
+}
+
+/// Bit `i` set when `fps[i] == f`, for a slice of at most 32 (one vectorisable pass).
+#[inline]
+fn match_mask(fps: &[u32], f: u32) -> u32 {
+    if let Ok(a) = <&[u32; 16]>::try_from(fps) {
+        let mut m = 0u32;
+        for (i, &x) in a.iter().enumerate() {
+            m |= u32::from(x == f) << i;
+        }
+        return m;
+    }
+    if let Ok(a) = <&[u32; 32]>::try_from(fps) {
+        let mut m = 0u32;
+        for (i, &x) in a.iter().enumerate() {
+            m |= u32::from(x == f) << i;
+        }
+        return m;
+    }
+    let mut m = 0u32;
+    for (i, &x) in fps.iter().enumerate() {
+        m |= u32::from(x == f) << i;
+    }
+    m
 }
 
 impl<V: Copy> Tlb<V> {
@@ -205,6 +239,7 @@ impl<V: Copy> Tlb<V> {
         Ok(Tlb {
             config,
             keys: vec![INVALID; entries],
+            fps: vec![0; entries],
             asids: vec![0; entries],
             tags: vec![0; entries],
             stamps: vec![0; entries],
@@ -255,28 +290,25 @@ impl<V: Copy> Tlb<V> {
         let tag = va >> shift;
         let k = key(tag, shift);
         let r = self.set_of(tag);
-        let keys = &self.keys[r.clone()];
-        // Branch-free over the set (the compiler vectorises it): a key is in a set once
-        // per asid, so the last match is the only one.
-        let mut hit = usize::MAX;
-        if !self.mixed {
-            if asid != self.asid0 {
-                return None;
-            }
-            for (i, &x) in keys.iter().enumerate() {
-                if x == k {
-                    hit = i;
-                }
-            }
-        } else {
-            let asids = &self.asids[r.clone()];
-            for (i, (&x, &a)) in keys.iter().zip(asids).enumerate() {
-                if x == k && a == asid {
-                    hit = i;
-                }
-            }
+        if !self.mixed && asid != self.asid0 {
+            return None;
         }
-        (hit != usize::MAX).then(|| r.start + hit)
+        let f = fingerprint(k, asid);
+        // 32 ways at a time: a bit mask of fingerprint matches, each confirmed on the
+        // full key and asid (a key is in a set once per asid).
+        let mut base = r.start;
+        for chunk in self.fps[r].chunks(32) {
+            let mut m = match_mask(chunk, f);
+            while m != 0 {
+                let i = base + m.trailing_zeros() as usize;
+                if self.keys[i] == k && self.asids[i] == asid {
+                    return Some(i);
+                }
+                m &= m - 1;
+            }
+            base += chunk.len();
+        }
+        None
     }
 
     /// Put `e` in slot `i` (or empty it); returns the previous entry's `(asid, tag,
@@ -299,6 +331,7 @@ impl<V: Copy> Tlb<V> {
                     self.mixed = true;
                 }
                 self.keys[i] = key(e.tag, e.shift);
+                self.fps[i] = fingerprint(self.keys[i], e.asid);
                 self.asids[i] = e.asid;
                 self.tags[i] = e.tag;
                 self.stamps[i] = e.stamp;
@@ -313,6 +346,7 @@ impl<V: Copy> Tlb<V> {
                     }
                 }
                 self.keys[i] = INVALID;
+                self.fps[i] = 0;
                 self.values[i] = None;
             }
         }
@@ -555,6 +589,7 @@ impl<V: Copy> Tlb<V> {
         if dropped > 0 {
             self.values.iter_mut().for_each(|s| *s = None);
             self.keys.iter_mut().for_each(|k| *k = INVALID);
+            self.fps.iter_mut().for_each(|k| *k = 0);
             self.filled.iter_mut().for_each(|f| *f = 0);
         }
         self.valid = 0;
