@@ -134,8 +134,6 @@ struct Entry<V> {
     tag: u64,
     shift: u8,
     value: V,
-    /// LRU: last use; FIFO: fill time.
-    stamp: u64,
 }
 
 fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
@@ -148,7 +146,7 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 ///
 /// Stored as flat arrays, one element per way (structure of arrays): a lookup scans
 /// only the set's keys (and, once entries of several asids are present, their asids),
-/// a victim search only the set's stamps.
+/// and an LRU or FIFO victim is the tail of the set's recency list.
 #[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
@@ -162,8 +160,16 @@ pub struct Tlb<V> {
     asids: Vec<u64>,
     /// Each slot's tag (`va >> shift`).
     tags: Vec<u64>,
-    /// Each slot's LRU / FIFO stamp (compact, for victim selection).
-    stamps: Vec<u64>,
+    /// Each valid slot's neighbours in its set's recency list (more recent, less
+    /// recent; [`NIL`] at the ends): most recently filled or (LRU) used first, so the
+    /// LRU / FIFO victim is the list's tail, found without a search.
+    newer: Vec<u32>,
+    /// See `newer`.
+    older: Vec<u32>,
+    /// Each set's most recent slot ([`NIL`] when empty).
+    head: Vec<u32>,
+    /// Each set's least recent slot: the victim.
+    tail: Vec<u32>,
     /// Each slot's value (`None` when empty).
     values: Vec<Option<V>>,
     /// Valid ways per set.
@@ -175,7 +181,6 @@ pub struct Tlb<V> {
     asid0: u64,
     /// Valid entries of more than one asid may be present.
     mixed: bool,
-    clock: u64,
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
     shifts: u64,
@@ -185,6 +190,9 @@ pub struct Tlb<V> {
 const MAX_ENTRIES: usize = 1 << 20;
 
 const INVALID: u64 = u64::MAX;
+
+/// No slot (an end of a recency list).
+const NIL: u32 = u32::MAX;
 
 fn key(tag: u64, shift: u8) -> u64 {
     tag << 6 | u64::from(shift)
@@ -197,28 +205,11 @@ fn fingerprint(key: u64, asid: u64) -> u32 {
     ((h >> 32) as u32) | 1
 }
 
-/// Bit `i` set when `fps[i] == f`, for a slice of at most 32 (one vectorisable pass).
+/// Whether some element of `fps` equals `f` (an or-reduction without early exit, which
+/// the compiler vectorises: four ways per compare).
 #[inline]
-fn match_mask(fps: &[u32], f: u32) -> u32 {
-    if let Ok(a) = <&[u32; 16]>::try_from(fps) {
-        let mut m = 0u32;
-        for (i, &x) in a.iter().enumerate() {
-            m |= u32::from(x == f) << i;
-        }
-        return m;
-    }
-    if let Ok(a) = <&[u32; 32]>::try_from(fps) {
-        let mut m = 0u32;
-        for (i, &x) in a.iter().enumerate() {
-            m |= u32::from(x == f) << i;
-        }
-        return m;
-    }
-    let mut m = 0u32;
-    for (i, &x) in fps.iter().enumerate() {
-        m |= u32::from(x == f) << i;
-    }
-    m
+fn any_eq(fps: &[u32], f: u32) -> bool {
+    fps.iter().fold(0u32, |acc, &x| acc | u32::from(x == f)) != 0
 }
 
 impl<V: Copy> Tlb<V> {
@@ -242,13 +233,15 @@ impl<V: Copy> Tlb<V> {
             fps: vec![0; entries],
             asids: vec![0; entries],
             tags: vec![0; entries],
-            stamps: vec![0; entries],
+            newer: vec![NIL; entries],
+            older: vec![NIL; entries],
+            head: vec![NIL; config.sets],
+            tail: vec![NIL; config.sets],
             values: vec![None; entries],
             filled: vec![0; config.sets],
             valid: 0,
             asid0: 0,
             mixed: false,
-            clock: 0,
             rng,
             shifts: 0,
             stats: TlbStats::default(),
@@ -285,6 +278,17 @@ impl<V: Copy> Tlb<V> {
         set * self.config.ways..(set + 1) * self.config.ways
     }
 
+    /// The set of slot `i` (a shift for power-of-two ways, no division).
+    #[inline]
+    fn slot_set(&self, i: usize) -> usize {
+        let ways = self.config.ways;
+        if ways.is_power_of_two() {
+            i >> ways.trailing_zeros()
+        } else {
+            i / ways
+        }
+    }
+
     #[inline]
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
@@ -294,21 +298,18 @@ impl<V: Copy> Tlb<V> {
             return None;
         }
         let f = fingerprint(k, asid);
-        // 32 ways at a time: a bit mask of fingerprint matches, each confirmed on the
-        // full key and asid (a key is in a set once per asid).
-        let mut base = r.start;
-        for chunk in self.fps[r].chunks(32) {
-            let mut m = match_mask(chunk, f);
-            while m != 0 {
-                let i = base + m.trailing_zeros() as usize;
-                if self.keys[i] == k && self.asids[i] == asid {
-                    return Some(i);
-                }
-                m &= m - 1;
-            }
-            base += chunk.len();
+        // Most lookups of a miss-heavy stream find no fingerprint at all: one
+        // vectorised pass says so; a match is confirmed on the full key and asid (a key
+        // is in a set once per asid).
+        let fps = &self.fps[r.clone()];
+        if !any_eq(fps, f) {
+            return None;
         }
-        None
+        fps.iter()
+            .enumerate()
+            .filter(|&(_, &x)| x == f)
+            .map(|(i, _)| r.start + i)
+            .find(|&i| self.keys[i] == k && self.asids[i] == asid)
     }
 
     /// Put `e` in slot `i` (or empty it); returns the previous entry's `(asid, tag,
@@ -316,7 +317,7 @@ impl<V: Copy> Tlb<V> {
     fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<(u64, u64, u8)> {
         let old = (self.keys[i] != INVALID)
             .then(|| (self.asids[i], self.tags[i], (self.keys[i] & 63) as u8));
-        let set = i / self.config.ways;
+        let set = self.slot_set(i);
         match e {
             Some(e) => {
                 if old.is_none() {
@@ -326,7 +327,11 @@ impl<V: Copy> Tlb<V> {
                     }
                     self.valid += 1;
                     self.filled[set] += 1;
+                } else {
+                    self.unlink(set, i);
                 }
+                // A fill is the most recent use.
+                self.push_front(set, i);
                 if e.asid != self.asid0 {
                     self.mixed = true;
                 }
@@ -334,11 +339,11 @@ impl<V: Copy> Tlb<V> {
                 self.fps[i] = fingerprint(self.keys[i], e.asid);
                 self.asids[i] = e.asid;
                 self.tags[i] = e.tag;
-                self.stamps[i] = e.stamp;
                 self.values[i] = Some(e.value);
             }
             None => {
                 if old.is_some() {
+                    self.unlink(set, i);
                     self.valid -= 1;
                     self.filled[set] -= 1;
                     if self.valid == 0 {
@@ -351,6 +356,36 @@ impl<V: Copy> Tlb<V> {
             }
         }
         old
+    }
+
+    /// Take valid slot `i` out of its set's recency list.
+    #[inline]
+    fn unlink(&mut self, set: usize, i: usize) {
+        let (n, o) = (self.newer[i], self.older[i]);
+        if n == NIL {
+            self.head[set] = o;
+        } else {
+            self.older[n as usize] = o;
+        }
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.newer[o as usize] = n;
+        }
+    }
+
+    /// Make slot `i` (not in the list) its set's most recent.
+    #[inline]
+    fn push_front(&mut self, set: usize, i: usize) {
+        let h = self.head[set];
+        self.newer[i] = NIL;
+        self.older[i] = h;
+        if h == NIL {
+            self.tail[set] = i as u32;
+        } else {
+            self.newer[h as usize] = i as u32;
+        }
+        self.head[set] = i as u32;
     }
 
     fn shift_list(&self) -> impl Iterator<Item = u8> + '_ {
@@ -385,15 +420,16 @@ impl<V: Copy> Tlb<V> {
     /// probing its levels deepest first).
     #[inline]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
-        self.clock += 1;
         let hit = shifts
             .iter()
             .find_map(|&s| self.find(asid, va, s).map(|i| (s, i)));
         match hit {
             Some((s, i)) => {
                 self.stats.hits += 1;
-                if self.config.policy == Replacement::Lru {
-                    self.stamps[i] = self.clock;
+                if self.config.policy == Replacement::Lru && self.newer[i] != NIL {
+                    let set = self.slot_set(i);
+                    self.unlink(set, i);
+                    self.push_front(set, i);
                 }
                 self.values[i].map(|v| (s, v))
             }
@@ -450,7 +486,6 @@ impl<V: Copy> Tlb<V> {
         search: bool,
     ) -> Option<(u64, u64)> {
         let shift = shift.min(63);
-        self.clock += 1;
         self.shifts |= 1 << shift;
         self.stats.fills += 1;
         let tag = va >> shift;
@@ -459,7 +494,6 @@ impl<V: Copy> Tlb<V> {
             tag,
             shift,
             value,
-            stamp: self.clock,
         };
         if search {
             if let Some(i) = self.find(asid, va, shift) {
@@ -468,7 +502,7 @@ impl<V: Copy> Tlb<V> {
             }
         }
         let range = self.set_of(tag);
-        let set = range.start / self.config.ways;
+        let set = self.slot_set(range.start);
         if self.filled[set] < self.config.ways as u32 {
             if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
                 self.put(range.start + i, Some(entry));
@@ -479,18 +513,8 @@ impl<V: Copy> Tlb<V> {
             Replacement::Random { .. } => {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
-            Replacement::Lru | Replacement::Fifo => {
-                // The set is full: the smallest stamp, first of equals (one pass).
-                let stamps = &self.stamps[range.clone()];
-                let (mut best, mut oldest) = (0, stamps[0]);
-                for (i, &x) in stamps.iter().enumerate().skip(1) {
-                    if x < oldest {
-                        oldest = x;
-                        best = i;
-                    }
-                }
-                range.start + best
-            }
+            // The set is full: its least recent entry (the list's tail).
+            Replacement::Lru | Replacement::Fifo => self.tail[set] as usize,
         };
         let (old_asid, old_tag, old_shift) = self.put(victim, Some(entry)).expect("full set");
         self.stats.evictions += 1;
@@ -591,6 +615,8 @@ impl<V: Copy> Tlb<V> {
             self.keys.iter_mut().for_each(|k| *k = INVALID);
             self.fps.iter_mut().for_each(|k| *k = 0);
             self.filled.iter_mut().for_each(|f| *f = 0);
+            self.head.iter_mut().for_each(|f| *f = NIL);
+            self.tail.iter_mut().for_each(|f| *f = NIL);
         }
         self.valid = 0;
         self.mixed = false;
@@ -721,6 +747,60 @@ mod tests {
         t.insert(3, P, 12, 1);
         assert_eq!(t.flush(), 1);
         assert_eq!(t.stats().invalidated, 3);
+    }
+
+    /// The recency lists against a plain reference: per set a list of (asid, page)
+    /// ordered by last fill (FIFO) or use (LRU), the victim its oldest element.
+    #[test]
+    fn recency_lists_pick_the_same_victims_as_a_reference_model() {
+        for policy in [Replacement::Lru, Replacement::Fifo] {
+            for (sets, ways) in [(1, 32), (4, 4), (3, 2)] {
+                let mut t = tlb(sets, ways, policy);
+                let mut reference: Vec<Vec<(u64, u64)>> = vec![Vec::new(); sets];
+                let mut x = 0x1234_5678_9abc_def1u64;
+                for step in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let (asid, page) = ((x >> 60) & 1, (x >> 8) % 97);
+                    let set = &mut reference[(page % sets as u64) as usize];
+                    let at = set.iter().position(|&e| e == (asid, page));
+                    match x % 5 {
+                        0 | 1 => {
+                            let got = t.lookup(asid, page * P).map(|(_, v)| v);
+                            assert_eq!(got, at.map(|_| page), "step {step}");
+                            if let (Some(i), Replacement::Lru) = (at, policy) {
+                                let e = set.remove(i);
+                                set.push(e);
+                            }
+                        }
+                        2 => {
+                            assert_eq!(t.remove(asid, page * P), u64::from(at.is_some()));
+                            if let Some(i) = at {
+                                set.remove(i);
+                            }
+                        }
+                        _ => {
+                            let evicted = t.insert(asid, page * P, 12, page);
+                            let want = match at {
+                                Some(i) => {
+                                    set.remove(i);
+                                    None
+                                }
+                                None if set.len() == ways => {
+                                    let (a, p) = set.remove(0);
+                                    Some((a, p * P))
+                                }
+                                None => None,
+                            };
+                            set.push((asid, page));
+                            assert_eq!(evicted, want, "step {step}");
+                        }
+                    }
+                }
+                assert_eq!(t.len(), reference.iter().map(Vec::len).sum::<usize>());
+            }
+        }
     }
 
     #[test]
