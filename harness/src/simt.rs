@@ -214,8 +214,9 @@ pub const SWEEP_ENTRIES: &[usize] = &[256, 512, 1024, 2048, 4096, 8192];
 
 /// Run each of `names` once at `size` on the integrated GPU, recording its translation
 /// stream, and replay the stream offline through the MESC hierarchy with each shared
-/// TLB size of [`SWEEP_ENTRIES`]: the shared TLB's hit ratio per lookup and the share
-/// of requests served without a walk, per size, as a table.
+/// TLB size of [`SWEEP_ENTRIES`] (LRU), and with 512 entries under random replacement:
+/// the shared TLB's hit ratio per lookup and the share of requests served without a
+/// walk, per configuration, as a table.
 ///
 /// # Errors
 /// A machine that could not be built or a workload that failed.
@@ -230,6 +231,7 @@ pub fn sweep(names: &[&str], size: Size) -> Result<String, String> {
     for e in SWEEP_ENTRIES {
         let _ = write!(s, " {:>13}", format!("{e} entries"));
     }
+    let _ = write!(s, " {:>13}", "512 random");
     let _ = writeln!(s);
     for &name in names {
         let m = SimtMachine::mesc(pages_needed(name, size))?;
@@ -240,9 +242,13 @@ pub fn sweep(names: &[&str], size: Size) -> Result<String, String> {
             return Err(format!("{name}: result does not match the CPU reference"));
         }
         let _ = write!(s, "{:<17} {:>10}", name, log.translations());
-        for &entries in SWEEP_ENTRIES {
+        let policies = SWEEP_ENTRIES
+            .iter()
+            .map(|&e| (e, Replacement::Lru))
+            .chain([(512, Replacement::Random { seed: 1 })]);
+        for (entries, policy) in policies {
             let mut config = mesc_tlbs(MESC_UNITS);
-            config.l2 = Some(TlbConfig::new(entries / 16, 16, Replacement::Lru));
+            config.l2 = Some(TlbConfig::new(entries / 16, 16, policy));
             let mut caches = TlbHierarchy::new(config).map_err(|e| e.to_string())?;
             let r = replay(&mut caches, &log, 4);
             let no_walk = 1.0 - r.caches.walks as f64 / log.translations().max(1) as f64;

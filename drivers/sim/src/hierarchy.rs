@@ -210,6 +210,7 @@ impl TlbHierarchy {
     }
 
     /// [`TlbHierarchy::lookup`], also saying which level held the leaf.
+    #[inline]
     pub fn lookup_level(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         let u = self.unit(unit);
         if let Some((_, leaf)) = self.l1[u].lookup(root, va) {

@@ -289,7 +289,7 @@ impl<V: Copy> Tlb<V> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
         let k = key(tag, shift);
@@ -394,7 +394,7 @@ impl<V: Copy> Tlb<V> {
 
     /// Look `va` up in any page size, smallest first; a hit refreshes the entry for
     /// LRU. Returns the entry's page shift and value.
-    #[inline]
+    #[inline(always)]
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
         if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
             // One page size (the common case): no list to build.
@@ -418,7 +418,7 @@ impl<V: Copy> Tlb<V> {
     /// Look `va` up in each page size of `shifts`, in order, and return the first
     /// entry found with its shift: one hit or one miss is counted (a page-walk cache
     /// probing its levels deepest first).
-    #[inline]
+    #[inline(always)]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
         let hit = shifts
             .iter()

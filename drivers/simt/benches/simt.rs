@@ -64,20 +64,52 @@ impl Spec for Rows {
     }
 }
 
+/// `out[t] = Σ_k a[k][t]`: 64 coalesced loads per thread, one page per instruction
+/// (ATAX's second kernel): the steady per-instruction cost without block turnover.
+struct Columns {
+    n: u64,
+    a: u64,
+    out: u64,
+}
+
+impl Spec for Columns {
+    fn threads(&self) -> u64 {
+        self.n
+    }
+    fn steps(&self) -> u64 {
+        64
+    }
+    fn operands(&self) -> usize {
+        1
+    }
+    fn addr(&self, t: u64, k: u64, _op: usize) -> Option<u64> {
+        Some(self.a + 4 * (k * self.n + t))
+    }
+    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
+        acc[0] += v[0];
+    }
+    fn out(&self, t: u64) -> Option<u64> {
+        Some(self.out + 4 * t)
+    }
+}
+
 fn benches(c: &mut Criterion) {
-    // Offline replay of ATAX's quick stream through the MESC geometry.
-    let m = SimtMachine::mesc(pages_needed("atax", Size::Quick)).unwrap();
-    m.start_recording();
-    assert!(run(&m, "atax", Size::Quick).unwrap().verified);
-    let log = m.take_recording();
+    // Offline replay of recorded streams through the MESC geometry: ATAX (quick size,
+    // nine requests in ten miss the L1 TLB) and BFS on an R-MAT graph (mostly hits).
     let mut g = c.benchmark_group("replay");
-    g.throughput(Throughput::Elements(log.translations()));
-    g.bench_function("atax-quick translations", |b| {
-        b.iter(|| {
-            let mut caches = TlbHierarchy::new(mesc_tlbs(MESC_UNITS)).unwrap();
-            replay(&mut caches, &log, 4)
-        })
-    });
+    for name in ["atax", "bfs-rmat"] {
+        let m = SimtMachine::mesc(pages_needed(name, Size::Quick)).unwrap();
+        m.start_recording();
+        assert!(run(&m, name, Size::Quick).unwrap().verified);
+        let log = m.take_recording();
+        g.throughput(Throughput::Elements(log.translations()));
+        g.bench_function(format!("{name}-quick translations"), |b| {
+            b.iter(|| {
+                let mut caches = TlbHierarchy::new(mesc_tlbs(MESC_UNITS)).unwrap();
+                replay(&mut caches, &log, 4)
+            })
+        });
+    }
     g.finish();
 
     // Live SIMT: memory instructions per second.
@@ -95,6 +127,16 @@ fn benches(c: &mut Criterion) {
     g.throughput(Throughput::Elements(instrs));
     g.bench_function("stream memory instructions", |b| {
         b.iter(|| m.launch(&stream).unwrap())
+    });
+    let columns = SpecKernel::new(Columns {
+        n: 16384,
+        a: a.start.as_u64(),
+        out: out.start.as_u64(),
+    });
+    let instrs = m.launch(&columns).unwrap().memory_instructions;
+    g.throughput(Throughput::Elements(instrs));
+    g.bench_function("coalesced-loop memory instructions", |b| {
+        b.iter(|| m.launch(&columns).unwrap())
     });
     let rows = SpecKernel::new(Rows {
         n: 1024,
