@@ -200,8 +200,14 @@ impl TlbHierarchy {
         }
     }
 
+    #[inline]
     fn unit(&self, unit: usize) -> usize {
-        unit % self.l1.len()
+        let n = self.l1.len();
+        if unit < n {
+            unit
+        } else {
+            unit % n
+        }
     }
 
     /// Look `va` up for `unit` (taken modulo the number of units): its L1, then the L2.
