@@ -227,7 +227,7 @@ pub fn sweep(names: &[&str], size: Size) -> Result<String, String> {
         "shared-TLB size sweep (offline replay of each run's translation stream; 16 ways; \
          L1 and walk cache as MESC Table I): shared-TLB hit / no walk"
     );
-    let _ = write!(s, "{:<17} {:>10}", "workload", "requests");
+    let _ = write!(s, "{:<17} {:>10}", "workload", "recorded");
     for e in SWEEP_ENTRIES {
         let _ = write!(s, " {:>13}", format!("{e} entries"));
     }

@@ -219,10 +219,10 @@ impl TlbHierarchy {
     #[inline]
     pub fn lookup_level(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         let u = self.unit(unit);
-        if let Some((_, leaf)) = self.l1[u].lookup(root, va) {
-            return Some((leaf, Level::L1));
+        if let Some(leaf) = self.l1[u].lookup_ref(root, va) {
+            return Some((*leaf, Level::L1));
         }
-        let (_, leaf) = self.l2.as_mut()?.lookup(root, va)?;
+        let leaf = *self.l2.as_mut()?.lookup_ref(root, va)?;
         // The L1 lookup just missed `va` in every size.
         self.l1[u].insert_missing(root, va, leaf.shift, leaf);
         Some((leaf, Level::L2))

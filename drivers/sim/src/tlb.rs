@@ -396,17 +396,32 @@ impl<V: Copy> Tlb<V> {
     /// LRU. Returns the entry's page shift and value.
     #[inline(always)]
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
+        let i = self.lookup_any(asid, va)?;
+        Some(((self.keys[i] & 63) as u8, self.values[i]?))
+    }
+
+    /// [`Tlb::lookup`] returning a reference to the value (no copy through the
+    /// return value: the caller copies it once, where it needs it).
+    #[inline(always)]
+    pub fn lookup_ref(&mut self, asid: u64, va: u64) -> Option<&V> {
+        let i = self.lookup_any(asid, va)?;
+        self.values[i].as_ref()
+    }
+
+    /// The slot a lookup in any page size hits (counted and refreshed).
+    #[inline(always)]
+    fn lookup_any(&mut self, asid: u64, va: u64) -> Option<usize> {
         if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
             // One page size (the common case): no list to build.
             let s = self.shifts.trailing_zeros().min(63) as u8;
-            return self.lookup_deepest(asid, va, &[s]);
+            return self.lookup_slot(asid, va, &[s]).map(|(_, i)| i);
         }
         let (mut buf, mut n) = ([0u8; 64], 0);
         for s in self.shift_list() {
             buf[n] = s;
             n += 1;
         }
-        self.lookup_deepest(asid, va, &buf[..n])
+        self.lookup_slot(asid, va, &buf[..n]).map(|(_, i)| i)
     }
 
     /// Look `va` up in page size `1 << shift` only (a page-walk-cache level).
@@ -420,6 +435,14 @@ impl<V: Copy> Tlb<V> {
     /// probing its levels deepest first).
     #[inline(always)]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
+        let (s, i) = self.lookup_slot(asid, va, shifts)?;
+        Some((s, self.values[i]?))
+    }
+
+    /// The shift and slot of the first of `shifts` that hits (one hit or miss counted,
+    /// the entry refreshed for LRU).
+    #[inline(always)]
+    fn lookup_slot(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, usize)> {
         let hit = shifts
             .iter()
             .find_map(|&s| self.find(asid, va, s).map(|i| (s, i)));
@@ -431,7 +454,7 @@ impl<V: Copy> Tlb<V> {
                     self.unlink(set, i);
                     self.push_front(set, i);
                 }
-                self.values[i].map(|v| (s, v))
+                Some((s, i))
             }
             None => {
                 self.stats.misses += 1;
