@@ -170,6 +170,10 @@ enum Command {
         /// integrated one walking the CPU's table.
         #[arg(long)]
         discrete: bool,
+        /// Instead of the table: replay each run's translation stream through shared
+        /// TLBs of 256 to 8192 entries (integrated GPU).
+        #[arg(long)]
+        l2_sweep: bool,
     },
     /// Replay a trace, checking every load against a reference model of the bytes.
     Replay {
@@ -526,7 +530,30 @@ fn main() -> ExitCode {
             workload,
             quick,
             discrete,
+            l2_sweep: false,
         }) => return run_simt(&workload, quick, discrete, output),
+        Some(Command::Simt {
+            workload,
+            quick,
+            l2_sweep: true,
+            ..
+        }) => {
+            let size = if quick {
+                gmem_simt::workloads::Size::Quick
+            } else {
+                gmem_simt::workloads::Size::Full
+            };
+            return match simt::names(&workload).and_then(|n| simt::sweep(&n, size)) {
+                Ok(t) => {
+                    print!("{t}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("simt: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(Command::Reproduce {
             experiment: Experiment::GmemTable4,
             inputs,

@@ -72,6 +72,12 @@ pub trait TranslationCaches: Send + 'static {
     fn holds(&self, unit: usize, root: u64, va: u64) -> bool;
     /// Cache a walked leaf for `unit`.
     fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf);
+    /// [`TranslationCaches::fill`] right after [`TranslationCaches::lookup`] of the
+    /// same `(unit, root, va)` found nothing: an organisation may skip looking for an
+    /// entry to overwrite. The default calls `fill`.
+    fn fill_missed(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        self.fill(unit, root, va, leaf)
+    }
     /// Drop `unit`'s and the shared level's entries for `va` (the entry behind a fault).
     fn forget(&mut self, unit: usize, root: u64, va: u64);
     /// The page-walk cache a walk may use.
@@ -102,6 +108,13 @@ impl TranslationCaches for TlbHierarchy {
     }
     fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
         TlbHierarchy::fill(self, unit, root, va, leaf)
+    }
+    fn fill_missed(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        let u = self.unit(unit);
+        self.l1[u].insert_missing(root, va, leaf.shift, leaf);
+        if let Some(l2) = self.l2.as_mut() {
+            l2.insert_missing(root, va, leaf.shift, leaf);
+        }
     }
     fn forget(&mut self, unit: usize, root: u64, va: u64) {
         TlbHierarchy::forget(self, unit, root, va)
@@ -187,8 +200,14 @@ impl TlbHierarchy {
         }
     }
 
+    #[inline]
     fn unit(&self, unit: usize) -> usize {
-        unit % self.l1.len()
+        let n = self.l1.len();
+        if unit < n {
+            unit
+        } else {
+            unit % n
+        }
     }
 
     /// Look `va` up for `unit` (taken modulo the number of units): its L1, then the L2.
@@ -197,12 +216,13 @@ impl TlbHierarchy {
     }
 
     /// [`TlbHierarchy::lookup`], also saying which level held the leaf.
+    #[inline]
     pub fn lookup_level(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         let u = self.unit(unit);
-        if let Some((_, leaf)) = self.l1[u].lookup(root, va) {
-            return Some((leaf, Level::L1));
+        if let Some(leaf) = self.l1[u].lookup_ref(root, va) {
+            return Some((*leaf, Level::L1));
         }
-        let (_, leaf) = self.l2.as_mut()?.lookup(root, va)?;
+        let leaf = *self.l2.as_mut()?.lookup_ref(root, va)?;
         // The L1 lookup just missed `va` in every size.
         self.l1[u].insert_missing(root, va, leaf.shift, leaf);
         Some((leaf, Level::L2))

@@ -20,10 +20,13 @@
 //! the leaf a walk gave or the cached leaf, the walk's entry reads) and every
 //! invalidation as [`TraceEvent`]s; [`replay`] runs such a stream through any
 //! [`TranslationCaches`] with the same decision logic as the live MMU, so replaying
-//! through the live configuration gives exactly the live counters (except the
-//! page-walk cache's, which the replayer does not model: a replayed walk costs the
-//! reads the live walk made, or, for a walk the live run did not make, the format's
-//! full depth given to [`replay`]).
+//! through the live configuration gives exactly the live counters, page-walk cache
+//! included. A replayed walk probes the replay's page-walk cache as the live walker
+//! does (deepest level first), reads one entry per level from the level it starts at
+//! down to the level where the live walk stopped (the leaf's level for a walk the live
+//! run did not make) and fills the cache for each level it descended. The cache's
+//! values (table addresses) are not recorded: replay needs only which keys are
+//! present.
 
 use crate::format::{Leaf, TableFormat, Walk, WalkerId};
 use crate::hierarchy::{HierarchyConfig, HierarchyStats, Level, TlbHierarchy, TranslationCaches};
@@ -107,6 +110,24 @@ pub trait Translator: Send + Sync {
     fn gate(&self) -> Option<&AccessGate> {
         None
     }
+    /// [`Translator::translate_served`] for each `(va, access)` of `pages` in order,
+    /// handing each answer to `each` with the page's index, and stopping as soon as
+    /// `each` returns `false` (the way a faulting instruction stops). An MMU may serve
+    /// the whole list under one acquisition of its state; the default translates one
+    /// page at a time.
+    fn translate_batch(
+        &self,
+        unit: usize,
+        pages: &[(VirtAddr, Prot)],
+        each: &mut dyn FnMut(usize, Result<Leaf, Miss>, Served) -> bool,
+    ) {
+        for (i, &(va, access)) in pages.iter().enumerate() {
+            let (r, served) = self.translate_served(unit, va, access);
+            if !each(i, r, served) {
+                return;
+            }
+        }
+    }
 }
 
 /// One event of a recorded translation stream.
@@ -131,6 +152,9 @@ pub enum TraceEvent {
         reads: u32,
         /// Entries written back.
         writes: u32,
+        /// Levels the live walk skipped thanks to its page-walk cache (0 when it did
+        /// not walk).
+        skipped: u32,
     },
     /// `invalidate(root, ranges)`; the ranges are `TraceLog::ranges[first..first+count]`.
     Invalidate {
@@ -169,7 +193,7 @@ impl TraceLog {
     }
 }
 
-/// Counters of a replay (the same as the live MMU's, page-walk cache excepted).
+/// Counters of a replay (the same as the live MMU's).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReplayStats {
     /// The caches' counters.
@@ -190,7 +214,8 @@ fn translate_in<C: TranslationCaches>(
     access: Prot,
     walk: impl FnOnce(&mut C) -> Walk,
 ) -> (Result<Leaf, Miss>, Served, Option<Walk>, Option<Leaf>) {
-    if let Some((leaf, level)) = caches.lookup(unit, root, va) {
+    let cached = caches.lookup(unit, root, va);
+    if let Some((leaf, level)) = cached {
         if !leaf.prot.contains(access) {
             caches.forget(unit, root, va);
             return (
@@ -212,7 +237,11 @@ fn translate_in<C: TranslationCaches>(
         None => Err(Miss::NotPresent),
         Some(leaf) if !leaf.prot.contains(access) => Err(Miss::Protection { allowed: leaf.prot }),
         Some(leaf) => {
-            caches.fill(unit, root, va, leaf);
+            if cached.is_none() {
+                caches.fill_missed(unit, root, va, leaf);
+            } else {
+                caches.fill(unit, root, va, leaf);
+            }
             Ok(leaf)
         }
     };
@@ -226,14 +255,13 @@ fn served_at(level: Level) -> Served {
     }
 }
 
-/// Replay `log` through `caches`. A walk uses the recorded answer and costs the
-/// recorded reads, or `full_walk_reads` when the live run served that request from a
-/// cache. Replaying through a copy of the live configuration gives the live counters.
-pub fn replay<C: TranslationCaches>(
-    caches: &mut C,
-    log: &TraceLog,
-    full_walk_reads: u32,
-) -> ReplayStats {
+/// Replay `log` through `caches`. `levels` is the table format's depth (4 for x86-64).
+/// A walk uses the recorded answer; its reads follow from where the replay's
+/// page-walk cache lets it start and where the live walk stopped (see the module
+/// documentation). Replaying through a copy of the live configuration gives the live
+/// counters.
+pub fn replay<C: TranslationCaches>(caches: &mut C, log: &TraceLog, levels: u32) -> ReplayStats {
+    let top = levels.saturating_sub(1);
     let mut walks = 0;
     for e in &log.events {
         match *e {
@@ -246,14 +274,16 @@ pub fn replay<C: TranslationCaches>(
                 walked,
                 reads,
                 writes,
+                skipped,
             } => {
-                let _ = translate_in(caches, &mut walks, unit as usize, root, va, access, |_| {
-                    Walk {
-                        leaf: answer,
-                        reads: if walked { reads } else { full_walk_reads },
-                        writes,
-                        skipped: 0,
-                    }
+                // The level the live walk stopped at (read last).
+                let end = if walked {
+                    (top.saturating_sub(skipped) + 1).saturating_sub(reads)
+                } else {
+                    answer.map_or(0, |l| u32::from(l.shift.saturating_sub(12)) / 9)
+                };
+                let _ = translate_in(caches, &mut walks, unit as usize, root, va, access, |c| {
+                    replay_walk(c, root, va, top, end, answer, writes)
                 });
             }
             TraceEvent::Invalidate { root, first, count } => {
@@ -267,6 +297,42 @@ pub fn replay<C: TranslationCaches>(
     ReplayStats {
         caches: caches.stats(),
         translations: walks,
+    }
+}
+
+/// A replayed walk of `va` from the top level `top` down to level `end`: the page-walk
+/// cache probed and filled as [`crate::walk_cached`] does.
+fn replay_walk<C: TranslationCaches>(
+    c: &mut C,
+    root: u64,
+    va: u64,
+    top: u32,
+    end: u32,
+    answer: Option<Leaf>,
+    writes: u32,
+) -> Walk {
+    let mut start = top;
+    if let Some(pwc) = c.walk_cache() {
+        let (mut shifts, mut n) = ([0u8; 8], 0);
+        for l in 1..=top.min(8) {
+            shifts[n] = gmem_ptengine::level_shift(l);
+            n += 1;
+        }
+        if let Some((s, _)) = pwc.lookup_deepest(root, va, &shifts[..n]) {
+            start = (u32::from(s) - 12) / 9 - 1;
+        }
+        // The walk descends through the tables below levels start..=end+1.
+        let mut l = start;
+        while l > end {
+            pwc.insert(root, va, gmem_ptengine::level_shift(l), 0);
+            l -= 1;
+        }
+    }
+    Walk {
+        leaf: answer,
+        reads: (start + 1).saturating_sub(end),
+        writes,
+        skipped: top - start,
     }
 }
 
@@ -386,10 +452,46 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
         access: Prot,
     ) -> (Result<Leaf, Miss>, Served) {
         let mut g = lock(&self.state);
+        self.translate_locked(&mut g, unit, va, access)
+    }
+
+    fn translate_batch(
+        &self,
+        unit: usize,
+        pages: &[(VirtAddr, Prot)],
+        each: &mut dyn FnMut(usize, Result<Leaf, Miss>, Served) -> bool,
+    ) {
+        let mut g = lock(&self.state);
+        for (i, &(va, access)) in pages.iter().enumerate() {
+            let (r, served) = self.translate_locked(&mut g, unit, va, access);
+            if !each(i, r, served) {
+                return;
+            }
+        }
+    }
+
+    fn units(&self) -> usize {
+        lock(&self.state).caches.units()
+    }
+
+    fn gate(&self) -> Option<&AccessGate> {
+        Some(&self.gate)
+    }
+}
+
+impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
+    /// One translation with the state already locked.
+    fn translate_locked(
+        &self,
+        g: &mut State<C>,
+        unit: usize,
+        va: VirtAddr,
+        access: Prot,
+    ) -> (Result<Leaf, Miss>, Served) {
         let Some(root) = g.root else {
             return (Err(Miss::Inactive), Served::Unknown);
         };
-        let st = &mut *g;
+        let st = g;
         let units = st.caches.units().max(1);
         let (r, served, walk, answer) = translate_in(
             &mut st.caches,
@@ -410,17 +512,10 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
                 walked: walk.is_some(),
                 reads: walk.map_or(0, |w| w.reads),
                 writes: walk.map_or(0, |w| w.writes),
+                skipped: walk.map_or(0, |w| w.skipped),
             });
         }
         (r, served)
-    }
-
-    fn units(&self) -> usize {
-        lock(&self.state).caches.units()
-    }
-
-    fn gate(&self) -> Option<&AccessGate> {
-        Some(&self.gate)
     }
 }
 

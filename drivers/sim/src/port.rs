@@ -289,21 +289,41 @@ impl Port {
             out.clear();
             let gate = self.translator.gate().map(AccessGate::enter);
             let mut missed = None;
-            for &(va, access) in pages {
-                match self.translator.translate_served(unit, va, access) {
-                    (Ok(leaf), served) => {
+            let mut failed = None;
+            // The last non-local memory found: consecutive pages usually live in the
+            // same one, so the memory map is not searched again.
+            let mut last: Option<Arc<SimMemory>> = None;
+            self.translator
+                .translate_batch(unit, pages, &mut |i, r, served| match r {
+                    Ok(leaf) => {
+                        let (va, _) = pages[i];
                         let pa = leaf.translate(va);
-                        out.push(Resolved {
-                            pa,
-                            memory: self.memory_of(&leaf, pa)?,
-                            served,
-                        });
+                        let memory = match &last {
+                            Some(m) if !leaf.local && m.contains(pa) => m.clone(),
+                            _ => match self.memory_of(&leaf, pa) {
+                                Ok(m) => {
+                                    if !leaf.local {
+                                        last = Some(m.clone());
+                                    }
+                                    m
+                                }
+                                Err(e) => {
+                                    failed = Some(e);
+                                    return false;
+                                }
+                            },
+                        };
+                        out.push(Resolved { pa, memory, served });
+                        true
                     }
-                    (Err(m), _) => {
+                    Err(m) => {
+                        let (va, access) = pages[i];
                         missed = Some((va, access, m));
-                        break;
+                        false
                     }
-                }
+                });
+            if let Some(e) = failed {
+                return Err(e);
             }
             match missed {
                 None => {

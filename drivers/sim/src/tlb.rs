@@ -134,34 +134,53 @@ struct Entry<V> {
     tag: u64,
     shift: u8,
     value: V,
-    /// LRU: last use; FIFO: fill time.
-    stamp: u64,
 }
 
-impl<V> Entry<V> {
-    fn overlaps(&self, start: u64, len: u64) -> bool {
-        let s = (self.tag as u128) << self.shift;
-        let e = s + (1u128 << self.shift);
-        s < start as u128 + len as u128 && (start as u128) < e
-    }
+fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
+    let s = (tag as u128) << shift;
+    let e = s + (1u128 << shift);
+    s < start as u128 + len as u128 && (start as u128) < e
 }
 
 /// A set-associative TLB caching values of type `V`.
+///
+/// Stored as flat arrays, one element per way (structure of arrays): a lookup scans
+/// only the set's keys (and, once entries of several asids are present, their asids),
+/// and an LRU or FIFO victim is the tail of the set's recency list.
 #[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
-    slots: Vec<Option<Entry<V>>>,
     /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
-    /// (one word per way, so a set is a few cache lines); the asid is checked on a
-    /// key match.
+    /// (one word per way, so a set is a few cache lines).
     keys: Vec<u64>,
+    /// Each slot's 32-bit fingerprint of `(key, asid)`, 0 when empty: what a lookup
+    /// scans (four ways per SIMD compare); a match is confirmed on `keys` and `asids`.
+    fps: Vec<u32>,
     /// Each slot's asid.
     asids: Vec<u64>,
-    /// Each slot's LRU / FIFO stamp (compact, for victim selection).
-    stamps: Vec<u64>,
+    /// Each slot's tag (`va >> shift`).
+    tags: Vec<u64>,
+    /// Each valid slot's neighbours in its set's recency list (more recent, less
+    /// recent; [`NIL`] at the ends): most recently filled or (LRU) used first, so the
+    /// LRU / FIFO victim is the list's tail, found without a search.
+    newer: Vec<u32>,
+    /// See `newer`.
+    older: Vec<u32>,
+    /// Each set's most recent slot ([`NIL`] when empty).
+    head: Vec<u32>,
+    /// Each set's least recent slot: the victim.
+    tail: Vec<u32>,
+    /// Each slot's value (`None` when empty).
+    values: Vec<Option<V>>,
     /// Valid ways per set.
     filled: Vec<u32>,
-    clock: u64,
+    /// Valid entries.
+    valid: usize,
+    /// While `mixed` is false every valid entry has this asid, so a lookup of another
+    /// asid misses at once.
+    asid0: u64,
+    /// Valid entries of more than one asid may be present.
+    mixed: bool,
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
     shifts: u64,
@@ -172,8 +191,25 @@ const MAX_ENTRIES: usize = 1 << 20;
 
 const INVALID: u64 = u64::MAX;
 
+/// No slot (an end of a recency list).
+const NIL: u32 = u32::MAX;
+
 fn key(tag: u64, shift: u8) -> u64 {
     tag << 6 | u64::from(shift)
+}
+
+/// A non-zero 32-bit fingerprint of a key and an asid.
+#[inline]
+fn fingerprint(key: u64, asid: u64) -> u32 {
+    let h = (key ^ asid.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((h >> 32) as u32) | 1
+}
+
+/// Whether some element of `fps` equals `f` (an or-reduction without early exit, which
+/// the compiler vectorises: four ways per compare).
+#[inline]
+fn any_eq(fps: &[u32], f: u32) -> bool {
+    fps.iter().fold(0u32, |acc, &x| acc | u32::from(x == f)) != 0
 }
 
 impl<V: Copy> Tlb<V> {
@@ -193,12 +229,19 @@ impl<V: Copy> Tlb<V> {
         };
         Ok(Tlb {
             config,
-            slots: vec![None; entries],
             keys: vec![INVALID; entries],
+            fps: vec![0; entries],
             asids: vec![0; entries],
-            stamps: vec![0; entries],
+            tags: vec![0; entries],
+            newer: vec![NIL; entries],
+            older: vec![NIL; entries],
+            head: vec![NIL; config.sets],
+            tail: vec![NIL; config.sets],
+            values: vec![None; entries],
             filled: vec![0; config.sets],
-            clock: 0,
+            valid: 0,
+            asid0: 0,
+            mixed: false,
             rng,
             shifts: 0,
             stats: TlbStats::default(),
@@ -217,12 +260,12 @@ impl<V: Copy> Tlb<V> {
 
     /// Valid entries.
     pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.valid
     }
 
     /// Whether no entry is valid.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.valid == 0
     }
 
     fn set_of(&self, tag: u64) -> std::ops::Range<usize> {
@@ -235,35 +278,114 @@ impl<V: Copy> Tlb<V> {
         set * self.config.ways..(set + 1) * self.config.ways
     }
 
+    /// The set of slot `i` (a shift for power-of-two ways, no division).
+    #[inline]
+    fn slot_set(&self, i: usize) -> usize {
+        let ways = self.config.ways;
+        if ways.is_power_of_two() {
+            i >> ways.trailing_zeros()
+        } else {
+            i / ways
+        }
+    }
+
+    #[inline(always)]
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
         let k = key(tag, shift);
         let r = self.set_of(tag);
-        // Branch-free over the set (the compiler vectorises it): a key is in a set once
-        // per asid, so the last match is the only one.
-        let (keys, asids) = (&self.keys[r.clone()], &self.asids[r.clone()]);
-        let mut hit = usize::MAX;
-        for (i, (&x, &a)) in keys.iter().zip(asids).enumerate() {
-            if x == k && a == asid {
-                hit = i;
-            }
+        if !self.mixed && asid != self.asid0 {
+            return None;
         }
-        (hit != usize::MAX).then(|| r.start + hit)
+        let f = fingerprint(k, asid);
+        // Most lookups of a miss-heavy stream find no fingerprint at all: one
+        // vectorised pass says so; a match is confirmed on the full key and asid (a key
+        // is in a set once per asid).
+        let fps = &self.fps[r.clone()];
+        if !any_eq(fps, f) {
+            return None;
+        }
+        fps.iter()
+            .enumerate()
+            .filter(|&(_, &x)| x == f)
+            .map(|(i, _)| r.start + i)
+            .find(|&i| self.keys[i] == k && self.asids[i] == asid)
     }
 
-    fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<Entry<V>> {
-        self.keys[i] = e.as_ref().map_or(INVALID, |e| key(e.tag, e.shift));
-        self.asids[i] = e.as_ref().map_or(0, |e| e.asid);
-        self.stamps[i] = e.as_ref().map_or(0, |e| e.stamp);
-        let set = i / self.config.ways;
-        let new = e.is_some();
-        let old = std::mem::replace(&mut self.slots[i], e);
-        match (old.is_some(), new) {
-            (false, true) => self.filled[set] += 1,
-            (true, false) => self.filled[set] -= 1,
-            _ => {}
+    /// Put `e` in slot `i` (or empty it); returns the previous entry's `(asid, tag,
+    /// shift)` if the slot was valid.
+    fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<(u64, u64, u8)> {
+        let old = (self.keys[i] != INVALID)
+            .then(|| (self.asids[i], self.tags[i], (self.keys[i] & 63) as u8));
+        let set = self.slot_set(i);
+        match e {
+            Some(e) => {
+                if old.is_none() {
+                    if self.valid == 0 {
+                        self.asid0 = e.asid;
+                        self.mixed = false;
+                    }
+                    self.valid += 1;
+                    self.filled[set] += 1;
+                } else {
+                    self.unlink(set, i);
+                }
+                // A fill is the most recent use.
+                self.push_front(set, i);
+                if e.asid != self.asid0 {
+                    self.mixed = true;
+                }
+                self.keys[i] = key(e.tag, e.shift);
+                self.fps[i] = fingerprint(self.keys[i], e.asid);
+                self.asids[i] = e.asid;
+                self.tags[i] = e.tag;
+                self.values[i] = Some(e.value);
+            }
+            None => {
+                if old.is_some() {
+                    self.unlink(set, i);
+                    self.valid -= 1;
+                    self.filled[set] -= 1;
+                    if self.valid == 0 {
+                        self.mixed = false;
+                    }
+                }
+                self.keys[i] = INVALID;
+                self.fps[i] = 0;
+                self.values[i] = None;
+            }
         }
         old
+    }
+
+    /// Take valid slot `i` out of its set's recency list.
+    #[inline]
+    fn unlink(&mut self, set: usize, i: usize) {
+        let (n, o) = (self.newer[i], self.older[i]);
+        if n == NIL {
+            self.head[set] = o;
+        } else {
+            self.older[n as usize] = o;
+        }
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.newer[o as usize] = n;
+        }
+    }
+
+    /// Make slot `i` (not in the list) its set's most recent.
+    #[inline]
+    fn push_front(&mut self, set: usize, i: usize) {
+        let h = self.head[set];
+        self.newer[i] = NIL;
+        self.older[i] = h;
+        if h == NIL {
+            self.tail[set] = i as u32;
+        } else {
+            self.newer[h as usize] = i as u32;
+        }
+        self.head[set] = i as u32;
     }
 
     fn shift_list(&self) -> impl Iterator<Item = u8> + '_ {
@@ -272,21 +394,38 @@ impl<V: Copy> Tlb<V> {
 
     /// Look `va` up in any page size, smallest first; a hit refreshes the entry for
     /// LRU. Returns the entry's page shift and value.
+    #[inline(always)]
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
+        let i = self.lookup_any(asid, va)?;
+        Some(((self.keys[i] & 63) as u8, self.values[i]?))
+    }
+
+    /// [`Tlb::lookup`] returning a reference to the value (no copy through the
+    /// return value: the caller copies it once, where it needs it).
+    #[inline(always)]
+    pub fn lookup_ref(&mut self, asid: u64, va: u64) -> Option<&V> {
+        let i = self.lookup_any(asid, va)?;
+        self.values[i].as_ref()
+    }
+
+    /// The slot a lookup in any page size hits (counted and refreshed).
+    #[inline(always)]
+    fn lookup_any(&mut self, asid: u64, va: u64) -> Option<usize> {
         if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
             // One page size (the common case): no list to build.
             let s = self.shifts.trailing_zeros().min(63) as u8;
-            return self.lookup_deepest(asid, va, &[s]);
+            return self.lookup_slot(asid, va, &[s]).map(|(_, i)| i);
         }
         let (mut buf, mut n) = ([0u8; 64], 0);
         for s in self.shift_list() {
             buf[n] = s;
             n += 1;
         }
-        self.lookup_deepest(asid, va, &buf[..n])
+        self.lookup_slot(asid, va, &buf[..n]).map(|(_, i)| i)
     }
 
     /// Look `va` up in page size `1 << shift` only (a page-walk-cache level).
+    #[inline]
     pub fn lookup_at(&mut self, asid: u64, va: u64, shift: u8) -> Option<V> {
         self.lookup_deepest(asid, va, &[shift]).map(|(_, v)| v)
     }
@@ -294,22 +433,28 @@ impl<V: Copy> Tlb<V> {
     /// Look `va` up in each page size of `shifts`, in order, and return the first
     /// entry found with its shift: one hit or one miss is counted (a page-walk cache
     /// probing its levels deepest first).
+    #[inline(always)]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
-        self.clock += 1;
+        let (s, i) = self.lookup_slot(asid, va, shifts)?;
+        Some((s, self.values[i]?))
+    }
+
+    /// The shift and slot of the first of `shifts` that hits (one hit or miss counted,
+    /// the entry refreshed for LRU).
+    #[inline(always)]
+    fn lookup_slot(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, usize)> {
         let hit = shifts
             .iter()
             .find_map(|&s| self.find(asid, va, s).map(|i| (s, i)));
         match hit {
             Some((s, i)) => {
                 self.stats.hits += 1;
-                let clock = self.clock;
-                let lru = self.config.policy == Replacement::Lru;
-                let e = self.slots[i].as_mut().expect("found valid");
-                if lru {
-                    e.stamp = clock;
-                    self.stamps[i] = clock;
+                if self.config.policy == Replacement::Lru && self.newer[i] != NIL {
+                    let set = self.slot_set(i);
+                    self.unlink(set, i);
+                    self.push_front(set, i);
                 }
-                Some((s, e.value))
+                Some((s, i))
             }
             None => {
                 self.stats.misses += 1;
@@ -354,6 +499,7 @@ impl<V: Copy> Tlb<V> {
         self.insert_inner(asid, va, shift, value, false)
     }
 
+    #[inline]
     fn insert_inner(
         &mut self,
         asid: u64,
@@ -363,7 +509,6 @@ impl<V: Copy> Tlb<V> {
         search: bool,
     ) -> Option<(u64, u64)> {
         let shift = shift.min(63);
-        self.clock += 1;
         self.shifts |= 1 << shift;
         self.stats.fills += 1;
         let tag = va >> shift;
@@ -372,7 +517,6 @@ impl<V: Copy> Tlb<V> {
             tag,
             shift,
             value,
-            stamp: self.clock,
         };
         if search {
             if let Some(i) = self.find(asid, va, shift) {
@@ -381,7 +525,7 @@ impl<V: Copy> Tlb<V> {
             }
         }
         let range = self.set_of(tag);
-        let set = range.start / self.config.ways;
+        let set = self.slot_set(range.start);
         if self.filled[set] < self.config.ways as u32 {
             if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
                 self.put(range.start + i, Some(entry));
@@ -392,37 +536,38 @@ impl<V: Copy> Tlb<V> {
             Replacement::Random { .. } => {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
-            Replacement::Lru | Replacement::Fifo => {
-                // The set is full: the smallest stamp, first of equals.
-                let stamps = &self.stamps[range.clone()];
-                let oldest = stamps.iter().copied().fold(u64::MAX, u64::min);
-                range.start + stamps.iter().position(|&x| x == oldest).expect("a way")
-            }
+            // The set is full: its least recent entry (the list's tail).
+            Replacement::Lru | Replacement::Fifo => self.tail[set] as usize,
         };
-        let old = self.put(victim, Some(entry)).expect("full set");
+        let (old_asid, old_tag, old_shift) = self.put(victim, Some(entry)).expect("full set");
         self.stats.evictions += 1;
-        Some((old.asid, old.tag << old.shift))
+        Some((old_asid, old_tag << old_shift))
     }
 
     /// Drop the entries translating `va` for `asid` (what hardware does with the entry
     /// that caused a fault). Returns how many were dropped.
     pub fn remove(&mut self, asid: u64, va: u64) -> u64 {
-        let hits: Vec<usize> = self
-            .shift_list()
-            .filter_map(|s| self.find(asid, va, s))
-            .collect();
-        for i in &hits {
-            self.put(*i, None);
+        let (mut hits, mut n) = ([0usize; 64], 0);
+        for s in 0u8..64 {
+            if self.shifts & (1 << s) != 0 {
+                if let Some(i) = self.find(asid, va, s) {
+                    hits[n] = i;
+                    n += 1;
+                }
+            }
         }
-        self.stats.invalidated += hits.len() as u64;
-        hits.len() as u64
+        for &i in &hits[..n] {
+            self.put(i, None);
+        }
+        self.stats.invalidated += n as u64;
+        n as u64
     }
 
     /// Drop every entry of `asid` overlapping any of `ranges` (`(start, len)` in bytes).
     /// Returns how many were dropped.
     pub fn invalidate(&mut self, asid: u64, ranges: &[(u64, u64)]) -> u64 {
         self.stats.invalidations += 1;
-        let capacity = self.slots.len() as u64;
+        let capacity = self.keys.len() as u64;
         let shifts: Vec<u8> = self.shift_list().collect();
         let probes: u64 = ranges
             .iter()
@@ -451,9 +596,13 @@ impl<V: Copy> Tlb<V> {
                 }
             }
         } else {
-            for i in 0..self.slots.len() {
-                if matches!(&self.slots[i], Some(e) if e.asid == asid
-                    && ranges.iter().any(|&(s, l)| l > 0 && e.overlaps(s, l)))
+            for i in 0..self.keys.len() {
+                let k = self.keys[i];
+                if k != INVALID
+                    && self.asids[i] == asid
+                    && ranges
+                        .iter()
+                        .any(|&(s, l)| l > 0 && overlaps(self.tags[i], (k & 63) as u8, s, l))
                 {
                     self.put(i, None);
                     dropped += 1;
@@ -468,10 +617,12 @@ impl<V: Copy> Tlb<V> {
     pub fn flush_asid(&mut self, asid: u64) -> u64 {
         self.stats.invalidations += 1;
         let mut dropped = 0;
-        for i in 0..self.slots.len() {
-            if matches!(&self.slots[i], Some(e) if e.asid == asid) {
-                self.put(i, None);
-                dropped += 1;
+        if self.valid > 0 && (self.mixed || self.asid0 == asid) {
+            for i in 0..self.keys.len() {
+                if self.keys[i] != INVALID && self.asids[i] == asid {
+                    self.put(i, None);
+                    dropped += 1;
+                }
             }
         }
         self.stats.invalidated += dropped;
@@ -481,10 +632,17 @@ impl<V: Copy> Tlb<V> {
     /// Drop every entry.
     pub fn flush(&mut self) -> u64 {
         self.stats.invalidations += 1;
-        let dropped = self.len() as u64;
-        self.slots.iter_mut().for_each(|s| *s = None);
-        self.keys.iter_mut().for_each(|k| *k = INVALID);
-        self.filled.iter_mut().for_each(|f| *f = 0);
+        let dropped = self.valid as u64;
+        if dropped > 0 {
+            self.values.iter_mut().for_each(|s| *s = None);
+            self.keys.iter_mut().for_each(|k| *k = INVALID);
+            self.fps.iter_mut().for_each(|k| *k = 0);
+            self.filled.iter_mut().for_each(|f| *f = 0);
+            self.head.iter_mut().for_each(|f| *f = NIL);
+            self.tail.iter_mut().for_each(|f| *f = NIL);
+        }
+        self.valid = 0;
+        self.mixed = false;
         self.shifts = 0;
         self.stats.invalidated += dropped;
         dropped
@@ -612,6 +770,60 @@ mod tests {
         t.insert(3, P, 12, 1);
         assert_eq!(t.flush(), 1);
         assert_eq!(t.stats().invalidated, 3);
+    }
+
+    /// The recency lists against a plain reference: per set a list of (asid, page)
+    /// ordered by last fill (FIFO) or use (LRU), the victim its oldest element.
+    #[test]
+    fn recency_lists_pick_the_same_victims_as_a_reference_model() {
+        for policy in [Replacement::Lru, Replacement::Fifo] {
+            for (sets, ways) in [(1, 32), (4, 4), (3, 2)] {
+                let mut t = tlb(sets, ways, policy);
+                let mut reference: Vec<Vec<(u64, u64)>> = vec![Vec::new(); sets];
+                let mut x = 0x1234_5678_9abc_def1u64;
+                for step in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let (asid, page) = ((x >> 60) & 1, (x >> 8) % 97);
+                    let set = &mut reference[(page % sets as u64) as usize];
+                    let at = set.iter().position(|&e| e == (asid, page));
+                    match x % 5 {
+                        0 | 1 => {
+                            let got = t.lookup(asid, page * P).map(|(_, v)| v);
+                            assert_eq!(got, at.map(|_| page), "step {step}");
+                            if let (Some(i), Replacement::Lru) = (at, policy) {
+                                let e = set.remove(i);
+                                set.push(e);
+                            }
+                        }
+                        2 => {
+                            assert_eq!(t.remove(asid, page * P), u64::from(at.is_some()));
+                            if let Some(i) = at {
+                                set.remove(i);
+                            }
+                        }
+                        _ => {
+                            let evicted = t.insert(asid, page * P, 12, page);
+                            let want = match at {
+                                Some(i) => {
+                                    set.remove(i);
+                                    None
+                                }
+                                None if set.len() == ways => {
+                                    let (a, p) = set.remove(0);
+                                    Some((a, p * P))
+                                }
+                                None => None,
+                            };
+                            set.push((asid, page));
+                            assert_eq!(evicted, want, "step {step}");
+                        }
+                    }
+                }
+                assert_eq!(t.len(), reference.iter().map(Vec::len).sum::<usize>());
+            }
+        }
     }
 
     #[test]

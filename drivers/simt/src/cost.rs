@@ -6,12 +6,16 @@
 //! concurrent page-table walkers, DRAM at 1 GHz with 2 channels. Peak DRAM bandwidth
 //! follows from that line as 2 channels × 64 bit × 2 transfers per clock × 1 GHz =
 //! 32 GB/s = 45.7 bytes per GPU cycle (the 64-bit DDR channel width is our reading; the
-//! table does not say). Latencies are not in the MESC text: we take the GPU memory
-//! latencies reported by Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
-//! Microbenchmarking" (arXiv:1804.06826, 2018): L1 data hit ≈ 28 cycles, L2 hit ≈ 193
-//! cycles. The DRAM round trip of 400 cycles is our assumption, in the range such
-//! microbenchmark studies report for GPU global memory; these values are the one
-//! calibration, applied to every design alike, never tuned per design. TLB latencies are assumptions stated here: 1 cycle for the per-CU L1 TLB
+//! table does not say). Latencies are not in the MESC text. The data-cache latencies
+//! (L1 hit 28 cycles, L2 hit 193 cycles) are recalled, **unverified**, from Jia,
+//! Maggioni, Staiger and Scarpazza, "Dissecting the NVIDIA Volta GPU Architecture via
+//! Microbenchmarking" (arXiv:1804.06826, 2018): the report exists and measures Volta's
+//! L1 and L2 latencies with pointer chases, but the two numbers were not checked
+//! against its text (a search of stored public pages found the report's abstract,
+//! not its latency table). They are Volta's cycles, applied here to the 700 MHz
+//! gem5-gpu GPU of MESC Table I. The DRAM round trip of 400 cycles is our assumption.
+//! These values are the one calibration, applied to every design and workload alike,
+//! never tuned per design. TLB latencies are assumptions stated here: 1 cycle for the per-CU L1 TLB
 //! (looked up in parallel with address generation), 20 cycles for the shared/IOMMU TLB,
 //! 10 cycles for a page-walk-cache probe; a walk's table reads each cost a DRAM access
 //! (the walker's reads are not cached in the data caches).

@@ -316,7 +316,8 @@ pub fn run<K: Kernel>(
             }
             Op::Exit => {
                 let slot = w.block_slot;
-                unit.warps[s] = None;
+                // The slot keeps the finished program for reuse; DEAD keeps it out of
+                // the schedulers.
                 unit.ready_at[s] = DEAD;
                 unit.live -= 1;
                 unit.left[slot] -= 1;
@@ -361,12 +362,23 @@ fn place<K: Kernel>(
 ) {
     for w in 0..wpb {
         let i = slot * wpb + w;
-        unit.warps[i] = Some(Warp {
-            prog: kernel.warp(block, w as u32),
-            io: WarpIo::default(),
-            block,
-            block_slot: slot,
-        });
+        match unit.warps[i].as_mut() {
+            // A finished warp's storage is reused in place (no large moves).
+            Some(old) => {
+                kernel.rewarp(&mut old.prog, block, w as u32);
+                old.io.mask = 0;
+                old.block = block;
+                old.block_slot = slot;
+            }
+            None => {
+                unit.warps[i] = Some(Warp {
+                    prog: kernel.warp(block, w as u32),
+                    io: WarpIo::default(),
+                    block,
+                    block_slot: slot,
+                })
+            }
+        }
         unit.ready_at[i] = unit.now;
         unit.age[i] = *age;
         *age += 1;

@@ -105,4 +105,10 @@ pub trait Kernel {
     fn resources(&self) -> KernelResources;
     /// The program of warp `warp` of block `block`.
     fn warp(&self, block: u64, warp: u32) -> Self::Warp;
+    /// Turn `prog`, a finished warp of this kernel, into the program of warp `warp` of
+    /// block `block` (the engine reuses a slot's storage). The default replaces it
+    /// with [`Kernel::warp`]; a kernel with large warp state may reset it in place.
+    fn rewarp(&self, prog: &mut Self::Warp, block: u64, warp: u32) {
+        *prog = self.warp(block, warp);
+    }
 }

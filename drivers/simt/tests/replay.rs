@@ -28,6 +28,15 @@ fn check_replay(m: &SimtMachine, name: &str) {
     let (b, l): (HierarchyStats, HierarchyStats) = (before.caches, live.caches);
     assert_eq!(r.caches.l1, d(b.l1, l.l1), "{name}: L1");
     assert_eq!(r.caches.l2, d(b.l2, l.l2), "{name}: L2");
+    assert_eq!(
+        r.caches.walk_cache,
+        d(b.walk_cache, l.walk_cache),
+        "{name}: page-walk cache"
+    );
+    assert!(
+        r.caches.walk_cache.hits > 0,
+        "{name}: the walk cache was used"
+    );
     assert_eq!(r.caches.walks, l.walks - b.walks, "{name}: walks");
     assert_eq!(r.caches.walk_reads, l.walk_reads - b.walk_reads, "{name}");
     assert_eq!(
@@ -49,6 +58,17 @@ fn check_replay(m: &SimtMachine, name: &str) {
         s.caches.l2.hits < r.caches.l2.hits,
         "{name}: smaller L2, fewer hits"
     );
+    // Without a page-walk cache every walk reads the whole depth.
+    let mut none = mesc_tlbs(MESC_UNITS);
+    none.walk_cache = None;
+    let mut caches = TlbHierarchy::new(none).unwrap();
+    let w = replay(&mut caches, &log, 4);
+    assert_eq!(w.caches.walks, r.caches.walks, "{name}");
+    assert!(
+        w.caches.walk_reads > r.caches.walk_reads,
+        "{name}: no walk cache, more table reads"
+    );
+    assert_eq!(w.caches.walk_cache, TlbStats::default());
 }
 
 #[test]

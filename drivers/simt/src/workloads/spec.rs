@@ -91,6 +91,21 @@ impl<S: Spec> Kernel for SpecKernel<S> {
         }
     }
     fn warp(&self, block: u64, warp: u32) -> SpecWarp<S> {
+        let mut w = SpecWarp {
+            spec: self.spec.clone(),
+            base: 0,
+            active: 0,
+            k: 0,
+            op: 0,
+            pending: None,
+            phase: Phase::Done,
+            acc: [[0.0; 4]; 32],
+            vals: [[0.0; MAX_OPS]; 32],
+        };
+        self.rewarp(&mut w, block, warp);
+        w
+    }
+    fn rewarp(&self, w: &mut SpecWarp<S>, block: u64, warp: u32) {
         let base = block * u64::from(self.threads_per_block) + u64::from(warp) * 32;
         let mut active = 0u32;
         for l in 0..32u64 {
@@ -102,21 +117,19 @@ impl<S: Spec> Kernel for SpecKernel<S> {
                 active |= 1 << l;
             }
         }
-        SpecWarp {
-            spec: self.spec.clone(),
-            base,
-            active,
-            k: 0,
-            op: 0,
-            pending: None,
-            phase: if active == 0 {
-                Phase::Done
-            } else {
-                Phase::Load
-            },
-            acc: [[0.0; 4]; 32],
-            vals: [[0.0; MAX_OPS]; 32],
-        }
+        w.base = base;
+        w.active = active;
+        w.k = 0;
+        w.op = 0;
+        w.pending = None;
+        w.phase = if active == 0 {
+            Phase::Done
+        } else {
+            Phase::Load
+        };
+        // `vals` needs no reset: every active lane's operand is written before a fold
+        // reads it.
+        w.acc = [[0.0; 4]; 32];
     }
 }
 
