@@ -345,10 +345,7 @@ impl SimMemory {
                     }
                 },
                 Some(sp) => {
-                    let dp = into
-                        .pages
-                        .entry(dpfn)
-                        .or_insert_with(PageBytes::zeroed);
+                    let dp = into.pages.entry(dpfn).or_insert_with(PageBytes::zeroed);
                     dp[dof..dof + n].copy_from_slice(&sp[so..so + n]);
                 }
                 None if n == PAGE => {
