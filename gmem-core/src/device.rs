@@ -114,7 +114,9 @@ impl Drop for FrameRun {
 
 impl DeviceInner {
     /// Allocate `pages` frames aligned to `align` pages for the pages of `space` from
-    /// `vpn`, within the driver's constraint `limit`.
+    /// `vpn`, within the driver's constraint `limit`, from page groups of `class` when
+    /// the memory has groups.
+    #[allow(clippy::too_many_arguments)]
     pub fn alloc_frames(
         self: &Arc<Self>,
         pages: u64,
@@ -122,11 +124,8 @@ impl DeviceInner {
         space: SpaceId,
         vpn: Vpn,
         limit: Option<crate::mmu::FrameConstraint>,
+        class: u32,
     ) -> Option<FrameRun> {
-        let class = self
-            .memory
-            .as_ref()
-            .map_or(0, |m| m.frame_class(vpn.addr(), pages));
         let mut phys = self.phys.lock();
         let pfn = if phys.group_order().is_some() {
             phys.alloc_grouped(

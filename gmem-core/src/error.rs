@@ -17,13 +17,13 @@
 //! | [`LookupError`] | `as_lookup` |
 //! | [`RegionError`] | `region_info`, `region_unmap`, `region_dealloc`, `region_unwire` |
 //! | [`ProtectError`] | `region_protect` |
-//! | [`PolicyError`] | `region_set_policy`, `region_set_granularity` |
+//! | [`PolicyError`] | `region_set_policy`, `region_set_zero_fill_block` |
 //! | [`MapError`] | `region_map` |
 //! | [`PopulateError`] | `region_migrate`, `region_wire` |
 //! | [`SetError`] | `mapping_set_unmap`, `mapping_set_destroy` |
 //! | [`FaultError`] | `dev_fault` |
 
-use crate::addr::{AddrError, PhysAddr, VirtAddr};
+use crate::addr::{AddrError, PhysAddr, VaRange, VirtAddr};
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, SpaceId};
 use crate::mmu::{MemError, MmuError};
@@ -123,6 +123,9 @@ pub enum RegionError {
     UnknownSpace(SpaceId),
     /// The region handle is stale (deallocated before).
     StaleRegion(Region),
+    /// A page range of a `region_*_range` call is empty, not page-aligned, or not
+    /// inside the region.
+    BadRange(VaRange),
 }
 
 /// Errors of `region_protect`.
@@ -130,13 +133,13 @@ pub enum RegionError {
 pub enum ProtectError {
     /// The region handle does not resolve.
     Region(RegionError),
-    /// Protection argument out of range (empty).
+    /// Protection argument with bits no protection has.
     BadProt(Prot),
     /// The driver failed to change a page table (every change was rolled back).
     Mmu(MmuError),
 }
 
-/// Errors of `region_set_policy` and `region_set_granularity`.
+/// Errors of `region_set_policy` and `region_set_zero_fill_block`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyError {
     /// The region handle does not resolve.
@@ -145,8 +148,8 @@ pub enum PolicyError {
     UnknownDevice(DeviceId),
     /// The placement target has no registered memory.
     NoMemory(DeviceId),
-    /// The granularity is not a power of two between 4 KiB and 1 GiB.
-    BadGranularity(u64),
+    /// The zero-fill block size is not a power of two between 4 KiB and 1 GiB.
+    BadZeroFillBlock(u64),
 }
 
 /// Errors of `region_map`.
@@ -194,6 +197,8 @@ pub enum PopulateError {
     Mmu(MmuError),
     /// A data mover failed.
     Memory(MemError),
+    /// `dev_evacuate` of the host, whose memory is where evacuated pages go.
+    IsHost,
 }
 
 /// Errors of `mapping_set_unmap` and `mapping_set_destroy`.
@@ -380,6 +385,11 @@ impl fmt::Display for RegionError {
             RegionError::StaleRegion(r) => {
                 write!(f, "stale region handle at {:?} (deallocated)", r.start)
             }
+            RegionError::BadRange(r) => write!(
+                f,
+                "range {:?}+{:#x} is empty, unaligned or outside the region",
+                r.start, r.len
+            ),
         }
     }
 }
@@ -400,10 +410,10 @@ impl fmt::Display for PolicyError {
             PolicyError::Region(e) => e.fmt(f),
             PolicyError::UnknownDevice(d) => write!(f, "placement target {d} is no live device"),
             PolicyError::NoMemory(d) => write!(f, "placement target {d} has no memory"),
-            PolicyError::BadGranularity(g) => {
+            PolicyError::BadZeroFillBlock(g) => {
                 write!(
                     f,
-                    "granularity {g:#x} is not a power of two in 4 KiB..=1 GiB"
+                    "zero-fill block {g:#x} is not a power of two in 4 KiB..=1 GiB"
                 )
             }
         }
@@ -443,6 +453,7 @@ impl fmt::Display for PopulateError {
             }
             PopulateError::Mmu(e) => write!(f, "driver failed: {e}"),
             PopulateError::Memory(e) => write!(f, "data mover failed: {e}"),
+            PopulateError::IsHost => write!(f, "host memory cannot be evacuated"),
         }
     }
 }

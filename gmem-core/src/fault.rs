@@ -11,7 +11,7 @@
 //! 3. decides by the region's placement policy:
 //!    - **no frame yet**: allocate in the target memory (the faulter's local memory by
 //!      default, host memory if it has none, or a named device), zero-fill and map. The
-//!      region's *preparation granularity* (by default the faulter's largest page size,
+//!      region's *zero-fill block* (by default the faulter's largest page size,
 //!      at most 2 MiB) makes one fault allocate a naturally aligned block at once, zero
 //!      it with one call and map it with one run: bulk zeroing;
 //!    - **unique**: the page must be mapped by one page table at a time. Tear down every

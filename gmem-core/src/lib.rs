@@ -92,8 +92,8 @@ pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::frames::{CompactReport, FrameError};
 pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
-    bounce_copy, DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat,
-    PageTableRoot, COPY_BOUNCE_BYTES,
+    bounce_copy, Attrs, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest, MapRun,
+    MemError, Mmu, MmuError, PageTableFormat, PageTableRoot, COPY_BOUNCE_BYTES,
 };
 pub use physmem::{EvictionPolicy, FrameCounts, FreeExtents, GroupStats};
 pub use platform::{FrameSource, Platform, SingleCpu};

@@ -8,7 +8,12 @@
 //! - The core serialises every call that touches one page table (it holds the owning
 //!   address space's lock), so an implementation needs no locking of its own for page
 //!   table updates; TLB invalidation of one device may race with updates of another
-//!   device's tables and must be safe for that.
+//!   device's tables and must be safe for that. The exception is opt-in: a driver whose
+//!   tables take concurrent edits of disjoint ranges (compare-and-swap or
+//!   reader-writer disciplines) says so with [`Mmu::concurrent_edits`], and the core
+//!   then makes `region_map`'s eager mappings and a strict `region_dealloc`'s unmapping
+//!   outside the space lock, so that disjoint regions of one space are edited at once.
+//!   The core still never destroys a table while such an edit of it runs.
 //! - [`Mmu::map`] receives a whole physically contiguous run; a driver may use large
 //!   pages or contiguity hints (MESC subregion bits) when the run's alignment allows.
 //!   [`Mmu::unmap`] and [`Mmu::protect`] receive whole virtual ranges, never split by the
@@ -33,6 +38,16 @@
 //!   that table (one `invalidate` per device, as for an unmap) before it trusts the bit
 //!   again; a driver need not invalidate inside the call. A driver without accessed
 //!   bits keeps the default (`None`) and its memory is aged by fault order (FIFO).
+//! - Region attributes ([`Attrs`], `region_set_attrs`) are the driver's per-page value:
+//!   the core stores them with the pages' protection (split off per page range as a
+//!   range protect splits a region) and hands them back in every [`MapRun`] (a format
+//!   bit in the PTE, such as CODA's granularity bit) and every [`FrameRequest`].
+//! - Frame placement: before every allocation in a device's memory the core asks its
+//!   [`DeviceMemory::frame_request`] with the space, the virtual address, the page
+//!   count, the attributes and the faulting device (if a fault asked). The answer is
+//!   any frame, a hard constraint ([`FramePlacement::Require`]: when none is free the
+//!   core evicts rather than look elsewhere) or a soft preference
+//!   ([`FramePlacement::Prefer`]: tried first, then any frame, never evicting for it).
 //! - Page groups ([`DeviceMemory::frame_class`], [`DeviceMemory::group_class_changed`],
 //!   optional): once a device's memory is managed in groups of `2^k` frames
 //!   (`Gmem::dev_set_page_groups`), every frame request names a class and gets frames
@@ -49,7 +64,7 @@
 
 use crate::addr::{PageSize, PhysAddr, VaRange, VirtAddr};
 use crate::flags::{PageSizes, Prot};
-use crate::handle::DeviceId;
+use crate::handle::{DeviceId, SpaceId};
 use core::fmt;
 
 /// Identifies a page-table format. Devices whose formats are equal can share one page
@@ -78,6 +93,47 @@ pub struct MapRun {
     /// The device whose local memory holds the frames; a driver compares it with its own
     /// id to pick an aperture (local vs system memory) in its PTEs.
     pub memory: DeviceId,
+    /// The region attributes of every page of the run (`region_set_attrs`): opaque to
+    /// the core, for the driver's format bits (CODA's granularity bit).
+    pub attrs: Attrs,
+}
+
+/// Region attributes: a value the core stores per page for the driver and hands back
+/// in every [`MapRun`] and [`FrameRequest`] of those pages, never interpreting it (a
+/// placement descriptor, a format bit such as CODA's fine/coarse granularity, a cache
+/// policy). 0 unless `region_set_attrs` says otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Attrs(pub u32);
+
+/// What the core is about to allocate frames for, asked of the memory's driver before
+/// every allocation in it ([`DeviceMemory::frame_request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameRequest {
+    /// The address space whose pages the frames will back.
+    pub space: SpaceId,
+    /// The first page's virtual address.
+    pub va: VirtAddr,
+    /// Pages (one contiguous, aligned run when more than one).
+    pub pages: u64,
+    /// The attributes of those pages.
+    pub attrs: Attrs,
+    /// The device whose fault asked for the frames; `None` for a KPI call (migration,
+    /// prefetch, wiring) or an eviction.
+    pub device: Option<DeviceId>,
+}
+
+/// A driver's answer to a [`FrameRequest`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FramePlacement {
+    /// Any free frame (the default).
+    #[default]
+    Any,
+    /// Only frames within the constraint: when none is free the core evicts pages
+    /// inside it rather than use others (a DMA window, a page group of one class).
+    Require(FrameConstraint),
+    /// Frames within the constraint if one is free, any frame otherwise (a stack near
+    /// the unit that will use the pages).
+    Prefer(FrameConstraint),
 }
 
 impl MapRun {
@@ -156,6 +212,21 @@ pub trait Mmu: Send + Sync {
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]);
     /// Invalidate every TLB entry of this device for `root`.
     fn invalidate_all(&self, root: PageTableRoot);
+    /// Whether this MMU's tables accept [`Mmu::map`] and [`Mmu::unmap`] of *disjoint*
+    /// virtual ranges of one table from several threads at once, concurrently with
+    /// hardware walks (`false`, the default: the core serialises every edit of a table
+    /// under its space's lock).
+    ///
+    /// When `true` the core may edit such a table without the space lock — the eager
+    /// mapping of a `region_map`ped region (when every table that takes it eagerly
+    /// says `true`) and the unmapping of a strict `region_dealloc` — while other
+    /// threads edit other ranges of the same table. It guarantees that the ranges of
+    /// concurrent calls never overlap, that no `unmap` of a range runs with a `map` of
+    /// it, and that [`Mmu::destroy_page_table`] waits until every unlocked edit of the
+    /// table has returned.
+    fn concurrent_edits(&self) -> bool {
+        false
+    }
     /// Point the device's translation at `root` (the device is activated in the owning
     /// space), or at nothing.
     fn activate(&self, root: Option<PageTableRoot>);
@@ -297,18 +368,20 @@ pub trait DeviceMemory: Send + Sync {
     fn as_any(&self) -> Option<&dyn core::any::Any> {
         None
     }
-    /// The constraint on frames that back `pages` pages from `va`, or `None` for any
-    /// frame (the default). Asked before every allocation in this device's memory.
-    fn frame_constraint(&self, va: VirtAddr, pages: u64) -> Option<FrameConstraint> {
-        let _ = (va, pages);
-        None
+    /// Where the frames of `request` should come from in this memory (the default:
+    /// anywhere). Asked before every allocation in this device's memory, under the
+    /// space's lock: answer from the request alone, without calling the core.
+    fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
+        let _ = request;
+        FramePlacement::Any
     }
-    /// The page-group class of frames that back `pages` pages from `va` (0, the
-    /// default, for every request). Asked before every allocation in this device's
-    /// memory; it matters only once the memory is managed in page groups
-    /// (`Gmem::dev_set_page_groups`): the frames then come from groups of that class.
-    fn frame_class(&self, va: VirtAddr, pages: u64) -> u32 {
-        let _ = (va, pages);
+    /// The page-group class of the frames of `request` (0, the default, for every
+    /// request). Asked with [`DeviceMemory::frame_request`] before every allocation
+    /// in this device's memory; it matters only once the memory is managed in page
+    /// groups (`Gmem::dev_set_page_groups`): the frames then come from groups of that
+    /// class (CODA: fine- or coarse-grain interleaving, from the pages' attributes).
+    fn frame_class(&self, request: &FrameRequest) -> u32 {
+        let _ = request;
         0
     }
     /// The page group of `frames` frames from `base` (all free) changes class from

@@ -24,8 +24,9 @@
 //! The queue drains on `as_synchronize`, when it holds `batch_limit` requests, and
 //! before any operation that touches a pending page.
 
+use crate::addr::VaRange;
 use crate::addr::{Pfn, Vpn};
-use crate::mmu::MmuError;
+use crate::mmu::{Mmu, MmuError, PageTableRoot};
 use crate::space::{Shootdown, SpaceInner, TableRun};
 use crate::stats::Counters;
 use crate::sync::{Arc, AtomicUsize, Ordering};
@@ -46,6 +47,16 @@ pub(crate) struct Discard {
     pub frames: Vec<(u8, Pfn)>,
     pub first: Vpn,
     pub pages: u64,
+    /// Page-table unmaps still to make, outside the lock, before the invalidation
+    /// (tables that take concurrent edits, a strict dealloc only; empty otherwise).
+    pub unlocked: Vec<TableUnmap>,
+}
+
+/// One range of one table to unmap without the space lock.
+pub(crate) struct TableUnmap {
+    pub mmu: Arc<dyn Mmu>,
+    pub root: PageTableRoot,
+    pub range: VaRange,
 }
 
 pub(crate) enum Op {
@@ -83,19 +94,30 @@ pub(crate) struct PendingInvalidation {
     pub(crate) discard: Discard,
     pub(crate) va: Option<(u64, u64)>,
     pub(crate) callback: Option<Callback>,
+    /// The space's attach epoch when the shootdowns were listed.
+    pub(crate) epoch: u64,
 }
 
 impl PendingInvalidation {
-    /// Invalidate (no lock held), then release what the unmap held back and make its
-    /// callback ready.
+    /// Unmap what is still mapped (tables that take concurrent edits) and invalidate,
+    /// no lock held; then release what the unmap held back and make its callback ready.
     pub fn complete(self, stats: &Counters) {
+        for u in &self.discard.unlocked {
+            u.mmu.unmap(u.root, u.range);
+            Counters::add(&stats.mmu_unmaps, 1);
+        }
         for s in &self.shootdowns {
             s.run(stats);
         }
         let space = self.space;
-        space
-            .lock()
-            .finish_strict(self.discard, self.va, &space.arena, self.callback);
+        space.lock().finish_strict(
+            stats,
+            self.discard,
+            self.va,
+            &space.arena,
+            self.callback,
+            self.epoch,
+        );
     }
 }
 

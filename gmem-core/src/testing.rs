@@ -21,7 +21,8 @@ use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::Gmem;
 use crate::handle::DeviceId;
 use crate::mmu::{
-    DeviceMemory, FrameConstraint, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot,
+    DeviceMemory, FramePlacement, FrameRequest, MapRun, MemError, Mmu, MmuError, PageTableFormat,
+    PageTableRoot,
 };
 use crate::platform::SingleCpu;
 use crate::sync::{Arc, Mutex, RwLock};
@@ -83,6 +84,8 @@ pub struct Pte {
     pub prot: Prot,
     /// Whose memory.
     pub memory: DeviceId,
+    /// The region attributes the core gave the mapping.
+    pub attrs: crate::mmu::Attrs,
 }
 
 /// Root → (vpn → PTE).
@@ -97,6 +100,7 @@ type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
 pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
     accessed: Mutex<BTreeSet<(u64, u64)>>,
+    dead_edits: Mutex<u64>,
 }
 
 impl TableStore {
@@ -139,6 +143,19 @@ impl TableStore {
     pub fn tables(&self) -> usize {
         self.tables.lock().1.len()
     }
+
+    /// `map`, `unmap` and `protect` calls that named a table already destroyed (the
+    /// core must never make one: a real driver would write freed memory).
+    pub fn edits_of_destroyed(&self) -> u64 {
+        *self.dead_edits.lock()
+    }
+
+    /// Count an edit of `root` if it was created and is gone.
+    fn note_edit(&self, tables: &(u64, Tables), root: PageTableRoot) {
+        if root.0 <= tables.0 && !tables.1.contains_key(&root.0) {
+            *self.dead_edits.lock() += 1;
+        }
+    }
 }
 
 /// A shared, ordered log of MMU events.
@@ -162,6 +179,7 @@ pub struct TestMmu {
     tlb: Mutex<TlbState>,
     fail_next_maps: Mutex<u32>,
     fail_next_protects: Mutex<u32>,
+    concurrent: bool,
     /// Held shared by every access from translation to the end of its memory access,
     /// and exclusively by invalidation: an invalidation completes only after the
     /// accesses that may have used a stale translation have finished, as a real TLB
@@ -188,6 +206,7 @@ impl TestMmu {
             }),
             fail_next_maps: Mutex::new(0),
             fail_next_protects: Mutex::new(0),
+            concurrent: false,
             inflight: RwLock::new(()),
         }
     }
@@ -195,6 +214,13 @@ impl TestMmu {
     /// Report these page sizes instead of 4 KiB only.
     pub fn with_page_sizes(mut self, sizes: PageSizes) -> TestMmu {
         self.sizes = sizes;
+        self
+    }
+
+    /// Declare that the tables take concurrent edits of disjoint ranges
+    /// ([`Mmu::concurrent_edits`]; the store's lock makes that true).
+    pub fn with_concurrent_edits(mut self) -> TestMmu {
+        self.concurrent = true;
         self
     }
 
@@ -295,6 +321,7 @@ impl Mmu for TestMmu {
         }
         {
             let mut t = self.store.tables.lock();
+            self.store.note_edit(&t, root);
             let table = t.1.get_mut(&root.0).ok_or(MmuError::Hardware(1))?;
             let mut accessed = self.store.accessed.lock();
             for k in 0..run.len >> PAGE_SHIFT {
@@ -305,6 +332,7 @@ impl Mmu for TestMmu {
                         pfn: run.pa.pfn().0 + k,
                         prot: run.prot,
                         memory: run.memory,
+                        attrs: run.attrs,
                     },
                 );
             }
@@ -319,6 +347,7 @@ impl Mmu for TestMmu {
     fn unmap(&self, root: PageTableRoot, range: VaRange) {
         {
             let mut t = self.store.tables.lock();
+            self.store.note_edit(&t, root);
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
                 let mut accessed = self.store.accessed.lock();
@@ -343,6 +372,7 @@ impl Mmu for TestMmu {
         };
         {
             let mut t = self.store.tables.lock();
+            self.store.note_edit(&t, root);
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
                 let pages = if fail { 1 } else { range.pages() };
@@ -396,6 +426,9 @@ impl Mmu for TestMmu {
         self.tlb.lock().root = root;
         self.log(MmuEvent::Activate { mmu: self.id, root });
     }
+    fn concurrent_edits(&self) -> bool {
+        self.concurrent
+    }
     fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
         let first = range.first_vpn().0;
         let mut accessed = self.store.accessed.lock();
@@ -414,7 +447,8 @@ pub struct TestMemory {
     /// `[base, end)` of addresses this memory answers for (`None` = any).
     bounds: Option<(u64, u64)>,
     counts: Mutex<MemCounts>,
-    limit: Mutex<Option<FrameConstraint>>,
+    placement: Mutex<FramePlacement>,
+    requests: Mutex<Vec<FrameRequest>>,
     /// Page-group classes: `Some(n)` answers class `(va / 16 KiB) % n`.
     classes: Mutex<Option<u32>>,
     /// Every page-group class change the core announced: `(base, frames, from, to)`.
@@ -444,9 +478,14 @@ impl TestMemory {
         }
     }
 
-    /// Answer every frame-placement question with `limit` (`None`: any frame).
-    pub fn set_frame_constraint(&self, limit: Option<FrameConstraint>) {
-        *self.limit.lock() = limit;
+    /// Answer every frame request with `placement`.
+    pub fn set_frame_placement(&self, placement: FramePlacement) {
+        *self.placement.lock() = placement;
+    }
+
+    /// The frame requests asked of this memory since the last call, in order.
+    pub fn take_frame_requests(&self) -> Vec<FrameRequest> {
+        core::mem::take(&mut *self.requests.lock())
     }
 
     /// Answer frame requests with page-group class `(va / 16 KiB) % n` (`None` or
@@ -542,11 +581,12 @@ impl DeviceMemory for TestMemory {
         self.counts.lock().written += buf.len() as u64;
         Ok(())
     }
-    fn frame_constraint(&self, _va: VirtAddr, _pages: u64) -> Option<FrameConstraint> {
-        *self.limit.lock()
+    fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
+        self.requests.lock().push(*request);
+        *self.placement.lock()
     }
-    fn frame_class(&self, va: VirtAddr, _pages: u64) -> u32 {
-        self.class_of(va)
+    fn frame_class(&self, request: &FrameRequest) -> u32 {
+        self.class_of(request.va)
     }
     fn group_class_changed(&self, base: PhysAddr, frames: u64, from: u32, to: u32) {
         self.class_changes.lock().push((base, frames, from, to));
@@ -586,6 +626,8 @@ pub struct TestSystem {
     pub log: EventLog,
     /// Table store of format 1 (the host's format, shared-mode capable).
     pub host_store: Arc<TableStore>,
+    /// Whether devices added from now on declare [`Mmu::concurrent_edits`].
+    pub concurrent_edits: bool,
 }
 
 /// Base of the host memory of a [`TestSystem`].
@@ -638,6 +680,7 @@ impl TestSystem {
             }],
             log,
             host_store,
+            concurrent_edits: false,
         }
     }
 
@@ -663,6 +706,9 @@ impl TestSystem {
             TableStore::new()
         };
         let mut mmu = TestMmu::new(n, format, store, self.log.clone());
+        if self.concurrent_edits {
+            mmu = mmu.with_concurrent_edits();
+        }
         if self.log.lock().is_empty() && !self.devices[0].mmu.record {
             mmu = mmu.without_log();
         }

@@ -500,10 +500,10 @@ fn bulk_zeroing_prepares_a_whole_block_with_one_fault() {
             },
         )
         .unwrap();
-    s.gm.region_set_granularity(r, 1 << 21).unwrap();
+    s.gm.region_set_zero_fill_block(r, 1 << 21).unwrap();
     assert_eq!(
-        s.gm.region_set_granularity(r, 3 << 12),
-        Err(PolicyError::BadGranularity(3 << 12))
+        s.gm.region_set_zero_fill_block(r, 3 << 12),
+        Err(PolicyError::BadZeroFillBlock(3 << 12))
     );
     s.take_events();
     let res =
@@ -1111,10 +1111,20 @@ fn protect_updates_tables_and_invalidates_then_allows_the_write() {
     s.gm.region_protect(r, Prot::RW).unwrap();
     s.write(0, r.start, b"ok").unwrap();
     assert_eq!(s.read(0, r.start, 2).unwrap(), b"ok");
+    let junk = Prot::from_bits_retain(0x80);
     assert_eq!(
-        s.gm.region_protect(r, Prot::empty()),
-        Err(ProtectError::BadProt(Prot::empty()))
+        s.gm.region_protect(r, junk),
+        Err(ProtectError::BadProt(junk))
     );
+    // No access: every access faults, the data stays.
+    s.gm.region_protect(r, Prot::empty()).unwrap();
+    ok(&s, space);
+    assert!(matches!(
+        s.read(0, r.start, 2),
+        Err(AccessError::Fault(FaultError::ProtectionViolation { .. }))
+    ));
+    s.gm.region_protect(r, Prot::READ).unwrap();
+    assert_eq!(s.read(0, r.start, 2).unwrap(), b"ok");
     ok(&s, space);
 }
 
@@ -1328,7 +1338,7 @@ fn driver_frame_constraint_steers_placement_and_forces_eviction_inside_its_windo
         .memory
         .as_ref()
         .unwrap()
-        .set_frame_constraint(Some(window));
+        .set_frame_placement(FramePlacement::Require(window));
     let r =
         s.gm.as_alloc(space, AllocRequest::new(3 * PAGE_SIZE))
             .unwrap();
@@ -1690,7 +1700,8 @@ fn migration_moves_a_contiguous_run_in_one_copy_and_keeps_bytes() {
         s.gm.as_alloc(space, AllocRequest::new(pages * PAGE_SIZE))
             .unwrap();
     // One fault zero-fills the whole region on one contiguous host run.
-    s.gm.region_set_granularity(r, pages * PAGE_SIZE).unwrap();
+    s.gm.region_set_zero_fill_block(r, pages * PAGE_SIZE)
+        .unwrap();
     let data = pattern(11, (pages * PAGE_SIZE) as usize);
     s.write(0, r.start, &data).unwrap();
     assert_eq!(s.gm.stats().faults_zero_fill, 1);

@@ -736,6 +736,7 @@ fn edits_alone(
         prot: Prot::WRITE,
         page_size: PageSize::Size4K,
         memory,
+        attrs: Default::default(),
     };
     let start = Barrier::new(threads);
     let per_thread = pairs / threads as u64;

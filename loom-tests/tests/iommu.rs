@@ -53,6 +53,7 @@ fn run(va: u64, pa: u64) -> MapRun {
         prot: Prot::READ | Prot::WRITE,
         page_size: PageSize::Size4K,
         memory: DeviceId::from_raw(0, 1),
+        attrs: Default::default(),
     }
 }
 

@@ -24,6 +24,7 @@ pub const BUGS: &[(&str, &str)] = &[
     ("switch_activates_after_unlock", "attach"),
     ("attach_binds_after_unlock", "attach"),
     ("strict_release_before_invalidation", "strict"),
+    ("destroy_table_during_unlocked_edit", "unlocked"),
 ];
 
 fn loom_test(step: &str, rustflags: &str, target_dir: &str) -> Result<(), String> {

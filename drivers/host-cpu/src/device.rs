@@ -48,6 +48,7 @@ impl Default for HostCpuConfig {
             x86: X86Config {
                 user: true,
                 large_pages: false,
+                mesc: false,
             },
         }
     }

@@ -242,6 +242,7 @@ impl GiantLockDomain {
                 prot,
                 page_size: PageSize::Size4K,
                 memory: self.memory,
+                attrs: Default::default(),
             };
             if let Err(e) = mmu.map(self.root, &run) {
                 if let Ok(range) = VaRange::new(VirtAddr::new(iova), k as u64 * PAGE_SIZE) {

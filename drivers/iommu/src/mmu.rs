@@ -230,4 +230,10 @@ impl Mmu for IommuMmu {
     fn activate(&self, root: Option<PageTableRoot>) {
         self.sim.activate(root)
     }
+    /// Every discipline takes concurrent edits of disjoint ranges: the locked one
+    /// serialises them on its table's own lock (held for the edit only, not for the
+    /// core's bookkeeping), compare-and-swap and reader-writer tables edit in parallel.
+    fn concurrent_edits(&self) -> bool {
+        true
+    }
 }

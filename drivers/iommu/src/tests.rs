@@ -33,6 +33,7 @@ fn run(va: u64, pa: u64, pages: u64, prot: Prot) -> MapRun {
         prot,
         page_size: PageSize::Size4K,
         memory: mem(),
+        attrs: Default::default(),
     }
 }
 

@@ -210,7 +210,7 @@ fn zeroing(c: &mut Criterion) {
                     rig.gm.region_dealloc(p, MapFlags::empty(), None).unwrap();
                 }
                 let r = rig.gm.as_alloc(rig.space, req).unwrap();
-                rig.gm.region_set_granularity(r, BLOCK).unwrap();
+                rig.gm.region_set_zero_fill_block(r, BLOCK).unwrap();
                 r
             },
             |r| {

@@ -408,6 +408,7 @@ mod tests {
             prot: Prot::RW,
             page_size: PageSize::Size4K,
             memory: DeviceId::from_raw(0, 1),
+            attrs: Default::default(),
         };
         tables.map_with_bits(root, &run, 0b1010).unwrap();
         assert!(

@@ -22,6 +22,9 @@ pub struct X86Config {
     pub user: bool,
     /// Use 2 MiB leaves where a run allows (and report 2 MiB pages to the core).
     pub large_pages: bool,
+    /// Keep MESC's contiguity bits in level-1 table pointers ([`crate::mesc`]),
+    /// recomputed inside every edit of the leaves below.
+    pub mesc: bool,
 }
 
 /// The x86-64 encoding.
@@ -99,5 +102,19 @@ impl Codec for X86Codec {
             f |= X86Flags::D;
         }
         raw | f.bits()
+    }
+    fn derived_levels(&self) -> u32 {
+        if self.config.mesc {
+            1 << 1
+        } else {
+            0
+        }
+    }
+    fn derive(&self, entry: u64, level: u32, below: &[u64; 512]) -> u64 {
+        if level == 1 && self.config.mesc {
+            crate::mesc::Contiguity::compute(below).store(entry)
+        } else {
+            entry
+        }
     }
 }

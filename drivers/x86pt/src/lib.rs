@@ -11,6 +11,7 @@
 //! |---|---|
 //! | [`pte`] | the entry format (P/RW/US/PWT/PCD/A/D/PS/G/NX), address layout, canonical checks |
 //! | [`codec`] | [`X86Codec`]: the encoding as a [`gmem_ptengine::Codec`] |
+//! | [`mesc`] | MESC's subregion contiguity bits (derived in every edit), its three walk modes, the memory-subregion cache interface, CoLT's line coalescing, Alg. 1's full scan |
 //!
 //! The tree, its edits (map, unmap, protect, 2 MiB leaves and their splits, table
 //! reclamation) and the hardware walk with accessed/dirty bits are the engine's; in
@@ -21,9 +22,12 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+pub mod mesc;
 pub mod pte;
 #[cfg(test)]
 extern crate std;
+#[cfg(test)]
+mod mesc_tests;
 #[cfg(test)]
 mod tests;
 

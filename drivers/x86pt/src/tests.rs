@@ -34,6 +34,7 @@ fn run(va: u64, pa: u64, pages: u64, prot: Prot, memory: DeviceId) -> MapRun {
         prot,
         page_size: PageSize::Size4K,
         memory,
+        attrs: Default::default(),
     }
 }
 
@@ -78,6 +79,7 @@ fn random_map_unmap_protect_sequences_agree_with_the_model_leaf_by_leaf_and_walk
             X86Config {
                 user: true,
                 large_pages: large,
+                mesc: false,
             },
         );
         let root = t.create().unwrap();
@@ -274,6 +276,7 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
         X86Config {
             user: false,
             large_pages: true,
+            mesc: false,
         },
     );
     let root = t.create().unwrap();
@@ -316,6 +319,7 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
         X86Config {
             user: false,
             large_pages: true,
+            mesc: false,
         },
     );
     let r2 = t2.create().unwrap();
@@ -334,6 +338,7 @@ fn accessed_bits_are_read_and_cleared_over_a_range_keeping_dirty() {
         X86Config {
             user: false,
             large_pages: true,
+            mesc: false,
         },
     );
     let root = t.create().unwrap();

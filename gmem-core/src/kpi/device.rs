@@ -17,7 +17,7 @@
 
 use crate::addr::{PhysAddr, VirtAddr};
 use crate::device::DeviceDesc;
-use crate::error::{AttachError, DeviceError, FaultError};
+use crate::error::{AttachError, DeviceError, FaultError, PopulateError};
 use crate::fault::FaultResolution;
 use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::{new_device, Gmem};
@@ -111,6 +111,38 @@ impl Gmem {
             .remove(id.index, id.generation)
             .ok_or(DeviceError::UnknownDevice(id))?;
         Ok(())
+    }
+
+    /// Move every page that any address space keeps in the device's memory to host
+    /// memory (wired pages too: they stay wired and mapped for devices that cannot
+    /// fault), so that the device can then be destroyed (`dev_destroy` refuses while
+    /// its memory backs pages). Caller-given frames (`region_map`) are the caller's
+    /// and stay. Faults after the call may place pages on the device again: detach it
+    /// (or change the regions' placement) first to keep it empty. Returns the pages
+    /// moved.
+    ///
+    /// # Errors
+    /// [`PopulateError::UnknownDevice`], [`PopulateError::IsHost`], or a move that
+    /// failed ([`PopulateError::OutOfMemory`] when host memory is full even after
+    /// eviction, a driver or data-mover failure); pages moved before stay moved.
+    pub fn dev_evacuate(&self, id: DeviceId) -> Result<u64, PopulateError> {
+        let dev = self.device(id).ok_or(PopulateError::UnknownDevice(id))?;
+        if dev.caps.contains(DevCaps::HOST) {
+            return Err(PopulateError::IsHost);
+        }
+        if !dev.has_memory() {
+            return Ok(0);
+        }
+        let spaces = self.spaces.read().values();
+        let mut moved = 0;
+        for space in &spaces {
+            let mut st = space.lock();
+            if !st.is_alive() {
+                continue;
+            }
+            moved += st.evacuate(&self.context(), space, &dev, &self.host)?;
+        }
+        Ok(moved)
     }
 
     /// Register `[begin, end)` as local memory of the device

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | [`device`] | `dev_create`, `dev_destroy`, `dev_register_physmem`, `dev_frames`, `dev_data`, `dev_name`, `dev_caps`, `dev_active`, `dev_switch`, `dev_detach`, `dev_fault` |
 //! | [`space`] | `as_create`, `as_destroy`, `as_attach`, `as_alloc`, `as_lookup`, `as_regions`, `as_synchronize`, `as_set_batch_limit`, `as_pending`, `as_arena_stats`, `as_fail_every` |
-//! | [`region`] | `region_info`, `region_dealloc`, `region_map`, `region_unmap`, `region_set_policy`, `region_set_granularity`, `region_protect`, `region_migrate`, `region_wire`, `region_unwire` |
+//! | [`region`] | `region_info`, `region_dealloc`, `region_map`, `region_unmap`, `region_set_policy`, `region_set_zero_fill_block`, `region_protect`, `region_migrate`, `region_wire`, `region_unwire` |
 //! | [`frames`] | `dev_free_extents`, `dev_compact`, `dev_set_page_groups`, `dev_page_groups`, `dev_group_class`, `dev_set_group_class`, `as_page_frame` |
 //! | [`mapping_set`] | `mapping_set_create`, `mapping_set_unmap`, `mapping_set_destroy` |
 //!

@@ -10,10 +10,11 @@ use crate::error::{MapError, PolicyError, PopulateError, ProtectError, RegionErr
 use crate::flags::{MapFlags, Prot};
 use crate::gmem::{Ctx, Gmem};
 use crate::handle::{DeviceId, MappingSetId, SpaceId};
+use crate::mmu::Attrs;
 use crate::queue::Callback;
 use crate::space::{
     Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
-    SpaceState,
+    SpaceState, TableEdits,
 };
 use crate::sync::Arc;
 
@@ -106,7 +107,15 @@ impl Gmem {
             .space(region.space)
             .ok_or(RegionError::UnknownSpace(region.space))?;
         let mut st = space.lock();
-        let rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
+        let mut rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
+        // A region whose pages are being mapped outside the lock (by another thread:
+        // a caller race) is waited for, so that no two edits of its range overlap.
+        while rec.busy {
+            drop(st);
+            crate::sync::spin_wait();
+            st = space.lock();
+            rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
+        }
         let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
         let checked = Checked {
             region,
@@ -143,12 +152,20 @@ impl Gmem {
         let pending = self.with_region(region, |cx, space, st, c| {
             st.settle(cx, space, &c);
             st.remove_region(&c);
-            let d = st.discard_pages_deferred(cx.counters, c.first, c.pages);
             let va = Some((c.rec.reserve_start, c.rec.reserve_len));
             if flags.contains(MapFlags::ASYNC) {
+                let d =
+                    st.discard_pages_deferred(cx.counters, c.first, c.pages, TableEdits::UnderLock);
                 st.enqueue_unmap(cx.counters, &space.arena, d, va, callback);
                 Ok::<_, RegionError>(None)
             } else {
+                // Tables that take concurrent edits are unmapped outside the lock too.
+                let d = st.discard_pages_deferred(
+                    cx.counters,
+                    c.first,
+                    c.pages,
+                    TableEdits::Deferrable,
+                );
                 Ok(st.defer_invalidation(space, d, va, callback))
             }
         })?;
@@ -181,9 +198,20 @@ impl Gmem {
             callback,
         } = req;
         let memdev = self.device(memory).ok_or(MapError::UnknownDevice(memory))?;
-        self.with_region(region, |cx, space, st, c| {
+        let space = self
+            .space(region.space)
+            .ok_or(RegionError::UnknownSpace(region.space))?;
+        let unlocked = self.with_region(region, |cx, space, st, c| {
             st.map_frames(cx, space, &c, &memdev, prot, frames, set, flags, callback)
-        })
+        })?;
+        let Some(edit) = unlocked else {
+            return Ok(());
+        };
+        // The tables take concurrent edits of disjoint ranges: map without the lock,
+        // so that other regions of the space are mapped and unmapped meanwhile.
+        let edited = edit.edit(&self.counters);
+        let mut st = space.lock();
+        edit.finish(&mut st, &self.counters, edited)
     }
 
     /// Unmap the region (`gm_region_unmap`). A `region_map`ped region then holds nothing
@@ -235,17 +263,21 @@ impl Gmem {
     /// device's largest page size up to 2 MiB.
     ///
     /// # Errors
-    /// [`PolicyError::BadGranularity`] unless `bytes` is 0 or a power of two in
+    /// [`PolicyError::BadZeroFillBlock`] unless `bytes` is 0 or a power of two in
     /// 4 KiB..=1 GiB; [`PolicyError::Region`] for a bad handle.
-    pub fn region_set_granularity(&self, region: Region, bytes: u64) -> Result<(), PolicyError> {
+    pub fn region_set_zero_fill_block(
+        &self,
+        region: Region,
+        bytes: u64,
+    ) -> Result<(), PolicyError> {
         if bytes != 0 && (!bytes.is_power_of_two() || !(PAGE_SIZE..=1 << 30).contains(&bytes)) {
-            return Err(PolicyError::BadGranularity(bytes));
+            return Err(PolicyError::BadZeroFillBlock(bytes));
         }
         self.with_region(region, |_, _, st, c| {
             st.put_region(
                 &c,
                 RegionRec {
-                    granularity: bytes,
+                    zero_fill_block: bytes,
                     ..c.rec
                 },
             );
@@ -253,20 +285,153 @@ impl Gmem {
         })
     }
 
-    /// Change the protection of a region; every page table that maps its pages is
-    /// updated and the TLBs invalidated before this returns.
+    /// Change the protection of a region (pieces a range protect split off merge
+    /// back); every page table that maps its pages is updated and the TLBs
+    /// invalidated before this returns. [`Prot::empty`] is no access: every mapping
+    /// of the region goes (its pages keep their data) and every access faults with a
+    /// protection violation until the protection is raised again.
     ///
     /// # Errors
-    /// [`ProtectError`]: a bad handle, an empty protection, or a driver failure — after
-    /// which every table holds the old protection again (see
+    /// [`ProtectError`]: a bad handle, a protection with unknown bits, or a driver
+    /// failure — after which every table holds the old protection again (see
     /// `SpaceState::protect_runs`).
     pub fn region_protect(&self, region: Region, prot: Prot) -> Result<(), ProtectError> {
-        if prot.is_empty() {
+        if !Prot::RWX.contains(prot) {
             return Err(ProtectError::BadProt(prot));
         }
         self.with_region(region, |cx, space, st, c| {
-            st.protect_region(cx, space, &c, prot)?;
-            st.put_region(&c, RegionRec { prot, ..c.rec });
+            Ok(st.protect_region(cx, space, &c, prot)?)
+        })
+    }
+
+    /// Change the protection of the pages `range` of a region, splitting it as Linux
+    /// splits a VMA (the pieces merge back when their protection is the region's
+    /// again). [`Prot::empty`] is no access, as for [`Gmem::region_protect`].
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle, a range that is empty, unaligned or not inside
+    /// the region ([`RegionError::BadRange`]), a protection with unknown bits, or a
+    /// driver failure — after which every table holds the old protections again.
+    pub fn region_protect_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        prot: Prot,
+    ) -> Result<(), ProtectError> {
+        if !Prot::RWX.contains(prot) {
+            return Err(ProtectError::BadProt(prot));
+        }
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            Ok(st.protect_range(cx, space, &c, first, pages, prot)?)
+        })
+    }
+
+    /// Unmap the pages `range` of a region (strictly, or queued with
+    /// [`MapFlags::ASYNC`], as [`Gmem::region_unmap`]): an anonymous region zero-fills
+    /// them again on the next fault; in a `region_map`ped one they hold nothing (faults
+    /// fail with `NotMapped`) while the rest stays mapped.
+    ///
+    /// # Errors
+    /// [`RegionError`]: a bad handle or range; nothing changes then and `callback` is
+    /// dropped unrun.
+    pub fn region_unmap_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) -> Result<(), RegionError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            st.unmap_range(cx, space, &c, first, pages, flags, callback);
+            Ok(())
+        })
+    }
+
+    /// Set the driver attributes of a region ([`Attrs`]: opaque to the core, handed to
+    /// the driver in every [`crate::MapRun`] and [`crate::FrameRequest`] of its pages —
+    /// CODA's granularity bit, a placement descriptor). Set it before the pages are
+    /// first touched to steer where their frames go; pages already mapped are mapped
+    /// again with the new value (their frames stay).
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle, or a driver failure re-making an eager mapping
+    /// (the attributes are set).
+    pub fn region_set_attrs(&self, region: Region, attrs: Attrs) -> Result<(), ProtectError> {
+        self.with_region(region, |cx, space, st, c| {
+            Ok(st.set_attrs(cx, space, &c, c.first, c.pages, attrs, true)?)
+        })
+    }
+
+    /// [`Gmem::region_set_attrs`] of the pages `range` of a region (split off as a
+    /// range protect splits).
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle or range, or a driver failure re-making an eager
+    /// mapping (the attributes are set).
+    pub fn region_set_attrs_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        attrs: Attrs,
+    ) -> Result<(), ProtectError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            Ok(st.set_attrs(cx, space, &c, first, pages, attrs, false)?)
+        })
+    }
+
+    /// [`Gmem::region_migrate`] of the pages `range` of a region.
+    ///
+    /// # Errors
+    /// [`PopulateError`] as for [`Gmem::region_migrate`], or a bad range.
+    pub fn region_migrate_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        target: DeviceId,
+        scope: MigrateScope,
+    ) -> Result<u64, PopulateError> {
+        let dev = self
+            .device(target)
+            .ok_or(PopulateError::UnknownDevice(target))?;
+        let dest = if dev.has_memory() {
+            dev
+        } else {
+            self.host.clone()
+        };
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            let prefetch = scope == MigrateScope::Prefetch && !c.rec.explicit;
+            Ok(st.migrate_range(cx, space, first, pages, &dest, prefetch)?)
+        })
+    }
+
+    /// [`Gmem::region_wire`] of the pages `range` of a region.
+    ///
+    /// # Errors
+    /// [`PopulateError`] as for [`Gmem::region_wire`], or a bad range; no page is then
+    /// left wired by this call.
+    pub fn region_wire_range(&self, region: Region, range: VaRange) -> Result<u64, PopulateError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            if c.rec.explicit {
+                return Ok(0);
+            }
+            let target = c.rec.placement.target;
+            Ok(st.wire_range(cx, space, first, pages, target)?)
+        })
+    }
+
+    /// [`Gmem::region_unwire`] of the pages `range` of a region.
+    ///
+    /// # Errors
+    /// [`RegionError`]: a bad handle or range.
+    pub fn region_unwire_range(&self, region: Region, range: VaRange) -> Result<(), RegionError> {
+        self.with_region(region, |cx, space, st, c| {
+            let (first, pages) = c.range(range)?;
+            st.unwire_range(cx, space, &c, first, pages);
             Ok(())
         })
     }
@@ -334,6 +499,30 @@ impl Gmem {
     }
 }
 
+impl Checked {
+    /// The pages of `range`, which must be non-empty, page-aligned and inside the
+    /// region.
+    ///
+    /// # Errors
+    /// [`RegionError::BadRange`] otherwise.
+    pub(crate) fn range(&self, range: VaRange) -> Result<(Vpn, u64), RegionError> {
+        let start = self.region.start.as_u64();
+        let ok = range.len > 0
+            && range.start.as_u64() % PAGE_SIZE == 0
+            && range.len % PAGE_SIZE == 0
+            && range.start.as_u64() >= start
+            && range
+                .start
+                .as_u64()
+                .checked_add(range.len)
+                .is_some_and(|end| end <= start + (self.pages << crate::addr::PAGE_SHIFT));
+        if !ok {
+            return Err(RegionError::BadRange(range));
+        }
+        Ok((range.start.vpn(), range.len >> crate::addr::PAGE_SHIFT))
+    }
+}
+
 /// The public description of region record `r` starting at `start`.
 pub(crate) fn info(space: SpaceId, start: u64, r: &RegionRec) -> RegionInfo {
     RegionInfo {
@@ -348,7 +537,8 @@ pub(crate) fn info(space: SpaceId, start: u64, r: &RegionRec) -> RegionInfo {
         },
         prot: r.prot,
         placement: r.placement,
-        granularity: r.granularity,
+        zero_fill_block: r.zero_fill_block,
         mapped: r.mapped,
+        attrs: r.attrs,
     }
 }

@@ -63,7 +63,9 @@ impl SpaceState {
                     None => return Err(AttachError::TooManyAttachments),
                 };
                 let root = dev.mmu.create_page_table().map_err(AttachError::Mmu)?;
+                self.next_table_generation += 1;
                 self.tables[t] = Some(PageTable {
+                    generation: self.next_table_generation,
                     root,
                     mmu: dev.mmu.clone(),
                     format,
@@ -81,6 +83,7 @@ impl SpaceState {
                 )
             }
         };
+        self.attach_epoch += 1;
         let table = self.tables[t].as_mut().expect("just set");
         table.users |= 1 << slot;
         table.faultable &= dev.faultable();
@@ -123,6 +126,7 @@ impl SpaceState {
             let _ = arena.free(r.reserve_start, r.reserve_len);
         }
         self.regions.clear();
+        self.segments = super::segments::Segments::default();
         self.alive = false;
     }
 
@@ -187,8 +191,7 @@ impl SpaceState {
                 .collect();
             touched.sort_unstable();
             self.unmap_entries(stats, &touched);
-            let table = self.tables[t].take().expect("live table");
-            table.mmu.destroy_page_table(table.root);
+            self.retire_table(t, dev.mmu.clone());
         } else {
             let table = self.tables[t].as_mut().expect("live table");
             table.users = users;

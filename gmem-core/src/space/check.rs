@@ -40,6 +40,16 @@ impl SpaceState {
             prev_end = start + r.len;
         }
 
+        // Split-off pieces: each inside one region, with a protection of its own.
+        for (first, pages, piece) in st.segments.iter() {
+            match st.region_at(first.addr().as_u64()) {
+                Some((s, r))
+                    if (first.0 + pages) << crate::addr::PAGE_SHIFT <= s + r.len
+                        && piece != r.piece() => {}
+                _ => return fail("protection piece outside its region", Some(first.0)),
+            }
+        }
+
         let mut owned: Vec<(u8, Pfn)> = Vec::new();
         for (Vpn(vpn), e) in st.lpt.iter() {
             let va = vpn << crate::addr::PAGE_SHIFT;
@@ -52,6 +62,11 @@ impl SpaceState {
             }
             if e.mapped & !live_tables != 0 {
                 return fail("mapping bit of a dead page table", Some(vpn));
+            }
+            if e.mapped != 0
+                && region.is_some_and(|(_, r)| st.segments.at(r.piece(), Vpn(vpn)).prot.is_empty())
+            {
+                return fail("a no-access page is mapped", Some(vpn));
             }
             if !e.is_populated() {
                 if e.mapped != 0 {
@@ -70,7 +85,13 @@ impl SpaceState {
                     return fail("unique page mapped by more than one page table", Some(vpn));
                 }
             }
-            if queue_empty && !e.has(PENDING) {
+            // A region being mapped outside the lock has its logical entries before
+            // its mapping bits.
+            let busy = region.is_some_and(|(_, r)| r.busy);
+            // A no-access page is mapped by no table.
+            let no_access =
+                region.is_some_and(|(_, r)| st.segments.at(r.piece(), Vpn(vpn)).prot.is_empty());
+            if queue_empty && !e.has(PENDING) && !busy && !no_access {
                 if replicas & !e.mapped != 0 {
                     return fail("replicate table misses a populated page", Some(vpn));
                 }

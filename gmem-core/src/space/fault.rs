@@ -1,15 +1,19 @@
 //! The fault path's implementation (the theory is in [`crate::fault`]): serving a
 //! fault, zero-fill, migration, eviction, prefetch.
 
+use super::segments::Piece;
 use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, TableRun, MAX_TABLES};
 use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::{DeviceInner, FrameRun};
 use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
-use crate::flags::{DevCaps, Prot};
+use crate::flags::DevCaps;
+use crate::flags::Prot;
 use crate::gmem::Ctx;
+use crate::handle::{DeviceId, SpaceId};
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
+use crate::mmu::{Attrs, FramePlacement, FrameRequest};
 use crate::physmem::EvictionPolicy;
 use crate::stats::Counters;
 use crate::sync::Arc;
@@ -43,11 +47,21 @@ impl SpaceState {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let stats = cx.counters;
-        let (rstart, prot, placement, granularity, explicit, rlen) =
+        let (rstart, region, placement, fill_block, explicit, rlen) =
             match self.region_at(va.as_u64()) {
-                Some((s, r)) => (s, r.prot, r.placement, r.granularity, r.explicit, r.len),
+                Some((s, r)) => (
+                    s,
+                    r.piece(),
+                    r.placement,
+                    r.zero_fill_block,
+                    r.explicit,
+                    r.len,
+                ),
                 None => return Err(FaultError::NotAllocated(va)),
             };
+        // The page's own protection and attributes: its region's, or a range call's.
+        let piece = self.segments.at(region, va.vpn());
+        let prot = piece.prot;
         if !prot.contains(access) {
             return Err(FaultError::ProtectionViolation {
                 va,
@@ -71,10 +85,18 @@ impl SpaceState {
             if explicit {
                 return Err(FaultError::NotMapped(va));
             }
-            let g = if granularity != 0 {
-                granularity >> PAGE_SHIFT
+            let g = if fill_block != 0 {
+                fill_block >> PAGE_SHIFT
             } else {
                 dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
+            };
+            // A block is mapped with one protection: split regions fall back to pages.
+            let g = match self
+                .segments
+                .uniform(region, vpn.align_down(g.max(1)), g.max(1))
+            {
+                Some(_) => g,
+                None => 1,
             };
             let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
             return Ok(self.zero_fill(
@@ -86,7 +108,8 @@ impl SpaceState {
                 g,
                 rfirst,
                 rfirst + rpages,
-                prot,
+                piece,
+                Some(dev.id),
             )?);
         }
 
@@ -100,7 +123,7 @@ impl SpaceState {
             return if mine {
                 self.spurious(stats, t, vpn)
             } else {
-                self.map_in_place(stats, t, vpn, e, prot, false, remote)
+                self.map_in_place(stats, t, vpn, e, piece, false, remote)
             };
         }
         let replicas = self.replica_mask();
@@ -111,9 +134,9 @@ impl SpaceState {
                     self.spurious(stats, t, vpn)
                 } else if here.id == target.id {
                     self.unmap_pages(stats, vpn, 1, others);
-                    self.map_in_place(stats, t, vpn, e, prot, mine, remote)
+                    self.map_in_place(stats, t, vpn, e, piece, mine, remote)
                 } else {
-                    self.migrate_and_map(cx, space, t, vpn, &target, prot)
+                    self.migrate_and_map(cx, space, t, vpn, &target, piece, dev.id)
                 }
             }
             PlacementMode::RemoteAccess => {
@@ -122,15 +145,15 @@ impl SpaceState {
                     if mine {
                         self.spurious(stats, t, vpn)
                     } else {
-                        self.map_in_place(stats, t, vpn, e, prot, mine, remote)
+                        self.map_in_place(stats, t, vpn, e, piece, mine, remote)
                     }
                 } else if mine && hinted {
-                    let r = self.migrate_and_map(cx, space, t, vpn, &target, prot)?;
+                    let r = self.migrate_and_map(cx, space, t, vpn, &target, piece, dev.id)?;
                     self.lpt.update(vpn, |e| e.hint = 0);
                     Ok(r)
                 } else {
                     self.lpt.update(vpn, |e| e.hint = (slot + 1) as u8);
-                    self.map_in_place(stats, t, vpn, e, prot, mine, true)
+                    self.map_in_place(stats, t, vpn, e, piece, mine, true)
                 }
             }
         }
@@ -144,12 +167,12 @@ impl SpaceState {
         t: usize,
         vpn: Vpn,
         e: PageEntry,
-        prot: Prot,
+        piece: Piece,
         mine: bool,
         remote: bool,
     ) -> Result<FaultResolution, FaultError> {
         if !mine {
-            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, piece)?;
         }
         self.memories.get(e.mem).phys.lock().touch(e.pfn);
         let (counter, kind) = if remote {
@@ -161,7 +184,9 @@ impl SpaceState {
         Ok(FaultResolution { kind, pages: 1 })
     }
 
-    /// Migrate the page to `target`, then map it into table `t` and count it.
+    /// Migrate the page to `target` (for device `who`'s fault), then map it into table
+    /// `t` and count it.
+    #[allow(clippy::too_many_arguments)]
     fn migrate_and_map(
         &mut self,
         cx: &Ctx<'_>,
@@ -169,11 +194,16 @@ impl SpaceState {
         t: usize,
         vpn: Vpn,
         target: &Arc<DeviceInner>,
-        prot: Prot,
+        piece: Piece,
+        who: DeviceId,
     ) -> Result<FaultResolution, FaultError> {
-        self.migrate_page(cx, space, vpn, target)?;
+        let asker = Asker {
+            device: Some(who),
+            attrs: piece.attrs,
+        };
+        self.migrate_page(cx, space, vpn, target, asker)?;
         let n = self.lpt.get(vpn);
-        self.map_run(cx.counters, t, vpn, 1, n.pfn, n.mem, prot)?;
+        self.map_run(cx.counters, t, vpn, 1, n.pfn, n.mem, piece)?;
         Counters::add(&cx.counters.faults_migrate, 1);
         Ok(FaultResolution {
             kind: FaultKind::Migrated,
@@ -236,8 +266,13 @@ impl SpaceState {
         g: u64,
         rfirst: Vpn,
         rend: Vpn,
-        prot: Prot,
+        piece: Piece,
+        who: Option<DeviceId>,
     ) -> Result<FaultResolution, MoveError> {
+        let asker = Asker {
+            device: who,
+            attrs: piece.attrs,
+        };
         let stats = cx.counters;
         let g = g.max(1);
         let b0 = vpn.align_down(g);
@@ -247,11 +282,14 @@ impl SpaceState {
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
         let block = whole
-            .then(|| target.alloc_frames(g, g, space.id, b0, frame_limit(target, b0, g)))
+            .then(|| {
+                let placement = frame_placement(target, space.id, b0, g, asker);
+                alloc_placed(target, g, g, space.id, b0, placement)
+            })
             .flatten();
         let (first, pages, run) = match block {
             Some(run) => (b0, g, run),
-            None => (vpn, 1, self.alloc_frame(cx, space, target, vpn)?),
+            None => (vpn, 1, self.alloc_frame(cx, space, target, vpn, asker)?),
         };
         let pfn = run.pfn();
         let memory = target
@@ -271,7 +309,7 @@ impl SpaceState {
         }
         let replicas = self.replica_mask();
         if let Err(e) = self
-            .map_run(stats, t, first, pages, pfn, mem, prot)
+            .map_run(stats, t, first, pages, pfn, mem, piece)
             .and_then(|()| self.mirror(stats, first, pages, replicas))
         {
             self.unpopulate(stats, first, pages);
@@ -296,18 +334,19 @@ impl SpaceState {
         }
     }
 
-    /// One frame in `target` for page `vpn`, evicting to host memory if `target` is a
-    /// full device memory.
+    /// One frame in `target` for page `vpn` (where the driver places it for `asker`),
+    /// evicting to host memory if `target` is a full device memory.
     pub(crate) fn alloc_frame(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
         target: &Arc<DeviceInner>,
         vpn: Vpn,
+        asker: Asker,
     ) -> Result<FrameRun, MoveError> {
-        let limit = frame_limit(target, vpn, 1);
+        let placement = frame_placement(target, space.id, vpn, 1, asker);
         loop {
-            if let Some(run) = target.alloc_frames(1, 1, space.id, vpn, limit) {
+            if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement) {
                 return Ok(run);
             }
             if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
@@ -479,10 +518,20 @@ impl SpaceState {
         };
         let host = cx.host.clone();
         let run = self.evict_run_len(cx.counters, vpn, dev, policy, keep);
+        // One run, one frame request: its pages must share their attributes.
+        let run = if run > 1 && self.same_attrs(vpn, run) {
+            run
+        } else {
+            1
+        };
+        let asker = Asker {
+            device: None,
+            attrs: self.attrs_at(vpn),
+        };
         let mut moved = 0;
         for n in [run, 1] {
-            let limit = frame_limit(&host, vpn, n);
-            if let Some(new) = host.alloc_frames(n, 1, space_id, vpn, limit) {
+            let placement = frame_placement(&host, space_id, vpn, n, asker);
+            if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement) {
                 self.move_run(cx, vpn, n, &host, new)?;
                 moved = n;
                 break;
@@ -502,8 +551,9 @@ impl SpaceState {
         space: &SpaceInner,
         vpn: Vpn,
         target: &Arc<DeviceInner>,
+        asker: Asker,
     ) -> Result<(), MoveError> {
-        let new = self.alloc_frame(cx, space, target, vpn)?;
+        let new = self.alloc_frame(cx, space, target, vpn, asker)?;
         self.move_page(cx, vpn, target, new)
     }
 
@@ -604,7 +654,11 @@ impl SpaceState {
         let mem = self
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
-        let run = self.alloc_frame(cx, space, target, vpn)?;
+        let asker = Asker {
+            device: None,
+            attrs: self.attrs_at(vpn),
+        };
+        let run = self.alloc_frame(cx, space, target, vpn, asker)?;
         let pfn = run.pfn();
         let memory = target
             .memory
@@ -657,17 +711,27 @@ impl SpaceState {
                 }
                 // A physically contiguous run moves in one call when the target has a
                 // free run as long; otherwise page by page (evicting as needed).
+                let asker = Asker {
+                    device: None,
+                    attrs: self.attrs_at(vpn),
+                };
                 let n = self.movable_run(vpn, (end.0 - vpn.0).min(MOVE_RUN_MAX));
+                // One run, one frame request: its pages must share their attributes.
+                let n = if n > 1 && self.same_attrs(vpn, n) {
+                    n
+                } else {
+                    1
+                };
                 if n > 1 {
-                    let limit = frame_limit(target, vpn, n);
-                    if let Some(run) = target.alloc_frames(n, 1, space.id, vpn, limit) {
+                    let placement = frame_placement(target, space.id, vpn, n, asker);
+                    if let Some(run) = alloc_placed(target, n, 1, space.id, vpn, placement) {
                         self.move_run(cx, vpn, n, target, run)?;
                         done += n;
                         vpn = vpn.add(n);
                         continue;
                     }
                 }
-                self.migrate_page(cx, space, vpn, target)?;
+                self.migrate_page(cx, space, vpn, target, asker)?;
                 done += 1;
             } else if prefetch {
                 self.prepare_page(cx, space, vpn, target)?;
@@ -681,11 +745,66 @@ impl SpaceState {
 
 const _: () = assert!(MAX_TABLES <= 32);
 
-/// The driver's constraint on frames of `dev` backing `pages` pages from `vpn`.
-fn frame_limit(dev: &DeviceInner, vpn: Vpn, pages: u64) -> Option<crate::mmu::FrameConstraint> {
-    dev.memory
-        .as_ref()
-        .and_then(|m| m.frame_constraint(vpn.addr(), pages))
+/// Who asks for frames of some pages: what a [`FrameRequest`] carries besides the
+/// pages themselves.
+#[derive(Clone, Copy)]
+pub(crate) struct Asker {
+    /// The faulting device; `None` for a KPI call or an eviction.
+    pub device: Option<DeviceId>,
+    /// The pages' attributes.
+    pub attrs: Attrs,
+}
+
+/// Where `dev`'s driver places the frames backing `pages` pages of `space` from
+/// `vpn`, and their page-group class.
+fn frame_placement(
+    dev: &DeviceInner,
+    space: SpaceId,
+    vpn: Vpn,
+    pages: u64,
+    asker: Asker,
+) -> Placed {
+    let Some(memory) = dev.memory.as_ref() else {
+        return Placed::default();
+    };
+    let request = FrameRequest {
+        space,
+        va: vpn.addr(),
+        pages,
+        attrs: asker.attrs,
+        device: asker.device,
+    };
+    Placed {
+        placement: memory.frame_request(&request),
+        class: memory.frame_class(&request),
+    }
+}
+
+/// A driver's answers for one allocation.
+#[derive(Clone, Copy, Default)]
+struct Placed {
+    placement: FramePlacement,
+    class: u32,
+}
+
+/// `pages` frames of `dev` aligned to `align` pages, placed as the driver said: a
+/// requirement is the only place, a preference is tried first and then any frame.
+fn alloc_placed(
+    dev: &Arc<DeviceInner>,
+    pages: u64,
+    align: u64,
+    space: SpaceId,
+    vpn: Vpn,
+    placed: Placed,
+) -> Option<FrameRun> {
+    let class = placed.class;
+    match placed.placement {
+        FramePlacement::Any => dev.alloc_frames(pages, align, space, vpn, None, class),
+        FramePlacement::Require(c) => dev.alloc_frames(pages, align, space, vpn, Some(c), class),
+        FramePlacement::Prefer(c) => dev
+            .alloc_frames(pages, align, space, vpn, Some(c), class)
+            .or_else(|| dev.alloc_frames(pages, align, space, vpn, None, class)),
+    }
 }
 
 /// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one

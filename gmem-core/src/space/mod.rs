@@ -4,7 +4,7 @@
 //! - a vmem arena over `[begin, end)` that hands out regions (with the space's fit
 //!   policy, guard pages and quantum caches as asked);
 //! - the regions, by start address, each with its protection, placement policy and
-//!   preparation granularity;
+//!   zero-fill block size;
 //! - the logical page table (`lpt`);
 //! - up to 32 page tables, each created by a driver and used by one device (coherent or
 //!   replicate mode) or several devices of the same format (shared mode);
@@ -34,14 +34,25 @@ use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
-use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::mmu::{Attrs, MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
-use crate::queue::{Callback, Discard, MmuQueue};
+use crate::queue::{Callback, Discard, MmuQueue, TableUnmap};
 use crate::stats::Counters;
 use crate::sync::{Arc, Mutex, MutexGuard, Rank};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
+
+/// Whether a deferred discard may leave its page-table unmaps to an unlocked
+/// completion (see [`SpaceState::discard_pages_deferred`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TableEdits {
+    /// Unmap under the lock (queued unmaps: the queue's drain invalidates).
+    UnderLock,
+    /// Leave the unmaps of tables that take concurrent edits to the strict unmap's
+    /// unlocked completion.
+    Deferrable,
+}
 
 /// Maximum page tables and attachments per space (one bit each in a page entry).
 pub const MAX_TABLES: usize = 32;
@@ -131,11 +142,14 @@ pub struct RegionInfo {
     pub prot: Prot,
     /// Placement policy.
     pub placement: Placement,
-    /// Preparation granularity in bytes (0 = the faulting device's largest page size up
+    /// Zero-fill block size in bytes (0 = the faulting device's largest page size up
     /// to 2 MiB).
-    pub granularity: u64,
+    pub zero_fill_block: u64,
     /// Whether `region_map` gave it wired frames.
     pub mapped: bool,
+    /// The driver's attributes of its pages (`region_set_attrs`; a range call may
+    /// have given some pages others).
+    pub attrs: Attrs,
 }
 
 /// A constrained region request (`gm_as_alloc`'s arguments).
@@ -174,11 +188,25 @@ pub(crate) struct RegionRec {
     pub reserve_len: u64,
     pub prot: Prot,
     pub placement: Placement,
-    pub granularity: u64,
+    pub zero_fill_block: u64,
     /// `region_map` gave frames: an absent page is "nowhere", not "zero-fill".
     pub explicit: bool,
     pub mapped: bool,
     pub set: Option<MappingSetId>,
+    /// An unlocked edit of its pages is in flight (`unlocked`): KPI calls on it wait.
+    pub busy: bool,
+    /// The driver's attributes of its pages (split-off pieces aside).
+    pub attrs: Attrs,
+}
+
+impl RegionRec {
+    /// The region's own protection and attributes (what its unsplit pages have).
+    pub fn piece(&self) -> segments::Piece {
+        segments::Piece {
+            prot: self.prot,
+            attrs: self.attrs,
+        }
+    }
 }
 
 pub(crate) struct PageTable {
@@ -190,6 +218,8 @@ pub(crate) struct PageTable {
     pub users: u32,
     /// Whether any user can fault (tables of non-faultable users get wired pages eagerly).
     pub faultable: bool,
+    /// Distinguishes this table from earlier and later ones in the same slot.
+    pub generation: u64,
 }
 
 pub(crate) struct Attachment {
@@ -292,7 +322,18 @@ pub(crate) struct SpaceState {
     queue: MmuQueue,
     /// Mapping sets.
     sets: Slots<MappingSet>,
+    /// Pieces of regions whose protection a range protect changed.
+    segments: segments::Segments,
     next_region_id: u64,
+    /// Generation of the next page table created.
+    next_table_generation: u64,
+    /// Bumped by every attach: a strict unmap finishing its unlocked invalidation
+    /// sees whether a device joined a table meanwhile.
+    attach_epoch: u64,
+    /// Page-table edits running without the lock right now (`unlocked`).
+    unlocked_edits: u32,
+    /// Tables detached while such edits ran, destroyed when the last one ends.
+    doomed: Vec<unlocked::Doomed>,
 }
 
 /// Table runs whose entries were cleared and whose TLB invalidation is still owed.
@@ -332,7 +373,12 @@ impl SpaceState {
             memories: Memories::new(host),
             queue: MmuQueue::default(),
             sets: Slots::default(),
+            segments: segments::Segments::default(),
             next_region_id: 1,
+            next_table_generation: 0,
+            attach_epoch: 0,
+            unlocked_edits: 0,
+            doomed: Vec::new(),
         }
     }
 
@@ -364,10 +410,12 @@ impl SpaceState {
                 reserve_len,
                 prot: Prot::RW,
                 placement: Placement::default(),
-                granularity: 0,
+                zero_fill_block: 0,
                 explicit: false,
                 mapped: false,
                 set: None,
+                busy: false,
+                attrs: Attrs::default(),
             },
         );
         Some(id)
@@ -510,16 +558,17 @@ impl SpaceState {
         pages: u64,
         pfn: Pfn,
         mem: u8,
-        prot: Prot,
+        piece: segments::Piece,
     ) -> Result<(), MmuError> {
         let table = self.tables[t].as_ref().expect("mapping into a live table");
         let run = MapRun {
             va: first.addr(),
             pa: pfn.addr(),
             len: pages << PAGE_SHIFT,
-            prot,
+            prot: piece.prot,
             page_size: crate::addr::PageSize::Size4K,
             memory: self.memories.get(mem).id,
+            attrs: piece.attrs,
         };
         table.mmu.map(table.root, &run)?;
         Counters::add(&stats.mmu_maps, 1);
@@ -557,6 +606,14 @@ impl SpaceState {
                     i += 1;
                     continue;
                 }
+                let region = self
+                    .region_at(v0.addr().as_u64())
+                    .map(|(_, r)| r.piece())
+                    .unwrap_or(segments::Piece {
+                        prot: Prot::READ,
+                        attrs: Attrs::default(),
+                    });
+                let piece = self.segments.at(region, v0);
                 let mut n = 1;
                 while i + (n as usize) < entries.len() {
                     let (v, e) = entries[i + n as usize];
@@ -564,16 +621,16 @@ impl SpaceState {
                         || e.mem != e0.mem
                         || e.pfn != e0.pfn + n
                         || e.mapped & (1 << t) != 0
+                        || self.segments.at(region, v) != piece
                     {
                         break;
                     }
                     n += 1;
                 }
-                let prot = self
-                    .region_at(v0.addr().as_u64())
-                    .map(|(_, r)| r.prot)
-                    .unwrap_or(Prot::READ);
-                self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
+                // A no-access page is mapped by no table.
+                if !piece.prot.is_empty() {
+                    self.map_run(stats, t, v0, n, e0.pfn, e0.mem, piece)?;
+                }
                 i += n as usize;
             }
         }
@@ -617,8 +674,8 @@ impl SpaceState {
 
     /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
     /// if the driver fails on a run, the runs changed so far (and the failed one, which
-    /// the driver may have changed in part) get `old` back and are invalidated before
-    /// the error is returned. A run the driver cannot restore either loses its mapping
+    /// the driver may have changed in part) get their old protection back (`old[i]` for
+    /// `runs[i]`) and are invalidated before the error is returned. A run the driver cannot restore either loses its mapping
     /// (unmap cannot fail; a faultable user faults it back with the region's
     /// protection) and, in a table that must hold it eagerly, is mapped again.
     pub fn protect_runs(
@@ -626,8 +683,9 @@ impl SpaceState {
         stats: &Counters,
         runs: &[TableRun],
         prot: Prot,
-        old: Prot,
+        old: &[Prot],
     ) -> Result<(), MmuError> {
+        debug_assert_eq!(runs.len(), old.len());
         for (i, run) in runs.iter().enumerate() {
             let Some(table) = self.tables[run.table].as_ref() else {
                 continue;
@@ -637,9 +695,9 @@ impl SpaceState {
             };
             let changed = &runs[..=i];
             let mut lost = Vec::new();
-            for r in changed {
+            for (r, &was) in changed.iter().zip(old) {
                 if let Some(t) = self.tables[r.table].as_ref() {
-                    if t.mmu.protect(t.root, r.range, old).is_err() {
+                    if t.mmu.protect(t.root, r.range, was).is_err() {
                         lost.push(*r);
                     }
                 }
@@ -727,15 +785,44 @@ impl SpaceState {
     /// entries are cleared at once (new translations fault), the frames quarantined and
     /// the pages marked pending. The returned [`Discard`] must go to the queue
     /// (`enqueue_unmap`) or to a strict unmap completed outside the lock
-    /// (`defer_invalidation`), which invalidate and then release.
-    pub fn discard_pages_deferred(&mut self, stats: &Counters, first: Vpn, pages: u64) -> Discard {
+    /// (`defer_invalidation`), which invalidate and then release. With
+    /// [`TableEdits::Deferrable`] and tables that all take concurrent edits, the
+    /// page-table unmaps are left in the discard too, for the unlocked completion of a
+    /// strict unmap to make before its invalidation (an unlocked edit in flight).
+    pub fn discard_pages_deferred(
+        &mut self,
+        stats: &Counters,
+        first: Vpn,
+        pages: u64,
+        edits: TableEdits,
+    ) -> Discard {
         let touched: Vec<(Vpn, u32)> = self
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.mapped != 0)
             .map(|(v, e)| (v, e.mapped))
             .collect();
-        let owed = self.clear_entries(stats, &touched);
+        let all = touched.iter().fold(0, |m, (_, bits)| m | bits);
+        let mut unlocked = Vec::new();
+        let owed = if edits == TableEdits::Deferrable && self.edits_unlocked(all) {
+            let runs = table_runs(&touched);
+            for &(v, bits) in &touched {
+                self.lpt.update(v, |e| e.mapped &= !bits);
+            }
+            for run in &runs {
+                let table = self.tables[run.table]
+                    .as_ref()
+                    .expect("a mapping bit's table");
+                unlocked.push(TableUnmap {
+                    mmu: table.mmu.clone(),
+                    root: table.root,
+                    range: run.range,
+                });
+            }
+            OwedInvalidation(runs)
+        } else {
+            self.clear_entries(stats, &touched)
+        };
         let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(first, pages).collect();
         let mut frames = Vec::new();
         for (v, e) in entries {
@@ -759,6 +846,7 @@ impl SpaceState {
             frames,
             first,
             pages,
+            unlocked,
         }
     }
 
@@ -829,3 +917,8 @@ mod evict;
 mod fault;
 mod ops;
 mod queue;
+mod range;
+pub(crate) mod segments;
+mod unlocked;
+
+pub(crate) use unlocked::UnlockedMap;

@@ -12,7 +12,10 @@ use crate::lpt::{PageEntry, EXTERNAL};
 use crate::lpt::{PENDING, WIRED};
 use crate::mmu::MmuError;
 use crate::queue::Callback;
-use crate::space::{PlacementTarget, Region, RegionRec, SpaceInner, SpaceState};
+use crate::space::segments::Piece;
+use crate::space::{
+    PlacementTarget, Region, RegionRec, SpaceInner, SpaceState, TableEdits, UnlockedMap,
+};
 use crate::sync::Arc;
 use alloc::vec::Vec;
 
@@ -35,6 +38,7 @@ impl SpaceState {
     /// Remove a checked region's record, and the region from its mapping set.
     pub(crate) fn remove_region(&mut self, c: &Checked) {
         self.regions.remove(&c.region.start.as_u64());
+        self.segments.clear(c.first, c.pages);
         self.leave_set(c);
     }
 
@@ -125,7 +129,7 @@ impl SpaceState {
         let (first, pages) = (c.first, c.pages);
         self.settle(cx, space, c);
         if flags.contains(MapFlags::ASYNC) {
-            let d = self.discard_pages_deferred(cx.counters, first, pages);
+            let d = self.discard_pages_deferred(cx.counters, first, pages, TableEdits::UnderLock);
             self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
         } else {
             self.discard_pages(cx.counters, first, pages);
@@ -154,7 +158,10 @@ impl SpaceState {
         })
     }
 
-    /// `region_map` under the lock: see [`crate::Gmem::region_map`].
+    /// `region_map` under the lock: see [`crate::Gmem::region_map`]. When every table
+    /// that must take the pages eagerly can be edited unlocked (and the map is
+    /// synchronous), the page-table edits are left to the caller as an
+    /// [`UnlockedMap`] to run after releasing the lock; otherwise they are done here.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn map_frames(
         &mut self,
@@ -167,7 +174,7 @@ impl SpaceState {
         set: Option<MappingSetId>,
         flags: MapFlags,
         callback: Option<Callback>,
-    ) -> Result<(), MapError> {
+    ) -> Result<Option<UnlockedMap>, MapError> {
         let memory = memdev.id;
         let (first, pages) = (c.first, c.pages);
         if prot.is_empty() {
@@ -214,6 +221,8 @@ impl SpaceState {
         }
         let asynchronous = flags.contains(MapFlags::ASYNC);
         let extra = if asynchronous { PENDING } else { 0 };
+        let mask = self.wired_mask();
+        let unlocked = !asynchronous && self.edits_unlocked(mask);
         for (k, f) in frames.iter().enumerate() {
             self.lpt.set(
                 first + k as u64,
@@ -225,6 +234,19 @@ impl SpaceState {
                 },
             );
         }
+        // The whole region gets the map's protection (its pages keep their attributes).
+        let region = Piece {
+            prot,
+            attrs: c.rec.attrs,
+        };
+        self.segments
+            .update(region, (first, pages), first, pages, |p| Piece {
+                prot,
+                ..p
+            });
+        if unlocked {
+            return Ok(Some(self.begin_unlocked_map(c, prot, mask, set, callback)));
+        }
         self.put_region(
             c,
             RegionRec {
@@ -235,7 +257,6 @@ impl SpaceState {
                 ..c.rec
             },
         );
-        let mask = self.wired_mask();
         if asynchronous {
             self.enqueue_map(cx.counters, &space.arena, first, pages, callback);
         } else if let Err(e) = self.mirror(cx.counters, first, pages, mask) {
@@ -248,7 +269,7 @@ impl SpaceState {
         if let Some(s) = set.and_then(|s| self.sets.get_mut(s.index, s.generation)) {
             s.regions.push(c.region);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Switching a region to the unique policy: drop every mapping of the pages that
@@ -266,8 +287,8 @@ impl SpaceState {
         self.unmap_entries(cx.counters, &touched);
     }
 
-    /// `region_protect` under the lock: change every table's protection of the
-    /// region's mapped pages, all or nothing (see `protect_runs`).
+    /// `region_protect` under the lock: the whole region gets `prot` (its split-off
+    /// pieces merge back), all or nothing (see `protect_range`).
     pub(crate) fn protect_region(
         &mut self,
         cx: &Ctx<'_>,
@@ -275,37 +296,18 @@ impl SpaceState {
         c: &Checked,
         prot: Prot,
     ) -> Result<(), MmuError> {
-        self.settle(cx, space, c);
-        let touched: Vec<(Vpn, u32)> = self
-            .lpt
-            .entries_in(c.first, c.pages)
-            .filter(|(_, e)| e.mapped != 0)
-            .map(|(v, e)| (v, e.mapped))
-            .collect();
-        let runs = crate::space::table_runs(&touched);
-        self.protect_runs(cx.counters, &runs, prot, c.rec.prot)
+        self.protect_range(cx, space, c, c.first, c.pages, prot)?;
+        let rec = RegionRec { prot, ..c.rec };
+        self.put_region(c, rec);
+        // Every page has `prot` now: pieces that differ from the region only by
+        // attributes stay, the others merge back into it.
+        self.segments
+            .update(rec.piece(), (c.first, c.pages), c.first, c.pages, |p| p);
+        Ok(())
     }
 
-    /// `region_unwire` under the lock: unpin the region's wired pages (caller-given
-    /// frames stay) and drop every mapping of them but the replicas.
+    /// `region_unwire` under the lock: [`SpaceState::unwire_range`] of the whole region.
     pub(crate) fn unwire_region(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
-        self.settle(cx, space, c);
-        let wired: Vec<(Vpn, PageEntry)> = self
-            .lpt
-            .entries_in(c.first, c.pages)
-            .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
-            .collect();
-        // Every mapping but the replicas goes: the next fault places the page by the
-        // region's policy again (a wired page may be mapped by several tables).
-        let mask = !self.replica_mask();
-        let touched: Vec<(Vpn, u32)> = wired
-            .iter()
-            .filter(|(_, e)| e.mapped & mask != 0)
-            .map(|(v, e)| (*v, e.mapped & mask))
-            .collect();
-        self.unmap_entries(cx.counters, &touched);
-        for (v, _) in wired {
-            self.set_page_wired(v, false);
-        }
+        self.unwire_range(cx, space, c, c.first, c.pages);
     }
 }

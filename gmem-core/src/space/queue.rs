@@ -126,6 +126,8 @@ impl SpaceState {
         // range are released under the lock, before the unlocked invalidation.
         #[cfg(gmem_loom_bug = "strict_release_before_invalidation")]
         let (discard, va) = {
+            let mut discard = discard;
+            let unlocked = core::mem::take(&mut discard.unlocked);
             self.release_discarded(discard, va, &space.arena);
             (
                 Discard {
@@ -133,36 +135,57 @@ impl SpaceState {
                     frames: Vec::new(),
                     first: Vpn(0),
                     pages: 0,
+                    unlocked,
                 },
                 None,
             )
         };
         if shootdowns.is_empty() {
+            // No device uses the tables: nothing to invalidate, and the unmaps (if
+            // any were left) are made here.
+            for u in &discard.unlocked {
+                u.mmu.unmap(u.root, u.range);
+            }
             self.release_discarded(discard, va, &space.arena);
             self.queue.complete_now(callback, Ok(()));
             return None;
         }
         self.queue.strict_in_flight += 1;
+        if !discard.unlocked.is_empty() {
+            self.begin_unlocked_edit();
+        }
         Some(PendingInvalidation {
             space: space.clone(),
             shootdowns,
             discard,
             va,
             callback,
+            epoch: self.attach_epoch,
         })
     }
 
     /// The unlocked invalidation of a strict unmap completed: release what it held
-    /// back and make its callback ready.
+    /// back and make its callback ready. A device attached since the invalidations
+    /// were listed may have cached what the unlocked unmap removed: it is invalidated
+    /// now, under the lock, before anything is released (a rare race).
     pub(crate) fn finish_strict(
         &mut self,
+        stats: &Counters,
         discard: Discard,
         va: Option<(u64, u64)>,
         arena: &Arena,
         callback: Option<Callback>,
+        epoch: u64,
     ) {
+        let unlocked = !discard.unlocked.is_empty();
+        if unlocked && epoch != self.attach_epoch {
+            self.invalidate(stats, &discard.runs);
+        }
         self.release_discarded(discard, va, arena);
         self.queue.strict_in_flight -= 1;
+        if unlocked {
+            self.end_unlocked_edit(stats);
+        }
         self.queue.complete_now(callback, Ok(()));
     }
 

@@ -48,10 +48,11 @@ use arbitrary::Arbitrary;
 use gmem_core::testing::{AccessError, MmuEvent, TestMmu, TestSystem, HOST_BASE};
 use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
-    Activation, AddrError, AllocError, AllocPolicy, AttachError, DevCaps, DeviceError, DeviceId,
-    EvictionPolicy, FaultError, FrameError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode,
-    PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError, PopulateError,
-    Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
+    Activation, AddrError, AllocError, AllocPolicy, AttachError, Attrs, DevCaps, DeviceError,
+    DeviceId, EvictionPolicy, FaultError, FrameError, MapError, MapFlags, MapRequest, MigrateScope,
+    MmuMode, PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError,
+    PopulateError, Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VaRange, VirtAddr,
+    PAGE_SIZE,
 };
 
 /// Operations a fuzz input or a seeded sequence may hold at most.
@@ -87,6 +88,9 @@ pub struct Setup {
     pub igpu_mode: Mode,
     /// The mode the I/O device attaches to the first space with.
     pub io_mode: Mode,
+    /// Whether the I/O device's tables take concurrent edits (so that `region_map`
+    /// and strict deallocation edit them outside the space lock).
+    pub io_concurrent: bool,
 }
 
 /// An allocation policy of a new space.
@@ -120,7 +124,7 @@ pub enum ProtSel {
     ReadWrite,
     /// Everything.
     All,
-    /// Nothing (misuse).
+    /// Nothing: no access (a misuse for `region_map` only).
     Empty,
 }
 
@@ -360,8 +364,8 @@ pub enum Op {
         /// Remote access instead of unique.
         remote: bool,
     },
-    /// `region_set_granularity`.
-    Granularity {
+    /// `region_set_zero_fill_block`.
+    ZeroFillBlock {
         /// Which.
         region: u16,
         /// `PAGE_SIZE << s` when below 11, 0 (default) at 11, else a bad value.
@@ -371,8 +375,80 @@ pub enum Op {
     Protect {
         /// Which.
         region: u16,
-        /// The new protection (empty is misuse).
+        /// The new protection (empty is no access).
         prot: ProtSel,
+    },
+    /// `region_protect_range` of pages `page..page + pages` (modulo the region).
+    ProtectRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages (1 + this modulo what is left of the region).
+        pages: u8,
+        /// The new protection.
+        prot: ProtSel,
+        /// Reach one page past the region's end (misuse).
+        bad: bool,
+    },
+    /// `region_unmap_range` (strict).
+    UnmapRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// Reach one page past the region's end (misuse).
+        bad: bool,
+    },
+    /// `region_migrate_range` of populated pages.
+    MigrateRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// Where.
+        dev: u8,
+    },
+    /// `region_wire_range`.
+    WireRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+    },
+    /// `region_unwire_range`.
+    UnwireRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+    },
+    /// `dev_evacuate` (the host and dead devices are misuse).
+    Evacuate {
+        /// Which device.
+        dev: u8,
+    },
+    /// `region_set_attrs` (whole region) or `region_set_attrs_range`; then every
+    /// mapping of the region's pages in every active table carries the model's value.
+    SetAttrs {
+        /// Which.
+        region: u16,
+        /// The whole region (else a range).
+        whole: bool,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// The value (small, so that equal values meet and pieces merge).
+        value: u8,
     },
     /// `region_migrate`.
     Migrate {
@@ -496,7 +572,7 @@ struct RegionModel {
     reserve: (u64, u64),
     prot: Prot,
     placement: Placement,
-    granularity: u64,
+    zero_fill_block: u64,
     kind: Kind,
     /// Pages whose bytes are not all zero.
     bytes: BTreeMap<u64, Vec<u8>>,
@@ -504,8 +580,14 @@ struct RegionModel {
     populated: BTreeSet<u64>,
     /// Some page may have a frame the model does not know of (bulk zeroing).
     maybe_populated: bool,
-    /// `region_wire` was called and not undone.
-    wired: bool,
+    /// Pages `region_wire(_range)` wired and nothing unwired or unmapped since.
+    wired: BTreeSet<u64>,
+    /// Pages whose protection a range protect made differ from the region's.
+    prots: BTreeMap<u64, Prot>,
+    /// Pages of a `region_map`ped region that a range unmap emptied.
+    holes: BTreeSet<u64>,
+    /// The driver attributes of each page whose value is not 0.
+    attrs: BTreeMap<u64, u32>,
 }
 
 impl RegionModel {
@@ -519,10 +601,30 @@ impl RegionModel {
         self.bytes.clear();
         self.populated.clear();
         self.maybe_populated = false;
-        self.wired = false;
+        self.wired.clear();
+        self.holes.clear();
+    }
+    /// The protection of `page`.
+    fn prot_of(&self, page: u64) -> Prot {
+        self.prots.get(&page).copied().unwrap_or(self.prot)
+    }
+    /// Pages `page..page + pages` of a range op (in range), or one page past the end.
+    fn range(&self, page: u8, pages: u8, bad: bool) -> (u64, u64) {
+        let p0 = u64::from(page) % self.pages();
+        let left = self.pages() - p0;
+        if bad {
+            return (p0, left + 1);
+        }
+        (p0, 1 + u64::from(pages) % left)
+    }
+    fn va_range(&self, (p0, n): (u64, u64)) -> VaRange {
+        VaRange {
+            start: VirtAddr::new(self.start() + p0 * PAGE_SIZE),
+            len: n * PAGE_SIZE,
+        }
     }
     fn any_populated(&self) -> Option<bool> {
-        if !self.populated.is_empty() || self.wired {
+        if !self.populated.is_empty() || !self.wired.is_empty() {
             Some(true)
         } else if self.maybe_populated {
             None
@@ -662,6 +764,7 @@ impl KpiRunner {
         let mut sys = TestSystem::new(host_pages);
         let dgpu = sys.add_device(7, DevCaps::FAULTABLE, DGPU_BASE, dev_pages);
         let igpu = sys.add_device(1, DevCaps::FAULTABLE, 0, 0);
+        sys.concurrent_edits = setup.io_concurrent;
         let io = sys.add_device(9, DevCaps::empty(), 0, 0);
         assert_eq!((dgpu, igpu, io), (DGPU, IGPU, IO));
         let devices = [
@@ -1014,7 +1117,7 @@ impl KpiRunner {
                 };
                 self.set_policy(ctx, slot, start, target, remote);
             }
-            Op::Granularity { region, shift } => {
+            Op::ZeroFillBlock { region, shift } => {
                 let Some((slot, start)) = self.pick_region(region) else {
                     return;
                 };
@@ -1024,13 +1127,13 @@ impl KpiRunner {
                     11 => 0,
                     _ => 3 * PAGE_SIZE,
                 };
-                let r = self.sys.gm.region_set_granularity(handle, bytes);
+                let r = self.sys.gm.region_set_zero_fill_block(handle, bytes);
                 if bytes == 3 * PAGE_SIZE {
-                    self.misuse(ctx, r, PolicyError::BadGranularity(bytes));
+                    self.misuse(ctx, r, PolicyError::BadZeroFillBlock(bytes));
                 } else {
                     assert_eq!(r, Ok(()), "{ctx}");
                     self.summary.succeeded += 1;
-                    self.region_mut(slot, start).granularity = bytes;
+                    self.region_mut(slot, start).zero_fill_block = bytes;
                 }
             }
             Op::Protect { region, prot } => {
@@ -1040,13 +1143,91 @@ impl KpiRunner {
                 let handle = self.region(slot, start).handle;
                 let p = prot.prot();
                 let r = self.sys.gm.region_protect(handle, p);
-                if p.is_empty() {
-                    self.misuse(ctx, r, ProtectError::BadProt(p));
-                } else {
-                    assert_eq!(r, Ok(()), "{ctx}");
-                    self.summary.succeeded += 1;
-                    self.region_mut(slot, start).prot = p;
+                assert_eq!(r, Ok(()), "{ctx}");
+                self.summary.succeeded += 1;
+                let m = self.region_mut(slot, start);
+                m.prot = p;
+                m.prots.clear();
+            }
+            Op::ProtectRange {
+                region,
+                page,
+                pages,
+                prot,
+                bad,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                self.protect_range(ctx, slot, start, page, pages, prot.prot(), bad);
+            }
+            Op::UnmapRange {
+                region,
+                page,
+                pages,
+                bad,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                self.unmap_range(ctx, slot, start, page, pages, bad);
+            }
+            Op::MigrateRange {
+                region,
+                page,
+                pages,
+                dev,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                self.migrate_range(ctx, slot, start, page, pages, usize::from(dev) % NDEV);
+            }
+            Op::WireRange {
+                region,
+                page,
+                pages,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                self.wire_range(ctx, slot, start, page, pages);
+            }
+            Op::UnwireRange {
+                region,
+                page,
+                pages,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                let r = self.region(slot, start);
+                let (p0, n) = r.range(page, pages, false);
+                let range = r.va_range((p0, n));
+                let handle = r.handle;
+                assert_eq!(
+                    self.sys.gm.region_unwire_range(handle, range),
+                    Ok(()),
+                    "{ctx}"
+                );
+                self.summary.succeeded += 1;
+                let m = self.region_mut(slot, start);
+                for p in p0..p0 + n {
+                    m.wired.remove(&p);
                 }
+            }
+            Op::Evacuate { dev } => self.evacuate(ctx, usize::from(dev) % NDEV),
+            Op::SetAttrs {
+                region,
+                whole,
+                page,
+                pages,
+                value,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                self.set_attrs(ctx, slot, start, whole, page, pages, u32::from(value % 4));
             }
             Op::Migrate {
                 region,
@@ -1071,7 +1252,7 @@ impl KpiRunner {
                 let handle = self.region(slot, start).handle;
                 assert_eq!(self.sys.gm.region_unwire(handle), Ok(()), "{ctx}");
                 self.summary.succeeded += 1;
-                self.region_mut(slot, start).wired = false;
+                self.region_mut(slot, start).wired.clear();
             }
             Op::Synchronize { space } => {
                 let Some(slot) = self.pick_space(space) else {
@@ -1498,12 +1679,15 @@ impl KpiRunner {
                 reserve: (res, c.size),
                 prot: Prot::RW,
                 placement: Placement::default(),
-                granularity: 0,
+                zero_fill_block: 0,
                 kind: Kind::Anonymous,
                 bytes: BTreeMap::new(),
                 populated: BTreeSet::new(),
                 maybe_populated: false,
-                wired: false,
+                wired: BTreeSet::new(),
+                prots: BTreeMap::new(),
+                holes: BTreeSet::new(),
+                attrs: BTreeMap::new(),
             },
         );
     }
@@ -1725,6 +1909,7 @@ impl KpiRunner {
         m.clear_pages();
         m.kind = Kind::Explicit { mapped: true };
         m.prot = prot;
+        m.prots.clear();
         if asynchronous {
             self.space_mut(slot).queue.push(Request::Map {
                 start,
@@ -1771,18 +1956,19 @@ impl KpiRunner {
             });
         };
         let access = prot_access(write);
-        if !r.prot.contains(access) {
+        let page = (va - r.start()) / PAGE_SIZE;
+        let allowed = r.prot_of(page);
+        if !allowed.contains(access) {
             return Expect::Err(if faultable {
                 fault(FaultError::ProtectionViolation {
                     va: v,
                     access,
-                    allowed: r.prot,
+                    allowed,
                 })
             } else {
                 unmapped
             });
         }
-        let page = (va - r.start()) / PAGE_SIZE;
         let queue_empty = sp.queue.is_empty();
         match r.kind {
             Kind::Explicit { mapped: false } => Expect::Err(if faultable {
@@ -1790,6 +1976,13 @@ impl KpiRunner {
             } else {
                 unmapped
             }),
+            Kind::Explicit { mapped: true } if r.holes.contains(&page) => {
+                Expect::Err(if faultable {
+                    fault(FaultError::NotMapped(v))
+                } else {
+                    unmapped
+                })
+            }
             Kind::Explicit { mapped: true } => {
                 if faultable || (queue_empty && !sp.map_pending(r.start())) {
                     Expect::Ok
@@ -1803,10 +1996,10 @@ impl KpiRunner {
             ]),
             Kind::Anonymous => {
                 let replicate = sp.attached.get(&dev) == Some(&MmuMode::Replicate);
-                if r.wired && queue_empty {
+                let wired = r.wired.contains(&page);
+                if wired && queue_empty {
                     Expect::Ok
-                } else if r.wired
-                    || (replicate && (r.populated.contains(&page) || r.maybe_populated))
+                } else if wired || (replicate && (r.populated.contains(&page) || r.maybe_populated))
                 {
                     Expect::Either(vec![unmapped])
                 } else {
@@ -1827,7 +2020,7 @@ impl KpiRunner {
         let r = self.region_mut(slot, start);
         if r.kind == Kind::Anonymous {
             r.populated.insert((va - start) / PAGE_SIZE);
-            if r.granularity > PAGE_SIZE {
+            if r.zero_fill_block > PAGE_SIZE {
                 r.maybe_populated = true;
             }
         }
@@ -2008,6 +2201,204 @@ impl KpiRunner {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
+    fn protect_range(
+        &mut self,
+        ctx: &str,
+        slot: usize,
+        start: u64,
+        page: u8,
+        pages: u8,
+        prot: Prot,
+        bad: bool,
+    ) {
+        let r = self.region(slot, start);
+        let (p0, n) = r.range(page, pages, bad);
+        let range = r.va_range((p0, n));
+        let res = self.sys.gm.region_protect_range(r.handle, range, prot);
+        if bad {
+            return self.misuse(ctx, res, ProtectError::Region(RegionError::BadRange(range)));
+        }
+        assert_eq!(res, Ok(()), "{ctx}");
+        self.summary.succeeded += 1;
+        let m = self.region_mut(slot, start);
+        for p in p0..p0 + n {
+            if prot == m.prot {
+                m.prots.remove(&p);
+            } else {
+                m.prots.insert(p, prot);
+            }
+        }
+    }
+
+    fn unmap_range(&mut self, ctx: &str, slot: usize, start: u64, page: u8, pages: u8, bad: bool) {
+        let r = self.region(slot, start);
+        let (p0, n) = r.range(page, pages, bad);
+        let range = r.va_range((p0, n));
+        let res = self
+            .sys
+            .gm
+            .region_unmap_range(r.handle, range, MapFlags::empty(), None);
+        if bad {
+            return self.misuse(ctx, res, RegionError::BadRange(range));
+        }
+        assert_eq!(res, Ok(()), "{ctx}");
+        self.summary.succeeded += 1;
+        let m = self.region_mut(slot, start);
+        for p in p0..p0 + n {
+            m.bytes.remove(&p);
+            m.populated.remove(&p);
+            m.wired.remove(&p);
+            if m.kind == (Kind::Explicit { mapped: true }) {
+                m.holes.insert(p);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn migrate_range(
+        &mut self,
+        ctx: &str,
+        slot: usize,
+        start: u64,
+        page: u8,
+        pages: u8,
+        dev: usize,
+    ) {
+        let r = self.region(slot, start);
+        let range = r.va_range(r.range(page, pages, false));
+        let res = self.sys.gm.region_migrate_range(
+            r.handle,
+            range,
+            self.devices[dev],
+            MigrateScope::Populated,
+        );
+        if !self.alive[dev] {
+            return self.misuse(
+                ctx,
+                res.map(|_| ()),
+                PopulateError::UnknownDevice(self.devices[dev]),
+            );
+        }
+        match res {
+            Ok(_) => self.summary.succeeded += 1,
+            Err(PopulateError::OutOfMemory(_)) => {
+                self.region_mut(slot, start).maybe_populated = true;
+            }
+            Err(e) => panic!("{ctx}: {e:?}"),
+        }
+    }
+
+    fn wire_range(&mut self, ctx: &str, slot: usize, start: u64, page: u8, pages: u8) {
+        let r = self.region(slot, start);
+        let (p0, n) = r.range(page, pages, false);
+        let range = r.va_range((p0, n));
+        let kind = r.kind;
+        let res = self.sys.gm.region_wire_range(r.handle, range);
+        match (kind, res) {
+            (Kind::Explicit { .. }, r) => assert_eq!(r, Ok(0), "{ctx}: wiring caller frames"),
+            (Kind::Anonymous, Ok(_)) => {
+                self.summary.succeeded += 1;
+                let m = self.region_mut(slot, start);
+                m.wired.extend(p0..p0 + n);
+                m.populated.extend(p0..p0 + n);
+            }
+            (Kind::Anonymous, Err(PopulateError::OutOfMemory(_))) => {
+                self.region_mut(slot, start).maybe_populated = true;
+            }
+            (_, Err(e)) => panic!("{ctx}: {e:?}"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_attrs(
+        &mut self,
+        ctx: &str,
+        slot: usize,
+        start: u64,
+        whole: bool,
+        page: u8,
+        pages: u8,
+        value: u32,
+    ) {
+        let r = self.region(slot, start);
+        let (p0, n) = if whole {
+            (0, r.pages())
+        } else {
+            r.range(page, pages, false)
+        };
+        let handle = r.handle;
+        let res = if whole {
+            self.sys.gm.region_set_attrs(handle, Attrs(value))
+        } else {
+            let range = r.va_range((p0, n));
+            self.sys
+                .gm
+                .region_set_attrs_range(handle, range, Attrs(value))
+        };
+        assert_eq!(res, Ok(()), "{ctx}");
+        self.summary.succeeded += 1;
+        let m = self.region_mut(slot, start);
+        for p in p0..p0 + n {
+            if value == 0 {
+                m.attrs.remove(&p);
+            } else {
+                m.attrs.insert(p, value);
+            }
+        }
+        // Every mapping of the region's pages, in the tables of the devices active in
+        // its space, carries the value.
+        let (a, attrs, npages) = {
+            let r = self.region(slot, start);
+            (r.start(), r.attrs.clone(), r.pages())
+        };
+        for dev in 0..NDEV {
+            if self.active[dev] != Some(slot) || !self.alive[dev] {
+                continue;
+            }
+            let mmu = &self.sys.devices[dev].mmu;
+            let Some(root) = mmu.active_root() else {
+                continue;
+            };
+            for p in 0..npages {
+                let vpn = (a + p * PAGE_SIZE) / PAGE_SIZE;
+                if let Some(pte) = mmu.store().lookup(root, vpn) {
+                    let want = attrs.get(&p).copied().unwrap_or(0);
+                    assert_eq!(
+                        pte.attrs,
+                        Attrs(want),
+                        "{ctx}: page {p} (vpn {vpn:#x}) mapped by {dev}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn evacuate(&mut self, ctx: &str, dev: usize) {
+        let id = self.devices[dev];
+        let res = self.sys.gm.dev_evacuate(id);
+        if dev == HOST {
+            return self.misuse(ctx, res.map(|_| ()), PopulateError::IsHost);
+        }
+        if !self.alive[dev] {
+            return self.misuse(ctx, res.map(|_| ()), PopulateError::UnknownDevice(id));
+        }
+        match res {
+            Ok(_) => {
+                self.summary.succeeded += 1;
+                if let Ok(f) = self.sys.gm.dev_frames(id) {
+                    assert_eq!(
+                        (f.active, f.inactive, f.wired),
+                        (0, 0, 0),
+                        "{ctx}: the evacuated memory still backs pages"
+                    );
+                }
+            }
+            Err(PopulateError::OutOfMemory(_)) => {}
+            Err(e) => panic!("{ctx}: {e:?}"),
+        }
+    }
+
     fn wire(&mut self, ctx: &str, slot: usize, start: u64) {
         let handle = self.region(slot, start).handle;
         let kind = self.region(slot, start).kind;
@@ -2016,7 +2407,7 @@ impl KpiRunner {
             (Kind::Explicit { .. }, r) => assert_eq!(r, Ok(0), "{ctx}: wiring caller frames"),
             (Kind::Anonymous, Ok(_)) => {
                 let m = self.region_mut(slot, start);
-                m.wired = true;
+                m.wired.extend(0..m.pages());
                 m.populated.extend(0..m.pages());
             }
             (Kind::Anonymous, Err(PopulateError::OutOfMemory(_))) => {

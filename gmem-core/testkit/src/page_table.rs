@@ -41,6 +41,9 @@ pub struct PtConfig {
     pub large_pages: bool,
     /// Table-pool frames (small pools make maps fail for lack of table memory).
     pub pool_frames: u8,
+    /// Keep MESC's contiguity bits; after every operation they must equal a
+    /// recomputation from the leaves (Alg. 1 finds nothing stale).
+    pub mesc: bool,
 }
 
 /// One operation.
@@ -99,6 +102,7 @@ impl PtRunner {
         let x86 = X86Config {
             user: true,
             large_pages: config.large_pages,
+            mesc: config.mesc,
         };
         let frames = 4 + config.pool_frames as u64;
         let tables = X86Tables::new(
@@ -162,6 +166,7 @@ impl PtRunner {
                     prot,
                     page_size: PageSize::Size4K,
                     memory: self.device,
+                    attrs: Default::default(),
                 };
                 match self.tables.map(self.root, &run) {
                     Ok(()) => {
@@ -242,6 +247,7 @@ impl PtRunner {
                     prot: Prot::RW,
                     page_size: PageSize::Size4K,
                     memory: self.device,
+                    attrs: Default::default(),
                 };
                 match self.tables.map(self.root, &run) {
                     Err(MmuError::Unsupported { .. }) if pages > 1 => {}
@@ -287,6 +293,18 @@ impl PtRunner {
         }
         if i % 8 == 7 {
             self.check_all(i, op);
+        }
+        if self.tables.codec().config.mesc {
+            let scan = gmem_x86pt::mesc::scan(
+                self.tables.codec(),
+                self.tables.engine().memory(),
+                self.root.0,
+                false,
+            );
+            assert_eq!(
+                scan.stale, 0,
+                "op {i} {op:?}: MESC bits differ from the leaves ({scan:?})"
+            );
         }
     }
 

@@ -226,7 +226,7 @@ fn page_groups_hold_one_class_each_and_the_driver_hears_first() {
     let r =
         s.gm.as_alloc(space, AllocRequest::new(48 * PAGE_SIZE))
             .unwrap();
-    s.gm.region_set_granularity(r, PAGE_SIZE).unwrap();
+    s.gm.region_set_zero_fill_block(r, PAGE_SIZE).unwrap();
     // Touch pages out of order so both classes are requested interleaved.
     let mut order: Vec<u64> = (0..48).collect();
     order.sort_by_key(|p| (p * 29) % 48);
@@ -276,7 +276,7 @@ fn page_groups_hold_one_class_each_and_the_driver_hears_first() {
     let big =
         s.gm.as_alloc(space, AllocRequest::new(96 * PAGE_SIZE))
             .unwrap();
-    s.gm.region_set_granularity(big, PAGE_SIZE).unwrap();
+    s.gm.region_set_zero_fill_block(big, PAGE_SIZE).unwrap();
     for p in 0..96u64 {
         let va = VirtAddr::new(big.start.as_u64() + p * PAGE_SIZE);
         s.write(gpu, va, &[(p as u8) ^ 0x5a]).unwrap();
@@ -317,7 +317,7 @@ fn eviction_moves_a_cold_run_in_one_copy() {
         s.gm.as_alloc(space, AllocRequest::new(32 * PAGE_SIZE))
             .unwrap();
     // One fault zero-fills 16 pages on 16 consecutive frames.
-    s.gm.region_set_granularity(r, 16 * PAGE_SIZE).unwrap();
+    s.gm.region_set_zero_fill_block(r, 16 * PAGE_SIZE).unwrap();
     s.write(gpu, r.start, b"first").unwrap();
     for p in 1..16u64 {
         s.write(
@@ -443,7 +443,7 @@ fn a_run_longer_than_a_group_takes_consecutive_groups_of_its_class() {
     let r =
         s.gm.as_alloc(space, AllocRequest::new(40 * PAGE_SIZE))
             .unwrap();
-    s.gm.region_set_granularity(r, 4 * PAGE_SIZE).unwrap();
+    s.gm.region_set_zero_fill_block(r, 4 * PAGE_SIZE).unwrap();
     for p in (0..40u64).step_by(4) {
         let va = VirtAddr::new(r.start.as_u64() + p * PAGE_SIZE);
         let res = s.gm.dev_fault(id, va, Prot::WRITE).unwrap();

@@ -1,0 +1,302 @@
+//! Operations on a page range inside one region (`region_*_range`) and the evacuation
+//! of a device's memory.
+//!
+//! A range operation acts on `[first, first + pages)` of a checked region: protection
+//! (including no access, recorded as a split-off piece in `segments`), unmapping,
+//! wiring and unwiring; migration reuses `migrate_range` directly. The protection of
+//! every page stays readable in one place (`Segments::prot_at`), so the fault path,
+//! the eager mirrors and zero-fill blocks all follow a split at once.
+//!
+//! Evacuation moves every page a space keeps in one device's memory to host memory —
+//! wired pages included (they are re-pinned and re-mirrored on their new frames) —
+//! so that the device can be destroyed; caller-given frames are the caller's and stay.
+
+use super::segments::Piece;
+use super::{SpaceInner, SpaceState, TableEdits, TableRun};
+use crate::addr::Vpn;
+use crate::device::DeviceInner;
+use crate::error::MoveError;
+use crate::flags::{MapFlags, Prot};
+use crate::gmem::Ctx;
+use crate::kpi::region::Checked;
+use crate::lpt::{PageEntry, EXTERNAL, WIRED};
+use crate::mmu::{Attrs, MmuError};
+use crate::queue::Callback;
+use crate::sync::Arc;
+use alloc::vec::Vec;
+
+impl SpaceState {
+    /// The protection and attributes of page `vpn` (read-only and none outside every
+    /// region).
+    pub(crate) fn piece_at(&self, vpn: Vpn) -> Piece {
+        match self.region_at(vpn.addr().as_u64()) {
+            Some((_, r)) => self.segments.at(r.piece(), vpn),
+            None => Piece {
+                prot: Prot::READ,
+                attrs: Attrs::default(),
+            },
+        }
+    }
+
+    /// The attributes of page `vpn`.
+    pub(crate) fn attrs_at(&self, vpn: Vpn) -> Attrs {
+        self.piece_at(vpn).attrs
+    }
+
+    /// Whether the `pages` pages from `vpn` lie in one region with one protection and
+    /// one attribute value.
+    pub(crate) fn same_attrs(&self, vpn: Vpn, pages: u64) -> bool {
+        match self.region_at(vpn.addr().as_u64()) {
+            Some((s, r)) => {
+                vpn.add(pages).addr().as_u64() <= s + r.len
+                    && self.segments.uniform(r.piece(), vpn, pages).is_some()
+            }
+            None => false,
+        }
+    }
+
+    /// Give `[first, first + pages)` of region `c` protection `prot`, all or nothing:
+    /// mapped pages change protection in every table (no access: lose every mapping),
+    /// pages that had no access get their eager mappings back, and the range is
+    /// recorded as a piece of its own (or merged back into the region).
+    ///
+    /// # Errors
+    /// The driver's [`MmuError`]; every table then holds the old protections again.
+    pub(crate) fn protect_range(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        first: Vpn,
+        pages: u64,
+        prot: Prot,
+    ) -> Result<(), MmuError> {
+        self.settle(cx, space, c);
+        let stats = cx.counters;
+        // The mapped runs, cut where the old protection changes.
+        let mut runs: Vec<TableRun> = Vec::new();
+        let mut old: Vec<Prot> = Vec::new();
+        let mut v = first;
+        let end = first.add(pages);
+        while v < end {
+            let was = self.segments.at(c.rec.piece(), v).prot;
+            let mut n = 1;
+            while v.add(n) < end && self.segments.at(c.rec.piece(), v.add(n)).prot == was {
+                n += 1;
+            }
+            let touched: Vec<(Vpn, u32)> = self
+                .lpt
+                .entries_in(v, n)
+                .filter(|(_, e)| e.mapped != 0)
+                .map(|(x, e)| (x, e.mapped))
+                .collect();
+            for r in super::table_runs(&touched) {
+                runs.push(r);
+                old.push(was);
+            }
+            v = v.add(n);
+        }
+        if prot.is_empty() {
+            // No access: no table may map the pages (a format need not encode a
+            // present leaf that allows nothing).
+            let touched: Vec<(Vpn, u32)> = self
+                .lpt
+                .entries_in(first, pages)
+                .filter(|(_, e)| e.mapped != 0)
+                .map(|(x, e)| (x, e.mapped))
+                .collect();
+            self.unmap_entries(stats, &touched);
+        } else {
+            self.protect_runs(stats, &runs, prot, &old)?;
+        }
+        self.segments
+            .update(c.rec.piece(), (c.first, c.pages), first, pages, |p| Piece {
+                prot,
+                ..p
+            });
+        if !prot.is_empty() {
+            // Pages that had no access: the tables that hold them eagerly get them back.
+            self.remirror(stats, first, pages)?;
+        }
+        Ok(())
+    }
+
+    /// Give `[first, first + pages)` of region `c` the driver attributes `attrs` (the
+    /// whole region, its own value included, with `whole`). Pages already mapped lose
+    /// their mappings, which are made again with the new attributes: faultable devices
+    /// fault them back, the tables that hold pages eagerly get them at once. Frames stay
+    /// where they are (a driver that places frames by attributes sees the new value in
+    /// the frame requests of later allocations and migrations).
+    ///
+    /// # Errors
+    /// The driver's [`MmuError`] when an eager mapping cannot be made again (the
+    /// attributes are set; a faultable user would fault the page back).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn set_attrs(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        first: Vpn,
+        pages: u64,
+        attrs: Attrs,
+        whole: bool,
+    ) -> Result<(), MmuError> {
+        self.settle(cx, space, c);
+        let region = if whole {
+            let rec = super::RegionRec { attrs, ..c.rec };
+            self.put_region(c, rec);
+            rec.piece()
+        } else {
+            c.rec.piece()
+        };
+        self.segments
+            .update(region, (c.first, c.pages), first, pages, |p| Piece {
+                attrs,
+                ..p
+            });
+        self.unmap_pages(cx.counters, first, pages, u32::MAX);
+        self.remirror(cx.counters, first, pages)
+    }
+
+    /// Map `[first, first + pages)` into the tables that must hold it eagerly
+    /// (replicas: every populated page; tables of devices that cannot fault: the wired
+    /// ones) where it is missing.
+    fn remirror(
+        &mut self,
+        stats: &crate::stats::Counters,
+        first: Vpn,
+        pages: u64,
+    ) -> Result<(), MmuError> {
+        let replicas = self.replica_mask();
+        self.mirror(stats, first, pages, replicas)?;
+        let wired_tables = self.wired_mask() & !replicas;
+        if wired_tables == 0 {
+            return Ok(());
+        }
+        let wired: Vec<Vpn> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.has(WIRED))
+            .map(|(v, _)| v)
+            .collect();
+        let mut i = 0;
+        while i < wired.len() {
+            let mut n = 1;
+            while i + n < wired.len() && wired[i + n] == wired[i].add(n as u64) {
+                n += 1;
+            }
+            self.mirror(stats, wired[i], n as u64, wired_tables)?;
+            i += n;
+        }
+        Ok(())
+    }
+
+    /// Remove the pages of `[first, first + pages)` (strictly, or queued with
+    /// [`MapFlags::ASYNC`]): an anonymous region zero-fills them again on the next
+    /// fault, a `region_map`ped one holds nothing there any more.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn unmap_range(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        first: Vpn,
+        pages: u64,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) {
+        self.settle(cx, space, c);
+        if flags.contains(MapFlags::ASYNC) {
+            let d = self.discard_pages_deferred(cx.counters, first, pages, TableEdits::UnderLock);
+            self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
+        } else {
+            self.discard_pages(cx.counters, first, pages);
+            self.queue.complete_now(callback, Ok(()));
+        }
+    }
+
+    /// Unpin the wired pages of `[first, first + pages)` (caller-given frames stay) and
+    /// drop every mapping of them but the replicas.
+    pub(crate) fn unwire_range(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &Checked,
+        first: Vpn,
+        pages: u64,
+    ) {
+        self.settle(cx, space, c);
+        let wired: Vec<(Vpn, PageEntry)> = self
+            .lpt
+            .entries_in(first, pages)
+            .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
+            .collect();
+        // Every mapping but the replicas goes: the next fault places the page by the
+        // region's policy again (a wired page may be mapped by several tables).
+        let mask = !self.replica_mask();
+        let touched: Vec<(Vpn, u32)> = wired
+            .iter()
+            .filter(|(_, e)| e.mapped & mask != 0)
+            .map(|(v, e)| (*v, e.mapped & mask))
+            .collect();
+        self.unmap_entries(cx.counters, &touched);
+        for (v, _) in wired {
+            self.set_page_wired(v, false);
+        }
+    }
+
+    /// Move every page this space keeps in `dev`'s memory to `host`'s (see the module
+    /// header). Returns the pages moved.
+    ///
+    /// # Errors
+    /// [`MoveError`]: host memory exhausted, or a driver or data-mover failure. Pages
+    /// moved before stay moved (each move is whole).
+    pub(crate) fn evacuate(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        dev: &Arc<DeviceInner>,
+        host: &Arc<DeviceInner>,
+    ) -> Result<u64, MoveError> {
+        let Some(mem) = self.memories.position(dev.id) else {
+            return Ok(0);
+        };
+        self.drain(cx.counters, &space.arena);
+        let pages: Vec<(Vpn, PageEntry)> = self
+            .lpt
+            .iter()
+            .filter(|(_, e)| e.is_populated() && e.mem == mem && !e.has(EXTERNAL))
+            .collect();
+        let mut moved = 0;
+        // Unwired pages in runs, as a migration moves them.
+        let mut i = 0;
+        while i < pages.len() {
+            let (v0, e0) = pages[i];
+            if e0.has(WIRED) {
+                i += 1;
+                continue;
+            }
+            let mut n = 1;
+            while i + n < pages.len()
+                && pages[i + n].0 == v0.add(n as u64)
+                && !pages[i + n].1.has(WIRED)
+            {
+                n += 1;
+            }
+            moved += self.migrate_range(cx, space, v0, n as u64, host, false)?;
+            i += n;
+        }
+        // Wired pages one by one: unpinned, moved, pinned and mirrored again.
+        let wired_tables = self.wired_mask();
+        for v in pages.iter().filter(|(_, e)| e.has(WIRED)).map(|(v, _)| *v) {
+            self.set_page_wired(v, false);
+            let moving = self.migrate_range(cx, space, v, 1, host, false);
+            self.set_page_wired(v, true);
+            moved += moving?;
+            self.mirror(cx.counters, v, 1, wired_tables)
+                .map_err(MoveError::Mmu)?;
+        }
+        Ok(moved)
+    }
+}

@@ -1,0 +1,312 @@
+//! Page-table edits made outside the space lock, for drivers whose tables take
+//! concurrent edits of disjoint ranges ([`crate::mmu::Mmu::concurrent_edits`]: the
+//! compare-and-swap and reader-writer IOMMU disciplines).
+//!
+//! Two edits leave the lock: the eager mapping of a `region_map`ped region (when every
+//! table that must hold it says it can) and the unmapping of a strict
+//! `region_dealloc` (whose invalidation already runs unlocked, see
+//! [`crate::queue::PendingInvalidation`]). What keeps them sound, owned here:
+//! - **Disjoint ranges.** A region being mapped unlocked is marked *busy*: every KPI
+//!   call on it waits (`Gmem::with_region`) until the edit has finished; a region being
+//!   deallocated is already gone from the space, its pages pending. No two edits of the
+//!   core ever overlap, as the contract promises the driver.
+//! - **Live tables.** The count of unlocked edits in flight; while it is not zero a
+//!   table its last user detaches from is *doomed* instead of destroyed: kept (with the
+//!   MMU of the device that last used it) until the last edit has returned, then its
+//!   user's whole TLB is invalidated for it and it is destroyed.
+//! - **The right table.** Each table has a generation; an edit made on a table that
+//!   was detached meanwhile (its slot perhaps reused by a new table) records no mapping
+//!   bit: the edit is undone on the doomed table instead. A table attached meanwhile
+//!   got the region's wired pages from `fill_table`, since the logical entries exist
+//!   from the start.
+//!
+//! An unlocked map goes in three steps: [`SpaceState::begin_unlocked_map`] (under the
+//! lock, after every check: logical entries written, region busy, the table runs
+//! collected), [`UnlockedMap::edit`] (no lock: the driver's `map` calls) and
+//! [`UnlockedMap::finish`] (under the lock again: mapping bits, or on a driver failure
+//! the undo with the region restored exactly as before).
+
+use super::segments::Piece;
+use super::{RegionRec, SpaceState};
+use crate::addr::{VaRange, PAGE_SHIFT};
+use crate::error::MapError;
+use crate::flags::Prot;
+use crate::handle::MappingSetId;
+use crate::kpi::region::Checked;
+use crate::mmu::{MapRun, Mmu, MmuError, PageTableRoot};
+use crate::queue::Callback;
+use crate::stats::Counters;
+use crate::sync::Arc;
+use alloc::vec::Vec;
+
+/// A table detached while unlocked edits were in flight, waiting for them to end.
+pub(crate) struct Doomed {
+    pub mmu: Arc<dyn Mmu>,
+    pub root: PageTableRoot,
+    /// The MMU of the device that used it last (its TLB is invalidated for the root
+    /// before the table goes).
+    pub last_user: Arc<dyn Mmu>,
+}
+
+/// The runs of one table an unlocked edit maps or unmaps.
+pub(crate) struct TableEdit {
+    pub table: usize,
+    pub generation: u64,
+    pub mmu: Arc<dyn Mmu>,
+    pub root: PageTableRoot,
+    pub runs: Vec<MapRun>,
+}
+
+/// An eager map whose page-table edits run without the space lock; see the module
+/// header. Made by [`SpaceState::begin_unlocked_map`].
+#[must_use = "an unlocked map must be edited and finished, or its region stays busy"]
+pub(crate) struct UnlockedMap {
+    checked: Checked,
+    set: Option<MappingSetId>,
+    callback: Option<Callback>,
+    edits: Vec<TableEdit>,
+}
+
+impl SpaceState {
+    /// Whether every table in `mask` takes unlocked edits (and there is at least one).
+    pub(crate) fn edits_unlocked(&self, mask: u32) -> bool {
+        mask != 0
+            && self
+                .tables
+                .iter()
+                .enumerate()
+                .filter(|(t, _)| mask & (1 << t) != 0)
+                .all(|(_, t)| t.as_ref().is_some_and(|t| t.mmu.concurrent_edits()))
+    }
+
+    /// One more unlocked edit in flight (tables stay alive until it ends).
+    pub(crate) fn begin_unlocked_edit(&mut self) {
+        self.unlocked_edits += 1;
+    }
+
+    /// An unlocked edit ended: the last one destroys the tables doomed meanwhile.
+    pub(crate) fn end_unlocked_edit(&mut self, stats: &Counters) {
+        self.unlocked_edits -= 1;
+        if self.unlocked_edits == 0 {
+            for d in core::mem::take(&mut self.doomed) {
+                d.last_user.invalidate_all(d.root);
+                Counters::add(&stats.invalidations, 1);
+                d.mmu.destroy_page_table(d.root);
+            }
+        }
+    }
+
+    /// Destroy a table whose last user detached — or doom it while unlocked edits may
+    /// still be editing it.
+    pub(crate) fn retire_table(&mut self, t: usize, last_user: Arc<dyn Mmu>) {
+        let table = self.tables[t].take().expect("live table");
+        // Deliberately broken (loom model `unlocked` must catch it): the table is
+        // destroyed at once, under an edit that is still running without the lock.
+        #[cfg(gmem_loom_bug = "destroy_table_during_unlocked_edit")]
+        let destroy = true;
+        #[cfg(not(gmem_loom_bug = "destroy_table_during_unlocked_edit"))]
+        let destroy = self.unlocked_edits == 0;
+        if destroy {
+            table.mmu.destroy_page_table(table.root);
+        } else {
+            self.doomed.push(Doomed {
+                mmu: table.mmu,
+                root: table.root,
+                last_user,
+            });
+        }
+    }
+
+    /// Whether table slot `t` still holds the table of generation `generation`.
+    fn same_table(&self, t: usize, generation: u64) -> bool {
+        self.tables
+            .get(t)
+            .and_then(Option::as_ref)
+            .is_some_and(|x| x.generation == generation)
+    }
+
+    /// The first step of an unlocked map, after `map_frames` checked everything and
+    /// wrote the logical entries: mark the region busy (mapped, with `prot`) and
+    /// collect, for every table in `mask`, the physically contiguous runs to map.
+    pub(crate) fn begin_unlocked_map(
+        &mut self,
+        c: &Checked,
+        prot: Prot,
+        mask: u32,
+        set: Option<MappingSetId>,
+        callback: Option<Callback>,
+    ) -> UnlockedMap {
+        let mut runs = Vec::new();
+        let region = Piece {
+            prot,
+            attrs: c.rec.attrs,
+        };
+        let mut i = 0;
+        while i < c.pages {
+            let v0 = c.first.add(i);
+            let e0 = self.lpt.get(v0);
+            let attrs = self.segments.at(region, v0).attrs;
+            let mut n = 1;
+            while i + n < c.pages
+                && self.lpt.get(v0.add(n)).pfn == e0.pfn.add(n)
+                && self.segments.at(region, v0.add(n)).attrs == attrs
+            {
+                n += 1;
+            }
+            runs.push(MapRun {
+                va: v0.addr(),
+                pa: e0.pfn.addr(),
+                len: n << PAGE_SHIFT,
+                prot,
+                page_size: crate::addr::PageSize::Size4K,
+                memory: self.memories.get(e0.mem).id,
+                attrs,
+            });
+            i += n;
+        }
+        let edits = self
+            .tables
+            .iter()
+            .enumerate()
+            .filter(|(t, _)| mask & (1 << t) != 0)
+            .filter_map(|(t, x)| {
+                let x = x.as_ref()?;
+                Some(TableEdit {
+                    table: t,
+                    generation: x.generation,
+                    mmu: x.mmu.clone(),
+                    root: x.root,
+                    runs: runs.clone(),
+                })
+            })
+            .collect();
+        self.put_region(
+            c,
+            RegionRec {
+                prot,
+                explicit: true,
+                mapped: true,
+                set,
+                busy: true,
+                ..c.rec
+            },
+        );
+        self.begin_unlocked_edit();
+        UnlockedMap {
+            checked: *c,
+            set,
+            callback,
+            edits,
+        }
+    }
+}
+
+impl UnlockedMap {
+    /// The second step, without the space lock: the driver's `map` of every run into
+    /// every table. On a failure everything this edit mapped is unmapped again before
+    /// the error comes back (the invalidation follows in [`UnlockedMap::finish`]).
+    ///
+    /// # Errors
+    /// The driver's [`MmuError`].
+    pub(crate) fn edit(&self, stats: &Counters) -> Result<(), MmuError> {
+        for (k, e) in self.edits.iter().enumerate() {
+            for (j, run) in e.runs.iter().enumerate() {
+                if let Err(err) = e.mmu.map(e.root, run) {
+                    // Undo: every run of the tables before, the runs of this one up to
+                    // the failed one (a driver leaves nothing of a failed run mapped,
+                    // but unmapping it again is harmless).
+                    for done in &self.edits[..k] {
+                        for r in &done.runs {
+                            done.mmu.unmap(done.root, r.range());
+                        }
+                    }
+                    for r in &e.runs[..=j] {
+                        e.mmu.unmap(e.root, r.range());
+                    }
+                    return Err(err);
+                }
+                Counters::add(&stats.mmu_maps, 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// The third step, under the lock again: record the mapping bits (a table detached
+    /// meanwhile gets its runs unmapped instead), join the mapping set, make the
+    /// callback ready. After a failed edit: invalidate what the edit had mapped,
+    /// remove the logical entries, give the region back its record from before the
+    /// call, and return the error (the callback is dropped unrun).
+    ///
+    /// # Errors
+    /// [`MapError::Mmu`] when `edited` is the driver's error.
+    pub(crate) fn finish(
+        self,
+        st: &mut SpaceState,
+        stats: &Counters,
+        edited: Result<(), MmuError>,
+    ) -> Result<(), MapError> {
+        let UnlockedMap {
+            checked: c,
+            set,
+            callback,
+            edits,
+        } = self;
+        let alive = st.alive && st.region(c.region).is_some_and(|r| r.id == c.rec.id);
+        let result = match edited {
+            Ok(()) => {
+                for e in &edits {
+                    if alive && st.same_table(e.table, e.generation) {
+                        for v in c.first.span(c.pages) {
+                            st.lpt.update(v, |x| x.mapped |= 1 << e.table);
+                        }
+                    } else {
+                        // Detached (or the space destroyed) meanwhile: the table is
+                        // doomed, alive until this edit ends; leave it empty.
+                        for r in &e.runs {
+                            e.mmu.unmap(e.root, r.range());
+                        }
+                    }
+                }
+                if alive {
+                    if let Some(s) = set.and_then(|s| st.sets.get_mut(s.index, s.generation)) {
+                        s.regions.push(c.region);
+                    }
+                    st.put_region(
+                        &c,
+                        RegionRec {
+                            busy: false,
+                            ..*st.region(c.region).expect("alive")
+                        },
+                    );
+                }
+                st.queue.complete_now(callback, Ok(()));
+                Ok(())
+            }
+            Err(err) => {
+                // A device may have walked a run before it was unmapped again.
+                let ranges: Vec<(usize, u64, VaRange)> = edits
+                    .iter()
+                    .flat_map(|e| {
+                        e.runs
+                            .iter()
+                            .map(move |r| (e.table, e.generation, r.range()))
+                    })
+                    .collect();
+                let live: Vec<super::TableRun> = ranges
+                    .iter()
+                    .filter(|(t, g, _)| st.same_table(*t, *g))
+                    .map(|&(table, _, range)| super::TableRun { table, range })
+                    .collect();
+                st.invalidate(stats, &live);
+                if alive {
+                    // Mappings a fault or a table attached meanwhile made go too.
+                    st.discard_pages(stats, c.first, c.pages);
+                    st.put_region(&c, c.rec);
+                }
+                Err(MapError::Mmu(err))
+            }
+        };
+        st.end_unlocked_edit(stats);
+        result
+    }
+}
