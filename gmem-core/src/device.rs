@@ -134,6 +134,27 @@ impl DeviceInner {
         })
     }
 
+    /// Frames for the pages of `space` from `vpn`, contiguous, through the memory's
+    /// superpage reservations (`PhysMem::alloc_pages`): a single page gets the frame at
+    /// its offset in its block's reservation.
+    pub fn alloc_pages(
+        self: &Arc<Self>,
+        pages: u64,
+        space: SpaceId,
+        vpn: Vpn,
+        limit: Option<crate::mmu::FrameConstraint>,
+    ) -> Option<FrameRun> {
+        let pfn = self
+            .phys
+            .lock()
+            .alloc_pages(pages, space, vpn, false, limit)?;
+        Some(FrameRun {
+            dev: self.clone(),
+            pfn,
+            pages,
+        })
+    }
+
     pub fn faultable(&self) -> bool {
         self.caps.contains(DevCaps::FAULTABLE)
     }

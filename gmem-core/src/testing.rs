@@ -94,9 +94,14 @@ type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
 /// sets it, a new mapping starts with it clear, and
 /// [`Mmu::test_and_clear_accessed`] reads and clears it.
 #[derive(Default)]
+///
+/// Large leaves are kept as per-page PTEs (so every lookup is exact) plus a record of
+/// each leaf: `(root, first vpn) → pages`. An unmap or protect that covers a leaf in
+/// part splits it (the record goes, the pages stay as they were), as a driver must.
 pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
     accessed: Mutex<BTreeSet<(u64, u64)>>,
+    large: Mutex<(BTreeMap<(u64, u64), u64>, u64)>,
 }
 
 impl TableStore {
@@ -138,6 +143,43 @@ impl TableStore {
     /// Number of live tables.
     pub fn tables(&self) -> usize {
         self.tables.lock().1.len()
+    }
+
+    /// The large leaves of `root`: (first vpn, pages), in address order.
+    pub fn large_leaves(&self, root: PageTableRoot) -> Vec<(u64, u64)> {
+        self.large
+            .lock()
+            .0
+            .iter()
+            .filter(|((r, _), _)| *r == root.0)
+            .map(|((_, v), n)| (*v, *n))
+            .collect()
+    }
+
+    /// Large leaves split so far (by a partial unmap or protect).
+    pub fn splits(&self) -> u64 {
+        self.large.lock().1
+    }
+
+    /// Forget the leaves of `root` in `[first, first + pages)`: whole ones silently,
+    /// partly covered ones as splits (when `split_only`, whole ones stay).
+    fn edit_large(&self, root: u64, first: u64, pages: u64, split_only: bool) {
+        let mut l = self.large.lock();
+        let lo = first.saturating_sub((1 << 18) - 1);
+        let hit: Vec<(u64, u64)> =
+            l.0.range((root, lo)..(root, first + pages))
+                .filter(|((_, v), n)| v + *n > first)
+                .map(|((_, v), n)| (*v, *n))
+                .collect();
+        for (v, n) in hit {
+            let partial = v < first || v + n > first + pages;
+            if partial || !split_only {
+                l.0.remove(&(root, v));
+            }
+            if partial {
+                l.1 += 1;
+            }
+        }
     }
 }
 
@@ -283,6 +325,7 @@ impl Mmu for TestMmu {
     fn destroy_page_table(&self, root: PageTableRoot) {
         self.store.tables.lock().1.remove(&root.0);
         self.store.accessed.lock().retain(|(r, _)| *r != root.0);
+        self.store.large.lock().0.retain(|(r, _), _| *r != root.0);
         self.log(MmuEvent::Destroy { mmu: self.id, root });
     }
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
@@ -293,9 +336,25 @@ impl Mmu for TestMmu {
                 return Err(MmuError::OutOfTableMemory);
             }
         }
+        let size = run.page_size.bytes();
+        if !self.sizes.supports(run.page_size)
+            || run.va.as_u64() % size != 0
+            || run.pa.as_u64() % size != 0
+            || run.len == 0
+            || run.len % size != 0
+        {
+            return Err(MmuError::Unsupported { va: run.va });
+        }
         {
             let mut t = self.store.tables.lock();
             let table = t.1.get_mut(&root.0).ok_or(MmuError::Hardware(1))?;
+            if size > PAGE_SIZE {
+                let n = size >> PAGE_SHIFT;
+                let mut l = self.store.large.lock();
+                for k in 0..run.len / size {
+                    l.0.insert((root.0, run.va.vpn().0 + k * n), n);
+                }
+            }
             let mut accessed = self.store.accessed.lock();
             for k in 0..run.len >> PAGE_SHIFT {
                 accessed.remove(&(root.0, run.va.vpn().0 + k));
@@ -321,6 +380,7 @@ impl Mmu for TestMmu {
             let mut t = self.store.tables.lock();
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
+                self.store.edit_large(root.0, first, range.pages(), false);
                 let mut accessed = self.store.accessed.lock();
                 for v in first..first + range.pages() {
                     table.remove(&v);
@@ -345,6 +405,8 @@ impl Mmu for TestMmu {
             let mut t = self.store.tables.lock();
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
+                // Split first (a reserve makes it infallible), then change.
+                self.store.edit_large(root.0, first, range.pages(), true);
                 let pages = if fail { 1 } else { range.pages() };
                 for v in first..first + pages {
                     if let Some(p) = table.get_mut(&v) {

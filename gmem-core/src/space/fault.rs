@@ -10,7 +10,7 @@ use crate::flags::{DevCaps, Prot};
 use crate::gmem::Ctx;
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
-use crate::physmem::EvictionPolicy;
+use crate::physmem::{EvictionPolicy, RESERVATION_PAGES};
 use crate::stats::Counters;
 use crate::sync::Arc;
 use alloc::vec::Vec;
@@ -149,7 +149,7 @@ impl SpaceState {
         remote: bool,
     ) -> Result<FaultResolution, FaultError> {
         if !mine {
-            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, prot)?;
+            self.map_for_fault(stats, t, vpn, e, prot)?;
         }
         self.memories.get(e.mem).phys.lock().touch(e.pfn);
         let (counter, kind) = if remote {
@@ -173,7 +173,7 @@ impl SpaceState {
     ) -> Result<FaultResolution, FaultError> {
         self.migrate_page(cx, space, vpn, target)?;
         let n = self.lpt.get(vpn);
-        self.map_run(cx.counters, t, vpn, 1, n.pfn, n.mem, prot)?;
+        self.map_for_fault(cx.counters, t, vpn, n, prot)?;
         Counters::add(&cx.counters.faults_migrate, 1);
         Ok(FaultResolution {
             kind: FaultKind::Migrated,
@@ -246,8 +246,18 @@ impl SpaceState {
         let mem = self
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
+        // A block inside one reservation-sized block goes through the reservations (a
+        // 2 MiB block is one aligned run; a smaller one lands at its offset of its
+        // 2 MiB block's reservation); a larger one is one aligned run.
         let block = whole
-            .then(|| target.alloc_frames(g, g, space.id, b0, frame_limit(target, b0, g)))
+            .then(|| {
+                let limit = frame_limit(target, b0, g);
+                if g <= RESERVATION_PAGES {
+                    target.alloc_pages(g, space.id, b0, limit)
+                } else {
+                    target.alloc_frames(g, g, space.id, b0, limit)
+                }
+            })
             .flatten();
         let (first, pages, run) = match block {
             Some(run) => (b0, g, run),
@@ -270,10 +280,14 @@ impl SpaceState {
             );
         }
         let replicas = self.replica_mask();
-        if let Err(e) = self
-            .map_run(stats, t, first, pages, pfn, mem, prot)
-            .and_then(|()| self.mirror(stats, first, pages, replicas))
-        {
+        let mapped = if pages == 1 {
+            // A single page may complete its block: map the block large then.
+            let e = self.lpt.get(first);
+            self.map_for_fault(stats, t, first, e, prot).map(|_| ())
+        } else {
+            self.map_run(stats, t, first, pages, pfn, mem, prot)
+        };
+        if let Err(e) = mapped.and_then(|()| self.mirror(stats, first, pages, replicas)) {
             self.unpopulate(stats, first, pages);
             return Err(e.into());
         }
@@ -307,8 +321,13 @@ impl SpaceState {
     ) -> Result<FrameRun, MoveError> {
         let limit = frame_limit(target, vpn, 1);
         loop {
-            if let Some(run) = target.alloc_frames(1, 1, space.id, vpn, limit) {
+            if let Some(run) = target.alloc_pages(1, space.id, vpn, limit) {
                 return Ok(run);
+            }
+            // Memory pressure: break the oldest reservation before evicting anything.
+            if target.phys.lock().break_oldest_reservation() {
+                Counters::add(&cx.counters.reservations_broken, 1);
+                continue;
             }
             if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
                 return Err(MoveError::OutOfMemory(target.id));
@@ -473,8 +492,14 @@ impl SpaceState {
         };
         let host = cx.host.clone();
         let limit = frame_limit(&host, vpn, 1);
-        let Some(new) = host.alloc_frames(1, 1, space_id, vpn, limit) else {
-            return Err(MoveError::OutOfMemory(host.id));
+        let new = loop {
+            if let Some(new) = host.alloc_pages(1, space_id, vpn, limit) {
+                break new;
+            }
+            if !host.phys.lock().break_oldest_reservation() {
+                return Err(MoveError::OutOfMemory(host.id));
+            }
+            Counters::add(&cx.counters.reservations_broken, 1);
         };
         self.move_page(cx, vpn, &host, new)?;
         Counters::add(&cx.counters.evictions, 1);
@@ -636,10 +661,13 @@ impl SpaceState {
                 }
                 // A physically contiguous run moves in one call when the target has a
                 // free run as long; otherwise page by page (evicting as needed).
-                let n = self.movable_run(vpn, (end.0 - vpn.0).min(MOVE_RUN_MAX));
+                // Runs stop at 2 MiB block boundaries, so that a run lands in its
+                // block's reservation.
+                let to_block = MOVE_RUN_MAX - (vpn.0 & (MOVE_RUN_MAX - 1));
+                let n = self.movable_run(vpn, (end.0 - vpn.0).min(to_block));
                 if n > 1 {
                     let limit = frame_limit(target, vpn, n);
-                    if let Some(run) = target.alloc_frames(n, 1, space.id, vpn, limit) {
+                    if let Some(run) = target.alloc_pages(n, space.id, vpn, limit) {
                         self.move_run(cx, vpn, n, target, run)?;
                         done += n;
                         vpn = vpn.add(n);
@@ -669,7 +697,7 @@ fn frame_limit(dev: &DeviceInner, vpn: Vpn, pages: u64) -> Option<crate::mmu::Fr
 
 /// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one
 /// [`crate::DeviceMemory::copy`] call.
-fn copy_run(
+pub(super) fn copy_run(
     from: &DeviceInner,
     src: Pfn,
     to: &DeviceInner,

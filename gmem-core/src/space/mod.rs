@@ -34,7 +34,7 @@ use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
-use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::mmu::{Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
 use crate::queue::{Callback, Discard, MmuQueue};
 use crate::stats::Counters;
@@ -292,6 +292,8 @@ pub(crate) struct SpaceState {
     queue: MmuQueue,
     /// Mapping sets.
     sets: Slots<MappingSet>,
+    /// The large leaves the core asked the drivers for (`large`).
+    large: large::LargeLeaves,
     next_region_id: u64,
 }
 
@@ -332,6 +334,7 @@ impl SpaceState {
             memories: Memories::new(host),
             queue: MmuQueue::default(),
             sets: Slots::default(),
+            large: large::LargeLeaves::default(),
             next_region_id: 1,
         }
     }
@@ -500,7 +503,8 @@ impl SpaceState {
     }
 
     /// Install a contiguous run of pages (`first` .. `first + pages`, frames `pfn..` in
-    /// memory `mem`) into table `t`, then record the mapping bits.
+    /// memory `mem`) into table `t` — with large leaves where the block, its frames and
+    /// its region allow (`large`) — then record the mapping bits.
     #[allow(clippy::too_many_arguments)]
     pub fn map_run(
         &mut self,
@@ -512,17 +516,7 @@ impl SpaceState {
         mem: u8,
         prot: Prot,
     ) -> Result<(), MmuError> {
-        let table = self.tables[t].as_ref().expect("mapping into a live table");
-        let run = MapRun {
-            va: first.addr(),
-            pa: pfn.addr(),
-            len: pages << PAGE_SHIFT,
-            prot,
-            page_size: crate::addr::PageSize::Size4K,
-            memory: self.memories.get(mem).id,
-        };
-        table.mmu.map(table.root, &run)?;
-        Counters::add(&stats.mmu_maps, 1);
+        self.install_run(stats, t, first, pages, pfn, mem, prot)?;
         for v in first.span(pages) {
             self.lpt.update(v, |e| e.mapped |= 1 << t);
         }
@@ -603,6 +597,7 @@ impl SpaceState {
     /// the runs whose invalidation is owed come back as a value that must be used.
     fn clear_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) -> OwedInvalidation {
         let runs = table_runs(touched);
+        self.large_unmapped(stats, &runs);
         for &(v, bits) in touched {
             self.lpt.update(v, |e| e.mapped &= !bits);
         }
@@ -628,6 +623,7 @@ impl SpaceState {
         prot: Prot,
         old: Prot,
     ) -> Result<(), MmuError> {
+        let split = self.large_protected(stats, runs);
         for (i, run) in runs.iter().enumerate() {
             let Some(table) = self.tables[run.table].as_ref() else {
                 continue;
@@ -635,6 +631,25 @@ impl SpaceState {
             let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
                 continue;
             };
+            // A large leaf the failed protect should have split may still be whole in
+            // the driver's table: drop it from that table (faultable users fault it
+            // back, eager tables get it again below), so the core's record holds.
+            let mut lost_leaves: Vec<TableRun> = split
+                .iter()
+                .filter(|(t, s, n)| {
+                    *t == run.table && {
+                        let (f, p) = (run.range.start.vpn().0, run.range.len >> PAGE_SHIFT);
+                        *s < f + p && f < s + n
+                    }
+                })
+                .map(|&(t, s, n)| TableRun {
+                    table: t,
+                    range: VaRange {
+                        start: Vpn(s).addr(),
+                        len: n << PAGE_SHIFT,
+                    },
+                })
+                .collect();
             let changed = &runs[..=i];
             let mut lost = Vec::new();
             for r in changed {
@@ -645,6 +660,7 @@ impl SpaceState {
                 }
             }
             self.invalidate(stats, changed);
+            lost.append(&mut lost_leaves);
             for r in lost {
                 let first = r.range.start.vpn();
                 let pages = r.range.len >> PAGE_SHIFT;
@@ -819,7 +835,10 @@ pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
 }
 
 mod attach;
+mod large;
 mod memories;
+
+pub use large::LargeLeaf;
 
 pub use memories::MAX_MEMORIES;
 pub(crate) use memories::{Memories, TooManyMemories};
