@@ -689,13 +689,26 @@ impl TestSystem {
         mem_base: u64,
         mem_pages: u64,
     ) -> usize {
+        self.add_device_with_sizes(format, caps, mem_base, mem_pages, PageSizes::S4K)
+    }
+
+    /// [`TestSystem::add_device`] with an MMU that maps the page sizes `sizes` (large
+    /// leaves are recorded in its table store, see [`TableStore::large_leaves`]).
+    pub fn add_device_with_sizes(
+        &mut self,
+        format: u32,
+        caps: DevCaps,
+        mem_base: u64,
+        mem_pages: u64,
+        sizes: PageSizes,
+    ) -> usize {
         let n = self.devices.len() as u32;
         let store = if format == 1 {
             self.host_store.clone()
         } else {
             TableStore::new()
         };
-        let mut mmu = TestMmu::new(n, format, store, self.log.clone());
+        let mut mmu = TestMmu::new(n, format, store, self.log.clone()).with_page_sizes(sizes);
         if self.log.lock().is_empty() && !self.devices[0].mmu.record {
             mmu = mmu.without_log();
         }

@@ -15,8 +15,11 @@
 //! - a frame of a reservation that is freed goes back to the reservation (its page may
 //!   come back: an eviction returning, a migration back), not to the arena; a
 //!   reservation whose frames are all back is dissolved (its block returns to the arena);
-//! - a reservation whose every frame backs its page is *filled*: the record goes, the
-//!   frames stay with their pages;
+//! - a reservation whose every frame backs its page is *filled* and stays: when one of
+//!   its pages moves out (a migration, an eviction) its frame waits in the reservation
+//!   for the page to come back, so the block is whole and contiguous again and can be
+//!   mapped large again. A request for a whole aligned block makes a filled
+//!   reservation at once;
 //! - under memory pressure (an allocation the arena cannot serve) the oldest
 //!   reservation is *broken*: its still-reserved frames return to the arena, the frames
 //!   in use stay with their pages as ordinary frames (FreeBSD breaks the least recently
@@ -51,7 +54,7 @@ pub struct ReservationStats {
     pub live: u64,
     /// Reservations made (an aligned block taken from the arena).
     pub made: u64,
-    /// Reservations that filled (every frame backs its page).
+    /// Reservations that filled (every frame backs its page; counted each time).
     pub filled: u64,
     /// Reservations broken under memory pressure (oldest first).
     pub broken: u64,
@@ -132,9 +135,8 @@ impl PhysMem {
 
     /// Frames for pages `vpn..vpn + pages` of `space` (active or wired, owned by those
     /// pages), contiguous: from the reservation of their block when there is one, in a
-    /// new reservation when the request is a single page and the arena has a free
-    /// aligned block, otherwise [`PhysMem::alloc_run`] (an aligned block for a request
-    /// that is exactly one aligned block). `None` when nothing fits.
+    /// new reservation when the arena has a free aligned block, otherwise any frames
+    /// ([`PhysMem::alloc_run`]). `None` when nothing fits.
     pub fn alloc_pages(
         &mut self,
         pages: u64,
@@ -157,9 +159,6 @@ impl PhysMem {
             }
             self.reservations.stats.fallbacks += 1;
             return self.alloc_run(pages, 1, space, vpn, wired, limit);
-        }
-        if pages == r {
-            return self.alloc_run(pages, r, space, vpn, wired, limit);
         }
         match self.reserve_block(space, block) {
             Some(base) => {
@@ -248,9 +247,7 @@ impl PhysMem {
             .expect("claimed reservation lives");
         resv.used += pages;
         if resv.used == RESERVATION_PAGES {
-            let resv = *resv;
-            self.forget_reservation(base, resv);
-            self.reservations.stats.filled += 1;
+            rs.stats.filled += 1;
         }
     }
 
@@ -310,10 +307,15 @@ impl PhysMem {
         n
     }
 
-    /// Break the oldest reservation (memory pressure): its reserved frames go back to
-    /// the arena. Returns whether there was one.
+    /// Break the oldest reservation that holds reserved frames (memory pressure): they
+    /// go back to the arena. Returns whether there was one.
     pub fn break_oldest_reservation(&mut self) -> bool {
-        let Some((_, &base)) = self.reservations.by_age.iter().next() else {
+        let rs = &self.reservations;
+        let Some(&base) = rs
+            .by_age
+            .values()
+            .find(|b| rs.by_base[*b].used < RESERVATION_PAGES)
+        else {
             return false;
         };
         let resv = self.reservations.by_base[&base];
@@ -361,7 +363,7 @@ impl PhysMem {
                     }
                 }
             }
-            if used != resv.used || used == 0 || used == RESERVATION_PAGES {
+            if used != resv.used || used == 0 {
                 return Err("reservation's used count is wrong");
             }
         }
