@@ -88,6 +88,9 @@ pub struct Pte {
 /// Root → (vpn → PTE).
 type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
 
+/// (root, first vpn) → pages of each large leaf, and the splits so far.
+type LargeLeaves = (BTreeMap<(u64, u64), u64>, u64);
+
 /// Page tables of one format: root → (vpn → PTE). Shared by MMUs that share tables.
 ///
 /// Each PTE also has an accessed bit (kept beside the tables): a walk that fills a TLB
@@ -101,7 +104,7 @@ type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
 pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
     accessed: Mutex<BTreeSet<(u64, u64)>>,
-    large: Mutex<(BTreeMap<(u64, u64), u64>, u64)>,
+    large: Mutex<LargeLeaves>,
 }
 
 impl TableStore {
