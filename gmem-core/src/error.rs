@@ -134,6 +134,14 @@ pub enum ProtectError {
     BadProt(Prot),
     /// The driver failed to change a page table (every change was rolled back).
     Mmu(MmuError),
+    /// The page range of `region_protect_range` is empty, not page aligned or not
+    /// inside the region.
+    BadRange {
+        /// First address of the range.
+        start: VirtAddr,
+        /// Length in bytes.
+        len: u64,
+    },
 }
 
 /// Errors of `region_set_policy` and `region_set_granularity`.
@@ -390,6 +398,12 @@ impl fmt::Display for ProtectError {
             ProtectError::Region(e) => e.fmt(f),
             ProtectError::BadProt(p) => write!(f, "protection {p:?} out of range"),
             ProtectError::Mmu(e) => write!(f, "driver failed to change protection: {e}"),
+            ProtectError::BadRange { start, len } => {
+                write!(
+                    f,
+                    "[{start}, +{len:#x}) is not a page range inside the region"
+                )
+            }
         }
     }
 }
@@ -505,7 +519,7 @@ impl core::error::Error for ProtectError {
         match self {
             ProtectError::Region(e) => Some(e),
             ProtectError::Mmu(e) => Some(e),
-            ProtectError::BadProt(_) => None,
+            ProtectError::BadProt(_) | ProtectError::BadRange { .. } => None,
         }
     }
 }

@@ -35,6 +35,13 @@ pub(crate) const WIRED: u8 = 1 << 0;
 pub(crate) const EXTERNAL: u8 = 1 << 1;
 /// An asynchronous unmap of the page is queued and not yet invalidated.
 pub(crate) const PENDING: u8 = 1 << 2;
+/// The page has a protection of its own (`region_protect_range`), in the bits of
+/// [`PROT_BITS`]; otherwise it has its region's.
+pub(crate) const OWN_PROT: u8 = 1 << 3;
+/// Where a page's own protection lives in [`PageEntry::flags`] (`Prot`'s three bits).
+pub(crate) const PROT_SHIFT: u32 = 4;
+/// The bits of a page's own protection, [`OWN_PROT`] included.
+pub(crate) const PROT_BITS: u8 = OWN_PROT | (0b111 << PROT_SHIFT);
 
 /// One virtual page's logical mapping (16 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +83,23 @@ impl PageEntry {
     /// Whether a flag is set.
     pub fn has(&self, flag: u8) -> bool {
         self.flags & flag != 0
+    }
+
+    /// The page's protection: its own (`region_protect_range`) or `region`'s.
+    pub fn prot_or(&self, region: crate::flags::Prot) -> crate::flags::Prot {
+        if self.has(OWN_PROT) {
+            crate::flags::Prot::from_bits_truncate(self.flags >> PROT_SHIFT)
+        } else {
+            region
+        }
+    }
+
+    /// Give the page a protection of its own (`Some`) or its region's (`None`).
+    pub fn set_prot(&mut self, prot: Option<crate::flags::Prot>) {
+        self.flags &= !PROT_BITS;
+        if let Some(p) = prot {
+            self.flags |= OWN_PROT | (p.bits() << PROT_SHIFT);
+        }
     }
 }
 

@@ -333,3 +333,62 @@ fn misuse_is_a_typed_error_and_changes_nothing() {
         Err(SpaceError::UnknownSpace(_))
     ));
 }
+
+#[test]
+fn protecting_part_of_a_large_leaf_splits_it_and_the_pages_keep_their_protection() {
+    let (s, space, g) = system(1024, 2048);
+    let r = block_region(&s, space, 1);
+    fill(&s, g, r.start, 512);
+    assert_eq!(s.gm.as_large_leaves(space).unwrap().len(), 1);
+    let part = VaRange::new(va(r.start.as_u64() + 16 * PAGE_SIZE), 4 * PAGE_SIZE).unwrap();
+    s.gm.region_protect_range(r, part, Prot::READ).unwrap();
+    assert_eq!(s.gm.stats().large_splits, 1);
+    assert_eq!(s.devices[g].mmu.store().splits(), 1);
+    assert!(s.gm.as_large_leaves(space).unwrap().is_empty());
+    ok(&s, space);
+    verify(&s, g, r.start, 512);
+    // Stores into the protected pages fault with a typed error; the others work.
+    let bad = va(r.start.as_u64() + 17 * PAGE_SIZE);
+    assert!(matches!(
+        s.write(g, bad, b"no"),
+        Err(testing::AccessError::Fault(
+            FaultError::ProtectionViolation { .. }
+        ))
+    ));
+    s.write(g, va(r.start.as_u64() + 20 * PAGE_SIZE), b"yes")
+        .unwrap();
+    // The protection is the page's: it survives the page moving out and back.
+    let _ = s.read(0, bad, 1).unwrap();
+    let _ = s.read(g, bad, 1).unwrap();
+    assert!(s.write(g, bad, b"no").is_err());
+    ok(&s, space);
+    // Misuse: empty, unaligned, outside the region; empty protection. Nothing changes.
+    let before = s.gm.stats();
+    for (start, len) in [
+        (r.start.as_u64(), 0),
+        (r.start.as_u64() + 1, PAGE_SIZE),
+        (r.start.as_u64() + BLOCK - PAGE_SIZE, 2 * PAGE_SIZE),
+        (r.start.as_u64() - PAGE_SIZE, PAGE_SIZE),
+    ] {
+        let range = VaRange {
+            start: va(start),
+            len,
+        };
+        assert_eq!(
+            s.gm.region_protect_range(r, range, Prot::RW),
+            Err(ProtectError::BadRange {
+                start: va(start),
+                len
+            })
+        );
+    }
+    assert_eq!(
+        s.gm.region_protect_range(r, part, Prot::empty()),
+        Err(ProtectError::BadProt(Prot::empty()))
+    );
+    assert_eq!(s.gm.stats(), before);
+    // Protecting the whole region replaces the pages' own protection.
+    s.gm.region_protect(r, Prot::RW).unwrap();
+    s.write(g, bad, b"ok").unwrap();
+    ok(&s, space);
+}

@@ -470,5 +470,8 @@ fn the_page_size_the_core_asks_for_is_honoured() {
     // Asked for as 2 MiB: one leaf.
     t.map(root, &run2m(0x8000_0000, 0x40_0000, 512, Prot::RW, dev))
         .unwrap();
-    assert_eq!(t.lookup(root, VirtAddr::new(0x8000_0000)).unwrap().shift, 21);
+    assert_eq!(
+        t.lookup(root, VirtAddr::new(0x8000_0000)).unwrap().shift,
+        21
+    );
 }

@@ -1,11 +1,13 @@
 //! KPI: large pages and superpage reservations — `region_promote`, `as_large_leaves`,
-//! `as_frames`, `dev_set_reservations`, `dev_reservations`.
+//! `as_frames`, `dev_set_reservations`, `dev_reservations` — and `region_protect_range`
+//! (protection of part of a region, which splits large leaves).
 //!
 //! The mechanism is in `space::large` (when a leaf is large, splits, promotion) and
 //! `physmem::reserve` (reservations); these calls expose it.
 
 use crate::addr::{PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SHIFT};
-use crate::error::{DeviceError, PopulateError, SpaceError};
+use crate::error::{DeviceError, PopulateError, ProtectError, SpaceError};
+use crate::flags::Prot;
 use crate::gmem::Gmem;
 use crate::handle::{DeviceId, SpaceId};
 use crate::physmem::ReservationStats;
@@ -106,5 +108,64 @@ impl Gmem {
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         let s = dev.phys.lock().reservation_stats();
         Ok(s)
+    }
+}
+
+impl Gmem {
+    /// Change the protection of the pages of `range` inside `region` (4 KiB aligned,
+    /// not empty, inside the region): every page table that maps them is updated and
+    /// the TLBs invalidated before this returns, and the pages keep the protection as
+    /// their own (faults check it; [`Gmem::region_protect`] of the whole region
+    /// replaces it, and so does `region_unmap`, which empties the pages). A large leaf
+    /// the range covers in part is split by its driver (counted in
+    /// [`crate::Stats::large_splits`]).
+    ///
+    /// # Errors
+    /// [`ProtectError`]: a bad handle, an empty protection, a bad range (nothing
+    /// changes then), or a driver failure — after which the pages keep their old
+    /// protection and the mappings changed on the way are dropped (faultable devices
+    /// fault them back; tables that hold pages eagerly get them again).
+    pub fn region_protect_range(
+        &self,
+        region: Region,
+        range: VaRange,
+        prot: Prot,
+    ) -> Result<(), ProtectError> {
+        if prot.is_empty() {
+            return Err(ProtectError::BadProt(prot));
+        }
+        let space = self.space(region.space).ok_or(ProtectError::Region(
+            crate::RegionError::UnknownSpace(region.space),
+        ))?;
+        let mut st = space.lock();
+        let rec =
+            *st.region(region)
+                .ok_or(ProtectError::Region(crate::RegionError::StaleRegion(
+                    region,
+                )))?;
+        let bad = ProtectError::BadRange {
+            start: range.start,
+            len: range.len,
+        };
+        let (s, len) = (range.start.as_u64(), range.len);
+        let rs = region.start.as_u64();
+        if len == 0
+            || !range.start.is_page_aligned()
+            || len % crate::PAGE_SIZE != 0
+            || s < rs
+            || s.checked_add(len).map_or(true, |e| e > rs + rec.len)
+        {
+            return Err(bad);
+        }
+        let first = Vpn(s >> PAGE_SHIFT);
+        st.protect_range(
+            &self.context(),
+            &space,
+            first,
+            len >> PAGE_SHIFT,
+            prot,
+            rec.prot,
+        )?;
+        Ok(())
     }
 }

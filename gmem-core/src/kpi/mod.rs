@@ -5,7 +5,7 @@
 //! | [`device`] | `dev_create`, `dev_destroy`, `dev_register_physmem`, `dev_frames`, `dev_data`, `dev_name`, `dev_caps`, `dev_active`, `dev_switch`, `dev_detach`, `dev_fault` |
 //! | [`space`] | `as_create`, `as_destroy`, `as_attach`, `as_alloc`, `as_lookup`, `as_regions`, `as_synchronize`, `as_set_batch_limit`, `as_pending`, `as_arena_stats`, `as_fail_every` |
 //! | [`region`] | `region_info`, `region_dealloc`, `region_map`, `region_unmap`, `region_set_policy`, `region_set_granularity`, `region_protect`, `region_migrate`, `region_wire`, `region_unwire` |
-//! | [`large`] | `region_promote`, `as_large_leaves`, `as_frames`, `dev_set_reservations`, `dev_reservations` |
+//! | [`large`] | `region_promote`, `as_large_leaves`, `as_frames`, `dev_set_reservations`, `dev_reservations`, `region_protect_range` |
 //! | [`mapping_set`] | `mapping_set_create`, `mapping_set_unmap`, `mapping_set_destroy` |
 //!
 //! Each call resolves its handles (a stale handle is a typed error), locks the one

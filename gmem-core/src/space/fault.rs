@@ -8,7 +8,7 @@ use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
 use crate::flags::{DevCaps, Prot};
 use crate::gmem::Ctx;
-use crate::lpt::{PageEntry, PENDING};
+use crate::lpt::{PageEntry, PENDING, PROT_BITS};
 use crate::mmu::MemError;
 use crate::physmem::{EvictionPolicy, RESERVATION_PAGES};
 use crate::stats::Counters;
@@ -48,6 +48,8 @@ impl SpaceState {
                 Some((s, r)) => (s, r.prot, r.placement, r.granularity, r.explicit, r.len),
                 None => return Err(FaultError::NotAllocated(va)),
             };
+        // A page protected on its own (`region_protect_range`) has its own protection.
+        let prot = self.lpt.get(va.vpn()).prot_or(prot);
         if !prot.contains(access) {
             return Err(FaultError::ProtectionViolation {
                 va,
@@ -270,11 +272,14 @@ impl SpaceState {
             .ok_or(MoveError::OutOfMemory(target.id))?;
         memory.zero(pfn.addr(), pages << PAGE_SHIFT)?;
         for k in 0..pages {
+            // A page's own protection survives its population.
+            let own = self.lpt.get(first + k).flags & PROT_BITS;
             self.lpt.set(
                 first + k,
                 PageEntry {
                     pfn: pfn + k,
                     mem,
+                    flags: own,
                     ..PageEntry::EMPTY
                 },
             );
@@ -615,11 +620,13 @@ impl SpaceState {
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
         memory.zero(pfn.addr(), PAGE_SIZE)?;
+        let own = self.lpt.get(vpn).flags & PROT_BITS;
         self.lpt.set(
             vpn,
             PageEntry {
                 pfn,
                 mem,
+                flags: own,
                 ..PageEntry::EMPTY
             },
         );

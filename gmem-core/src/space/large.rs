@@ -443,8 +443,15 @@ impl SpaceState {
         }
         let mask = entries.iter().fold(0u32, |m, (_, e)| m | e.mapped);
         let replicas = self.replica_mask();
+        let own = entries[0].1.flags & crate::lpt::PROT_BITS;
+        if entries
+            .iter()
+            .any(|(_, e)| e.flags & crate::lpt::PROT_BITS != own)
+        {
+            return Ok(false);
+        }
         let prot = match self.region_at(b << PAGE_SHIFT) {
-            Some((_, r)) if self.in_one_region(b, n) => r.prot,
+            Some((_, r)) if self.in_one_region(b, n) => entries[0].1.prot_or(r.prot),
             _ => return Ok(false),
         };
         let contiguous = self.contiguous_block(b, n).is_some();

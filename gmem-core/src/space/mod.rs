@@ -33,7 +33,7 @@ use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT};
 use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
-use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
+use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, PROT_BITS, WIRED};
 use crate::mmu::{Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
 use crate::queue::{Callback, Discard, MmuQueue};
@@ -558,15 +558,17 @@ impl SpaceState {
                         || e.mem != e0.mem
                         || e.pfn != e0.pfn + n
                         || e.mapped & (1 << t) != 0
+                        || e.flags & PROT_BITS != e0.flags & PROT_BITS
                     {
                         break;
                     }
                     n += 1;
                 }
-                let prot = self
-                    .region_at(v0.addr().as_u64())
-                    .map(|(_, r)| r.prot)
-                    .unwrap_or(Prot::READ);
+                let prot = e0.prot_or(
+                    self.region_at(v0.addr().as_u64())
+                        .map(|(_, r)| r.prot)
+                        .unwrap_or(Prot::READ),
+                );
                 self.map_run(stats, t, v0, n, e0.pfn, e0.mem, prot)?;
                 i += n as usize;
             }
@@ -837,6 +839,7 @@ pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
 mod attach;
 mod large;
 mod memories;
+mod range;
 
 pub use large::LargeLeaf;
 

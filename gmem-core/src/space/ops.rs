@@ -283,7 +283,30 @@ impl SpaceState {
             .map(|(v, e)| (v, e.mapped))
             .collect();
         let runs = crate::space::table_runs(&touched);
-        self.protect_runs(cx.counters, &runs, prot, c.rec.prot)
+        // Pages protected on their own lose it: the whole region gets `prot`. (A
+        // failed change restores the region's old protection on every mapped page,
+        // so pages with their own must not differ from it then: drop their mappings
+        // first, they fault back with their own protection.)
+        let own: Vec<(Vpn, u32)> = self
+            .lpt
+            .entries_in(c.first, c.pages)
+            .filter(|(_, e)| e.has(crate::lpt::OWN_PROT))
+            .map(|(v, e)| (v, e.mapped))
+            .collect();
+        let result = self.protect_runs(cx.counters, &runs, prot, c.rec.prot);
+        if result.is_err() {
+            let mapped: Vec<(Vpn, u32)> = own.iter().filter(|(_, m)| *m != 0).copied().collect();
+            self.unmap_entries(cx.counters, &mapped);
+            let eager = self.wired_mask();
+            for (v, _) in &own {
+                let _ = self.mirror(cx.counters, *v, 1, eager);
+            }
+        } else {
+            for (v, _) in own {
+                self.lpt.update(v, |e| e.set_prot(None));
+            }
+        }
+        result
     }
 
     /// `region_unwire` under the lock: unpin the region's wired pages (caller-given
