@@ -630,18 +630,23 @@ pub const HOST_BASE: u64 = 0x1000_0000;
 impl TestSystem {
     /// A system whose host has `host_pages` pages of memory, recording events.
     pub fn new(host_pages: u64) -> TestSystem {
-        TestSystem::build(host_pages, true)
+        TestSystem::build(host_pages, true, PageSizes::S4K)
     }
 
     /// The same without an event log (benchmarks).
     pub fn without_log(host_pages: u64) -> TestSystem {
-        TestSystem::build(host_pages, false)
+        TestSystem::build(host_pages, false, PageSizes::S4K)
     }
 
-    fn build(host_pages: u64, record: bool) -> TestSystem {
+    /// [`TestSystem::new`] with a host MMU that maps the page sizes `sizes`.
+    pub fn with_host_sizes(host_pages: u64, sizes: PageSizes) -> TestSystem {
+        TestSystem::build(host_pages, true, sizes)
+    }
+
+    fn build(host_pages: u64, record: bool, sizes: PageSizes) -> TestSystem {
         let log: EventLog = Arc::new(Mutex::new(Vec::new()));
         let host_store = TableStore::new();
-        let mut mmu = TestMmu::new(0, 1, host_store.clone(), log.clone());
+        let mut mmu = TestMmu::new(0, 1, host_store.clone(), log.clone()).with_page_sizes(sizes);
         if !record {
             mmu = mmu.without_log();
         }

@@ -44,9 +44,9 @@ use gmem_core::testing::{AccessError, MmuEvent, TestMmu, TestSystem, HOST_BASE};
 use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
     Activation, AddrError, AllocError, AllocPolicy, AttachError, DevCaps, DeviceError, DeviceId,
-    EvictionPolicy, FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode,
+    EvictionPolicy, FaultError, MapError, MapFlags, MapRequest, MigrateScope, MmuMode, PageSizes,
     PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError, PopulateError,
-    Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
+    Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VaRange, VirtAddr, PAGE_SIZE,
 };
 
 /// Operations a fuzz input or a seeded sequence may hold at most.
@@ -76,7 +76,8 @@ pub struct Setup {
     /// The queue's batch limit of every new space: 1 + this modulo 8.
     pub batch_limit: u8,
     /// The policy of the first space, which the runner creates before the operations
-    /// (with every device attached and active, and three regions of 1, 4 and 8 pages).
+    /// (with every device attached and active, regions of 1, 4 and 8 pages and two of 16
+    /// pages aligned to 64 KiB).
     pub policy: PolicySel,
     /// The mode the integrated GPU attaches to the first space with.
     pub igpu_mode: Mode,
@@ -432,6 +433,31 @@ pub enum Op {
         /// CLOCK (else FIFO).
         clock: bool,
     },
+    /// `region_protect_range`: part of a region gets a protection of its own (splits
+    /// the large leaves it covers in part).
+    ProtectRange {
+        /// Which region.
+        region: u16,
+        /// First page, from the region's start (past its end is misuse).
+        first: u8,
+        /// Pages (0, or past the region's end, is misuse).
+        pages: u8,
+        /// The protection (empty is misuse).
+        prot: ProtSel,
+    },
+    /// `region_promote`: gather the region's large-leaf blocks and map them large
+    /// (where pages go never changes the bytes the model predicts).
+    Promote {
+        /// Which region.
+        region: u16,
+    },
+    /// `dev_set_reservations`: superpage reservations on or off in a device's memory.
+    SetReservations {
+        /// Which device.
+        dev: u8,
+        /// On (else off).
+        on: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -460,6 +486,8 @@ struct RegionModel {
     maybe_populated: bool,
     /// `region_wire` was called and not undone.
     wired: bool,
+    /// Pages with a protection of their own (`region_protect_range`).
+    page_prot: BTreeMap<u64, Prot>,
 }
 
 impl RegionModel {
@@ -474,6 +502,7 @@ impl RegionModel {
         self.populated.clear();
         self.maybe_populated = false;
         self.wired = false;
+        self.page_prot.clear();
     }
     fn any_populated(&self) -> Option<bool> {
         if !self.populated.is_empty() || self.wired {
@@ -613,8 +642,16 @@ impl KpiRunner {
     pub fn new(setup: Setup) -> KpiRunner {
         let host_pages = 48 + u64::from(setup.host_pages % 160);
         let dev_pages = 2 + u64::from(setup.dev_pages % 30);
-        let mut sys = TestSystem::new(host_pages);
-        let dgpu = sys.add_device(7, DevCaps::FAULTABLE, DGPU_BASE, dev_pages);
+        // The host and the discrete GPU map 64 KiB leaves too: 16-page blocks fit the
+        // small memories, so large leaves, splits and promotions happen in sequences.
+        let mut sys = TestSystem::with_host_sizes(host_pages, PageSizes::S4K | PageSizes::S64K);
+        let dgpu = sys.add_device_with_sizes(
+            7,
+            DevCaps::FAULTABLE,
+            DGPU_BASE,
+            dev_pages,
+            PageSizes::S4K | PageSizes::S64K,
+        );
         let igpu = sys.add_device(1, DevCaps::FAULTABLE, 0, 0);
         let io = sys.add_device(9, DevCaps::empty(), 0, 0);
         assert_eq!((dgpu, igpu, io), (DGPU, IGPU, IO));
@@ -686,6 +723,10 @@ impl KpiRunner {
             );
         }
         self.summary.ops = ops.len() as u64;
+        let st = self.sys.gm.stats();
+        self.summary.large_maps = st.large_maps;
+        self.summary.large_splits = st.large_splits;
+        self.summary.promotions = st.promotions;
         self.summary
     }
 
@@ -714,6 +755,17 @@ impl KpiRunner {
                 space: 0,
                 pages,
                 align_shift: 255,
+                nocross_shift: 255,
+                hint: None,
+                max: None,
+            });
+        }
+        // Two 64 KiB blocks, 64 KiB aligned: large leaves, splits and promotions.
+        for _ in 0..2 {
+            ops.push(Op::Alloc {
+                space: 0,
+                pages: 16,
+                align_shift: 4,
                 nocross_shift: 255,
                 hint: None,
                 max: None,
@@ -999,8 +1051,77 @@ impl KpiRunner {
                 } else {
                     assert_eq!(r, Ok(()), "{ctx}");
                     self.summary.succeeded += 1;
-                    self.region_mut(slot, start).prot = p;
+                    let m = self.region_mut(slot, start);
+                    m.prot = p;
+                    m.page_prot.clear();
                 }
+            }
+            Op::ProtectRange {
+                region,
+                first,
+                pages,
+                prot,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                let (handle, len, rprot) = {
+                    let m = self.region(slot, start);
+                    (m.handle, m.pages(), m.prot)
+                };
+                let (first, pages) = (u64::from(first), u64::from(pages));
+                let range = VaRange {
+                    start: VirtAddr::new(start + first * PAGE_SIZE),
+                    len: pages * PAGE_SIZE,
+                };
+                let p = prot.prot();
+                let r = self.sys.gm.region_protect_range(handle, range, p);
+                if p.is_empty() {
+                    self.misuse(ctx, r, ProtectError::BadProt(p));
+                } else if pages == 0 || first + pages > len {
+                    self.misuse(
+                        ctx,
+                        r,
+                        ProtectError::BadRange {
+                            start: range.start,
+                            len: range.len,
+                        },
+                    );
+                } else {
+                    assert_eq!(r, Ok(()), "{ctx}");
+                    self.summary.succeeded += 1;
+                    let m = self.region_mut(slot, start);
+                    for k in first..first + pages {
+                        if p == rprot {
+                            m.page_prot.remove(&k);
+                        } else {
+                            m.page_prot.insert(k, p);
+                        }
+                    }
+                }
+            }
+            Op::Promote { region } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                let handle = self.region(slot, start).handle;
+                match self.sys.gm.region_promote(handle) {
+                    Ok(_) => self.summary.succeeded += 1,
+                    // No aligned free block: the block's mappings were dropped (they
+                    // fault back), its pages and bytes are where they were.
+                    Err(PopulateError::OutOfMemory(_)) => {}
+                    Err(e) => panic!("{ctx}: {e:?}"),
+                }
+            }
+            Op::SetReservations { dev, on } => {
+                let dev = usize::from(dev) % NDEV;
+                let id = self.devices[dev];
+                let r = self.sys.gm.dev_set_reservations(id, on);
+                if !self.alive[dev] {
+                    return self.misuse(ctx, r, DeviceError::UnknownDevice(id));
+                }
+                assert_eq!(r, Ok(()), "{ctx}");
+                self.summary.succeeded += 1;
             }
             Op::Migrate {
                 region,
@@ -1443,6 +1564,7 @@ impl KpiRunner {
                 granularity: 0,
                 kind: Kind::Anonymous,
                 bytes: BTreeMap::new(),
+                page_prot: BTreeMap::new(),
                 populated: BTreeSet::new(),
                 maybe_populated: false,
                 wired: false,
@@ -1667,6 +1789,7 @@ impl KpiRunner {
         m.clear_pages();
         m.kind = Kind::Explicit { mapped: true };
         m.prot = prot;
+        m.page_prot.clear();
         if asynchronous {
             self.space_mut(slot).queue.push(Request::Map {
                 start,
@@ -1713,12 +1836,17 @@ impl KpiRunner {
             });
         };
         let access = prot_access(write);
-        if !r.prot.contains(access) {
+        let allowed = r
+            .page_prot
+            .get(&((va - r.start()) / PAGE_SIZE))
+            .copied()
+            .unwrap_or(r.prot);
+        if !allowed.contains(access) {
             return Expect::Err(if faultable {
                 fault(FaultError::ProtectionViolation {
                     va: v,
                     access,
-                    allowed: r.prot,
+                    allowed,
                 })
             } else {
                 unmapped
@@ -1769,7 +1897,9 @@ impl KpiRunner {
         let r = self.region_mut(slot, start);
         if r.kind == Kind::Anonymous {
             r.populated.insert((va - start) / PAGE_SIZE);
-            if r.granularity > PAGE_SIZE {
+            // Block 0 is the faulter's largest page size: 64 KiB for the host and the
+            // discrete GPU, whose MMUs map 64 KiB leaves.
+            if r.granularity > PAGE_SIZE || (r.granularity == 0 && matches!(dev, HOST | DGPU)) {
                 r.maybe_populated = true;
             }
         }
@@ -2153,8 +2283,53 @@ impl KpiRunner {
             if self.space(slot).queue.is_empty() {
                 self.check_tlbs(ctx, slot);
             }
+            self.check_large(ctx, slot);
         }
         self.sys.take_events();
+    }
+
+    /// The large leaves the core recorded for `slot` are exactly those its drivers'
+    /// tables hold (leaf sizes agree with the logical page table: `check_invariants`).
+    fn check_large(&self, ctx: &str, slot: usize) {
+        let id = self.space(slot).id;
+        let mut core: Vec<(u64, u64, u64)> = self
+            .sys
+            .gm
+            .as_large_leaves(id)
+            .expect("live space")
+            .into_iter()
+            .map(|l| {
+                (
+                    l.root.0,
+                    l.va.as_u64() / PAGE_SIZE,
+                    l.size.bytes() / PAGE_SIZE,
+                )
+            })
+            .collect();
+        let mut tables: Vec<(u64, u64, u64)> = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (&(s, d), &root) in &self.roots {
+            let store = self.sys.devices[d].mmu.store();
+            // Roots are numbered per store: a table is (store, root).
+            if s != slot || !self.alive[d] || !seen.insert((Arc::as_ptr(store) as usize, root.0)) {
+                continue;
+            }
+            if !store.is_live(root) {
+                continue;
+            }
+            tables.extend(
+                store
+                    .large_leaves(root)
+                    .into_iter()
+                    .map(|(v, n)| (root.0, v, n)),
+            );
+        }
+        core.sort_unstable();
+        tables.sort_unstable();
+        assert_eq!(
+            core, tables,
+            "{ctx}: large leaves of the core vs the tables"
+        );
     }
 
     /// No TLB of a device attached to `slot` holds a translation its page table does

@@ -129,6 +129,12 @@ pub struct Summary {
     pub rejected: u64,
     /// Bytes read back and compared with the model.
     pub bytes_checked: u64,
+    /// KPI runner: large leaves the core asked for.
+    pub large_maps: u64,
+    /// KPI runner: large leaves split.
+    pub large_splits: u64,
+    /// KPI runner: blocks promoted.
+    pub promotions: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -137,5 +143,8 @@ impl core::ops::AddAssign for Summary {
         self.succeeded += o.succeeded;
         self.rejected += o.rejected;
         self.bytes_checked += o.bytes_checked;
+        self.large_maps += o.large_maps;
+        self.large_splits += o.large_splits;
+        self.promotions += o.promotions;
     }
 }
