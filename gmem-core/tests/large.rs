@@ -392,3 +392,81 @@ fn protecting_part_of_a_large_leaf_splits_it_and_the_pages_keep_their_protection
     s.write(g, bad, b"ok").unwrap();
     ok(&s, space);
 }
+
+#[test]
+fn a_1g_zero_fill_block_is_one_1g_leaf_where_the_device_advertises_it() {
+    let mut s = TestSystem::new(64);
+    let space =
+        s.gm.as_create(va(1 << 30), va(8 << 30), AllocPolicy::empty())
+            .unwrap();
+    let g = s.add_device_with_sizes(
+        GPU,
+        DevCaps::FAULTABLE,
+        1 << 32,
+        1 << 18,
+        PageSizes::S4K | PageSizes::S2M | PageSizes::S1G,
+    );
+    s.gm.as_attach(
+        space,
+        s.devices[g].id,
+        MmuMode::Coherent,
+        Activation::Switch,
+    )
+    .unwrap();
+    let mut req = AllocRequest::new(1 << 30);
+    req.align = 1 << 30;
+    let r = s.gm.as_alloc(space, req).unwrap();
+    s.gm.region_set_granularity(r, 1 << 30).unwrap();
+    s.write(g, va(r.start.as_u64() + (700 << 20)), b"far")
+        .unwrap();
+    let leaves = s.gm.as_large_leaves(space).unwrap();
+    assert_eq!(leaves.len(), 1);
+    assert_eq!((leaves[0].va, leaves[0].size), (r.start, PageSize::Size1G));
+    assert_eq!(s.gm.stats().faults_zero_fill, 1);
+    assert_eq!(
+        s.read(g, va(r.start.as_u64() + (700 << 20)), 3).unwrap(),
+        b"far"
+    );
+    ok(&s, space);
+    // With the default block (2 MiB at most) a fault maps one 2 MiB leaf.
+    let mut req = AllocRequest::new(1 << 30);
+    req.align = 1 << 30;
+    let r2 = s.gm.as_alloc(space, req).unwrap();
+    s.gm.region_dealloc(r, MapFlags::empty(), None).unwrap();
+    s.write(g, r2.start, b"x").unwrap();
+    let leaves = s.gm.as_large_leaves(space).unwrap();
+    assert_eq!(leaves.len(), 1);
+    assert_eq!(leaves[0].size, PageSize::Size2M);
+    ok(&s, space);
+}
+
+#[test]
+fn a_protect_that_fails_leaves_no_leaf_the_core_does_not_know_of() {
+    let (s, space, g) = system(1024, 2048);
+    let r = block_region(&s, space, 1);
+    fill(&s, g, r.start, 512);
+    assert_eq!(s.gm.as_large_leaves(space).unwrap().len(), 1);
+    s.devices[g].mmu.fail_next_protects(1);
+    let part = VaRange::new(va(r.start.as_u64() + 8 * PAGE_SIZE), PAGE_SIZE).unwrap();
+    assert_eq!(
+        s.gm.region_protect_range(r, part, Prot::READ),
+        Err(ProtectError::Mmu(MmuError::OutOfTableMemory))
+    );
+    ok(&s, space);
+    assert!(s.gm.as_large_leaves(space).unwrap().is_empty());
+    assert!(s.devices[g]
+        .mmu
+        .store()
+        .large_leaves(gpu_root(&s, g))
+        .is_empty());
+    // The pages kept their protection: writable, bytes intact.
+    verify(&s, g, r.start, 512);
+    s.write(g, va(part.start.as_u64() + 8), &pattern(8))
+        .unwrap();
+    ok(&s, space);
+    // A whole-region protect failing the same way restores the old protection.
+    s.devices[g].mmu.fail_next_protects(1);
+    assert!(s.gm.region_protect(r, Prot::READ).is_err());
+    ok(&s, space);
+    s.write(g, r.start, b"still writable").unwrap();
+}

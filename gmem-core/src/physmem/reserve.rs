@@ -148,8 +148,11 @@ impl PhysMem {
         let r = RESERVATION_PAGES;
         let block = vpn.0 & !(r - 1);
         let inside = pages > 0 && vpn.0 - block + pages <= r;
+        // Without a reservation, a power-of-two block is naturally aligned (a zero-fill
+        // block can still be one large leaf), anything else is any contiguous run.
+        let align = if pages.is_power_of_two() { pages } else { 1 };
         if !self.reservations.enabled || limit.is_some() || self.retired || !inside {
-            return self.alloc_run(pages, 1, space, vpn, wired, limit);
+            return self.alloc_run(pages, align, space, vpn, wired, limit);
         }
         let off = vpn.0 - block;
         if let Some(&base) = self.reservations.blocks.get(&(space, block)) {
@@ -158,7 +161,7 @@ impl PhysMem {
                 return Some(Pfn(base + off));
             }
             self.reservations.stats.fallbacks += 1;
-            return self.alloc_run(pages, 1, space, vpn, wired, limit);
+            return self.alloc_run(pages, align, space, vpn, wired, limit);
         }
         match self.reserve_block(space, block) {
             Some(base) => {
@@ -167,7 +170,7 @@ impl PhysMem {
             }
             None => {
                 self.reservations.stats.fallbacks += 1;
-                self.alloc_run(pages, 1, space, vpn, wired, limit)
+                self.alloc_run(pages, align, space, vpn, wired, limit)
             }
         }
     }

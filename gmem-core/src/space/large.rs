@@ -457,14 +457,25 @@ impl SpaceState {
         let contiguous = self.contiguous_block(b, n).is_some();
         let large_everywhere = (0..self.tables.len())
             .filter(|t| mask & (1 << t) != 0)
-            .all(|t| self.large_sizes(t).is_empty() || self.large.map.contains_key(&(b, t as u8)));
+            .all(|t| {
+                // A table with no leaf size up to the block's has nothing to gain.
+                self.large_sizes(t).iter().all(|(m, _)| *m > n)
+                    || self.large.map.contains_key(&(b, t as u8))
+            });
         if contiguous && large_everywhere {
             return Ok(false);
         }
         let dev = self.memories.get(entries[0].1.mem).clone();
         self.unmap_pages(stats, Vpn(b), n, u32::MAX);
-        if !contiguous {
-            self.gather(cx, space, &dev, b, &entries)?;
+        let gathered = match contiguous {
+            true => Ok(()),
+            false => self.gather(cx, space, &dev, b, &entries),
+        };
+        if let Err(err) = gathered {
+            // Each page is whole where it is: the replicate tables get the block back
+            // (best effort: the error returned is the gather's), the others fault.
+            let _ = self.mirror(stats, Vpn(b), n, replicas);
+            return Err(err);
         }
         // Remap: replicate tables (and wired-eager ones, which hold no page here since
         // none is wired) through the mirror; faultable tables only when one of them
@@ -476,12 +487,14 @@ impl SpaceState {
             0
         };
         let e0 = self.lpt.get(Vpn(b));
+        let mirrored = self.mirror(stats, Vpn(b), n, replicas);
         for t in 0..self.tables.len() {
             if remap & (1 << t) != 0 && self.tables[t].is_some() {
+                // A failure leaves the block unmapped in that table: it faults back.
                 self.map_run(stats, t, Vpn(b), n, e0.pfn, e0.mem, prot)?;
             }
         }
-        self.mirror(stats, Vpn(b), n, replicas)?;
+        mirrored?;
         Counters::add(&stats.promotions, 1);
         Ok(true)
     }

@@ -633,17 +633,12 @@ impl SpaceState {
             let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
                 continue;
             };
-            // A large leaf the failed protect should have split may still be whole in
-            // the driver's table: drop it from that table (faultable users fault it
-            // back, eager tables get it again below), so the core's record holds.
+            // A large leaf the failed protect (or one it never reached) should have
+            // split may still be whole in the driver's table: drop every such leaf
+            // from its table (faultable users fault it back, eager tables get it again
+            // below), so that the core's records hold.
             let mut lost_leaves: Vec<TableRun> = split
                 .iter()
-                .filter(|(t, s, n)| {
-                    *t == run.table && {
-                        let (f, p) = (run.range.start.vpn().0, run.range.len >> PAGE_SHIFT);
-                        *s < f + p && f < s + n
-                    }
-                })
                 .map(|&(t, s, n)| TableRun {
                     table: t,
                     range: VaRange {
