@@ -378,7 +378,7 @@ fn measure(
 pub fn render(rows: &[Row], p: &Params) -> String {
     let mut s = format!(
         "contiguity after churn: GPU {} MiB (4 KiB + 2 MiB leaves), {} live regions (64 KiB-6 MiB, 4 KiB zero-fill), {} ops, seed {}\n",
-        p.gpu_pages * PAGE_SIZE >> 20,
+        (p.gpu_pages * PAGE_SIZE) >> 20,
         p.regions,
         p.ops,
         p.seed

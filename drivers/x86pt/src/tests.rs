@@ -47,6 +47,7 @@ fn run2m(va: u64, pa: u64, pages: u64, prot: Prot, memory: DeviceId) -> MapRun {
 
 /// Map `pages` pages from `va` onto `pa..` as the core does: a 2 MiB leaf for every
 /// aligned block the run covers on aligned frames (when `large`), 4 KiB elsewhere.
+#[allow(clippy::too_many_arguments)]
 fn map_as_core(
     t: &X86Tables,
     root: PageTableRoot,
