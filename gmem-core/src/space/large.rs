@@ -122,6 +122,14 @@ impl SpaceState {
             .collect()
     }
 
+    /// Whether table `t` maps any leaf larger than 4 KiB (no allocation: the fault
+    /// path asks this for every page).
+    fn has_large(&self, t: usize) -> bool {
+        self.tables[t]
+            .as_ref()
+            .is_some_and(|x| !(x.mmu.page_sizes() - crate::flags::PageSizes::S4K).is_empty())
+    }
+
     /// Whether `[first, first + pages)` lies inside one region.
     fn in_one_region(&self, first: u64, pages: u64) -> bool {
         self.region_at(first << PAGE_SHIFT)
@@ -201,10 +209,24 @@ impl SpaceState {
         mem: u8,
         prot: Prot,
     ) -> Result<(), MmuError> {
-        let (pieces, fallbacks) = self.plan(t, first.0, pages, pfn);
         let memory = self.memories.get(mem).id;
         let table = self.tables[t].as_ref().expect("mapping into a live table");
+        if !self.has_large(t) {
+            // The common case: a table of 4 KiB leaves only, one run.
+            let run = MapRun {
+                va: first.addr(),
+                pa: pfn.addr(),
+                len: pages << PAGE_SHIFT,
+                prot,
+                page_size: PageSize::Size4K,
+                memory,
+            };
+            table.mmu.map(table.root, &run)?;
+            Counters::add(&stats.mmu_maps, 1);
+            return Ok(());
+        }
         let (mmu, root) = (table.mmu.clone(), table.root);
+        let (pieces, fallbacks) = self.plan(t, first.0, pages, pfn);
         for (i, p) in pieces.iter().enumerate() {
             let run = MapRun {
                 va: Vpn(p.first).addr(),
@@ -370,6 +392,9 @@ impl SpaceState {
     /// one memory, is not yet mapped large there, and — under the unique policy, for
     /// pages that are not wired — is mapped by no other table but replicas.
     fn fault_block(&self, t: usize, vpn: Vpn) -> Option<(u64, u64)> {
+        if !self.has_large(t) {
+            return None;
+        }
         let unique = self
             .region_at(vpn.addr().as_u64())
             .is_some_and(|(_, r)| r.placement.mode == PlacementMode::Unique);
