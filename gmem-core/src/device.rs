@@ -172,6 +172,32 @@ impl DeviceInner {
         })
     }
 
+    /// Frames for the pages of `space` from `vpn`, contiguous, through the memory's
+    /// superpage reservations (`PhysMem::alloc_pages`): a single page gets the frame at
+    /// its offset in its block's reservation. A memory managed in page groups has no
+    /// reservations: the frames come from groups of `class`.
+    pub fn alloc_pages(
+        self: &Arc<Self>,
+        pages: u64,
+        space: SpaceId,
+        vpn: Vpn,
+        limit: Option<crate::mmu::FrameConstraint>,
+        class: u32,
+    ) -> Option<FrameRun> {
+        if self.phys.lock().group_order().is_some() {
+            return self.alloc_frames(pages, 1, space, vpn, limit, class);
+        }
+        let pfn = self
+            .phys
+            .lock()
+            .alloc_pages(pages, space, vpn, false, limit)?;
+        Some(FrameRun {
+            dev: self.clone(),
+            pfn,
+            pages,
+        })
+    }
+
     pub fn faultable(&self) -> bool {
         self.caps.contains(DevCaps::FAULTABLE)
     }

@@ -95,11 +95,11 @@ pub use mmu::{
     bounce_copy, Attrs, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest, MapRun,
     MemError, Mmu, MmuError, PageTableFormat, PageTableRoot, COPY_BOUNCE_BYTES,
 };
-pub use physmem::{EvictionPolicy, FrameCounts, FreeExtents, GroupStats};
+pub use physmem::{EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats};
 pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;
 pub use space::{
-    Activation, AllocRequest, MmuMode, Placement, PlacementMode, PlacementTarget, Region,
-    RegionInfo,
+    Activation, AllocRequest, LargeLeaf, MmuMode, Placement, PlacementMode, PlacementTarget,
+    Region, RegionInfo,
 };
 pub use stats::Stats;

@@ -14,10 +14,11 @@
 //!   then makes `region_map`'s eager mappings and a strict `region_dealloc`'s unmapping
 //!   outside the space lock, so that disjoint regions of one space are edited at once.
 //!   The core still never destroys a table while such an edit of it runs.
-//! - [`Mmu::map`] receives a whole physically contiguous run; a driver may use large
-//!   pages or contiguity hints (MESC subregion bits) when the run's alignment allows.
-//!   [`Mmu::unmap`] and [`Mmu::protect`] receive whole virtual ranges, never split by the
-//!   core; ranges handed to one call never cross the boundary of a region.
+//! - [`Mmu::map`] receives a whole physically contiguous run with the leaf size the
+//!   core asks for in [`MapRun::page_size`] (see *Large leaves* below); a driver may add
+//!   contiguity hints (MESC subregion bits). [`Mmu::unmap`] and [`Mmu::protect`] receive
+//!   whole virtual ranges, never split by the core; ranges handed to one call never cross
+//!   the boundary of a region.
 //! - After [`Mmu::unmap`] or [`Mmu::protect`] the core calls [`Mmu::invalidate`] on every
 //!   device using that table before it reuses the virtual range or the frames; a driver
 //!   must not rely on its own invalidation inside `unmap` (it may do one — the core's is
@@ -58,6 +59,45 @@
 //! - Copies ([`DeviceMemory::copy`]): migration, eviction and compaction move each
 //!   physically contiguous run of pages in one call (up to 2 MiB for migration and
 //!   compaction, 64 KiB for eviction, which takes only cold pages along).
+//!
+//! ## Large leaves
+//! A driver advertises the leaf sizes its format maps in [`Mmu::page_sizes`] (4 KiB
+//! always; 64 KiB, 2 MiB, 1 GiB as the hardware allows). The core asks for a large leaf
+//! — a [`MapRun`] whose `page_size` is that size, whose `va`, `pa` and `len` are
+//! multiples of it — exactly when the virtual block is aligned, the frames behind it are
+//! one aligned contiguous block in one memory, and the block lies in one region with
+//! one protection; everything else comes as 4 KiB runs. The driver:
+//! - maps a run with leaves of `page_size` and never larger ones (a run asked for as
+//!   4 KiB gets 4 KiB leaves even where its alignment would allow more; the core keeps
+//!   a record of every large leaf it asked for and checks it in `check_invariants`). A
+//!   size it did not advertise, or a misaligned large run, is
+//!   [`MmuError::Unsupported`]. A driver that cannot hold a large leaf right now may
+//!   map the run with smaller leaves (translation is what counts; the split below is
+//!   then a no-op);
+//! - **splits** a large leaf when an [`Mmu::unmap`] or [`Mmu::protect`] covers it in
+//!   part — a partial unmap, protect (`region_protect_range`), migration or eviction:
+//!   it replaces the leaf by a table of smaller leaves that translate every page
+//!   exactly as before and then applies the edit to the covered ones. The core treats
+//!   the block as mapped by 4 KiB leaves afterwards (a driver that splits into an
+//!   intermediate size, 1 GiB into 2 MiB, must be able to split those again the same
+//!   way). An unmap or protect covering a leaf whole keeps it whole (or clears it);
+//! - **gets the table page for the split without failing**: `unmap` cannot fail, so
+//!   the page must already be there. The way the drivers here do it
+//!   (`gmem_ptengine::Engine::with_split_reserve`): when a large leaf is installed, one
+//!   table page is taken and kept as the leaf's *split reserve*; the split builds the
+//!   new table in it; clearing the leaf whole gives the reserve back. A large leaf whose
+//!   reserve cannot be had is installed as smaller leaves. [`Mmu::protect`] may instead
+//!   allocate and fail ([`MmuError::OutOfTableMemory`]), leaving that leaf whole and
+//!   unchanged: the core then unmaps the leaf's block from that table (faultable
+//!   devices fault it back, eager tables get it again), so its record stays true.
+//!
+//! The core promotes a block back to a large leaf when a fault finds its whole block
+//! populated on aligned contiguous frames (typically the fault that fills a superpage
+//! reservation), and on `region_promote`; in both cases it first unmaps the block's
+//! 4 KiB leaves from the table (and invalidates) and then maps one large run, so a
+//! driver never has to replace a table by a leaf in `map`.
+//!
+//! ## Other contracts
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
 //!   the core then edits the table through the MMU of the device that created it and
 //!   invalidates the TLB of every sharer through its own MMU.
@@ -88,7 +128,9 @@ pub struct MapRun {
     pub len: u64,
     /// The protection of every page of the run.
     pub prot: Prot,
-    /// The page size the core asks for (always one the MMU reported).
+    /// The leaf size the core asks for: one the MMU reported, with `va`, `pa` and `len`
+    /// multiples of it (see the module's *Large leaves*). The driver maps leaves of this
+    /// size and none larger.
     pub page_size: PageSize,
     /// The device whose local memory holds the frames; a driver compares it with its own
     /// id to pick an aperture (local vs system memory) in its PTEs.
@@ -184,7 +226,8 @@ impl fmt::Display for MmuError {
 pub trait Mmu: Send + Sync {
     /// The page-table format; equal formats may share one table.
     fn format(&self) -> PageTableFormat;
-    /// The page sizes the hardware translates (4 KiB must be among them).
+    /// The leaf sizes the format maps (4 KiB must be among them); the core asks for
+    /// larger ones only from this set (see the module's *Large leaves*).
     fn page_sizes(&self) -> PageSizes;
     /// Create an empty page table.
     ///
@@ -201,9 +244,12 @@ pub trait Mmu: Send + Sync {
     /// [`MmuError`] when a table page cannot be allocated or the run is outside what the
     /// hardware translates; nothing of the run may then remain mapped.
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError>;
-    /// Remove every mapping in `range` (pages that are not mapped are skipped).
+    /// Remove every mapping in `range` (pages that are not mapped are skipped). A large
+    /// leaf the range covers in part is split first, without allocating (from its split
+    /// reserve; see the module's *Large leaves*): this call cannot fail.
     fn unmap(&self, root: PageTableRoot, range: VaRange);
-    /// Change the protection of every mapping in `range`.
+    /// Change the protection of every mapping in `range`, splitting a large leaf the
+    /// range covers in part.
     ///
     /// # Errors
     /// [`MmuError`] when the change needs a table page that cannot be had (splitting a

@@ -77,6 +77,25 @@ counters! {
     /// Allocations a driver's preference (`FramePlacement::Prefer`, `PreferOrClass`)
     /// could not satisfy, served elsewhere (or in its fallback class).
     placement_fallbacks,
+    /// Large leaves (2 MiB, 1 GiB, 64 KiB) the core asked drivers to install.
+    large_maps,
+    /// Blocks of a table that maps large leaves mapped by 4 KiB leaves because the
+    /// run did not cover the whole block (a page faulted alone, a block not populated).
+    large_fallback_partial,
+    /// Blocks mapped by 4 KiB leaves because their frames were not aligned to the block.
+    large_fallback_unaligned,
+    /// Blocks mapped by 4 KiB leaves because they cross a region boundary.
+    large_fallback_region,
+    /// Large leaves split by an unmap or protect covering them in part (a partial
+    /// unmap, protect, migration or eviction).
+    large_splits,
+    /// Blocks remapped large: by `region_promote`, or by a fault that found its block
+    /// complete and replaced the faulter's 4 KiB leaves by one large leaf.
+    promotions,
+    /// Pages copied by `region_promote` to gather a block onto one aligned frame block.
+    promotion_pages_moved,
+    /// Superpage reservations broken under memory pressure (their free frames returned).
+    reservations_broken,
 }
 
 impl Counters {

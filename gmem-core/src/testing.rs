@@ -91,16 +91,24 @@ pub struct Pte {
 /// Root → (vpn → PTE).
 type Tables = BTreeMap<u64, BTreeMap<u64, Pte>>;
 
+/// (root, first vpn) → pages of each large leaf, and the splits so far.
+type LargeLeaves = (BTreeMap<(u64, u64), u64>, u64);
+
 /// Page tables of one format: root → (vpn → PTE). Shared by MMUs that share tables.
 ///
 /// Each PTE also has an accessed bit (kept beside the tables): a walk that fills a TLB
 /// sets it, a new mapping starts with it clear, and
 /// [`Mmu::test_and_clear_accessed`] reads and clears it.
 #[derive(Default)]
+///
+/// Large leaves are kept as per-page PTEs (so every lookup is exact) plus a record of
+/// each leaf: `(root, first vpn) → pages`. An unmap or protect that covers a leaf in
+/// part splits it (the record goes, the pages stay as they were), as a driver must.
 pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
     accessed: Mutex<BTreeSet<(u64, u64)>>,
     dead_edits: Mutex<u64>,
+    large: Mutex<LargeLeaves>,
 }
 
 impl TableStore {
@@ -154,6 +162,43 @@ impl TableStore {
     fn note_edit(&self, tables: &(u64, Tables), root: PageTableRoot) {
         if root.0 <= tables.0 && !tables.1.contains_key(&root.0) {
             *self.dead_edits.lock() += 1;
+        }
+    }
+
+    /// The large leaves of `root`: (first vpn, pages), in address order.
+    pub fn large_leaves(&self, root: PageTableRoot) -> Vec<(u64, u64)> {
+        self.large
+            .lock()
+            .0
+            .iter()
+            .filter(|((r, _), _)| *r == root.0)
+            .map(|((_, v), n)| (*v, *n))
+            .collect()
+    }
+
+    /// Large leaves split so far (by a partial unmap or protect).
+    pub fn splits(&self) -> u64 {
+        self.large.lock().1
+    }
+
+    /// Forget the leaves of `root` in `[first, first + pages)`: whole ones silently,
+    /// partly covered ones as splits (when `split_only`, whole ones stay).
+    fn edit_large(&self, root: u64, first: u64, pages: u64, split_only: bool) {
+        let mut l = self.large.lock();
+        let lo = first.saturating_sub((1 << 18) - 1);
+        let hit: Vec<(u64, u64)> =
+            l.0.range((root, lo)..(root, first + pages))
+                .filter(|((_, v), n)| v + *n > first)
+                .map(|((_, v), n)| (*v, *n))
+                .collect();
+        for (v, n) in hit {
+            let partial = v < first || v + n > first + pages;
+            if partial || !split_only {
+                l.0.remove(&(root, v));
+            }
+            if partial {
+                l.1 += 1;
+            }
         }
     }
 }
@@ -309,6 +354,7 @@ impl Mmu for TestMmu {
     fn destroy_page_table(&self, root: PageTableRoot) {
         self.store.tables.lock().1.remove(&root.0);
         self.store.accessed.lock().retain(|(r, _)| *r != root.0);
+        self.store.large.lock().0.retain(|(r, _), _| *r != root.0);
         self.log(MmuEvent::Destroy { mmu: self.id, root });
     }
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
@@ -319,10 +365,26 @@ impl Mmu for TestMmu {
                 return Err(MmuError::OutOfTableMemory);
             }
         }
+        let size = run.page_size.bytes();
+        if !self.sizes.supports(run.page_size)
+            || run.va.as_u64() % size != 0
+            || run.pa.as_u64() % size != 0
+            || run.len == 0
+            || run.len % size != 0
+        {
+            return Err(MmuError::Unsupported { va: run.va });
+        }
         {
             let mut t = self.store.tables.lock();
             self.store.note_edit(&t, root);
             let table = t.1.get_mut(&root.0).ok_or(MmuError::Hardware(1))?;
+            if size > PAGE_SIZE {
+                let n = size >> PAGE_SHIFT;
+                let mut l = self.store.large.lock();
+                for k in 0..run.len / size {
+                    l.0.insert((root.0, run.va.vpn().0 + k * n), n);
+                }
+            }
             let mut accessed = self.store.accessed.lock();
             for k in 0..run.len >> PAGE_SHIFT {
                 accessed.remove(&(root.0, run.va.vpn().0 + k));
@@ -350,6 +412,7 @@ impl Mmu for TestMmu {
             self.store.note_edit(&t, root);
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
+                self.store.edit_large(root.0, first, range.pages(), false);
                 let mut accessed = self.store.accessed.lock();
                 for v in first..first + range.pages() {
                     table.remove(&v);
@@ -375,6 +438,8 @@ impl Mmu for TestMmu {
             self.store.note_edit(&t, root);
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
+                // Split first (a reserve makes it infallible), then change.
+                self.store.edit_large(root.0, first, range.pages(), true);
                 let pages = if fail { 1 } else { range.pages() };
                 for v in first..first + pages {
                     if let Some(p) = table.get_mut(&v) {
@@ -636,18 +701,23 @@ pub const HOST_BASE: u64 = 0x1000_0000;
 impl TestSystem {
     /// A system whose host has `host_pages` pages of memory, recording events.
     pub fn new(host_pages: u64) -> TestSystem {
-        TestSystem::build(host_pages, true)
+        TestSystem::build(host_pages, true, PageSizes::S4K)
     }
 
     /// The same without an event log (benchmarks).
     pub fn without_log(host_pages: u64) -> TestSystem {
-        TestSystem::build(host_pages, false)
+        TestSystem::build(host_pages, false, PageSizes::S4K)
     }
 
-    fn build(host_pages: u64, record: bool) -> TestSystem {
+    /// [`TestSystem::new`] with a host MMU that maps the page sizes `sizes`.
+    pub fn with_host_sizes(host_pages: u64, sizes: PageSizes) -> TestSystem {
+        TestSystem::build(host_pages, true, sizes)
+    }
+
+    fn build(host_pages: u64, record: bool, sizes: PageSizes) -> TestSystem {
         let log: EventLog = Arc::new(Mutex::new(Vec::new()));
         let host_store = TableStore::new();
-        let mut mmu = TestMmu::new(0, 1, host_store.clone(), log.clone());
+        let mut mmu = TestMmu::new(0, 1, host_store.clone(), log.clone()).with_page_sizes(sizes);
         if !record {
             mmu = mmu.without_log();
         }
@@ -699,13 +769,26 @@ impl TestSystem {
         mem_base: u64,
         mem_pages: u64,
     ) -> usize {
+        self.add_device_with_sizes(format, caps, mem_base, mem_pages, PageSizes::S4K)
+    }
+
+    /// [`TestSystem::add_device`] with an MMU that maps the page sizes `sizes` (large
+    /// leaves are recorded in its table store, see [`TableStore::large_leaves`]).
+    pub fn add_device_with_sizes(
+        &mut self,
+        format: u32,
+        caps: DevCaps,
+        mem_base: u64,
+        mem_pages: u64,
+        sizes: PageSizes,
+    ) -> usize {
         let n = self.devices.len() as u32;
         let store = if format == 1 {
             self.host_store.clone()
         } else {
             TableStore::new()
         };
-        let mut mmu = TestMmu::new(n, format, store, self.log.clone());
+        let mut mmu = TestMmu::new(n, format, store, self.log.clone()).with_page_sizes(sizes);
         if self.concurrent_edits {
             mmu = mmu.with_concurrent_edits();
         }

@@ -2,6 +2,7 @@
 //! that hold real bytes, and verifies every result against a CPU-only reference.
 
 mod aging;
+mod contiguity;
 mod full_report;
 mod iommu_bench;
 mod machine;
@@ -174,6 +175,17 @@ enum Command {
         /// TLBs of 256 to 8192 entries (integrated GPU).
         #[arg(long)]
         l2_sweep: bool,
+    },
+    /// VA→PA contiguity after a realistic churn (random faults, migrations, frees
+    /// under memory pressure), with and without superpage reservations; every byte
+    /// verified.
+    Contiguity {
+        /// The CI size (about a second).
+        #[arg(long)]
+        quick: bool,
+        /// The churn's seed.
+        #[arg(long, default_value_t = 0x5eed)]
+        seed: u64,
     },
     /// Replay a trace, checking every load against a reference model of the bytes.
     Replay {
@@ -587,6 +599,30 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         },
+        Some(Command::Contiguity { quick, seed }) => {
+            let p = contiguity::Params::new(quick, seed);
+            return match contiguity::run(p) {
+                Ok(rows) => {
+                    match output {
+                        Output::Json => println!(
+                            "{}",
+                            serde_json::to_string_pretty(&rows).unwrap_or_default()
+                        ),
+                        _ => print!("{}", contiguity::render(&rows, &p)),
+                    }
+                    if rows.iter().all(|r| r.verified) {
+                        ExitCode::SUCCESS
+                    } else {
+                        eprintln!("a run did not verify");
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("contiguity: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(Command::Reproduce {
             experiment: Experiment::Regdem,
             quick,

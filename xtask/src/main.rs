@@ -117,6 +117,18 @@ fn ci() -> Result<(), String> {
             "--quick",
         ],
     )?;
+    run(
+        "contiguity (quick)",
+        &[
+            "run",
+            "--release",
+            "-p",
+            "gmem-harness",
+            "--",
+            "contiguity",
+            "--quick",
+        ],
+    )?;
     qemu::qemu()?;
     loom::loom()?;
     fuzz::fuzz(20)?;

@@ -5,7 +5,9 @@
 //! `qemu-system-riscv64 -machine virt -nographic -bios default` (QEMU's OpenSBI). The
 //! UART output is streamed as it comes. The run passes when QEMU exits with status 0
 //! (the kernel wrote the SiFive test device's pass code) *and* the kernel printed its
-//! pass line; a failure code, a missing pass line or the timeout fails it.
+//! pass line and its megapage lines (`megapage:` one fault served by one 2 MiB leaf,
+//! `split:` the leaf split by a partial protect); a failure code, a missing line or the
+//! timeout fails it.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -20,6 +22,9 @@ const KERNEL_DIR: &str = "drivers/sv39/kernel";
 const TARGET: &str = "riscv64gc-unknown-none-elf";
 /// The line the kernel prints when every check passed.
 const PASS_LINE: &str = "sv39-kernel: PASS";
+/// Lines the kernel must print before its pass line (the megapage demonstration: one
+/// fault served by one 2 MiB leaf, then split by a partial protect).
+const REQUIRED: [&str; 2] = ["megapage: ", "split: "];
 /// How long the boot may take, OpenSBI included.
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// The QEMU binary.
@@ -140,11 +145,15 @@ fn boot(elf: &Path) -> Result<(), String> {
     let deadline = Instant::now() + TIMEOUT;
     let mut open = 2;
     let mut passed = false;
+    let mut seen = [false; REQUIRED.len()];
     while open > 0 {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(Output::Line(line)) => {
                 passed |= line.trim() == PASS_LINE;
+                for (k, r) in REQUIRED.iter().enumerate() {
+                    seen[k] |= line.starts_with(r);
+                }
                 println!("{line}");
             }
             Ok(Output::Closed) => open -= 1,
@@ -168,6 +177,12 @@ fn boot(elf: &Path) -> Result<(), String> {
             Err(e) => return Err(format!("qemu: {e}")),
         }
     };
+    if let Some(k) = seen.iter().position(|s| !s) {
+        return Err(format!(
+            "qemu: the kernel never printed its `{}` line",
+            REQUIRED[k].trim()
+        ));
+    }
     match (status.code(), passed) {
         (Some(0), true) => {
             eprintln!("\nqemu: the kernel passed (test device: pass)");

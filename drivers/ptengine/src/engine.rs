@@ -210,6 +210,12 @@ impl<C: Codec, M: TableMemory> Engine<C, M> {
         self
     }
 
+    /// Turn split reserves on for the large leaves mapped from now on (leaves mapped
+    /// before keep none: e.g. global mappings a driver never edits).
+    pub fn enable_split_reserve(&mut self) {
+        self.split_reserve = true;
+    }
+
     /// The codec.
     pub fn codec(&self) -> &C {
         &self.codec

@@ -18,6 +18,10 @@
 //!   (the core already serialises per table; several devices may edit different tables
 //!   of the same format at once). Large leaves keep a split reserve, so unmap cannot
 //!   fail.
+//! - **Leaf sizes.** A map honours [`MapRun::page_size`]: leaves of that size where
+//!   the run's alignment allows (the core asks for a large size only for aligned
+//!   blocks) and never larger; a size the format does not map is `Unsupported`. A
+//!   partial unmap or protect of a large leaf splits it from its reserve.
 //! - **Reclamation.** An unmap that empties a table unlinks it and *retires* it through
 //!   [`TableReclaim`]: it returns to the pool once every device walking this root has
 //!   invalidated it (a page-walk cache may still point at it).
@@ -181,8 +185,22 @@ impl<C: PteCodec + Send + Sync + 'static> RadixTables<C> {
             bits,
             ..gmem_ptengine::Run::of(run)
         };
+        // The core's `page_size` is honoured: leaves of that size (where the run's
+        // alignment gives them, which the core guarantees) and none larger.
+        let size = run.page_size.bytes();
+        let unsupported = MmuError::Unsupported { va: run.va };
+        if !self.page_sizes().supports(run.page_size)
+            || run.va.as_u64() % size != 0
+            || run.pa.as_u64() % size != 0
+            || run.len % size != 0
+        {
+            return Err(unsupported);
+        }
+        let large = (1..self.engine.codec().levels())
+            .filter(|l| level_size(*l) <= size)
+            .fold(0u32, |m, l| m | 1 << l);
         self.engine
-            .map(root.0, &r)
+            .map_limited(root.0, &r, large)
             .map_err(|e| e.to_mmu(HW_BAD_ENTRY, HW_BAD_ENTRY))
     }
 

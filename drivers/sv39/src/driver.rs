@@ -14,9 +14,17 @@
 //!   address space) that holds a global mapping belongs to the template: `map` refuses
 //!   it (`MmuError::Unsupported`), `unmap`, `protect` and `destroy_page_table` skip it.
 //!   The template itself is what the hart runs on when no space is active.
-//! - **Leaves.** The core's mappings are installed as 4 KiB leaves (the MMU reports
-//!   [`PageSizes::S4K`]); global mappings use 2 MiB and 1 GiB leaves where aligned.
-//!   [`Sv39::translate`] decodes all three.
+//! - **Leaves.** The MMU reports [`PageSizes::S4K`] and [`PageSizes::S2M`]: the core's
+//!   runs are installed with the leaf size each [`MapRun`] asks for (a 2 MiB megapage
+//!   for a run the core asks for as 2 MiB, which it does only for aligned blocks on
+//!   aligned frames), never larger. Every megapage keeps a *split reserve*, a table
+//!   frame taken from the frame source when the megapage is mapped: a later unmap or
+//!   protect of part of it replaces it by a table of 512 4 KiB leaves built in that
+//!   frame, so `unmap` cannot fail, as the core's contract requires
+//!   ([`gmem_core::mmu`]); a megapage whose reserve cannot be had is mapped as 4 KiB
+//!   leaves. Global mappings use 2 MiB and 1 GiB leaves where aligned (without
+//!   reserves: the core never edits a global slot). [`Sv39::translate`] decodes
+//!   all three sizes.
 //! - **Freeing tables.** `unmap` clears leaves and unlinks every level-0 or level-1
 //!   table it left empty. An unlinked table may still sit in the hart's page-walk cache,
 //!   which only a full `sfence.vma` drops (a per-address fence covers leaf entries
@@ -259,6 +267,8 @@ impl<H: Sv39Hardware> Sv39<H> {
         for (k, g) in globals.iter().enumerate() {
             d.add_global(g, &globals[..k])?;
         }
+        // Megapages the core asks for keep split reserves; the globals need none.
+        d.engine.enable_split_reserve();
         for i in 0..ENTRIES {
             let e = d.rd(d.template, i);
             if Pte(e).is_valid() {
@@ -391,8 +401,8 @@ impl<H: Sv39Hardware> Sv39<H> {
         loop {
             let end = (v | (slot - 1)).min(last);
             if !self.is_global_slot(index(v, LEVELS - 1)) {
-                // Without large leaves outside the global slots, nothing needs a split:
-                // an unmap or protect of a canonical range cannot fail.
+                // Megapages outside the global slots keep split reserves: an unmap or
+                // protect of a canonical range cannot fail.
                 done += edit(v, end - v + 1).map_or(0, |e| e.pages);
             }
             match end.checked_add(1) {
@@ -471,7 +481,7 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
     }
 
     fn page_sizes(&self) -> PageSizes {
-        PageSizes::S4K
+        PageSizes::S4K | PageSizes::S2M
     }
 
     fn create_page_table(&self) -> Result<PageTableRoot, MmuError> {
@@ -512,7 +522,11 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
         if !self.is_live(root) {
             return Err(MmuError::Hardware(HW_UNKNOWN_ROOT));
         }
-        if run.page_size != PageSize::Size4K
+        let size = run.page_size.bytes();
+        if !matches!(run.page_size, PageSize::Size4K | PageSize::Size2M)
+            || run.va.as_u64() % size != 0
+            || run.pa.as_u64() % size != 0
+            || run.len % size != 0
             || !run.va.is_page_aligned()
             || !run.pa.is_page_aligned()
             || run.len == 0
@@ -539,10 +553,14 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
         if self.config.user {
             r.bits = PteFlags::U.bits();
         }
-        // 4 KiB leaves only; on error the engine has taken the run back (its emptied
-        // tables are retired and freed at the next full fence).
+        // Leaves of the asked size, none larger; on error the engine has taken the run
+        // back (its emptied tables are retired and freed at the next full fence).
+        let large = match run.page_size {
+            PageSize::Size2M => 1 << 1,
+            _ => 0,
+        };
         self.engine
-            .map_limited(root.0, &r, 0)
+            .map_limited(root.0, &r, large)
             .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
         self.counters().pages_mapped.add(run.len / PAGE_SIZE);
         self.fence_ranges(&[run.range()]);

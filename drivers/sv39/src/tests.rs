@@ -486,9 +486,13 @@ fn misaligned_or_out_of_range_requests_are_unsupported_and_change_nothing() {
     for (req, va) in cases {
         assert_eq!(r.mmu.map(root, &req), unsupported(va), "{req:?}");
     }
-    let mut big = run(0x20_0000, 0x20_0000, 512, Prot::RW);
+    // A megapage asked for on misaligned frames, or a 1 GiB leaf: refused.
+    let mut big = run(0x20_0000, 0x21_0000, 512, Prot::RW);
     big.page_size = PageSize::Size2M;
     assert_eq!(r.mmu.map(root, &big), unsupported(0x20_0000));
+    let mut huge = run(0x4000_0000, 0x4000_0000, 512, Prot::RW);
+    huge.page_size = PageSize::Size1G;
+    assert_eq!(r.mmu.map(root, &huge), unsupported(0x4000_0000));
     assert_eq!(
         r.mmu.protect(root, range(1 << 38, 1), Prot::READ),
         unsupported(1 << 38)

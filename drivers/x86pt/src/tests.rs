@@ -38,6 +38,56 @@ fn run(va: u64, pa: u64, pages: u64, prot: Prot, memory: DeviceId) -> MapRun {
     }
 }
 
+/// [`run`] with 2 MiB leaves asked for (the run must be 2 MiB aligned in both spaces).
+fn run2m(va: u64, pa: u64, pages: u64, prot: Prot, memory: DeviceId) -> MapRun {
+    MapRun {
+        page_size: PageSize::Size2M,
+        ..run(va, pa, pages, prot, memory)
+    }
+}
+
+/// Map `pages` pages from `va` onto `pa..` as the core does: a 2 MiB leaf for every
+/// aligned block the run covers on aligned frames (when `large`), 4 KiB elsewhere.
+#[allow(clippy::too_many_arguments)]
+fn map_as_core(
+    t: &X86Tables,
+    root: PageTableRoot,
+    va: u64,
+    pa: u64,
+    pages: u64,
+    prot: Prot,
+    dev: DeviceId,
+    large: bool,
+) {
+    let (mut v, end) = (va >> 12, (va >> 12) + pages);
+    while v < end {
+        let f = (pa >> 12) + (v - (va >> 12));
+        let big = large && v % 512 == 0 && f % 512 == 0 && v + 512 <= end;
+        let n = if big {
+            let mut n = 512;
+            while v + n + 512 <= end {
+                n += 512;
+            }
+            n
+        } else {
+            let mut n = 1;
+            while v + n < end
+                && !(large && (v + n) % 512 == 0 && (f + n) % 512 == 0 && v + n + 512 <= end)
+            {
+                n += 1;
+            }
+            n
+        };
+        let r = if big {
+            run2m(v << 12, f << 12, n, prot, dev)
+        } else {
+            run(v << 12, f << 12, n, prot, dev)
+        };
+        t.map(root, &r).unwrap();
+        v += n;
+    }
+}
+
 fn range(va: u64, pages: u64) -> VaRange {
     VaRange::new(VirtAddr::new(va), pages * PAGE_SIZE).unwrap()
 }
@@ -104,7 +154,7 @@ fn random_map_unmap_protect_sequences_agree_with_the_model_leaf_by_leaf_and_walk
                     } else {
                         (16 << 20) + rng.below(4096) * PAGE_SIZE
                     };
-                    t.map(root, &run(first, pa, pages, prot, dev)).unwrap();
+                    map_as_core(&t, root, first, pa, pages, prot, dev, large);
                     for k in 0..pages {
                         model.insert(vpn0 + k, ((pa >> 12) + k, prot));
                     }
@@ -283,7 +333,7 @@ fn large_leaves_split_on_partial_unmap_and_protect_without_allocating() {
     );
     let root = t.create().unwrap();
     // Root, PDPT, PD: 3 frames; two 2 MiB leaves reserve 2 more.
-    t.map(root, &run(0x4000_0000, 0x20_0000, 1024, Prot::RW, dev))
+    t.map(root, &run2m(0x4000_0000, 0x20_0000, 1024, Prot::RW, dev))
         .unwrap();
     let s = t.stats();
     assert_eq!(
@@ -377,7 +427,7 @@ fn accessed_bits_are_read_and_cleared_over_a_range_keeping_dirty() {
         Some(true)
     );
     // A large leaf: any page of it reports (and clears) the one bit.
-    t.map(root, &run(0x4000_0000, 0x20_0000, 512, Prot::RW, dev))
+    t.map(root, &run2m(0x4000_0000, 0x20_0000, 512, Prot::RW, dev))
         .unwrap();
     t.walk(root, VirtAddr::new(0x4010_0000), Prot::READ, None);
     assert_eq!(
@@ -396,5 +446,44 @@ fn accessed_bits_are_read_and_cleared_over_a_range_keeping_dirty() {
     assert_eq!(
         t.test_and_clear_accessed(PageTableRoot(0x7000), range(0x1000, 1)),
         Some(false)
+    );
+}
+
+#[test]
+fn the_page_size_the_core_asks_for_is_honoured() {
+    let dev = some_device();
+    let t = tables(
+        16,
+        X86Config {
+            user: false,
+            large_pages: true,
+            mesc: false,
+            granularity_bit: false,
+        },
+    );
+    let root = t.create().unwrap();
+    // An aligned block asked for as 4 KiB leaves gets 4 KiB leaves.
+    t.map(root, &run(0x4000_0000, 0x20_0000, 512, Prot::RW, dev))
+        .unwrap();
+    let s = t.stats();
+    assert_eq!((s.edits.leaves_large, s.edits.leaves_small), (0, 512));
+    // A size the format lacks, or a misaligned large run, is refused, nothing mapped.
+    let mut big = run2m(0x8000_0000, 0x40_0000, 512, Prot::RW, dev);
+    big.page_size = PageSize::Size1G;
+    assert!(matches!(
+        t.map(root, &big),
+        Err(MmuError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        t.map(root, &run2m(0x8000_0000, 0x41_0000, 512, Prot::RW, dev)),
+        Err(MmuError::Unsupported { .. })
+    ));
+    assert!(t.lookup(root, VirtAddr::new(0x8000_0000)).is_none());
+    // Asked for as 2 MiB: one leaf.
+    t.map(root, &run2m(0x8000_0000, 0x40_0000, 512, Prot::RW, dev))
+        .unwrap();
+    assert_eq!(
+        t.lookup(root, VirtAddr::new(0x8000_0000)).unwrap().shift,
+        21
     );
 }

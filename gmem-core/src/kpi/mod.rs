@@ -6,6 +6,7 @@
 //! | [`space`] | `as_create`, `as_destroy`, `as_attach`, `as_alloc`, `as_lookup`, `as_regions`, `as_synchronize`, `as_set_batch_limit`, `as_pending`, `as_arena_stats`, `as_fail_every` |
 //! | [`region`] | `region_info`, `region_dealloc`, `region_map`, `region_unmap`, `region_set_policy`, `region_set_zero_fill_block`, `region_protect`, `region_migrate`, `region_wire`, `region_unwire` |
 //! | [`frames`] | `dev_free_extents`, `dev_compact`, `dev_set_page_groups`, `dev_page_groups`, `dev_group_class`, `dev_set_group_class`, `as_page_frame` |
+//! | [`large`] | `region_promote`, `as_large_leaves`, `as_frames`, `dev_set_reservations`, `dev_reservations` |
 //! | [`mapping_set`] | `mapping_set_create`, `mapping_set_unmap`, `mapping_set_destroy` |
 //!
 //! Each call resolves its handles (a stale handle is a typed error), locks the one
@@ -15,6 +16,7 @@
 
 pub mod device;
 pub mod frames;
+pub mod large;
 pub mod mapping_set;
 pub mod region;
 pub mod space;

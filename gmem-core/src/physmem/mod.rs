@@ -39,6 +39,15 @@
 //! Two submodules: `extents` measures fragmentation (free blocks by order, the
 //! unusable-free-space index, block use for compaction) and `groups` manages the frames
 //! in page groups with driver-chosen classes.
+//!
+//! ## Reservations
+//! Superpage reservations (Navarro et al., OSDI 2002; the idea of FreeBSD's
+//! `vm_reserv.c`, rebuilt here for frames of any device memory) live in the child module
+//! `reserve`: the first single-page request in an aligned 2 MiB virtual block reserves an
+//! aligned 2 MiB physical block; later requests for pages of that block get the frame
+//! at the same offset. Reserved frames not yet backing a page are in the fifth state,
+//! **reserved**; the partition becomes
+//! `free + active + inactive + wired + pending + reserved = registered`.
 
 use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::handle::SpaceId;
@@ -55,6 +64,9 @@ mod groups;
 pub(crate) use extents::BlockUse;
 pub use extents::{FreeExtents, MAX_ORDER};
 pub use groups::{GroupStats, MAX_GROUP_ORDER};
+mod reserve;
+pub use reserve::ReservationStats;
+pub(crate) use reserve::RESERVATION_PAGES;
 
 const NIL: u32 = u32::MAX;
 
@@ -117,6 +129,9 @@ pub enum FrameState {
     Wired = 3,
     /// Released, waiting for its TLB invalidation before returning to the arena.
     Pending = 4,
+    /// Out of the arena, held by a superpage reservation for the one page of its block
+    /// it may back (see the module's section on reservations).
+    Reserved = 5,
 }
 
 /// The reverse mapping of a frame in use: the page it backs.
@@ -155,6 +170,8 @@ pub struct FrameCounts {
     pub wired: u64,
     /// Frames awaiting invalidation.
     pub pending: u64,
+    /// Frames held by superpage reservations for pages not populated yet.
+    pub reserved: u64,
 }
 
 /// Why registering physical memory failed.
@@ -203,6 +220,8 @@ pub(crate) struct PhysMem {
     /// Queue nodes, one chunk per registered range, in frame-index order.
     chunks: Vec<Chunk>,
     pending: u64,
+    /// Superpage reservations (`reserve`).
+    reservations: reserve::Reservations,
     policy: EvictionPolicy,
     /// Set while `dev_destroy` retires the memory: no frame is handed out any more.
     retired: bool,
@@ -230,6 +249,7 @@ impl PhysMem {
             queues: [PageQueue::new(), PageQueue::new(), PageQueue::new()],
             chunks: Vec::new(),
             pending: 0,
+            reservations: reserve::Reservations::default(),
             policy: EvictionPolicy::default(),
             retired: false,
             groups: None,
@@ -251,7 +271,7 @@ impl PhysMem {
     /// succeeds only when that is 0, and then leaves the memory retired.
     pub fn retire(&mut self, retire: bool) -> u64 {
         let c = self.counts();
-        let used = c.active + c.inactive + c.wired + c.pending;
+        let used = c.active + c.inactive + c.wired + c.pending + c.reserved;
         self.retired = retire && used == 0;
         used
     }
@@ -405,7 +425,7 @@ impl PhysMem {
                 self.pending += 1;
                 self.frames[i as usize].state = state;
             }
-            FrameState::Free => self.frames[i as usize].state = state,
+            FrameState::Free | FrameState::Reserved => self.frames[i as usize].state = state,
         }
     }
 
@@ -495,11 +515,17 @@ impl PhysMem {
     pub fn free(&mut self, pfn: Pfn) {
         let pfn = pfn.0;
         if let Some(i) = self.index(pfn) {
-            if self.frames[i as usize].state == FrameState::Free {
+            if matches!(
+                self.frames[i as usize].state,
+                FrameState::Free | FrameState::Reserved
+            ) {
+                return;
+            }
+            self.frames[i as usize].owner = None;
+            if self.reservation_take_back(i) {
                 return;
             }
             self.set_state(i, FrameState::Free);
-            self.frames[i as usize].owner = None;
             let freed = self.arena.free(pfn << PAGE_SHIFT, PAGE_SIZE);
             debug_assert!(freed.is_ok(), "frame {pfn:#x} was not allocated: {freed:?}");
         }
@@ -513,7 +539,9 @@ impl PhysMem {
             p.index(pfn.0 + k)
                 .is_some_and(|i| p.frames[i as usize].state != FrameState::Free)
         };
-        if pages < 2 || !(0..pages).all(|k| in_use(self, k)) {
+        // Frames of a reservation go back to it, one by one (`free`).
+        let reserved = (0..pages).any(|k| self.reservation_at(pfn.0 + k).is_some());
+        if pages < 2 || reserved || !(0..pages).all(|k| in_use(self, k)) {
             for k in 0..pages {
                 self.free(pfn.add(k));
             }
@@ -637,6 +665,7 @@ impl PhysMem {
             inactive: self.queues[1].len,
             wired: self.queues[2].len,
             pending: self.pending,
+            reserved: self.reservations.reserved_frames(),
         }
     }
 
@@ -650,14 +679,14 @@ impl PhysMem {
     /// Check the queue invariants; returns a description of the first violation.
     pub fn check(&self) -> Result<(), &'static str> {
         let c = self.counts();
-        if c.free + c.active + c.inactive + c.wired + c.pending != c.registered {
-            return Err("free + active + inactive + wired + pending != registered");
+        if c.free + c.active + c.inactive + c.wired + c.pending + c.reserved != c.registered {
+            return Err("free + active + inactive + wired + pending + reserved != registered");
         }
-        let mut by_state = [0u64; 5];
+        let mut by_state = [0u64; 6];
         for m in &self.frames {
             by_state[m.state as usize] += 1;
         }
-        if by_state != [c.free, c.active, c.inactive, c.wired, c.pending] {
+        if by_state != [c.free, c.active, c.inactive, c.wired, c.pending, c.reserved] {
             return Err("frame states disagree with queue lengths");
         }
         for (q, queue) in self.queues.iter().enumerate() {
@@ -679,7 +708,7 @@ impl PhysMem {
                 return Err("queue length mismatch");
             }
         }
-        self.check_groups()
+        self.check_groups().and_then(|()| self.check_reservations())
     }
 }
 

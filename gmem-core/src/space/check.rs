@@ -159,6 +159,8 @@ impl SpaceState {
             }
             owned.push((mem, pfn));
         }
+        // Large leaves agree with the logical page table.
+        st.check_large()?;
         // 2. the space owns exactly the frames its table names; queues are sound.
         for (m, dev) in st.memories.iter() {
             let phys = dev.phys.lock();

@@ -14,7 +14,7 @@ use crate::handle::{DeviceId, SpaceId};
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
 use crate::mmu::{Attrs, FramePlacement, FrameRequest};
-use crate::physmem::EvictionPolicy;
+use crate::physmem::{EvictionPolicy, RESERVATION_PAGES};
 use crate::stats::Counters;
 use crate::sync::Arc;
 use alloc::vec::Vec;
@@ -172,7 +172,7 @@ impl SpaceState {
         remote: bool,
     ) -> Result<FaultResolution, FaultError> {
         if !mine {
-            self.map_run(stats, t, vpn, 1, e.pfn, e.mem, piece)?;
+            self.map_for_fault(stats, t, vpn, e, piece)?;
         }
         self.memories.get(e.mem).phys.lock().touch(e.pfn);
         let (counter, kind) = if remote {
@@ -203,7 +203,7 @@ impl SpaceState {
         };
         self.migrate_page(cx, space, vpn, target, asker)?;
         let n = self.lpt.get(vpn);
-        self.map_run(cx.counters, t, vpn, 1, n.pfn, n.mem, piece)?;
+        self.map_for_fault(cx.counters, t, vpn, n, piece)?;
         Counters::add(&cx.counters.faults_migrate, 1);
         Ok(FaultResolution {
             kind: FaultKind::Migrated,
@@ -281,6 +281,9 @@ impl SpaceState {
         let mem = self
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
+        // A block inside one reservation-sized block goes through the reservations (a
+        // 2 MiB block is one aligned run; a smaller one lands at its offset of its
+        // 2 MiB block's reservation); a larger one is one aligned run.
         let block = whole
             .then(|| {
                 let placement = frame_placement(target, space.id, b0, g, asker);
@@ -308,10 +311,14 @@ impl SpaceState {
             );
         }
         let replicas = self.replica_mask();
-        if let Err(e) = self
-            .map_run(stats, t, first, pages, pfn, mem, piece)
-            .and_then(|()| self.mirror(stats, first, pages, replicas))
-        {
+        let mapped = if pages == 1 {
+            // A single page may complete its block: map the block large then.
+            let e = self.lpt.get(first);
+            self.map_for_fault(stats, t, first, e, piece).map(|_| ())
+        } else {
+            self.map_run(stats, t, first, pages, pfn, mem, piece)
+        };
+        if let Err(e) = mapped.and_then(|()| self.mirror(stats, first, pages, replicas)) {
             self.unpopulate(stats, first, pages);
             return Err(e.into());
         }
@@ -348,6 +355,11 @@ impl SpaceState {
         loop {
             if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters) {
                 return Ok(run);
+            }
+            // Memory pressure: break the oldest reservation before evicting anything.
+            if target.phys.lock().break_oldest_reservation() {
+                Counters::add(&cx.counters.reservations_broken, 1);
+                continue;
             }
             if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
                 return Err(MoveError::OutOfMemory(target.id));
@@ -531,7 +543,18 @@ impl SpaceState {
         let mut moved = 0;
         for n in [run, 1] {
             let placement = frame_placement(&host, space_id, vpn, n, asker);
-            if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement, cx.counters) {
+            let new = loop {
+                if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement, cx.counters)
+                {
+                    break Some(new);
+                }
+                // Host memory under pressure: break its oldest reservation first.
+                if n > 1 || !host.phys.lock().break_oldest_reservation() {
+                    break None;
+                }
+                Counters::add(&cx.counters.reservations_broken, 1);
+            };
+            if let Some(new) = new {
                 self.move_run(cx, vpn, n, &host, new)?;
                 moved = n;
                 break;
@@ -711,12 +734,15 @@ impl SpaceState {
                 }
                 // A physically contiguous run moves in one call when the target has a
                 // free run as long; otherwise page by page (evicting as needed).
+                // Runs stop at 2 MiB block boundaries, so that a run lands in its
+                // block's reservation; one run, one frame request: its pages must share
+                // their attributes.
                 let asker = Asker {
                     device: None,
                     attrs: self.attrs_at(vpn),
                 };
-                let n = self.movable_run(vpn, (end.0 - vpn.0).min(MOVE_RUN_MAX));
-                // One run, one frame request: its pages must share their attributes.
+                let to_block = MOVE_RUN_MAX - (vpn.0 & (MOVE_RUN_MAX - 1));
+                let n = self.movable_run(vpn, (end.0 - vpn.0).min(to_block));
                 let n = if n > 1 && self.same_attrs(vpn, n) {
                     n
                 } else {
@@ -759,7 +785,7 @@ pub(crate) struct Asker {
 
 /// Where `dev`'s driver places the frames backing `pages` pages of `space` from
 /// `vpn`, and their page-group class.
-fn frame_placement(
+pub(super) fn frame_placement(
     dev: &DeviceInner,
     space: SpaceId,
     vpn: Vpn,
@@ -784,9 +810,9 @@ fn frame_placement(
 
 /// A driver's answers for one allocation.
 #[derive(Clone, Copy, Default)]
-struct Placed {
-    placement: FramePlacement,
-    class: u32,
+pub(super) struct Placed {
+    pub placement: FramePlacement,
+    pub class: u32,
 }
 
 /// `pages` frames of `dev` aligned to `align` pages, placed as the driver said: a
@@ -801,26 +827,34 @@ fn alloc_placed(
     placed: Placed,
     stats: &Counters,
 ) -> Option<FrameRun> {
+    // Runs up to a reservation's size (unaligned, or aligned to themselves) go through
+    // the memory's superpage reservations; larger aligned blocks are one aligned run.
+    let reserved = pages <= RESERVATION_PAGES && (align == 1 || align == pages);
+    let get = |limit: Option<crate::mmu::FrameConstraint>, class: u32| {
+        if reserved {
+            dev.alloc_pages(pages, space, vpn, limit, class)
+        } else {
+            dev.alloc_frames(pages, align, space, vpn, limit, class)
+        }
+    };
     let class = placed.class;
     let (prefer, otherwise) = match placed.placement {
-        FramePlacement::Any => return dev.alloc_frames(pages, align, space, vpn, None, class),
-        FramePlacement::Require(c) => {
-            return dev.alloc_frames(pages, align, space, vpn, Some(c), class)
-        }
+        FramePlacement::Any => return get(None, class),
+        FramePlacement::Require(c) => return get(Some(c), class),
         FramePlacement::Prefer(c) => (c, class),
         FramePlacement::PreferOrClass { prefer, class } => (prefer, class),
     };
-    if let Some(run) = dev.alloc_frames(pages, align, space, vpn, Some(prefer), class) {
+    if let Some(run) = get(Some(prefer), class) {
         return Some(run);
     }
-    let run = dev.alloc_frames(pages, align, space, vpn, None, otherwise)?;
+    let run = get(None, otherwise)?;
     Counters::add(&stats.placement_fallbacks, 1);
     Some(run)
 }
 
 /// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one
 /// [`crate::DeviceMemory::copy`] call.
-fn copy_run(
+pub(super) fn copy_run(
     from: &DeviceInner,
     src: Pfn,
     to: &DeviceInner,

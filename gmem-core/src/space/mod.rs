@@ -17,8 +17,9 @@
 //! flight). The state's fields are private to this module and its children, one per
 //! concern: `attach` (tables and attachments), `memories` (the memories page entries
 //! name), `fault` (the fault path), `queue` (the queue's work: enqueue, drain, strict
-//! unmaps), `ops` (region operations shared by several calls), `check` (the
-//! invariants). The KPI modules reach it through methods.
+//! unmaps), `ops` (region operations shared by several calls), `large` (large leaves:
+//! which runs get them, splits, promotion), `range` (protection of a page range),
+//! `check` (the invariants). The KPI modules reach it through methods.
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of
@@ -34,7 +35,7 @@ use crate::device::DeviceInner;
 use crate::flags::{AllocPolicy, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
-use crate::mmu::{Attrs, MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
+use crate::mmu::{Attrs, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
 use crate::queue::{Callback, Discard, MmuQueue, TableUnmap};
 use crate::stats::Counters;
@@ -326,6 +327,8 @@ pub(crate) struct SpaceState {
     segments: segments::Segments,
     /// Device-private frames (`private`).
     private: private::PrivateFrames,
+    /// The large leaves the core asked the drivers for (`large`).
+    large: large::LargeLeaves,
     next_region_id: u64,
     /// Generation of the next page table created.
     next_table_generation: u64,
@@ -377,6 +380,7 @@ impl SpaceState {
             sets: Slots::default(),
             segments: segments::Segments::default(),
             private: private::PrivateFrames::default(),
+            large: large::LargeLeaves::default(),
             next_region_id: 1,
             next_table_generation: 0,
             attach_epoch: 0,
@@ -551,7 +555,8 @@ impl SpaceState {
     }
 
     /// Install a contiguous run of pages (`first` .. `first + pages`, frames `pfn..` in
-    /// memory `mem`) into table `t`, then record the mapping bits.
+    /// memory `mem`) into table `t` — with large leaves where the block, its frames and
+    /// its region allow (`large`) — then record the mapping bits.
     #[allow(clippy::too_many_arguments)]
     pub fn map_run(
         &mut self,
@@ -563,18 +568,7 @@ impl SpaceState {
         mem: u8,
         piece: segments::Piece,
     ) -> Result<(), MmuError> {
-        let table = self.tables[t].as_ref().expect("mapping into a live table");
-        let run = MapRun {
-            va: first.addr(),
-            pa: pfn.addr(),
-            len: pages << PAGE_SHIFT,
-            prot: piece.prot,
-            page_size: crate::addr::PageSize::Size4K,
-            memory: self.memories.get(mem).id,
-            attrs: piece.attrs,
-        };
-        table.mmu.map(table.root, &run)?;
-        Counters::add(&stats.mmu_maps, 1);
+        self.install_run(stats, t, first, pages, pfn, mem, piece)?;
         for v in first.span(pages) {
             self.lpt.update(v, |e| e.mapped |= 1 << t);
         }
@@ -664,6 +658,7 @@ impl SpaceState {
     /// the runs whose invalidation is owed come back as a value that must be used.
     fn clear_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) -> OwedInvalidation {
         let runs = table_runs(touched);
+        self.large_unmapped(stats, &runs);
         for &(v, bits) in touched {
             self.lpt.update(v, |e| e.mapped &= !bits);
         }
@@ -690,6 +685,7 @@ impl SpaceState {
         old: &[Prot],
     ) -> Result<(), MmuError> {
         debug_assert_eq!(runs.len(), old.len());
+        let split = self.large_protected(stats, runs);
         for (i, run) in runs.iter().enumerate() {
             let Some(table) = self.tables[run.table].as_ref() else {
                 continue;
@@ -697,6 +693,20 @@ impl SpaceState {
             let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
                 continue;
             };
+            // A large leaf the failed protect (or one it never reached) should have
+            // split may still be whole in the driver's table: drop every such leaf
+            // from its table (faultable users fault it back, eager tables get it again
+            // below), so that the core's records hold.
+            let mut lost_leaves: Vec<TableRun> = split
+                .iter()
+                .map(|&(t, s, n)| TableRun {
+                    table: t,
+                    range: VaRange {
+                        start: Vpn(s).addr(),
+                        len: n << PAGE_SHIFT,
+                    },
+                })
+                .collect();
             let changed = &runs[..=i];
             let mut lost = Vec::new();
             for (r, &was) in changed.iter().zip(old) {
@@ -707,6 +717,7 @@ impl SpaceState {
                 }
             }
             self.invalidate(stats, changed);
+            lost.append(&mut lost_leaves);
             for r in lost {
                 let first = r.range.start.vpn();
                 let pages = r.range.len >> PAGE_SHIFT;
@@ -814,6 +825,7 @@ impl SpaceState {
         let mut unlocked = Vec::new();
         let owed = if edits == TableEdits::Deferrable && self.edits_unlocked(all) {
             let runs = table_runs(&touched);
+            self.large_unmapped(stats, &runs);
             for &(v, bits) in &touched {
                 self.lpt.update(v, |e| e.mapped &= !bits);
             }
@@ -915,7 +927,11 @@ pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
 }
 
 mod attach;
+mod large;
 mod memories;
+mod range;
+
+pub use large::LargeLeaf;
 
 pub use memories::MAX_MEMORIES;
 pub(crate) use memories::{Memories, TooManyMemories};
@@ -927,7 +943,6 @@ mod ops;
 mod private;
 pub(crate) use private::PrivateRefusal;
 mod queue;
-mod range;
 pub(crate) mod segments;
 mod unlocked;
 

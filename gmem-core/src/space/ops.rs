@@ -79,6 +79,8 @@ impl SpaceState {
             self.drain(cx.counters, &space.arena);
         }
         let dest = self.target_of(cx, cx.host, target);
+        // A large leaf over the range's edge would cover wired and unwired pages.
+        let broken = self.break_straddling_large(cx.counters, first, pages);
         let mut wired = Vec::new();
         let mut result = Ok(());
         for vpn in first.span(pages) {
@@ -99,6 +101,7 @@ impl SpaceState {
             let mask = self.wired_mask();
             result = self
                 .mirror(cx.counters, first, pages, mask)
+                .and_then(|()| self.remirror_broken(cx.counters, &broken))
                 .map_err(MoveError::Mmu);
         }
         if let Err(err) = result {

@@ -227,6 +227,7 @@ impl SpaceState {
         pages: u64,
     ) {
         self.settle(cx, space, c);
+        let broken = self.break_straddling_large(cx.counters, first, pages);
         let wired: Vec<(Vpn, PageEntry)> = self
             .lpt
             .entries_in(first, pages)
@@ -244,6 +245,8 @@ impl SpaceState {
         for (v, _) in wired {
             self.set_page_wired(v, false);
         }
+        // Best effort: the pages fault back into a replica that lost them.
+        let _ = self.remirror_broken(cx.counters, &broken);
     }
 
     /// Move every page this space keeps in `dev`'s memory to `host`'s (see the module

@@ -50,9 +50,9 @@ use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
     Activation, AddrError, AllocError, AllocPolicy, AttachError, Attrs, DevCaps, DeviceError,
     DeviceId, EvictionPolicy, FaultError, FrameError, MapError, MapFlags, MapRequest, MigrateScope,
-    MmuMode, PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget, PolicyError,
-    PopulateError, Prot, ProtectError, Region, RegionError, SpaceError, SpaceId, VaRange, VirtAddr,
-    PAGE_SIZE,
+    MmuMode, PageSizes, PageTableRoot, PhysAddr, Placement, PlacementMode, PlacementTarget,
+    PolicyError, PopulateError, Prot, ProtectError, Region, RegionError, SpaceError, SpaceId,
+    VaRange, VirtAddr, PAGE_SIZE,
 };
 
 /// Operations a fuzz input or a seeded sequence may hold at most.
@@ -82,7 +82,8 @@ pub struct Setup {
     /// The queue's batch limit of every new space: 1 + this modulo 8.
     pub batch_limit: u8,
     /// The policy of the first space, which the runner creates before the operations
-    /// (with every device attached and active, and three regions of 1, 4 and 8 pages).
+    /// (with every device attached and active, regions of 1, 4 and 8 pages and two of 16
+    /// pages aligned to 64 KiB).
     pub policy: PolicySel,
     /// The mode the integrated GPU attaches to the first space with.
     pub igpu_mode: Mode,
@@ -554,6 +555,19 @@ pub enum Op {
         /// n.
         classes: u8,
     },
+    /// `region_promote`: gather the region's large-leaf blocks and map them large
+    /// (where pages go never changes the bytes the model predicts).
+    Promote {
+        /// Which region.
+        region: u16,
+    },
+    /// `dev_set_reservations`: superpage reservations on or off in a device's memory.
+    SetReservations {
+        /// Which device.
+        dev: u8,
+        /// On (else off).
+        on: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -761,8 +775,16 @@ impl KpiRunner {
     pub fn new(setup: Setup) -> KpiRunner {
         let host_pages = 48 + u64::from(setup.host_pages % 160);
         let dev_pages = 2 + u64::from(setup.dev_pages % 30);
-        let mut sys = TestSystem::new(host_pages);
-        let dgpu = sys.add_device(7, DevCaps::FAULTABLE, DGPU_BASE, dev_pages);
+        // The host and the discrete GPU map 64 KiB leaves too: 16-page blocks fit the
+        // small memories, so large leaves, splits and promotions happen in sequences.
+        let mut sys = TestSystem::with_host_sizes(host_pages, PageSizes::S4K | PageSizes::S64K);
+        let dgpu = sys.add_device_with_sizes(
+            7,
+            DevCaps::FAULTABLE,
+            DGPU_BASE,
+            dev_pages,
+            PageSizes::S4K | PageSizes::S64K,
+        );
         let igpu = sys.add_device(1, DevCaps::FAULTABLE, 0, 0);
         sys.concurrent_edits = setup.io_concurrent;
         let io = sys.add_device(9, DevCaps::empty(), 0, 0);
@@ -835,6 +857,10 @@ impl KpiRunner {
             );
         }
         self.summary.ops = ops.len() as u64;
+        let st = self.sys.gm.stats();
+        self.summary.large_maps = st.large_maps;
+        self.summary.large_splits = st.large_splits;
+        self.summary.promotions = st.promotions;
         self.summary
     }
 
@@ -863,6 +889,17 @@ impl KpiRunner {
                 space: 0,
                 pages,
                 align_shift: 255,
+                nocross_shift: 255,
+                hint: None,
+                max: None,
+            });
+        }
+        // Two 64 KiB blocks, 64 KiB aligned: large leaves, splits and promotions.
+        for _ in 0..2 {
+            ops.push(Op::Alloc {
+                space: 0,
+                pages: 16,
+                align_shift: 4,
                 nocross_shift: 255,
                 hint: None,
                 max: None,
@@ -1228,6 +1265,29 @@ impl KpiRunner {
                     return;
                 };
                 self.set_attrs(ctx, slot, start, whole, page, pages, u32::from(value % 4));
+            }
+            Op::Promote { region } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                let handle = self.region(slot, start).handle;
+                match self.sys.gm.region_promote(handle) {
+                    Ok(_) => self.summary.succeeded += 1,
+                    // No aligned free block: the block's mappings were dropped (they
+                    // fault back), its pages and bytes are where they were.
+                    Err(PopulateError::OutOfMemory(_)) => {}
+                    Err(e) => panic!("{ctx}: {e:?}"),
+                }
+            }
+            Op::SetReservations { dev, on } => {
+                let dev = usize::from(dev) % NDEV;
+                let id = self.devices[dev];
+                let r = self.sys.gm.dev_set_reservations(id, on);
+                if !self.alive[dev] {
+                    return self.misuse(ctx, r, DeviceError::UnknownDevice(id));
+                }
+                assert_eq!(r, Ok(()), "{ctx}");
+                self.summary.succeeded += 1;
             }
             Op::Migrate {
                 region,
@@ -2020,7 +2080,11 @@ impl KpiRunner {
         let r = self.region_mut(slot, start);
         if r.kind == Kind::Anonymous {
             r.populated.insert((va - start) / PAGE_SIZE);
-            if r.zero_fill_block > PAGE_SIZE {
+            // Block 0 is the faulter's largest page size: 64 KiB for the host and the
+            // discrete GPU, whose MMUs map 64 KiB leaves.
+            if r.zero_fill_block > PAGE_SIZE
+                || (r.zero_fill_block == 0 && matches!(dev, HOST | DGPU))
+            {
                 r.maybe_populated = true;
             }
         }
@@ -2741,8 +2805,53 @@ impl KpiRunner {
             if self.space(slot).queue.is_empty() {
                 self.check_tlbs(ctx, slot);
             }
+            self.check_large(ctx, slot);
         }
         self.sys.take_events();
+    }
+
+    /// The large leaves the core recorded for `slot` are exactly those its drivers'
+    /// tables hold (leaf sizes agree with the logical page table: `check_invariants`).
+    fn check_large(&self, ctx: &str, slot: usize) {
+        let id = self.space(slot).id;
+        let mut core: Vec<(u64, u64, u64)> = self
+            .sys
+            .gm
+            .as_large_leaves(id)
+            .expect("live space")
+            .into_iter()
+            .map(|l| {
+                (
+                    l.root.0,
+                    l.va.as_u64() / PAGE_SIZE,
+                    l.size.bytes() / PAGE_SIZE,
+                )
+            })
+            .collect();
+        let mut tables: Vec<(u64, u64, u64)> = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (&(s, d), &root) in &self.roots {
+            let store = self.sys.devices[d].mmu.store();
+            // Roots are numbered per store: a table is (store, root).
+            if s != slot || !self.alive[d] || !seen.insert((Arc::as_ptr(store) as usize, root.0)) {
+                continue;
+            }
+            if !store.is_live(root) {
+                continue;
+            }
+            tables.extend(
+                store
+                    .large_leaves(root)
+                    .into_iter()
+                    .map(|(v, n)| (root.0, v, n)),
+            );
+        }
+        core.sort_unstable();
+        tables.sort_unstable();
+        assert_eq!(
+            core, tables,
+            "{ctx}: large leaves of the core vs the tables"
+        );
     }
 
     /// No TLB of a device attached to `slot` holds a translation its page table does

@@ -136,6 +136,12 @@ pub struct Summary {
     pub bytes_checked: u64,
     /// Pages `dev_compact` moved (their bytes are checked by later reads).
     pub pages_compacted: u64,
+    /// KPI runner: large leaves the core asked for.
+    pub large_maps: u64,
+    /// KPI runner: large leaves split.
+    pub large_splits: u64,
+    /// KPI runner: blocks promoted.
+    pub promotions: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -145,5 +151,8 @@ impl core::ops::AddAssign for Summary {
         self.rejected += o.rejected;
         self.bytes_checked += o.bytes_checked;
         self.pages_compacted += o.pages_compacted;
+        self.large_maps += o.large_maps;
+        self.large_splits += o.large_splits;
+        self.promotions += o.promotions;
     }
 }

@@ -295,8 +295,7 @@ impl VmemRunner {
             ops: ops.len() as u64,
             succeeded: self.allocs + self.frees,
             rejected: self.failures + self.misuses,
-            bytes_checked: 0,
-            pages_compacted: 0,
+            ..Default::default()
         };
         self.arena.set_fail_every(0);
         self.fail_every = 0;

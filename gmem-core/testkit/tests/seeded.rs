@@ -34,6 +34,11 @@ fn kpi_runner_agrees_with_the_region_model_on_seeded_sequences() {
         s.succeeded > s.ops / 10 && s.bytes_checked > 100_000,
         "{s:?}"
     );
+    // The discrete GPU maps 64 KiB leaves: the sequences exercise them.
+    assert!(
+        s.large_maps > 0 && s.large_splits > 0 && s.promotions > 0,
+        "{s:?}"
+    );
 }
 
 /// Replay one seed (`GMEM_SEED=n`) or input file (`GMEM_FILE=path`, e.g. a fuzz

@@ -1,0 +1,378 @@
+//! Superpage reservations: contiguity-conserving frame allocation for one device memory.
+//!
+//! ## Theory
+//! The idea is Navarro, Iyer, Druschel and Cox's (OSDI 2002), as FreeBSD's `vm_reserv.c`
+//! keeps it; this is a rebuild from the paper's description for the core's frames, not
+//! a port. A 2 MiB virtual block is usually populated a page at a time (4 KiB faults,
+//! migrations, evictions coming back). Taking each page's frame from anywhere scatters
+//! the block over physical memory, and no large leaf can ever map it. Instead:
+//! - the first single-page request of a space for a page of an aligned block of
+//!   [`RESERVATION_PAGES`] pages *reserves* an aligned block of as many frames (when the
+//!   arena has one free) and gives the page the frame at its offset in the block;
+//! - every later request for a page of that block gets the frame at the page's offset,
+//!   as long as that frame is still reserved, so a block that fills is VA→PA contiguous
+//!   and 2 MiB aligned in both spaces, and the core may map it with one large leaf;
+//! - a frame of a reservation that is freed goes back to the reservation (its page may
+//!   come back: an eviction returning, a migration back), not to the arena; a
+//!   reservation whose frames are all back is dissolved (its block returns to the arena);
+//! - a reservation whose every frame backs its page is *filled* and stays: when one of
+//!   its pages moves out (a migration, an eviction) its frame waits in the reservation
+//!   for the page to come back, so the block is whole and contiguous again and can be
+//!   mapped large again. A request for a whole aligned block makes a filled
+//!   reservation at once;
+//! - under memory pressure (an allocation the arena cannot serve) the oldest
+//!   reservation is *broken*: its still-reserved frames return to the arena, the frames
+//!   in use stay with their pages as ordinary frames (FreeBSD breaks the least recently
+//!   *created* reservation first, too; it also keeps partially populated reservations on
+//!   an LRU list, which this rebuild does not: age is creation order).
+//!
+//! Requests with a driver constraint ([`crate::FrameConstraint`]) bypass reservations
+//! (the driver's placement wins), as do requests when reservations are disabled for the
+//! memory ([`crate::Gmem::dev_set_reservations`]).
+//!
+//! ## Invariants (`PhysMem::check_reservations`)
+//! Every frame of a reservation is reserved, pending (waiting for an invalidation) or in
+//! use by exactly the page at its offset of the reservation's block in the
+//! reservation's space; the reservation's count of used frames is the number of frames
+//! that are not reserved; the reserved frames of all reservations are the memory's
+//! frames in the reserved state; the three indexes (by block, by frame, by age) agree.
+
+use super::{FrameState, Owner, PhysMem};
+use crate::addr::{Pfn, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use crate::handle::SpaceId;
+use crate::mmu::FrameConstraint;
+use crate::vmem::Constraint;
+use alloc::collections::BTreeMap;
+
+/// Pages of one reservation: a 2 MiB block.
+pub(crate) const RESERVATION_PAGES: u64 = 512;
+
+/// Counters of one memory's reservations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReservationStats {
+    /// Reservations live now.
+    pub live: u64,
+    /// Reservations made (an aligned block taken from the arena).
+    pub made: u64,
+    /// Reservations that filled (every frame backs its page; counted each time).
+    pub filled: u64,
+    /// Reservations broken under memory pressure (oldest first).
+    pub broken: u64,
+    /// Reservations dissolved because every frame came back unused.
+    pub dissolved: u64,
+    /// Frames returned to the arena by breaking reservations.
+    pub frames_returned: u64,
+    /// Frames handed out from a reservation (its first page's included).
+    pub frames_served: u64,
+    /// Single-frame requests that could not be served from a reservation (no aligned
+    /// block free, or the frame at the page's offset was busy) and took any frame.
+    pub fallbacks: u64,
+}
+
+/// One reservation.
+#[derive(Clone, Copy, Debug)]
+struct Resv {
+    space: SpaceId,
+    /// First page of the virtual block.
+    block: u64,
+    /// Frames not in the reserved state (in use or pending).
+    used: u64,
+    /// Creation order (smaller = older).
+    age: u64,
+}
+
+/// The reservations of one memory.
+pub(crate) struct Reservations {
+    enabled: bool,
+    /// (space, first page of the block) → first frame.
+    blocks: BTreeMap<(SpaceId, u64), u64>,
+    /// First frame → reservation.
+    by_base: BTreeMap<u64, Resv>,
+    /// Age → first frame.
+    by_age: BTreeMap<u64, u64>,
+    next_age: u64,
+    reserved: u64,
+    stats: ReservationStats,
+}
+
+impl Default for Reservations {
+    fn default() -> Self {
+        Reservations {
+            enabled: true,
+            blocks: BTreeMap::new(),
+            by_base: BTreeMap::new(),
+            by_age: BTreeMap::new(),
+            next_age: 0,
+            reserved: 0,
+            stats: ReservationStats::default(),
+        }
+    }
+}
+
+impl Reservations {
+    /// Frames in the reserved state.
+    pub fn reserved_frames(&self) -> u64 {
+        self.reserved
+    }
+}
+
+impl PhysMem {
+    /// Enable or disable reservations; disabling breaks every live one.
+    pub fn set_reservations(&mut self, enabled: bool) {
+        self.reservations.enabled = enabled;
+        if !enabled {
+            while self.break_oldest_reservation() {}
+        }
+    }
+
+    /// The reservation counters.
+    pub fn reservation_stats(&self) -> ReservationStats {
+        ReservationStats {
+            live: self.reservations.by_base.len() as u64,
+            ..self.reservations.stats
+        }
+    }
+
+    /// Frames for pages `vpn..vpn + pages` of `space` (active or wired, owned by those
+    /// pages), contiguous: from the reservation of their block when there is one, in a
+    /// new reservation when the arena has a free aligned block, otherwise any frames
+    /// ([`PhysMem::alloc_run`]). `None` when nothing fits.
+    pub fn alloc_pages(
+        &mut self,
+        pages: u64,
+        space: SpaceId,
+        vpn: Vpn,
+        wired: bool,
+        limit: Option<FrameConstraint>,
+    ) -> Option<Pfn> {
+        let r = RESERVATION_PAGES;
+        let block = vpn.0 & !(r - 1);
+        let inside = pages > 0 && vpn.0 - block + pages <= r;
+        // Without a reservation, a power-of-two block is naturally aligned (a zero-fill
+        // block can still be one large leaf), anything else is any contiguous run.
+        let align = if pages.is_power_of_two() { pages } else { 1 };
+        if !self.reservations.enabled || limit.is_some() || self.retired || !inside {
+            return self.alloc_run(pages, align, space, vpn, wired, limit);
+        }
+        let off = vpn.0 - block;
+        if let Some(&base) = self.reservations.blocks.get(&(space, block)) {
+            if self.all_reserved(base + off, pages) {
+                self.claim(base, off, pages, space, wired);
+                return Some(Pfn(base + off));
+            }
+            self.reservations.stats.fallbacks += 1;
+            return self.alloc_run(pages, align, space, vpn, wired, limit);
+        }
+        match self.reserve_block(space, block) {
+            Some(base) => {
+                self.claim(base, off, pages, space, wired);
+                Some(Pfn(base + off))
+            }
+            None => {
+                self.reservations.stats.fallbacks += 1;
+                self.alloc_run(pages, align, space, vpn, wired, limit)
+            }
+        }
+    }
+
+    /// The first frame of the reservation of `space`'s block holding `vpn`, if any.
+    pub fn reservation_of(&self, space: SpaceId, vpn: Vpn) -> Option<Pfn> {
+        let block = vpn.0 & !(RESERVATION_PAGES - 1);
+        self.reservations
+            .blocks
+            .get(&(space, block))
+            .map(|b| Pfn(*b))
+    }
+
+    fn all_reserved(&self, pfn: u64, pages: u64) -> bool {
+        (0..pages).all(|k| self.state(Pfn(pfn + k)) == Some(FrameState::Reserved))
+    }
+
+    /// Take an aligned block from the arena and reserve it for `(space, block)`.
+    fn reserve_block(&mut self, space: SpaceId, block: u64) -> Option<u64> {
+        let r = RESERVATION_PAGES;
+        let mut c = Constraint::new(r << PAGE_SHIFT);
+        c.align = r << PAGE_SHIFT;
+        let pa = self.arena.xalloc(&c).ok()?;
+        let split = self.arena.split(pa, r << PAGE_SHIFT, PAGE_SIZE);
+        debug_assert!(split.is_ok(), "a fresh block splits into frames: {split:?}");
+        let base = pa >> PAGE_SHIFT;
+        for k in 0..r {
+            let i = self
+                .index(base + k)
+                .expect("the arena hands out registered frames only");
+            self.frames[i as usize].owner = None;
+            self.set_state(i, FrameState::Reserved);
+        }
+        let rs = &mut self.reservations;
+        let age = rs.next_age;
+        rs.next_age += 1;
+        rs.blocks.insert((space, block), base);
+        rs.by_base.insert(
+            base,
+            Resv {
+                space,
+                block,
+                used: 0,
+                age,
+            },
+        );
+        rs.by_age.insert(age, base);
+        rs.reserved += r;
+        rs.stats.made += 1;
+        Some(base)
+    }
+
+    /// Hand frames `off..off + pages` of the reservation at `base` to their pages.
+    fn claim(&mut self, base: u64, off: u64, pages: u64, space: SpaceId, wired: bool) {
+        let state = if wired {
+            FrameState::Wired
+        } else {
+            FrameState::Active
+        };
+        let block = self.reservations.by_base[&base].block;
+        for k in off..off + pages {
+            let i = self
+                .index(base + k)
+                .expect("reserved frames are registered");
+            self.frames[i as usize].owner = Some(Owner {
+                space,
+                vpn: Vpn(block + k),
+            });
+            self.set_state(i, state);
+        }
+        let rs = &mut self.reservations;
+        rs.reserved -= pages;
+        rs.stats.frames_served += pages;
+        let resv = rs
+            .by_base
+            .get_mut(&base)
+            .expect("claimed reservation lives");
+        resv.used += pages;
+        if resv.used == RESERVATION_PAGES {
+            rs.stats.filled += 1;
+        }
+    }
+
+    fn forget_reservation(&mut self, base: u64, resv: Resv) {
+        let rs = &mut self.reservations;
+        rs.by_base.remove(&base);
+        rs.by_age.remove(&resv.age);
+        rs.blocks.remove(&(resv.space, resv.block));
+    }
+
+    /// The reservation holding frame `pfn`, as its first frame.
+    pub(super) fn reservation_at(&self, pfn: u64) -> Option<u64> {
+        let (&base, _) = self.reservations.by_base.range(..=pfn).next_back()?;
+        (pfn < base + RESERVATION_PAGES).then_some(base)
+    }
+
+    /// A frame of index `i` (owner already cleared) is being freed: if it belongs to a
+    /// reservation it goes back to it (and a reservation left without used frames is
+    /// dissolved into the arena). Returns whether the reservation took it.
+    pub(super) fn reservation_take_back(&mut self, i: u32) -> bool {
+        let pfn = self.pfn_of(i);
+        let Some(base) = self.reservation_at(pfn) else {
+            return false;
+        };
+        self.set_state(i, FrameState::Reserved);
+        self.reservations.reserved += 1;
+        let resv = self
+            .reservations
+            .by_base
+            .get_mut(&base)
+            .expect("found above");
+        resv.used -= 1;
+        if resv.used == 0 {
+            let resv = *resv;
+            self.release_reserved(base, resv);
+            self.reservations.stats.dissolved += 1;
+        }
+        true
+    }
+
+    /// Return the reserved frames of the reservation at `base` to the arena and forget
+    /// it; frames in use stay with their pages. Returns the frames returned.
+    fn release_reserved(&mut self, base: u64, resv: Resv) -> u64 {
+        self.forget_reservation(base, resv);
+        let mut n = 0;
+        for k in 0..RESERVATION_PAGES {
+            let pfn = base + k;
+            let i = self.index(pfn).expect("reserved frames are registered");
+            if self.frames[i as usize].state == FrameState::Reserved {
+                self.set_state(i, FrameState::Free);
+                let freed = self.arena.free(pfn << PAGE_SHIFT, PAGE_SIZE);
+                debug_assert!(freed.is_ok(), "reserved frame {pfn:#x}: {freed:?}");
+                n += 1;
+            }
+        }
+        self.reservations.reserved -= n;
+        n
+    }
+
+    /// Break the oldest reservation that holds reserved frames (memory pressure): they
+    /// go back to the arena. Returns whether there was one.
+    pub fn break_oldest_reservation(&mut self) -> bool {
+        let rs = &self.reservations;
+        let Some(&base) = rs
+            .by_age
+            .values()
+            .find(|b| rs.by_base[*b].used < RESERVATION_PAGES)
+        else {
+            return false;
+        };
+        let resv = self.reservations.by_base[&base];
+        let n = self.release_reserved(base, resv);
+        self.reservations.stats.broken += 1;
+        self.reservations.stats.frames_returned += n;
+        true
+    }
+
+    /// The reservation invariants (see the module documentation).
+    pub(super) fn check_reservations(&self) -> Result<(), &'static str> {
+        let rs = &self.reservations;
+        if rs.by_base.len() != rs.blocks.len() || rs.by_base.len() != rs.by_age.len() {
+            return Err("reservation indexes disagree in size");
+        }
+        let mut reserved = 0;
+        for (&base, resv) in &rs.by_base {
+            if base % RESERVATION_PAGES != 0 || resv.block % RESERVATION_PAGES != 0 {
+                return Err("reservation not aligned");
+            }
+            if rs.blocks.get(&(resv.space, resv.block)) != Some(&base)
+                || rs.by_age.get(&resv.age) != Some(&base)
+            {
+                return Err("reservation indexes disagree");
+            }
+            let mut used = 0;
+            for k in 0..RESERVATION_PAGES {
+                let i = self
+                    .index(base + k)
+                    .ok_or("reservation frame not registered")?;
+                let m = self.frames[i as usize];
+                match m.state {
+                    FrameState::Reserved => reserved += 1,
+                    FrameState::Pending => used += 1,
+                    FrameState::Free => return Err("free frame inside a reservation"),
+                    _ => {
+                        used += 1;
+                        let want = Owner {
+                            space: resv.space,
+                            vpn: Vpn(resv.block + k),
+                        };
+                        if m.owner != Some(want) {
+                            return Err("reservation frame backs a page other than its own");
+                        }
+                    }
+                }
+            }
+            if used != resv.used || used == 0 {
+                return Err("reservation's used count is wrong");
+            }
+        }
+        if reserved != rs.reserved {
+            return Err("reserved frames outside every reservation");
+        }
+        Ok(())
+    }
+}
