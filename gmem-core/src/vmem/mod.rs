@@ -325,6 +325,7 @@ impl Arena {
     /// # Errors
     /// [`FreeError`] when `[addr, addr + size)` is not exactly an allocated segment (a
     /// double free, a wrong size); nothing changes then.
+    #[inline]
     pub fn free(&self, addr: u64, size: u64) -> Result<(), FreeError> {
         let q = self.config.quantum;
         if size == 0 || (addr | size) & (q - 1) != 0 {
