@@ -218,7 +218,7 @@ enum Variant {
     Best,
 }
 
-fn arena(space: u64, v: Variant, cpus: usize) -> Arc<Arena> {
+fn arena(space: u64, v: Variant, cpus: usize) -> Arena {
     let (qcache_max, fit) = match v {
         Variant::Cached => (32 * PAGE, FitPolicy::InstantFit),
         Variant::Instant => (0, FitPolicy::InstantFit),
@@ -235,7 +235,7 @@ fn arena(space: u64, v: Variant, cpus: usize) -> Arc<Arena> {
     let platform: Arc<dyn Platform> = Arc::new(ThreadCpus(cpus));
     let a = Arena::new(cfg, Some(platform)).expect("config");
     a.add_span(BASE, space * PAGE).expect("span");
-    Arc::new(a)
+    a
 }
 
 impl Iova for Ours {
@@ -248,6 +248,32 @@ impl Iova for Ours {
     #[inline]
     fn free(&mut self, h: PageRun) {
         self.0.free(h.addr(), h.bytes()).expect("arena free");
+    }
+    fn fragments(&self) -> Option<u64> {
+        let st = self.0.stats();
+        if std::env::var("GMEM_BENCH_STATS").is_ok() {
+            eprintln!("{st:?}");
+        }
+        Some(st.free_segments)
+    }
+}
+
+/// Our arena owned by the bench thread, driven through `alloc_mut`/`free_mut` (the
+/// exclusive-owner path: no per-CPU lock on a cache hit). The peers are all `&mut`
+/// allocators; this row compares like with like, the `Arc` row above is what a
+/// shared arena costs.
+struct OursMut(Arena);
+
+impl Iova for OursMut {
+    type Handle = PageRun;
+    #[inline]
+    fn alloc(&mut self, pages: u64) -> Option<PageRun> {
+        let size = pages * PAGE;
+        self.0.alloc_mut(size).ok().map(|a| PageRun::new(a, size))
+    }
+    #[inline]
+    fn free(&mut self, h: PageRun) {
+        self.0.free_mut(h.addr(), h.bytes()).expect("arena free");
     }
     fn fragments(&self) -> Option<u64> {
         Some(self.0.stats().free_segments)
@@ -490,11 +516,22 @@ fn run_trace(c: &mut Criterion, t: &Trace, live: usize, skip_vm: bool) -> TraceR
             &mut group,
             id,
             samples,
-            || Ours(arena(space, v, 1)),
+            || Ours(Arc::new(arena(space, v, 1))),
             t,
             false,
         );
         rows.push((label, o));
+        if matches!(v, Variant::Cached) {
+            let o = churn(
+                &mut group,
+                "vmem_cached_exclusive",
+                samples,
+                || OursMut(arena(space, v, 1)),
+                t,
+                false,
+            );
+            rows.push(("gmem vmem, cached, &mut owner", o));
+        }
     }
     let offset = churn(
         &mut group,
@@ -566,7 +603,7 @@ fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
             .map(|i| churn_trace(live, 0x7417 + i as u64))
             .collect();
         let space: u64 = traces.iter().map(|t| t.space).sum();
-        let a = arena(space, Variant::Cached, threads);
+        let a = Arc::new(arena(space, Variant::Cached, threads));
         let states: Vec<CachePadded<Mutex<ThreadState>>> = traces
             .iter()
             .map(|t| {
@@ -643,7 +680,7 @@ fn main() {
             &mut group,
             &format!("live_{live}"),
             scale_samples,
-            || Ours(arena(t.space, Variant::Instant, 1)),
+            || Ours(Arc::new(arena(t.space, Variant::Instant, 1))),
             &t,
             false,
         );
@@ -693,25 +730,26 @@ fn main() {
                 o.failures
             );
         }
-        let ours = r.rows[0].1;
-        for (name, o) in &r.rows[3..] {
-            let target = match *name {
-                n if n.starts_with("offset") => Some(3.0),
-                n if n.starts_with("range") => Some(1.5),
-                _ => None,
-            };
-            let verdict = match (ratio(*o, ours), target) {
-                (Some(x), Some(t)) => format!(
-                    "{x:.2}x (target >= {t}x: {})",
-                    if x >= t { "met" } else { "NOT met" }
-                ),
-                (Some(x), None) => format!("{x:.2}x"),
-                _ => "n/a".into(),
-            };
-            println!("  cached arena vs {name:<28} {verdict}");
+        for (which, ours) in [("shared", r.rows[0].1), ("&mut", r.rows[1].1)] {
+            for (name, o) in &r.rows[4..] {
+                let target = match *name {
+                    n if n.starts_with("offset") => Some(3.0),
+                    n if n.starts_with("range") => Some(1.5),
+                    _ => None,
+                };
+                let verdict = match (ratio(*o, ours), target) {
+                    (Some(x), Some(t)) => format!(
+                        "{x:.2}x (target >= {t}x: {})",
+                        if x >= t { "met" } else { "NOT met" }
+                    ),
+                    (Some(x), None) => format!("{x:.2}x"),
+                    _ => "n/a".into(),
+                };
+                println!("  cached arena ({which:<6}) vs {name:<20} {verdict}");
+            }
         }
-        let inst = r.rows[1].1;
-        let best = r.rows[2].1;
+        let inst = r.rows[2].1;
+        let best = r.rows[3].1;
         if let (Some(i), Some(b)) = (inst.fragments, best.fragments) {
             println!(
                 "  free segments, instant-fit / best-fit: {i} / {b} = {:.2} (target <= 2)",

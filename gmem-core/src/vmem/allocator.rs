@@ -393,7 +393,11 @@ impl SegmentAllocator {
     /// Split free segment `i` into [free left][allocated `size` at `addr`][free right];
     /// `i` keeps the allocated part.
     fn carve(&mut self, i: u32, addr: u64, size: u64, kind: Kind) {
-        self.lists.remove(&mut self.table, i);
+        let next_head = self.lists.remove(&mut self.table, i);
+        // Instant-fit takes list heads, and lists are LIFO: the new head is what the
+        // next allocation of this class will read. On a large arena its record is
+        // cold; start loading it now so that allocation does not wait on memory.
+        self.table.prefetch(next_head);
         let seg = *self.table.get(i);
         let seg_last = seg.last();
         let alloc_last = addr + (size - 1);
@@ -460,6 +464,9 @@ impl SegmentAllocator {
         }
         self.lists.insert(&mut self.table, i);
         self.free_segs += 1;
+        // Lists are LIFO: an allocation of this class takes `i` next and enters its
+        // start in the hash. When `i` absorbed its predecessor that slot is cold.
+        self.hash.prefetch(self.table.get(i).start);
     }
 
     /// Check every structural invariant; the first violation found is returned.

@@ -240,6 +240,35 @@ impl MagazineLayer {
         }
     }
 
+    /// [`Self::alloc`] through an exclusive borrow: the loaded magazine is popped
+    /// without taking the CPU's lock; anything else takes the locked path.
+    #[inline]
+    pub fn alloc_mut(&mut self, cpu: usize) -> Option<u64> {
+        if let Some(c) = self.cpus.get_mut(cpu) {
+            let c = c.0.get_mut();
+            if let Some(a) = c.loaded().pop() {
+                c.hits += 1;
+                c.allocs += 1;
+                return Some(a);
+            }
+        }
+        self.alloc(cpu)
+    }
+
+    /// [`Self::free`] through an exclusive borrow: a push into a loaded magazine with
+    /// room takes no lock; anything else takes the locked path.
+    #[inline]
+    pub fn free_mut(&mut self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
+        if let Some(c) = self.cpus.get_mut(cpu) {
+            let c = c.0.get_mut();
+            if c.loaded().push(addr) {
+                c.frees += 1;
+                return None;
+            }
+        }
+        self.free(cpu, addr)
+    }
+
     /// Push a freed round for CPU `cpu`. Returns a magazine the depot could not keep:
     /// its rounds must go back to the arena.
     #[inline]

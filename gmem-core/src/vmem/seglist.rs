@@ -110,6 +110,14 @@ impl SegTable {
         &mut self.segs[i as usize]
     }
 
+    /// Start loading record `i` into the cache (a hint; `i` may be [`NIL`]).
+    #[inline]
+    pub fn prefetch(&self, i: u32) {
+        if let Some(s) = self.segs.get(i as usize) {
+            super::prefetch(s);
+        }
+    }
+
     /// True when `n` more records can be taken (indices stay below [`NIL`]).
     #[inline]
     pub fn can_take(&self, n: usize) -> bool {
