@@ -10,6 +10,12 @@
 //! operations in one direction, and the loaded/previous swap guarantees that a CPU
 //! oscillating around a magazine boundary never thrashes the depot.
 //!
+//! A CPU's two magazines keep their rounds inline in its cache record (`mags[cur]` is
+//! the loaded one, `mags[cur ^ 1]` the previous one, and the swap flips `cur`), so a
+//! hit follows no pointer; the refill and trade paths are out of line (`#[cold]`).
+//! The depot stores magazines as vectors, and an exchange copies one magazine's rounds.
+//! Through an exclusive borrow (`alloc_mut`, `free_mut`) a hit takes no lock at all.
+//!
 //! The previous magazine is always either full or empty. The depot keeps at most
 //! [`DEPOT_MAX_FULL`] full magazines; a free that would exceed that hands the oldest
 //! full magazine back to the caller, who returns its rounds to the arena (Linux's IOVA

@@ -109,6 +109,16 @@
 //! (push; swap with an empty previous; trade the full previous for an empty magazine
 //! at the depot). The swap makes a CPU that oscillates around a magazine boundary stay
 //! local; the depot balances CPUs that mostly allocate against CPUs that mostly free.
+//! A CPU's two magazines hold their rounds inline in its cache record and the swap
+//! flips an index, so a hit is a lock, a pop or push in lines the CPU already owns,
+//! and an unlock: no pointer is followed and no rounds move. The depot keeps its
+//! magazines as vectors and an exchange copies one magazine's rounds (at most once per
+//! 32 operations in one direction).
+//!
+//! An owner holding the arena exclusively (`&mut`, e.g. one thread driving one IOMMU
+//! domain) may call [`Arena::alloc_mut`] and [`Arena::free_mut`]: the same caches and
+//! counters, but a hit reaches the CPU's magazines through `Mutex::get_mut`, with no
+//! atomic read-modify-write at all; anything other than a hit takes the locked path.
 //!
 //! **8. Locking.** The segment layer has one lock (the arena lock). Each per-CPU cache,
 //! each depot, each stack cache and each outstanding set has its own. The order,
