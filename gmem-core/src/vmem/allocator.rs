@@ -167,7 +167,7 @@ impl SegmentAllocator {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
-        if seg.kind != Kind::Alloc {
+        if seg.kind() != Kind::Alloc {
             return Err(FreeError::NotAllocated { addr });
         }
         if seg.size != size {
@@ -212,7 +212,7 @@ impl SegmentAllocator {
                 given: size,
             });
         }
-        if seg.kind != Kind::Alloc {
+        if seg.kind() != Kind::Alloc {
             return Err(FreeError::NotAllocated { addr });
         }
         self.hash.remove(addr);
@@ -251,7 +251,7 @@ impl SegmentAllocator {
                 return false;
             }
             if addr <= s.last() {
-                return matches!(s.kind, Kind::Alloc | Kind::Cached);
+                return matches!(s.kind(), Kind::Alloc | Kind::Cached);
             }
             i = s.anext;
         }
@@ -345,7 +345,7 @@ impl SegmentAllocator {
         let mut i = start;
         loop {
             let s = self.table.get(i);
-            if s.kind == Kind::Free {
+            if s.kind() == Kind::Free {
                 let lower = if i == start { bound } else { 0 };
                 if let Some(a) = p.fit_in(s.start, s.size, lower) {
                     return Some((i, a));
@@ -357,7 +357,7 @@ impl SegmentAllocator {
             }
         }
         let s = self.table.get(start);
-        if s.kind == Kind::Free && bound > s.start {
+        if s.kind() == Kind::Free && bound > s.start {
             if let Some(a) = p.fit_in(s.start, s.size, 0) {
                 return Some((start, a));
             }
@@ -370,7 +370,7 @@ impl SegmentAllocator {
     fn rotor_start(&self) -> (u32, u64) {
         let (i, bound) = self.rotor;
         let s = self.table.get(i);
-        let valid = match s.kind {
+        let valid = match s.kind() {
             Kind::Sentinel | Kind::Span => true,
             Kind::Free | Kind::Alloc | Kind::Cached => s.start <= bound && bound <= s.last(),
             Kind::Unused => false,
@@ -441,7 +441,7 @@ impl SegmentAllocator {
         let s = self.table.get_mut(i);
         s.start = addr;
         s.size = size;
-        s.kind = kind;
+        s.set_kind(kind);
         self.free_segs -= 1;
         self.free_bytes -= size;
         self.hash.insert(addr, i);
@@ -452,9 +452,9 @@ impl SegmentAllocator {
     fn free_segment(&mut self, i: u32) {
         let size = self.table.get(i).size;
         self.free_bytes += size;
-        self.table.get_mut(i).kind = Kind::Free;
+        self.table.get_mut(i).set_kind(Kind::Free);
         let prev = self.table.get(i).aprev;
-        if self.table.get(prev).kind == Kind::Free {
+        if self.table.get(prev).kind() == Kind::Free {
             self.lists.remove(&mut self.table, prev);
             let p = *self.table.get(prev);
             let s = self.table.get_mut(i);
@@ -467,7 +467,7 @@ impl SegmentAllocator {
             self.retarget_rotor(prev, i);
         }
         let next = self.table.get(i).anext;
-        if self.table.get(next).kind == Kind::Free {
+        if self.table.get(next).kind() == Kind::Free {
             self.lists.remove(&mut self.table, next);
             let n_size = self.table.get(next).size;
             self.table.get_mut(i).size += n_size;
@@ -493,7 +493,7 @@ impl SegmentAllocator {
         let mut on_lists = 0u64;
         while i != SENTINEL {
             let s = *self.table.get(i);
-            if s.kind != Kind::Span {
+            if s.kind() != Kind::Span {
                 return Err("segment outside a span");
             }
             let span = self.spans.get(span_idx).ok_or("more markers than spans")?;
@@ -518,7 +518,7 @@ impl SegmentAllocator {
                 } else {
                     expect = g.last() + 1;
                 }
-                match g.kind {
+                match g.kind() {
                     Kind::Free => {
                         if prev_free {
                             return Err("adjacent free segments not coalesced");
@@ -533,7 +533,7 @@ impl SegmentAllocator {
                         allocated += 1;
                     }
                 }
-                prev_free = g.kind == Kind::Free;
+                prev_free = g.kind() == Kind::Free;
                 j = g.anext;
             }
             if !end_reached {
@@ -555,7 +555,7 @@ impl SegmentAllocator {
             let mut prev = NIL;
             while j != NIL {
                 let g = self.table.get(j);
-                if g.kind != Kind::Free || self.lists.class_of(g.size) != k || g.fprev != prev {
+                if g.kind() != Kind::Free || self.lists.class_of(g.size) != k || g.fprev != prev {
                     return Err("freelist corrupt");
                 }
                 on_lists += 1;
