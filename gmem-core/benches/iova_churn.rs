@@ -18,6 +18,15 @@
 //!   `k + jitter`, jitter below 32), as DMA buffers are unmapped in roughly the order
 //!   they were mapped.
 //!
+//! Every allocator's handle is stored the same way (a [`PageRun`]: first page and page
+//! count, 8 bytes, offset-allocator's own handle size), and the replay loop prefetches
+//! the slot a few steps ahead: the live set is the bench's bookkeeping, and its random
+//! accesses should cost every allocator the same and as little as possible.
+//!
+//! Our arena appears twice with caches: shared through an `Arc` (`alloc`/`free`, a
+//! per-CPU lock per operation) and owned by the bench thread (`alloc_mut`/`free_mut`,
+//! no lock on a cache hit), which is how every peer (all `&mut` allocators) is driven.
+//!
 //! For each trace the table shows ns per pair, the free-segment count at the end (ours
 //! from [`Arena::stats`], range-alloc's from its allocated runs), allocation failures
 //! (a full or fragmented space: the slot stays empty) and the speed ratio of our cached
@@ -26,7 +35,9 @@
 //! and by two threads (each with its own live set and CPU id), in pairs per second.
 //!
 //! Set `GMEM_BENCH_LIVE` to change the live-set size of the three traces (default
-//! 65 536) and `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator.
+//! 65 536), `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator, and
+//! `GMEM_BENCH_STATS=1` to print our arena's counters (cache hits, misses, depot
+//! exchanges) after each of its runs.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
