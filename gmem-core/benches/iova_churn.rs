@@ -18,6 +18,15 @@
 //!   `k + jitter`, jitter below 32), as DMA buffers are unmapped in roughly the order
 //!   they were mapped.
 //!
+//! Every allocator's handle is stored the same way (a [`PageRun`]: first page and page
+//! count, 8 bytes, offset-allocator's own handle size), and the replay loop prefetches
+//! the slot a few steps ahead: the live set is the bench's bookkeeping, and its random
+//! accesses should cost every allocator the same and as little as possible.
+//!
+//! Our arena appears twice with caches: shared through an `Arc` (`alloc`/`free`, a
+//! per-CPU lock per operation) and owned by the bench thread (`alloc_mut`/`free_mut`,
+//! no lock on a cache hit), which is how every peer (all `&mut` allocators) is driven.
+//!
 //! For each trace the table shows ns per pair, the free-segment count at the end (ours
 //! from [`Arena::stats`], range-alloc's from its allocated runs), allocation failures
 //! (a full or fragmented space: the slot stays empty) and the speed ratio of our cached
@@ -26,10 +35,11 @@
 //! and by two threads (each with its own live set and CPU id), in pairs per second.
 //!
 //! Set `GMEM_BENCH_LIVE` to change the live-set size of the three traces (default
-//! 65 536) and `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator.
+//! 65 536), `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator, and
+//! `GMEM_BENCH_STATS=1` to print our arena's counters (cache hits, misses, depot
+//! exchanges) after each of its runs.
 
 use std::cell::Cell;
-use std::hint::black_box;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -174,7 +184,38 @@ impl Platform for ThreadCpus {
     }
 }
 
-/// Our arena; the handle is (address, size).
+/// What a bench slot keeps for an allocation of ours or of range-alloc: the first
+/// page (counted from [`BASE`]) and the page count, 8 bytes, the size of
+/// offset-allocator's own handle. Every allocator's live set thus costs the replay
+/// loop the same memory traffic (12 bytes a slot with the `Option` tag), and the
+/// loop's random slot accesses do not penalise the allocators whose natural handle is
+/// two `u64`s.
+#[derive(Clone, Copy)]
+struct PageRun {
+    page: u32,
+    pages: u32,
+}
+
+impl PageRun {
+    #[inline]
+    fn new(addr: u64, bytes: u64) -> Self {
+        // Spaces are below 2^32 pages (1M live ranges of up to 128 pages).
+        Self {
+            page: ((addr - BASE) / PAGE) as u32,
+            pages: (bytes / PAGE) as u32,
+        }
+    }
+    #[inline]
+    fn addr(self) -> u64 {
+        BASE + u64::from(self.page) * PAGE
+    }
+    #[inline]
+    fn bytes(self) -> u64 {
+        u64::from(self.pages) * PAGE
+    }
+}
+
+/// Our arena.
 struct Ours(Arc<Arena>);
 
 /// Our arena variants.
@@ -188,7 +229,7 @@ enum Variant {
     Best,
 }
 
-fn arena(space: u64, v: Variant, cpus: usize) -> Arc<Arena> {
+fn arena(space: u64, v: Variant, cpus: usize) -> Arena {
     let (qcache_max, fit) = match v {
         Variant::Cached => (32 * PAGE, FitPolicy::InstantFit),
         Variant::Instant => (0, FitPolicy::InstantFit),
@@ -205,19 +246,45 @@ fn arena(space: u64, v: Variant, cpus: usize) -> Arc<Arena> {
     let platform: Arc<dyn Platform> = Arc::new(ThreadCpus(cpus));
     let a = Arena::new(cfg, Some(platform)).expect("config");
     a.add_span(BASE, space * PAGE).expect("span");
-    Arc::new(a)
+    a
 }
 
 impl Iova for Ours {
-    type Handle = (u64, u64);
+    type Handle = PageRun;
     #[inline]
-    fn alloc(&mut self, pages: u64) -> Option<(u64, u64)> {
+    fn alloc(&mut self, pages: u64) -> Option<PageRun> {
         let size = pages * PAGE;
-        self.0.alloc(size).ok().map(|a| (a, size))
+        self.0.alloc(size).ok().map(|a| PageRun::new(a, size))
     }
     #[inline]
-    fn free(&mut self, (addr, size): (u64, u64)) {
-        self.0.free(addr, size).expect("arena free");
+    fn free(&mut self, h: PageRun) {
+        self.0.free(h.addr(), h.bytes()).expect("arena free");
+    }
+    fn fragments(&self) -> Option<u64> {
+        let st = self.0.stats();
+        if std::env::var("GMEM_BENCH_STATS").is_ok() {
+            eprintln!("{st:?}");
+        }
+        Some(st.free_segments)
+    }
+}
+
+/// Our arena owned by the bench thread, driven through `alloc_mut`/`free_mut` (the
+/// exclusive-owner path: no per-CPU lock on a cache hit). The peers are all `&mut`
+/// allocators; this row compares like with like, the `Arc` row above is what a
+/// shared arena costs.
+struct OursMut(Arena);
+
+impl Iova for OursMut {
+    type Handle = PageRun;
+    #[inline]
+    fn alloc(&mut self, pages: u64) -> Option<PageRun> {
+        let size = pages * PAGE;
+        self.0.alloc_mut(size).ok().map(|a| PageRun::new(a, size))
+    }
+    #[inline]
+    fn free(&mut self, h: PageRun) {
+        self.0.free_mut(h.addr(), h.bytes()).expect("arena free");
     }
     fn fragments(&self) -> Option<u64> {
         Some(self.0.stats().free_segments)
@@ -243,15 +310,15 @@ impl Iova for Offset {
 struct RangeAlloc(range_alloc::RangeAllocator<u64>);
 
 impl Iova for RangeAlloc {
-    type Handle = (u64, u64);
+    type Handle = PageRun;
     #[inline]
-    fn alloc(&mut self, pages: u64) -> Option<(u64, u64)> {
+    fn alloc(&mut self, pages: u64) -> Option<PageRun> {
         let r = self.0.allocate_range(pages * PAGE).ok()?;
-        Some((r.start, r.end))
+        Some(PageRun::new(r.start, r.end - r.start))
     }
     #[inline]
-    fn free(&mut self, (start, end): (u64, u64)) {
-        self.0.free_range(start..end);
+    fn free(&mut self, h: PageRun) {
+        self.0.free_range(h.addr()..h.addr() + h.bytes());
     }
     fn fragments(&self) -> Option<u64> {
         // Free ranges lie between allocated runs: one more than the runs, at most.
@@ -263,16 +330,20 @@ impl Iova for RangeAlloc {
 struct VmAlloc(vm_allocator::AddressAllocator);
 
 impl Iova for VmAlloc {
-    type Handle = vm_allocator::RangeInclusive;
+    type Handle = PageRun;
     #[inline]
-    fn alloc(&mut self, pages: u64) -> Option<Self::Handle> {
-        self.0
+    fn alloc(&mut self, pages: u64) -> Option<PageRun> {
+        let r = self
+            .0
             .allocate(pages * PAGE, PAGE, vm_allocator::AllocPolicy::FirstMatch)
-            .ok()
+            .ok()?;
+        Some(PageRun::new(r.start(), r.len()))
     }
     #[inline]
-    fn free(&mut self, h: Self::Handle) {
-        self.0.free(&h).expect("vm-allocator free");
+    fn free(&mut self, h: PageRun) {
+        let r = vm_allocator::RangeInclusive::new(h.addr(), h.addr() + h.bytes() - 1)
+            .expect("vm-allocator range");
+        self.0.free(&r).expect("vm-allocator free");
     }
 }
 
@@ -295,7 +366,7 @@ type Slots<H> = Vec<Option<H>>;
 struct CachePadded<T>(T);
 
 /// One bench thread's live set and trace position.
-type ThreadState = (Slots<(u64, u64)>, usize);
+type ThreadState = (Slots<PageRun>, usize);
 
 /// Build an allocator holding the trace's initial live set; counts failures.
 fn filled<A: Iova>(make: &impl Fn() -> A, t: &Trace, failures: &mut u64) -> (A, Slots<A::Handle>) {
@@ -312,7 +383,28 @@ fn filled<A: Iova>(make: &impl Fn() -> A, t: &Trace, failures: &mut u64) -> (A, 
     (a, slots)
 }
 
+/// How many steps ahead the replay loop prefetches the slot it will touch.
+const SLOT_PREFETCH: usize = 8;
+
+/// Hint the CPU to bring `p`'s cache line in (a no-op off x86_64).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and changes no state, whatever
+    // the address.
+    #[allow(unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(p.cast::<i8>(), core::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Replay `iters` steps of `t` from `*pos`; returns the failures.
+///
+/// The live set is the bench's bookkeeping, not the allocator's: the loop prefetches
+/// the slot of the step [`SLOT_PREFETCH`] ahead, the same for every allocator, so the
+/// random slot accesses of a large live set do not hide the allocators' own costs.
 #[inline]
 fn replay<A: Iova>(
     a: &mut A,
@@ -324,12 +416,17 @@ fn replay<A: Iova>(
     let mut failures = 0;
     for _ in 0..iters {
         let (slot, pages) = t.steps[*pos];
+        let (ahead, _) = t.steps[(*pos + SLOT_PREFETCH) & (TRACE_STEPS - 1)];
+        prefetch(slots.as_ptr().wrapping_add(ahead as usize));
         *pos = (*pos + 1) & (TRACE_STEPS - 1);
         let slot = &mut slots[slot as usize];
         if let Some(h) = slot.take() {
             a.free(h);
         }
-        *slot = black_box(a.alloc(pages));
+        // No `std::hint::black_box`: the slot is read back by a later step, and forcing the
+        // handle through a stack temporary cost a store-forwarding stall (a handle
+        // written as two halves, read back whole) that dwarfed a cached allocation.
+        *slot = a.alloc(pages);
         failures += u64::from(slot.is_none());
     }
     failures
@@ -430,11 +527,22 @@ fn run_trace(c: &mut Criterion, t: &Trace, live: usize, skip_vm: bool) -> TraceR
             &mut group,
             id,
             samples,
-            || Ours(arena(space, v, 1)),
+            || Ours(Arc::new(arena(space, v, 1))),
             t,
             false,
         );
         rows.push((label, o));
+        if matches!(v, Variant::Cached) {
+            let o = churn(
+                &mut group,
+                "vmem_cached_exclusive",
+                samples,
+                || OursMut(arena(space, v, 1)),
+                t,
+                false,
+            );
+            rows.push(("gmem vmem, cached, &mut owner", o));
+        }
     }
     let offset = churn(
         &mut group,
@@ -506,7 +614,7 @@ fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
             .map(|i| churn_trace(live, 0x7417 + i as u64))
             .collect();
         let space: u64 = traces.iter().map(|t| t.space).sum();
-        let a = arena(space, Variant::Cached, threads);
+        let a = Arc::new(arena(space, Variant::Cached, threads));
         let states: Vec<CachePadded<Mutex<ThreadState>>> = traces
             .iter()
             .map(|t| {
@@ -583,7 +691,7 @@ fn main() {
             &mut group,
             &format!("live_{live}"),
             scale_samples,
-            || Ours(arena(t.space, Variant::Instant, 1)),
+            || Ours(Arc::new(arena(t.space, Variant::Instant, 1))),
             &t,
             false,
         );
@@ -633,25 +741,26 @@ fn main() {
                 o.failures
             );
         }
-        let ours = r.rows[0].1;
-        for (name, o) in &r.rows[3..] {
-            let target = match *name {
-                n if n.starts_with("offset") => Some(3.0),
-                n if n.starts_with("range") => Some(1.5),
-                _ => None,
-            };
-            let verdict = match (ratio(*o, ours), target) {
-                (Some(x), Some(t)) => format!(
-                    "{x:.2}x (target >= {t}x: {})",
-                    if x >= t { "met" } else { "NOT met" }
-                ),
-                (Some(x), None) => format!("{x:.2}x"),
-                _ => "n/a".into(),
-            };
-            println!("  cached arena vs {name:<28} {verdict}");
+        for (which, ours) in [("shared", r.rows[0].1), ("&mut", r.rows[1].1)] {
+            for (name, o) in &r.rows[4..] {
+                let target = match *name {
+                    n if n.starts_with("offset") => Some(3.0),
+                    n if n.starts_with("range") => Some(1.5),
+                    _ => None,
+                };
+                let verdict = match (ratio(*o, ours), target) {
+                    (Some(x), Some(t)) => format!(
+                        "{x:.2}x (target >= {t}x: {})",
+                        if x >= t { "met" } else { "NOT met" }
+                    ),
+                    (Some(x), None) => format!("{x:.2}x"),
+                    _ => "n/a".into(),
+                };
+                println!("  cached arena ({which:<6}) vs {name:<20} {verdict}");
+            }
         }
-        let inst = r.rows[1].1;
-        let best = r.rows[2].1;
+        let inst = r.rows[2].1;
+        let best = r.rows[3].1;
         if let (Some(i), Some(b)) = (inst.fragments, best.fragments) {
             println!(
                 "  free segments, instant-fit / best-fit: {i} / {b} = {:.2} (target <= 2)",

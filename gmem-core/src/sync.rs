@@ -102,6 +102,12 @@ mod imp {
                 _held: super::order::Held::took(self.rank),
             })
         }
+        /// The value, through an exclusive borrow of the mutex: no lock is taken (no
+        /// other reference to the mutex can exist).
+        #[inline]
+        pub fn get_mut(&mut self) -> &mut T {
+            self.lock.get_mut()
+        }
     }
 
     impl<T: Default> Default for Mutex<T> {
@@ -199,6 +205,10 @@ mod imp {
         /// Lock if free.
         pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             self.0.try_lock().ok()
+        }
+        /// The value, through an exclusive borrow of the mutex.
+        pub fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().expect("loom mutex poisoned")
         }
     }
 

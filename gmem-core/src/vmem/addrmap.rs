@@ -78,6 +78,12 @@ impl AddrMap {
         }
     }
 
+    /// Start loading the home slot of `key` into the cache (a hint).
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        super::prefetch(&self.slots[self.home(key)]);
+    }
+
     /// The value stored for `key`.
     #[inline]
     pub fn get(&self, key: u64) -> Option<u32> {

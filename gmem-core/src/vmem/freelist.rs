@@ -149,14 +149,18 @@ impl FreeLists {
     }
 
     /// Take the free segment `i` off its list (its size must be the one it was
-    /// inserted with).
+    /// inserted with). Returns the list's new head when `i` was the head, else
+    /// [`NIL`].
     #[inline]
-    pub fn remove(&mut self, t: &mut SegTable, i: u32) {
+    pub fn remove(&mut self, t: &mut SegTable, i: u32) -> u32 {
         let c = self.class_of(t.get(i).size);
         let (fprev, fnext) = {
             let s = t.get(i);
             (s.fprev, s.fnext)
         };
+        if fnext != NIL {
+            t.get_mut(fnext).fprev = fprev;
+        }
         if fprev == NIL {
             self.heads[c as usize] = fnext;
             if fnext == NIL {
@@ -166,11 +170,10 @@ impl FreeLists {
                     self.groups &= !(1 << g);
                 }
             }
+            fnext
         } else {
             t.get_mut(fprev).fnext = fnext;
-        }
-        if fnext != NIL {
-            t.get_mut(fnext).fprev = fprev;
+            NIL
         }
     }
 }

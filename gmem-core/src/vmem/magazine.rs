@@ -10,6 +10,12 @@
 //! operations in one direction, and the loaded/previous swap guarantees that a CPU
 //! oscillating around a magazine boundary never thrashes the depot.
 //!
+//! A CPU's two magazines keep their rounds inline in its cache record (`mags[cur]` is
+//! the loaded one, `mags[cur ^ 1]` the previous one, and the swap flips `cur`), so a
+//! hit follows no pointer; the refill and trade paths are out of line (`#[cold]`).
+//! The depot stores magazines as vectors, and an exchange copies one magazine's rounds.
+//! Through an exclusive borrow (`alloc_mut`, `free_mut`) a hit takes no lock at all.
+//!
 //! The previous magazine is always either full or empty. The depot keeps at most
 //! [`DEPOT_MAX_FULL`] full magazines; a free that would exceed that hands the oldest
 //! full magazine back to the caller, who returns its rounds to the arena (Linux's IOVA
@@ -59,14 +65,80 @@ pub(super) struct CacheCounts {
     pub frees: u64,
 }
 
-/// One CPU's pair of magazines and its counters.
+/// A magazine held by a CPU: its rounds inline, so a pop or a push touches the CPU's
+/// own cache lines and follows no pointer.
+struct Mag {
+    len: usize,
+    rounds: [u64; MAGAZINE_ROUNDS],
+}
+
+impl Mag {
+    const EMPTY: Mag = Mag {
+        len: 0,
+        rounds: [0; MAGAZINE_ROUNDS],
+    };
+
+    #[inline]
+    fn pop(&mut self) -> Option<u64> {
+        let n = self.len.checked_sub(1)?;
+        let a = *self.rounds.get(n)?;
+        self.len = n;
+        Some(a)
+    }
+
+    /// Push `addr`; false (nothing changed) when the magazine is full.
+    #[inline]
+    fn push(&mut self, addr: u64) -> bool {
+        match self.rounds.get_mut(self.len) {
+            Some(slot) => {
+                *slot = addr;
+                self.len += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[inline]
+    fn rounds(&self) -> &[u64] {
+        &self.rounds[..self.len]
+    }
+
+    /// Load the rounds of a full magazine from the depot (at most `MAGAZINE_ROUNDS`).
+    fn load(&mut self, from: &[u64]) {
+        let n = from.len().min(MAGAZINE_ROUNDS);
+        self.rounds[..n].copy_from_slice(&from[..n]);
+        self.len = n;
+    }
+}
+
+/// One CPU's pair of magazines and its counters. The *loaded* magazine is
+/// `mags[cur]`, the *previous* one `mags[cur ^ 1]`: the swap of section 3.1 flips
+/// `cur` instead of moving rounds.
 struct CpuCache {
-    loaded: Vec<u64>,
-    previous: Vec<u64>,
+    cur: usize,
     hits: u64,
     misses: u64,
     allocs: u64,
     frees: u64,
+    mags: [Mag; 2],
+}
+
+impl CpuCache {
+    #[inline]
+    fn loaded(&mut self) -> &mut Mag {
+        &mut self.mags[self.cur & 1]
+    }
+
+    #[inline]
+    fn previous(&mut self) -> &mut Mag {
+        &mut self.mags[(self.cur & 1) ^ 1]
+    }
+
+    #[inline]
+    fn swap(&mut self) {
+        self.cur ^= 1;
+    }
 }
 
 /// Full and empty magazines shared by all CPUs.
@@ -88,12 +160,12 @@ impl MagazineLayer {
         let cpus = (0..ncpus.max(1))
             .map(|_| {
                 Padded(Mutex::new(CpuCache {
-                    loaded: Vec::with_capacity(MAGAZINE_ROUNDS),
-                    previous: Vec::with_capacity(MAGAZINE_ROUNDS),
+                    cur: 0,
                     hits: 0,
                     misses: 0,
                     allocs: 0,
                     frees: 0,
+                    mags: [Mag::EMPTY, Mag::EMPTY],
                 }))
             })
             .collect();
@@ -118,74 +190,116 @@ impl MagazineLayer {
     /// depot. `None` (a miss) when all are empty.
     #[inline]
     pub fn alloc(&self, cpu: usize) -> Option<u64> {
-        let mut c = self.cpu(cpu).lock();
-        let c = &mut *c;
-        let addr = match c.loaded.pop() {
+        let mut g = self.cpu(cpu).lock();
+        let c = &mut *g;
+        let addr = match c.loaded().pop() {
             Some(a) => a,
-            None if !c.previous.is_empty() => {
-                core::mem::swap(&mut c.loaded, &mut c.previous);
-                c.loaded.pop()?
-            }
-            None => {
-                #[cfg(gmem_loom_bug = "magazine_depot_race")]
-                {
-                    // Deliberately broken (loom model `magazines` must catch it): the
-                    // full magazine is read under one depot lock and removed under
-                    // another, so two CPUs can load copies of the same magazine.
-                    let peeked = self.depot.lock().full.back().cloned();
-                    if let Some(full) = peeked {
-                        let mut d = self.depot.lock();
-                        d.full.pop_back();
-                        let empty = core::mem::replace(&mut c.loaded, full);
-                        d.empty.push(empty);
-                        d.exchanges += 1;
-                        drop(d);
-                        let a = c.loaded.pop()?;
-                        c.hits += 1;
-                        c.allocs += 1;
-                        return Some(a);
-                    }
-                }
-                let mut d = self.depot.lock();
-                match d.full.pop_back() {
-                    Some(full) => {
-                        // Both CPU magazines are empty: the loaded one goes to the
-                        // depot's empties, the full one is loaded.
-                        let empty = core::mem::replace(&mut c.loaded, full);
-                        d.empty.push(empty);
-                        d.exchanges += 1;
-                        drop(d);
-                        c.loaded.pop()?
-                    }
-                    None => {
-                        c.misses += 1;
-                        return None;
-                    }
-                }
-            }
+            None => self.alloc_refill(c)?,
         };
         c.hits += 1;
         c.allocs += 1;
         Some(addr)
     }
 
+    /// The loaded magazine is empty: swap in a full previous one, or trade the empty
+    /// loaded magazine for a full one at the depot; pop from the result. `None` (a
+    /// miss, counted) when the depot has no full magazine either.
+    #[cold]
+    fn alloc_refill(&self, c: &mut CpuCache) -> Option<u64> {
+        if c.previous().len != 0 {
+            c.swap();
+            return c.loaded().pop();
+        }
+        #[cfg(gmem_loom_bug = "magazine_depot_race")]
+        {
+            // Deliberately broken (loom model `magazines` must catch it): the full
+            // magazine is read under one depot lock and removed under another, so two
+            // CPUs can load copies of the same magazine.
+            let peeked = self.depot.lock().full.back().cloned();
+            if let Some(full) = peeked {
+                let mut d = self.depot.lock();
+                let mut taken = d.full.pop_back().unwrap_or_default();
+                c.loaded().load(&full);
+                taken.clear();
+                d.empty.push(taken);
+                d.exchanges += 1;
+                drop(d);
+                return c.loaded().pop();
+            }
+        }
+        let mut d = self.depot.lock();
+        match d.full.pop_back() {
+            Some(mut full) => {
+                // Both CPU magazines are empty: the full one is loaded and its
+                // storage joins the depot's empties.
+                c.loaded().load(&full);
+                full.clear();
+                d.empty.push(full);
+                d.exchanges += 1;
+                drop(d);
+                c.loaded().pop()
+            }
+            None => {
+                c.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// [`Self::alloc`] through an exclusive borrow: the loaded magazine is popped
+    /// without taking the CPU's lock; anything else takes the locked path.
+    #[inline]
+    pub fn alloc_mut(&mut self, cpu: usize) -> Option<u64> {
+        if let Some(c) = self.cpus.get_mut(cpu) {
+            let c = c.0.get_mut();
+            if let Some(a) = c.loaded().pop() {
+                c.hits += 1;
+                c.allocs += 1;
+                return Some(a);
+            }
+        }
+        self.alloc(cpu)
+    }
+
+    /// [`Self::free`] through an exclusive borrow: a push into a loaded magazine with
+    /// room takes no lock; anything else takes the locked path.
+    #[inline]
+    pub fn free_mut(&mut self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
+        if let Some(c) = self.cpus.get_mut(cpu) {
+            let c = c.0.get_mut();
+            if c.loaded().push(addr) {
+                c.frees += 1;
+                return None;
+            }
+        }
+        self.free(cpu, addr)
+    }
+
     /// Push a freed round for CPU `cpu`. Returns a magazine the depot could not keep:
     /// its rounds must go back to the arena.
     #[inline]
     pub fn free(&self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
-        let mut c = self.cpu(cpu).lock();
+        let mut g = self.cpu(cpu).lock();
+        let c = &mut *g;
         c.frees += 1;
-        self.put(&mut c, addr)
+        if c.loaded().push(addr) {
+            return None;
+        }
+        self.put_full(c, addr)
     }
 
     /// Load the rounds of an import (after a miss that was then served) for CPU
     /// `cpu`. Returns rounds that did not fit.
     pub fn fill(&self, cpu: usize, rounds: Vec<u64>) -> Option<Vec<u64>> {
-        let mut c = self.cpu(cpu).lock();
+        let mut g = self.cpu(cpu).lock();
+        let c = &mut *g;
         c.allocs += 1;
         let mut spill: Option<Vec<u64>> = None;
         for addr in rounds {
-            if let Some(m) = self.put(&mut c, addr) {
+            if c.loaded().push(addr) {
+                continue;
+            }
+            if let Some(m) = self.put_full(c, addr) {
                 match &mut spill {
                     Some(s) => s.extend(m),
                     None => spill = Some(m),
@@ -195,28 +309,28 @@ impl MagazineLayer {
         spill
     }
 
-    /// The free algorithm: loaded, then previous (when empty, swapped in), then trade
-    /// the full previous magazine for an empty one at the depot.
-    fn put(&self, c: &mut CpuCache, addr: u64) -> Option<Vec<u64>> {
-        if c.loaded.len() < MAGAZINE_ROUNDS {
-            c.loaded.push(addr);
-            return None;
-        }
-        if c.previous.is_empty() {
-            core::mem::swap(&mut c.loaded, &mut c.previous);
-            c.loaded.push(addr);
+    /// The free algorithm once the loaded magazine is full: swap in an empty previous
+    /// one, or trade the full previous magazine for an empty one at the depot.
+    #[cold]
+    fn put_full(&self, c: &mut CpuCache, addr: u64) -> Option<Vec<u64>> {
+        if c.previous().len == 0 {
+            c.swap();
+            c.loaded().push(addr);
             return None;
         }
         let mut d = self.depot.lock();
-        let empty = d
+        let mut full = d
             .empty
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(MAGAZINE_ROUNDS));
-        let full_loaded = core::mem::replace(&mut c.loaded, empty);
-        let full_previous = core::mem::replace(&mut c.previous, full_loaded);
-        d.full.push_back(full_previous);
+        // The full previous magazine goes to the depot; the (full) loaded one becomes
+        // the previous, and the emptied one is loaded.
+        full.extend_from_slice(c.previous().rounds());
+        c.previous().len = 0;
+        c.swap();
+        d.full.push_back(full);
         d.exchanges += 1;
-        c.loaded.push(addr);
+        c.loaded().push(addr);
         if d.full.len() > DEPOT_MAX_FULL {
             d.full.pop_front()
         } else {
@@ -229,8 +343,10 @@ impl MagazineLayer {
     pub fn drain(&self, out: &mut Vec<u64>) {
         for c in &self.cpus {
             let mut c = c.0.lock();
-            out.append(&mut c.loaded);
-            out.append(&mut c.previous);
+            for m in &mut c.mags {
+                out.extend_from_slice(m.rounds());
+                m.len = 0;
+            }
         }
         let mut d = self.depot.lock();
         for m in d.full.drain(..) {
@@ -250,7 +366,7 @@ impl MagazineLayer {
         };
         n.objects = d.full.iter().map(|m| m.len() as u64).sum();
         for c in &guards {
-            n.objects += (c.loaded.len() + c.previous.len()) as u64;
+            n.objects += (c.mags[0].len + c.mags[1].len) as u64;
             n.hits += c.hits;
             n.misses += c.misses;
             n.allocs += c.allocs;

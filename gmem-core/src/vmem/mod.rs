@@ -109,6 +109,16 @@
 //! (push; swap with an empty previous; trade the full previous for an empty magazine
 //! at the depot). The swap makes a CPU that oscillates around a magazine boundary stay
 //! local; the depot balances CPUs that mostly allocate against CPUs that mostly free.
+//! A CPU's two magazines hold their rounds inline in its cache record and the swap
+//! flips an index, so a hit is a lock, a pop or push in lines the CPU already owns,
+//! and an unlock: no pointer is followed and no rounds move. The depot keeps its
+//! magazines as vectors and an exchange copies one magazine's rounds (at most once per
+//! 32 operations in one direction).
+//!
+//! An owner holding the arena exclusively (`&mut`, e.g. one thread driving one IOMMU
+//! domain) may call [`Arena::alloc_mut`] and [`Arena::free_mut`]: the same caches and
+//! counters, but a hit reaches the CPU's magazines through `Mutex::get_mut`, with no
+//! atomic read-modify-write at all; anything other than a hit takes the locked path.
 //!
 //! **8. Locking.** The segment layer has one lock (the arena lock). Each per-CPU cache,
 //! each depot, each stack cache and each outstanding set has its own. The order,
@@ -160,6 +170,28 @@ use seglist::Kind;
 
 use crate::platform::Platform;
 use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
+
+/// Ask the CPU to start loading the cache line holding `r`, without waiting for it.
+///
+/// Used where the segment layer knows which cold record or hash slot the *next*
+/// operation will read (the new head of a freelist, the hash slot of its address), so
+/// that on a large arena the next operation finds it in cache instead of waiting on
+/// memory. A hint only: on targets without the instruction it does nothing.
+#[inline(always)]
+fn prefetch<T>(r: &T) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+    // SAFETY: `prefetcht0` reads nothing architecturally visible, cannot fault and
+    // changes no state; `r` is a valid reference in any case. SSE is enabled (cfg).
+    #[allow(unsafe_code, unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(
+            (r as *const T).cast::<i8>(),
+            core::arch::x86_64::_MM_HINT_T0,
+        );
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+    let _ = r;
+}
 
 /// The most quantum-cache size classes an arena may have (`qcache_max / quantum`).
 pub const MAX_QCACHE_CLASSES: u64 = 64;
@@ -281,6 +313,65 @@ impl Arena {
         self.arena_alloc(&Placement::plain(size, self.config.quantum), fit)
     }
 
+    /// [`Arena::alloc`] for an exclusive owner: the same policy, caches, counters and
+    /// failure injection, but a quantum-cache hit pops the CPU's loaded magazine
+    /// without taking its lock (the `&mut` borrow proves no other thread can reach
+    /// the arena), so the common case touches no atomic read-modify-write. A miss, or
+    /// a size the caches do not serve, takes the locked path of [`Arena::alloc`]. For
+    /// an arena one thread owns (one IOMMU domain under its owner's lock, a
+    /// single-threaded simulator); an arena shared through an `Arc` uses
+    /// [`Arena::alloc`].
+    ///
+    /// # Errors
+    /// As [`Arena::alloc`].
+    #[inline]
+    pub fn alloc_mut(&mut self, size: u64) -> Result<u64, AllocError> {
+        let fit = self.config.fit;
+        if fit != FitPolicy::NextFit && Placement::check_size(size, self.config.quantum).is_ok() {
+            let cpu = self.cpu();
+            let injecting = self.fail_every.load(Ordering::Relaxed) != 0;
+            if let (Some(class), false) = (self.caches.class_of_mut(size), injecting) {
+                if let Some(addr) = class.alloc_mut(cpu) {
+                    class.track(addr);
+                    return Ok(addr);
+                }
+                // The miss is counted; import as `cache_alloc` does after one.
+                if let Some(class) = self.caches.class_of(size) {
+                    let r = self.cache_import(class, cpu);
+                    if r.is_err() {
+                        self.failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return r;
+                }
+            }
+        }
+        self.alloc_fit(size, fit)
+    }
+
+    /// [`Arena::free`] for an exclusive owner: a free of a cached size pushes onto the
+    /// CPU's loaded magazine without taking its lock when it has room; everything else
+    /// is [`Arena::free`].
+    ///
+    /// # Errors
+    /// As [`Arena::free`]; nothing changes on error.
+    #[inline]
+    pub fn free_mut(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
+        let q = self.config.quantum;
+        if size == 0 || (addr | size) & (q - 1) != 0 {
+            return Err(FreeError::Unaligned { addr, size });
+        }
+        let cpu = self.cpu();
+        if let Some(class) = self.caches.class_of_mut(size) {
+            if class.untrack(addr) {
+                if let Some(flush) = class.free_mut(cpu, addr) {
+                    self.release(&flush);
+                }
+                return Ok(());
+            }
+        }
+        self.segments.get_mut().free(addr, size)
+    }
+
     /// Allocate under a constraint (`vmem_xalloc`). Never served from the caches. The
     /// result satisfies every part of `c` (asserted in debug builds).
     ///
@@ -325,6 +416,7 @@ impl Arena {
     /// # Errors
     /// [`FreeError`] when `[addr, addr + size)` is not exactly an allocated segment (a
     /// double free, a wrong size); nothing changes then.
+    #[inline]
     pub fn free(&self, addr: u64, size: u64) -> Result<(), FreeError> {
         let q = self.config.quantum;
         if size == 0 || (addr | size) & (q - 1) != 0 {
@@ -474,6 +566,12 @@ impl Arena {
             class.track(addr);
             return Ok(addr);
         }
+        self.cache_import(class, cpu)
+    }
+
+    /// After a cache miss on `cpu`: import a batch into `class` and hand out one of
+    /// it (reaping and retrying once if the arena is full).
+    fn cache_import(&self, class: &SizeClass, cpu: usize) -> Result<u64, AllocError> {
         let mut batch = Vec::with_capacity(class.import_count());
         loop {
             self.segments

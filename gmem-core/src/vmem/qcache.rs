@@ -98,6 +98,24 @@ impl SizeClass {
         }
     }
 
+    /// [`Self::alloc`] through an exclusive borrow: no lock on the common path.
+    #[inline]
+    pub fn alloc_mut(&mut self, cpu: usize) -> Option<u64> {
+        match &mut self.store {
+            Store::Magazines(m) => m.alloc_mut(cpu),
+            Store::Stack(_) => self.alloc(cpu),
+        }
+    }
+
+    /// [`Self::free`] through an exclusive borrow: no lock on the common path.
+    #[inline]
+    pub fn free_mut(&mut self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
+        match &mut self.store {
+            Store::Magazines(m) => m.free_mut(cpu, addr),
+            Store::Stack(_) => self.free(cpu, addr),
+        }
+    }
+
     /// Store the rest of an import after a served miss; returns objects for the arena.
     pub fn fill(&self, cpu: usize, objs: Vec<u64>) -> Option<Vec<u64>> {
         match &self.store {
@@ -201,6 +219,13 @@ impl QuantumCaches {
     pub fn class_of(&self, size: u64) -> Option<&SizeClass> {
         let k = (size >> self.quantum_shift) as usize;
         self.classes.get(k.wrapping_sub(1))
+    }
+
+    /// [`Self::class_of`], mutably.
+    #[inline]
+    pub fn class_of_mut(&mut self, size: u64) -> Option<&mut SizeClass> {
+        let k = (size >> self.quantum_shift) as usize;
+        self.classes.get_mut(k.wrapping_sub(1))
     }
 
     /// True when there are no caches.

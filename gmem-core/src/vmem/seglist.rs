@@ -34,8 +34,22 @@ pub(super) enum Kind {
     Unused,
 }
 
-/// One boundary tag.
+/// Tags stored in `fprev` of a record that is not a free segment (see [`Seg`]).
+const TAG_SENTINEL: u32 = u32::MAX - 1;
+const TAG_SPAN: u32 = u32::MAX - 2;
+const TAG_ALLOC: u32 = u32::MAX - 3;
+const TAG_CACHED: u32 = u32::MAX - 4;
+const TAG_UNUSED: u32 = u32::MAX - 5;
+/// Indices stay below this, clear of [`NIL`] and the tags.
+const MAX_RECORDS: usize = (u32::MAX - 8) as usize;
+
+/// One boundary tag: 32 bytes, aligned to 32, so a record never straddles two cache
+/// lines and two records share one. The kind is not a field of its own: a free
+/// segment's `fprev` is a freelist link ([`NIL`] or an index), and every other kind
+/// stores a tag above every index there (`fprev` means nothing for it), which keeps
+/// the record at four words.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(32))]
 pub(super) struct Seg {
     /// First byte.
     pub start: u64,
@@ -47,24 +61,52 @@ pub(super) struct Seg {
     pub aprev: u32,
     /// Next on the freelist (free segments only).
     pub fnext: u32,
-    /// Previous on the freelist (free segments only).
+    /// Previous on the freelist (free segments), or the kind's tag (any other kind).
     pub fprev: u32,
-    /// What the slot holds.
-    pub kind: Kind,
 }
+
+const _: () = assert!(core::mem::size_of::<Seg>() == 32);
 
 impl Seg {
     /// A detached record.
     pub fn new(start: u64, size: u64, kind: Kind) -> Self {
-        Self {
+        let mut s = Self {
             start,
             size,
             anext: NIL,
             aprev: NIL,
             fnext: NIL,
             fprev: NIL,
-            kind,
+        };
+        s.set_kind(kind);
+        s
+    }
+
+    /// What the slot holds.
+    #[inline]
+    pub fn kind(&self) -> Kind {
+        match self.fprev {
+            TAG_SENTINEL => Kind::Sentinel,
+            TAG_SPAN => Kind::Span,
+            TAG_ALLOC => Kind::Alloc,
+            TAG_CACHED => Kind::Cached,
+            TAG_UNUSED => Kind::Unused,
+            _ => Kind::Free,
         }
+    }
+
+    /// Make the record hold `kind`. A record made free is off every freelist until
+    /// [`super::freelist::FreeLists::insert`] links it.
+    #[inline]
+    pub fn set_kind(&mut self, kind: Kind) {
+        self.fprev = match kind {
+            Kind::Sentinel => TAG_SENTINEL,
+            Kind::Span => TAG_SPAN,
+            Kind::Alloc => TAG_ALLOC,
+            Kind::Cached => TAG_CACHED,
+            Kind::Unused => TAG_UNUSED,
+            Kind::Free => NIL,
+        };
     }
 
     /// The last byte (inclusive); meaningful for segments and markers (size >= 1).
@@ -76,7 +118,7 @@ impl Seg {
     /// True for free, allocated and cached segments (not markers, sentinel, unused).
     #[inline]
     pub fn is_segment(&self) -> bool {
-        matches!(self.kind, Kind::Free | Kind::Alloc | Kind::Cached)
+        matches!(self.kind(), Kind::Free | Kind::Alloc | Kind::Cached)
     }
 }
 
@@ -110,10 +152,18 @@ impl SegTable {
         &mut self.segs[i as usize]
     }
 
-    /// True when `n` more records can be taken (indices stay below [`NIL`]).
+    /// Start loading record `i` into the cache (a hint; `i` may be [`NIL`]).
+    #[inline]
+    pub fn prefetch(&self, i: u32) {
+        if let Some(s) = self.segs.get(i as usize) {
+            super::prefetch(s);
+        }
+    }
+
+    /// True when `n` more records can be taken (indices stay below the tags).
     #[inline]
     pub fn can_take(&self, n: usize) -> bool {
-        let fresh = (NIL as usize).saturating_sub(self.segs.len());
+        let fresh = MAX_RECORDS.saturating_sub(self.segs.len());
         self.unused.len().saturating_add(fresh) >= n
     }
 
@@ -137,7 +187,7 @@ impl SegTable {
     /// Mark `i` unused and recycle it; it must be unlinked.
     #[inline]
     pub fn release(&mut self, i: u32) {
-        self.segs[i as usize].kind = Kind::Unused;
+        self.segs[i as usize].set_kind(Kind::Unused);
         self.unused.push(i);
     }
 

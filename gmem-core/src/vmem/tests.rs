@@ -592,3 +592,63 @@ fn free_run_frees_split_pieces_at_once_and_refuses_what_is_not_allocated() {
         a.free(again, 64 * Q).unwrap();
     }
 }
+
+#[test]
+fn exclusive_and_shared_operations_agree_on_every_mode() {
+    // The same seeded sequence through `alloc_mut`/`free_mut` and through
+    // `alloc`/`free`: the same addresses, the same counters, a consistent arena, and
+    // the same typed errors (with nothing changed by them).
+    for cfg in all_modes() {
+        let mut ex = arena(cfg, 256 * Q);
+        let sh = arena(cfg, 256 * Q);
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        let mut x = 0x9e37_79b9_u64;
+        for step in 0..4000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if live.len() > 20 || (x & 1 == 0 && !live.is_empty()) {
+                let (addr, size) = live.swap_remove((x >> 8) as usize % live.len());
+                assert_eq!(
+                    ex.free_mut(addr, size),
+                    sh.free(addr, size),
+                    "{cfg:?} {step}"
+                );
+                // A second free of the same range is an error in checked modes and in
+                // uncached sizes; both paths must agree on it.
+                if cfg.check_frees {
+                    let e = ex.free_mut(addr, size);
+                    assert!(e.is_err());
+                    assert_eq!(e, sh.free(addr, size));
+                }
+            } else {
+                let size = ((x >> 16) % 6 + 1) * Q;
+                let a = ex.alloc_mut(size);
+                assert_eq!(a, sh.alloc(size), "{cfg:?} {step}");
+                if let Ok(addr) = a {
+                    live.push((addr, size));
+                }
+            }
+        }
+        assert_eq!(ex.alloc_mut(0), sh.alloc(0));
+        assert_eq!(ex.free_mut(0x1000_0001, Q), sh.free(0x1000_0001, Q));
+        assert_eq!(ex.stats(), sh.stats(), "{cfg:?}");
+        ex.check().unwrap();
+        for (addr, size) in live {
+            ex.free_mut(addr, size).unwrap();
+        }
+        ex.reap();
+        let s = balanced(&ex);
+        assert_eq!((s.free_segments, s.allocs), (1, s.frees), "{cfg:?}");
+    }
+}
+
+#[test]
+fn exclusive_allocations_honour_failure_injection() {
+    let mut a = arena(config(4, true, false), 64 * Q);
+    a.set_fail_every(2);
+    assert!(a.alloc_mut(Q).is_ok());
+    assert_eq!(a.alloc_mut(Q), Err(AllocError::Injected));
+    assert!(a.alloc_mut(Q).is_ok());
+    assert_eq!(a.stats().failures, 1);
+}

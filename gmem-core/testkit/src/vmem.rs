@@ -92,7 +92,8 @@ pub struct Window {
 /// allocations modulo their number; an operation with nothing to choose is a no-op.
 #[derive(Arbitrary, Clone, Copy, Debug)]
 pub enum VmemOp {
-    /// `alloc(quanta * quantum)` on CPU `cpu`.
+    /// `alloc(quanta * quantum)` on CPU `cpu`; through the exclusive-owner
+    /// `alloc_mut` when `cpu`'s top bit is set.
     Alloc {
         /// Size in quanta (0 = a zero-size request).
         quanta: u8,
@@ -129,7 +130,7 @@ pub enum VmemOp {
     Free {
         /// Which.
         pick: u16,
-        /// The CPU.
+        /// The CPU; through the exclusive-owner `free_mut` when its top bit is set.
         cpu: u8,
     },
     /// Free an address that was freed before and is not live now.
@@ -348,7 +349,11 @@ impl VmemRunner {
             VmemOp::Alloc { quanta, cpu } => {
                 self.set_cpu(cpu);
                 let size = u64::from(quanta % 72) * q;
-                let r = self.arena.alloc(size);
+                let r = if cpu & 0x80 != 0 {
+                    self.arena.alloc_mut(size)
+                } else {
+                    self.arena.alloc(size)
+                };
                 let fit = self.default_fit;
                 self.check_plain_alloc(&ctx, size, fit, r);
             }
@@ -392,7 +397,11 @@ impl VmemRunner {
                     return;
                 };
                 self.set_cpu(cpu);
-                let r = self.arena.free(a, l.size);
+                let r = if cpu & 0x80 != 0 {
+                    self.arena.free_mut(a, l.size)
+                } else {
+                    self.arena.free(a, l.size)
+                };
                 assert_eq!(r, Ok(()), "{ctx}: free of a live allocation {a:#x}");
                 self.live.remove(&a);
                 self.freed.push((a, l.size));
