@@ -394,6 +394,17 @@ impl Gmem {
         target: DeviceId,
         scope: MigrateScope,
     ) -> Result<u64, PopulateError> {
+        self.migrate_pages(region, Some(range), target, scope)
+    }
+
+    /// `region_migrate` of `range` (the whole region for `None`).
+    fn migrate_pages(
+        &self,
+        region: Region,
+        range: Option<VaRange>,
+        target: DeviceId,
+        scope: MigrateScope,
+    ) -> Result<u64, PopulateError> {
         let dev = self
             .device(target)
             .ok_or(PopulateError::UnknownDevice(target))?;
@@ -403,7 +414,10 @@ impl Gmem {
             self.host.clone()
         };
         self.with_region(region, |cx, space, st, c| {
-            let (first, pages) = c.range(range)?;
+            let (first, pages) = match range {
+                Some(r) => c.range(r)?,
+                None => (c.first, c.pages),
+            };
             let prefetch = scope == MigrateScope::Prefetch && !c.rec.explicit;
             Ok(st.migrate_range(cx, space, first, pages, &dest, prefetch)?)
         })
@@ -500,18 +514,7 @@ impl Gmem {
         target: DeviceId,
         scope: MigrateScope,
     ) -> Result<u64, PopulateError> {
-        let dev = self
-            .device(target)
-            .ok_or(PopulateError::UnknownDevice(target))?;
-        let dest = if dev.has_memory() {
-            dev
-        } else {
-            self.host.clone()
-        };
-        self.with_region(region, |cx, space, st, c| {
-            let prefetch = scope == MigrateScope::Prefetch && !c.rec.explicit;
-            Ok(st.migrate_range(cx, space, c.first, c.pages, &dest, prefetch)?)
-        })
+        self.migrate_pages(region, None, target, scope)
     }
 
     /// Wire the region (the host VM's `mlock`, or a KVM guest whose pass-through device

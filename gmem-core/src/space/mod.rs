@@ -671,67 +671,6 @@ impl SpaceState {
         OwedInvalidation(runs)
     }
 
-    /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
-    /// if the driver fails on a run, the runs changed so far (and the failed one, which
-    /// the driver may have changed in part) get their old protection back (`old[i]` for
-    /// `runs[i]`) and are invalidated before the error is returned. A run the driver cannot restore either loses its mapping
-    /// (unmap cannot fail; a faultable user faults it back with the region's
-    /// protection) and, in a table that must hold it eagerly, is mapped again.
-    pub fn protect_runs(
-        &mut self,
-        stats: &Counters,
-        runs: &[TableRun],
-        prot: Prot,
-        old: &[Prot],
-    ) -> Result<(), MmuError> {
-        debug_assert_eq!(runs.len(), old.len());
-        let split = self.large_protected(stats, runs);
-        for (i, run) in runs.iter().enumerate() {
-            let Some(table) = self.tables[run.table].as_ref() else {
-                continue;
-            };
-            let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
-                continue;
-            };
-            // A large leaf the failed protect (or one it never reached) should have
-            // split may still be whole in the driver's table: drop every such leaf
-            // from its table (faultable users fault it back, eager tables get it again
-            // below), so that the core's records hold.
-            let mut lost_leaves: Vec<TableRun> = split
-                .iter()
-                .map(|&(t, s, n)| TableRun {
-                    table: t,
-                    range: VaRange {
-                        start: Vpn(s).addr(),
-                        len: n << PAGE_SHIFT,
-                    },
-                })
-                .collect();
-            let changed = &runs[..=i];
-            let mut lost = Vec::new();
-            for (r, &was) in changed.iter().zip(old) {
-                if let Some(t) = self.tables[r.table].as_ref() {
-                    if t.mmu.protect(t.root, r.range, was).is_err() {
-                        lost.push(*r);
-                    }
-                }
-            }
-            self.invalidate(stats, changed);
-            lost.append(&mut lost_leaves);
-            for r in lost {
-                let first = r.range.start.vpn();
-                let pages = r.range.len >> PAGE_SHIFT;
-                self.unmap_pages(stats, first, pages, 1 << r.table);
-                let eager = self.wired_mask() & (1 << r.table);
-                // Best effort: the error returned is the first one.
-                let _ = self.mirror(stats, first, pages, eager);
-            }
-            return Err(err);
-        }
-        self.invalidate(stats, runs);
-        Ok(())
-    }
-
     /// Invalidate, for each table touched by `runs`, the TLB of every device using it:
     /// one call per device with the table's whole list of ranges.
     pub fn invalidate(&self, stats: &Counters, runs: &[TableRun]) {

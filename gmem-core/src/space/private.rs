@@ -181,6 +181,9 @@ impl SpaceState {
     /// devices' TLBs, give the frames back, and mirror the shared pages into the tables
     /// again where they must be. Returns how many there were.
     pub(crate) fn free_private(&mut self, stats: &Counters, which: &[(usize, Vpn)]) -> u64 {
+        if which.is_empty() {
+            return 0;
+        }
         let mut runs: Vec<TableRun> = Vec::new();
         let mut freed: Vec<(usize, Vpn, u8, Pfn)> = Vec::new();
         for &(slot, v) in which {

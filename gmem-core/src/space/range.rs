@@ -2,9 +2,10 @@
 //! of a device's memory.
 //!
 //! A range operation acts on `[first, first + pages)` of a checked region: protection
-//! (including no access, recorded as a split-off piece in `segments`), unmapping,
+//! (including no access, recorded as a split-off piece in `segments`; `protect_runs`,
+//! the all-or-nothing protection change of table runs, lives here too), unmapping,
 //! wiring and unwiring; migration reuses `migrate_range` directly. The protection of
-//! every page stays readable in one place (`Segments::prot_at`), so the fault path,
+//! every page stays readable in one place (`Segments::at`), so the fault path,
 //! the eager mirrors and zero-fill blocks all follow a split at once.
 //!
 //! Evacuation moves every page a space keeps in one device's memory to host memory —
@@ -13,7 +14,7 @@
 
 use super::segments::Piece;
 use super::{SpaceInner, SpaceState, TableEdits, TableRun};
-use crate::addr::Vpn;
+use crate::addr::{VaRange, Vpn, PAGE_SHIFT};
 use crate::device::DeviceInner;
 use crate::error::MoveError;
 use crate::flags::{MapFlags, Prot};
@@ -22,6 +23,7 @@ use crate::kpi::region::Checked;
 use crate::lpt::{PageEntry, EXTERNAL, WIRED};
 use crate::mmu::{Attrs, MmuError};
 use crate::queue::Callback;
+use crate::stats::Counters;
 use crate::sync::Arc;
 use alloc::vec::Vec;
 
@@ -162,12 +164,7 @@ impl SpaceState {
     /// Map `[first, first + pages)` into the tables that must hold it eagerly
     /// (replicas: every populated page; tables of devices that cannot fault: the wired
     /// ones) where it is missing.
-    fn remirror(
-        &mut self,
-        stats: &crate::stats::Counters,
-        first: Vpn,
-        pages: u64,
-    ) -> Result<(), MmuError> {
+    fn remirror(&mut self, stats: &Counters, first: Vpn, pages: u64) -> Result<(), MmuError> {
         let replicas = self.replica_mask();
         self.mirror(stats, first, pages, replicas)?;
         let wired_tables = self.wired_mask() & !replicas;
@@ -301,5 +298,66 @@ impl SpaceState {
                 .map_err(MoveError::Mmu)?;
         }
         Ok(moved)
+    }
+
+    /// Change the protection of `runs` to `prot` and invalidate them, all or nothing:
+    /// if the driver fails on a run, the runs changed so far (and the failed one, which
+    /// the driver may have changed in part) get their old protection back (`old[i]` for
+    /// `runs[i]`) and are invalidated before the error is returned. A run the driver cannot restore either loses its mapping
+    /// (unmap cannot fail; a faultable user faults it back with the region's
+    /// protection) and, in a table that must hold it eagerly, is mapped again.
+    pub fn protect_runs(
+        &mut self,
+        stats: &Counters,
+        runs: &[TableRun],
+        prot: Prot,
+        old: &[Prot],
+    ) -> Result<(), MmuError> {
+        debug_assert_eq!(runs.len(), old.len());
+        let split = self.large_protected(stats, runs);
+        for (i, run) in runs.iter().enumerate() {
+            let Some(table) = self.tables[run.table].as_ref() else {
+                continue;
+            };
+            let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
+                continue;
+            };
+            // A large leaf the failed protect (or one it never reached) should have
+            // split may still be whole in the driver's table: drop every such leaf
+            // from its table (faultable users fault it back, eager tables get it again
+            // below), so that the core's records hold.
+            let mut lost_leaves: Vec<TableRun> = split
+                .iter()
+                .map(|&(t, s, n)| TableRun {
+                    table: t,
+                    range: VaRange {
+                        start: Vpn(s).addr(),
+                        len: n << PAGE_SHIFT,
+                    },
+                })
+                .collect();
+            let changed = &runs[..=i];
+            let mut lost = Vec::new();
+            for (r, &was) in changed.iter().zip(old) {
+                if let Some(t) = self.tables[r.table].as_ref() {
+                    if t.mmu.protect(t.root, r.range, was).is_err() {
+                        lost.push(*r);
+                    }
+                }
+            }
+            self.invalidate(stats, changed);
+            lost.append(&mut lost_leaves);
+            for r in lost {
+                let first = r.range.start.vpn();
+                let pages = r.range.len >> PAGE_SHIFT;
+                self.unmap_pages(stats, first, pages, 1 << r.table);
+                let eager = self.wired_mask() & (1 << r.table);
+                // Best effort: the error returned is the first one.
+                let _ = self.mirror(stats, first, pages, eager);
+            }
+            return Err(err);
+        }
+        self.invalidate(stats, runs);
+        Ok(())
     }
 }

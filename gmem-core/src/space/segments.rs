@@ -80,6 +80,10 @@ impl Segments {
         pages: u64,
         f: impl Fn(Piece) -> Piece,
     ) {
+        // Nothing split and nothing to split (every `region_map` asks): no work.
+        if self.pieces.is_empty() && f(region) == region {
+            return;
+        }
         let (a, end) = (first.0, first.0 + pages);
         // The parts of the range, in order, with their current values.
         let mut parts: Vec<(u64, u64, Piece)> = Vec::new();
