@@ -174,3 +174,31 @@ fn misuse_and_exhaustion_are_typed_and_leave_nothing() {
     );
     s.gm.check_invariants(space).unwrap();
 }
+
+/// Found by the `private` fuzz target: attaching a device that cannot fault mirrors
+/// every wired page in one pass, and two neighbouring regions whose frames follow on
+/// must not share a run; each keeps its own protection in the new table.
+#[test]
+fn attach_mirrors_neighbouring_wired_regions_each_with_its_own_protection() {
+    let (s, space, d) = system(4);
+    let dev = s.devices[d].id;
+    s.gm.dev_detach(dev, space).unwrap();
+    let a =
+        s.gm.as_alloc(space, AllocRequest::new(3 * PAGE_SIZE))
+            .unwrap();
+    s.gm.region_wire(a).unwrap();
+    let b = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    assert_eq!(b.start.as_u64(), a.start.as_u64() + 3 * PAGE_SIZE, "neighbours");
+    s.gm.region_protect(a, Prot::READ).unwrap();
+    s.gm.region_wire(b).unwrap();
+    s.write(0, page(b, 0), &[7; 8]).unwrap();
+    s.gm.as_attach(space, dev, MmuMode::Coherent, Activation::Switch)
+        .unwrap();
+    s.gm.check_invariants(space).unwrap();
+    // The read-write neighbour is writable from the device, the read-only one is not.
+    s.write(d, page(b, 0), &[9; 8]).unwrap();
+    assert_eq!(s.read(0, page(b, 0), 8).unwrap(), [9; 8]);
+    assert_eq!(s.read(d, page(a, 2), 8).unwrap(), [0; 8]);
+    assert!(s.write(d, page(a, 2), &[1; 8]).is_err());
+    assert_eq!(s.read(0, page(a, 2), 8).unwrap(), [0; 8]);
+}

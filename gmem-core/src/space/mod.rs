@@ -603,18 +603,24 @@ impl SpaceState {
                     i += 1;
                     continue;
                 }
-                let region = self
+                let (region, region_end) = self
                     .region_at(v0.addr().as_u64())
-                    .map(|(_, r)| r.piece())
-                    .unwrap_or(segments::Piece {
-                        prot: Prot::READ,
-                        attrs: Attrs::default(),
-                    });
+                    .map(|(start, r)| (r.piece(), start + r.len))
+                    .unwrap_or((
+                        segments::Piece {
+                            prot: Prot::READ,
+                            attrs: Attrs::default(),
+                        },
+                        v0.addr().as_u64() + (1 << PAGE_SHIFT),
+                    ));
                 let piece = self.segments.at(region, v0);
                 let mut n = 1;
                 while i + (n as usize) < entries.len() {
                     let (v, e) = entries[i + n as usize];
+                    // A run ends with its region: the next region has its own
+                    // protection and attributes, even when its frames follow on.
                     if v != v0 + n
+                        || v.addr().as_u64() >= region_end
                         || e.mem != e0.mem
                         || e.pfn != e0.pfn + n
                         || e.mapped & (1 << t) != 0
