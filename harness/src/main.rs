@@ -1,6 +1,7 @@
 //! `gmem-harness`: runs workloads and replays traces over gmem-core on simulated devices
 //! that hold real bytes, and verifies every result against a CPU-only reference.
 
+mod adsm_report;
 mod aging;
 mod contiguity;
 mod full_report;
@@ -69,6 +70,9 @@ enum Experiment {
     /// RegDem: register demotion into unused shared memory, every variant simulated on a
     /// Maxwell SM model and verified bit for bit; predictor vs exhaustive search.
     Regdem,
+    /// ADSM/GMAC: batch / lazy / rolling update against explicit copies on a GPU that
+    /// cannot fault, six workloads, block- and rolling-size sweeps (`--quick` for CI).
+    Adsm,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -131,7 +135,7 @@ enum Command {
         /// iommu: packets per receive queue per run.
         #[arg(long, default_value_t = 20_000)]
         packets: u64,
-        /// regdem: CI sizes (seconds).
+        /// regdem, adsm: CI sizes (seconds).
         #[arg(long)]
         quick: bool,
     },
@@ -629,6 +633,12 @@ fn main() -> ExitCode {
             out,
             ..
         }) => regdem_report::run(quick, &out, output),
+        Some(Command::Reproduce {
+            experiment: Experiment::Adsm,
+            quick,
+            out,
+            ..
+        }) => adsm_report::run(quick, &out, output),
         Some(Command::Replay {
             file,
             format,

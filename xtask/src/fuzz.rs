@@ -13,7 +13,7 @@
 use std::process::{Command, Stdio};
 
 /// The fuzz targets, each a `[[bin]]` of `fuzz/Cargo.toml`.
-pub const TARGETS: &[&str] = &["vmem", "kpi", "page_table", "trace"];
+pub const TARGETS: &[&str] = &["vmem", "kpi", "page_table", "trace", "private"];
 
 fn have_nightly() -> bool {
     Command::new("rustup")

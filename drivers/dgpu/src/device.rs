@@ -1,7 +1,8 @@
 //! The discrete GPU device: video memory, registration with the core, kernels.
 //!
 //! The device-independent part of the driver: build video memory and its copy engine,
-//! create the device (`FAULTABLE | LOCAL_MEMORY`, the copy engine as its data mover),
+//! create the device (`FAULTABLE | LOCAL_MEMORY`, or `LOCAL_MEMORY` alone for a GPU
+//! configured as one that cannot fault; the copy engine as its data mover),
 //! register video memory (all of it but the page-table pool) with the core and in the
 //! machine's memory map, and run kernels, loads and stores through the GPU's [`Port`].
 //! Oversubscription needs nothing here: when video memory is full the core evicts its
@@ -30,6 +31,11 @@ pub struct DgpuConfig {
     pub table_frames: u64,
     /// The GPU's translation caches (their unit count is its compute units).
     pub tlbs: HierarchyConfig,
+    /// Whether the GPU can take page faults (`true`: the core serves its misses). A GPU
+    /// that cannot fault (ADSM/GMAC's accelerators) is created without
+    /// [`DevCaps::FAULTABLE`]: its table holds only what the core maps eagerly (wired
+    /// pages, private frames), and a miss is an error, never a fault served.
+    pub faultable: bool,
 }
 
 impl DgpuConfig {
@@ -42,6 +48,15 @@ impl DgpuConfig {
             vram_bytes,
             table_frames: 64,
             tlbs: dgpu_tlbs(cus),
+            faultable: true,
+        }
+    }
+
+    /// The same GPU, configured as one that cannot fault (see [`DgpuConfig::faultable`]).
+    pub fn cannot_fault(self) -> DgpuConfig {
+        DgpuConfig {
+            faultable: false,
+            ..self
         }
     }
 }
@@ -123,7 +138,11 @@ impl Dgpu {
                 name: name.into(),
                 mmu: self.mmu.clone(),
                 memory: Some(self.dma.clone()),
-                caps: DevCaps::FAULTABLE | DevCaps::LOCAL_MEMORY,
+                caps: if self.config.faultable {
+                    DevCaps::FAULTABLE | DevCaps::LOCAL_MEMORY
+                } else {
+                    DevCaps::LOCAL_MEMORY
+                },
                 data: None,
             })
             .map_err(DgpuError::Device)?;

@@ -24,6 +24,10 @@
 //!   After every operation it runs [`gmem_core::Gmem::check_invariants`] on every live
 //!   space and checks that no TLB holds a translation its page table no longer has.
 //!
+//! - [`private`]: device-private frames (ADSM/GMAC's one pointer, two copies) on a
+//!   host and a device that cannot fault, against a model of both copies of every
+//!   page, with `check_invariants` and the device's frame counts after every operation.
+//!
 //! Beside the runners, [`frag`] holds a seeded fragmenter that brings a device's
 //! memory to a chosen unusable-free-space index (for compaction tests and the
 //! fragmentation sweeps of the harness).
@@ -35,6 +39,7 @@
 pub mod frag;
 pub mod kpi;
 pub mod page_table;
+pub mod private;
 pub mod trace;
 pub mod vmem;
 
@@ -115,6 +120,17 @@ pub fn replay_page_table(data: &[u8]) -> Summary {
     };
     let ops: Vec<page_table::PtOp> = decode_ops(&mut u, page_table::MAX_OPS);
     page_table::PtRunner::new(config).run(&ops)
+}
+
+/// Decode a private-frame setup and operation list from raw bytes and run them
+/// against the two-copy model ([`private`]).
+pub fn replay_private(data: &[u8]) -> Summary {
+    let mut u = Unstructured::new(data);
+    let Ok(setup) = private::PrivateSetup::arbitrary(&mut u) else {
+        return Summary::default();
+    };
+    let ops: Vec<private::PrivateOp> = decode_ops(&mut u, private::MAX_OPS);
+    private::PrivateRunner::new(setup).run(&ops)
 }
 
 /// Run the trace parsers over raw bytes.
