@@ -21,7 +21,7 @@ use crate::attrs::CodaAttrs;
 use crate::config::HbmConfig;
 use crate::exec::{blocks_per_stack, Exec, ExecOptions, ExecReport, Schedule};
 use crate::machine::{HbmMachine, MachineError};
-use crate::placement::{decide, Launch, Profile};
+use crate::placement::{decide, decide_profiled, Launch, Profile};
 use crate::workloads::{Descriptor, Object, Workload};
 use gmem_core::{Region, PAGE_SIZE};
 use std::collections::HashMap;
@@ -103,10 +103,10 @@ pub fn plan(
                 decide(b, Some(ix.pattern(threads)), launch_of(cfg, threads))
             }
             Descriptor::Shared => CodaAttrs::FINE,
-            Descriptor::Profile => {
-                let p = profiles.get(i).and_then(|p| p.as_ref());
-                decide(b, p.and_then(Profile::pattern), launch_of(cfg, 0))
-            }
+            Descriptor::Profile => match profiles.get(i).and_then(|p| p.as_ref()) {
+                Some(p) => decide_profiled(b, p, launch_of(cfg, 0)),
+                None => CodaAttrs::FINE,
+            },
         })
         .collect()
 }
