@@ -36,7 +36,11 @@ pub fn blocks_per_stack(cfg: &HbmConfig) -> u64 {
 /// Where thread blocks go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Schedule {
-    /// Block `b` on SM `b mod sms`.
+    /// Block `b` in stack `b mod stacks` (SM `(b / stacks) mod sms_per_stack` there):
+    /// a location-oblivious dispatcher over SMs numbered across the stacks. (Numbering
+    /// them stack by stack instead would line block `b` up with coarse page `b / 4`
+    /// whenever four 1 KiB blocks fill a page and a stack has four SMs — a coincidence
+    /// of sizes, not a policy.)
     RoundRobin,
     /// Block `b` in stack `(b / blocks_per_stack) mod stacks`.
     Affinity,
@@ -49,7 +53,12 @@ impl Schedule {
     pub fn runner(self, cfg: &HbmConfig, b: u64) -> Requester {
         let sms = u64::from(cfg.sms());
         match self {
-            Schedule::RoundRobin => Requester::Sm((b % sms) as u32),
+            Schedule::RoundRobin => {
+                let n = u64::from(cfg.stacks);
+                let sm =
+                    (b % n) * u64::from(cfg.sms_per_stack) + (b / n) % u64::from(cfg.sms_per_stack);
+                Requester::Sm((sm % sms) as u32)
+            }
             Schedule::Affinity => {
                 let bps = blocks_per_stack(cfg);
                 let stack = (b / bps) % u64::from(cfg.stacks);

@@ -212,4 +212,34 @@ mod tests {
         assert_eq!((a.granularity, a.chunk_pages), (Granularity::Coarse, 4));
         assert_eq!(Profile::default().pattern(), None);
     }
+
+    #[test]
+    fn a_profile_that_predicts_no_locality_keeps_the_object_fine() {
+        // Regular: block b reads its own 2 KiB.
+        let mut regular = Profile::default();
+        for b in 0..64u64 {
+            for t in 0..8u64 {
+                regular.accesses.push((b, b * 2048 + t * 256));
+            }
+        }
+        assert_eq!(
+            decide_profiled(0, &regular, LAUNCH).granularity,
+            Granularity::Coarse
+        );
+        // Same median stride, but every block's accesses land on a scrambled chunk.
+        let mut scrambled = Profile::default();
+        for b in 0..64u64 {
+            let c = (b * 37 + 11) % 64;
+            for t in 0..8u64 {
+                scrambled.accesses.push((b, c * 2048 + t * 256));
+            }
+        }
+        scrambled.accesses.sort_by_key(|&(b, _)| b);
+        let d = decide_profiled(0, &scrambled, LAUNCH);
+        assert_eq!(d, CodaAttrs::FINE, "{d:?}");
+        assert_eq!(
+            decide_profiled(0, &Profile::default(), LAUNCH),
+            CodaAttrs::FINE
+        );
+    }
 }
