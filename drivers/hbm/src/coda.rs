@@ -102,6 +102,15 @@ pub fn plan(
             Descriptor::Affine(ix, threads) => {
                 decide(b, Some(ix.pattern(threads)), launch_of(cfg, threads))
             }
+            Descriptor::Affine2(e1, t1, e2, t2) => {
+                let x = decide(b, Some(e1.pattern(t1)), launch_of(cfg, t1));
+                let y = decide(b, Some(e2.pattern(t2)), launch_of(cfg, t2));
+                if x == y {
+                    x
+                } else {
+                    CodaAttrs::FINE
+                }
+            }
             Descriptor::Shared => CodaAttrs::FINE,
             Descriptor::Profile => match profiles.get(i).and_then(|p| p.as_ref()) {
                 Some(p) => decide_profiled(b, p, launch_of(cfg, 0)),

@@ -52,6 +52,10 @@ impl Class {
 pub enum Descriptor {
     /// An affine expression over blocks of this many threads.
     Affine(AffineIndex, u64),
+    /// Indexed by two kernels, each with its expression (and threads per block): the
+    /// object is localized only if both give the same placement, as a compiler pass
+    /// that sees every access of the object decides.
+    Affine2(AffineIndex, u64, AffineIndex, u64),
     /// Read by every block (or a parameter): fine grain.
     Shared,
     /// Input-dependent: observe it on another input.
@@ -503,9 +507,12 @@ impl Workload for Atax {
             Object {
                 name: "A",
                 bytes: n * n * 4,
-                descriptor: Descriptor::Affine(
+                // Rows by the first kernel, column strips of every row by the second.
+                descriptor: Descriptor::Affine2(
                     rows(ROWS_PER_BLOCK * n, n as i64, ROWS_PER_BLOCK),
                     n,
+                    rows(ROWS_PER_BLOCK, n as i64, n),
+                    ROWS_PER_BLOCK,
                 ),
             },
             Object {
