@@ -95,9 +95,9 @@ pub struct Row {
     pub migrations: u64,
     /// Coarse-grain requests that fell back to fine grain.
     pub placement_fallbacks: u64,
-    /// Page groups in use at the end, fine and coarse.
+    /// Fine page groups holding the workload's pages at the end.
     pub groups_fine: u64,
-    /// Coarse page groups in use at the end.
+    /// Coarse page groups holding the workload's pages at the end.
     pub groups_coarse: u64,
     /// Result equals the CPU reference.
     pub verified: bool,

@@ -129,7 +129,7 @@ pub struct RunResult {
     pub verified: bool,
     /// Coarse-grain frame requests that fell back to fine grain (the core's count).
     pub placement_fallbacks: u64,
-    /// Page groups in use at the end, `(fine, coarse)`.
+    /// Page groups holding the objects' pages at the end, `(fine, coarse)`.
     pub groups: (u64, u64),
 }
 
@@ -147,7 +147,7 @@ fn allocate(m: &HbmMachine, objects: &[Object]) -> Result<Vec<Region>, MachineEr
     objects.iter().map(|o| m.alloc(o.bytes)).collect()
 }
 
-fn place_oracle(
+pub(crate) fn place_oracle(
     m: &HbmMachine,
     regions: &[Region],
     objects: &[Object],
@@ -185,6 +185,26 @@ fn place_oracle(
         }
     }
     Ok(())
+}
+
+/// The page groups holding the objects' pages, by mode: `(fine, coarse)`.
+fn groups_holding(m: &HbmMachine, regions: &[Region], objects: &[Object]) -> (u64, u64) {
+    let mut fine = std::collections::HashSet::new();
+    let mut coarse = std::collections::HashSet::new();
+    let gb = m.config().group_bytes();
+    for (r, o) in regions.iter().zip(objects) {
+        for p in 0..o.bytes.div_ceil(PAGE_SIZE) {
+            let Some(pa) = m.frame(r.start.as_u64() + p * PAGE_SIZE) else {
+                continue;
+            };
+            match m.memory().granularity(pa) {
+                Some(crate::decode::Granularity::Coarse) => coarse.insert(pa.as_u64() / gb),
+                Some(crate::decode::Granularity::Fine) => fine.insert(pa.as_u64() / gb),
+                None => false,
+            };
+        }
+    }
+    (fine.len() as u64, coarse.len() as u64)
 }
 
 /// Run `w` under `config` on a fresh machine of `cfg`; `host_side` runs the kernels
@@ -245,7 +265,7 @@ pub fn run(
         report,
         verified,
         placement_fallbacks: m.stats().placement_fallbacks,
-        groups: m.page_groups(),
+        groups: groups_holding(&m, &regions, &objects),
     })
 }
 

@@ -396,7 +396,8 @@ impl HbmMachine {
             .map_err(core("invariants"))
     }
 
-    /// Page groups in use by class, as the core keeps them: `(fine, coarse)`.
+    /// Page groups by class as the core keeps them, `(fine, coarse)` — groups with
+    /// every frame free included (they keep their last class).
     pub fn page_groups(&self) -> (u64, u64) {
         let mut out = (0, 0);
         if let Ok(Some(s)) = self.gm.dev_page_groups(self.dev) {
