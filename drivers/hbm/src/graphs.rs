@@ -34,8 +34,10 @@ pub struct Csr {
 }
 
 impl Csr {
-    /// A graph of `n` vertices (a power of two for R-MAT) and `degree × n` edges.
+    /// A graph of `n` vertices (at least one; a power of two for R-MAT) and
+    /// `degree × n` edges.
     pub fn generate(kind: GraphKind, n: u32, degree: u32, seed: u64) -> Csr {
+        let n = n.max(1);
         let mut r = Rng(seed);
         let mut edges: Vec<(u32, u32)> = Vec::with_capacity((n * degree) as usize);
         match kind {
@@ -113,8 +115,9 @@ const UNVISITED: u32 = u32::MAX;
 const HOST: Requester = Requester::Host;
 
 impl GraphWork {
-    /// The workload on a freshly generated graph.
+    /// The workload on a freshly generated graph (at least one vertex).
     pub fn new(algo: Algo, kind: GraphKind, n: u32, degree: u32, seed: u64) -> GraphWork {
+        let n = n.max(1);
         GraphWork {
             algo,
             kind,

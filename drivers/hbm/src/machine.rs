@@ -199,11 +199,11 @@ impl HbmMachine {
     }
 
     /// The descriptor that puts the page at `va` in `stack` (a one-page chunk whose
-    /// grid starts `stack` pages earlier).
+    /// grid starts `stack` pages earlier; the space starts at 4 GiB, so there is room).
     pub fn page_in_stack(&self, va: u64, stack: u32) -> CodaAttrs {
         let page = va / PAGE_SIZE * PAGE_SIZE;
         CodaAttrs::coarse(
-            page - u64::from(stack) * PAGE_SIZE,
+            page.saturating_sub(u64::from(stack % self.cfg.stacks) * PAGE_SIZE),
             PAGE_SIZE,
             self.cfg.stacks,
         )

@@ -38,7 +38,7 @@ pub enum Requester {
     Sm(u32),
 }
 
-/// Bytes moved by path, in whole 128-byte chunks.
+/// Bytes moved by path, in whole 128-byte chunks (priced by [`crate::cost`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// SM to its own stack.
@@ -58,15 +58,6 @@ impl Traffic {
         } else {
             self.remote as f64 / sm as f64
         }
-    }
-
-    /// Modelled transfer time in ns: each path's bytes over its bandwidth (the paths
-    /// work in parallel; the slowest one bounds the time).
-    pub fn time_ns(&self, cfg: &HbmConfig) -> f64 {
-        let t = |bytes: u64, gbps: f64| bytes as f64 / gbps;
-        t(self.local, cfg.local_gbps * f64::from(cfg.stacks))
-            .max(t(self.remote, cfg.remote_gbps))
-            .max(t(self.host, cfg.host_gbps))
     }
 }
 

@@ -293,7 +293,7 @@ pub struct Hotspot {
     pub rows: u64,
     /// Columns.
     pub cols: u64,
-    /// Rows per block.
+    /// Rows per block (at least 1 is used).
     pub rows_per_block: u64,
     /// Steps (ping-pong between two grids).
     pub steps: u32,
@@ -328,22 +328,9 @@ impl Workload for Hotspot {
     fn objects(&self) -> Vec<Object> {
         let bytes = self.rows * self.cols * 4;
         let t = self.cols;
-        let grid = Descriptor::Affine(
-            rows(
-                self.rows_per_block * self.cols,
-                self.cols as i64,
-                self.rows_per_block + 2,
-            ),
-            t,
-        );
-        let own = Descriptor::Affine(
-            rows(
-                self.rows_per_block * self.cols,
-                self.cols as i64,
-                self.rows_per_block,
-            ),
-            t,
-        );
+        let rpb = self.rows_per_block.max(1);
+        let grid = Descriptor::Affine(rows(rpb * self.cols, self.cols as i64, rpb + 2), t);
+        let own = Descriptor::Affine(rows(rpb * self.cols, self.cols as i64, rpb), t);
         vec_of([
             Object {
                 name: "temp",
@@ -368,7 +355,7 @@ impl Workload for Hotspot {
         m.store_f32s(HOST, base[1], &data(n, 6))
     }
     fn run(&self, x: &mut Exec<'_>, base: &[u64]) -> Result<(), MachineError> {
-        let (rows, cols, rpb) = (self.rows, self.cols, self.rows_per_block);
+        let (rows, cols, rpb) = (self.rows, self.cols, self.rows_per_block.max(1));
         for s in 0..self.steps {
             let (from, to) = if s % 2 == 0 {
                 (base[0], base[2])
