@@ -3,6 +3,7 @@
 
 mod adsm_report;
 mod aging;
+mod coda_report;
 mod contiguity;
 mod full_report;
 mod iommu_bench;
@@ -73,6 +74,9 @@ enum Experiment {
     /// ADSM/GMAC: batch / lazy / rolling update against explicit copies on a GPU that
     /// cannot fault, six workloads, block- and rolling-size sweeps (`--quick` for CI).
     Adsm,
+    /// CODA: HBM-stack near-data processing, six placement/scheduling configurations,
+    /// ten workloads, remote-bandwidth sweep, host-side execution (`--quick` for CI).
+    Coda,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -135,7 +139,7 @@ enum Command {
         /// iommu: packets per receive queue per run.
         #[arg(long, default_value_t = 20_000)]
         packets: u64,
-        /// regdem, adsm: CI sizes (seconds).
+        /// regdem, adsm, coda: CI sizes (seconds).
         #[arg(long)]
         quick: bool,
     },
@@ -639,6 +643,12 @@ fn main() -> ExitCode {
             out,
             ..
         }) => adsm_report::run(quick, &out, output),
+        Some(Command::Reproduce {
+            experiment: Experiment::Coda,
+            quick,
+            out,
+            ..
+        }) => coda_report::run_report(quick, &out, output),
         Some(Command::Replay {
             file,
             format,

@@ -15,6 +15,11 @@
 //! | [`mmu`] | [`HbmTables`]: the table host and SMs share, x86-64 leaves carrying each frame's granularity bit (so TLB entries keep it) |
 //! | [`placement`] | the fine/coarse decision and each stack's chunk from an affine index expression (standing in for the paper's compiler pass) or a profile of another input |
 //! | [`memory`] | [`HbmMemory`]: the stacks' bytes as the core's `DeviceMemory` (zero, read, write, copy by the group's mode), the page-group classes the core announces, the frame requests that put a coarse page in its stack, and the access path of the SMs and the host (routed by the granularity bit of the translation that served them) with traffic accounting |
+//! | [`machine`] | [`HbmMachine`]: the whole system as one gmem instance — stacks, one shared table walked by one MMU whose units are the SMs and the host, one space; loads and stores routed by the bit; page migration between stacks |
+//! | [`cost`] | the bandwidth model pricing counted traffic (near-data kernels and host-side windows) |
+//! | [`exec`] | the block-sequential executor: round-robin, affinity or host schedules; Fig. 3's pages-by-blocks record; first-touch migration; profiles |
+//! | [`workloads`], [`graphs`] | the ten verified workloads and their descriptors |
+//! | [`coda`] | the six configurations of the experiment and CODA's placement plan |
 //!
 //! How it meets the core: the device's memory is managed in page groups of
 //! `2^log2(stacks)` frames ([`gmem_core::Gmem::dev_set_page_groups`]); a frame request's
@@ -36,16 +41,25 @@
 extern crate alloc;
 
 pub mod attrs;
+pub mod coda;
+#[cfg(test)]
+mod coda_tests;
 pub mod config;
+pub mod cost;
 pub mod decode;
+pub mod exec;
+pub mod graphs;
+pub mod machine;
 pub mod memory;
 pub mod mmu;
 pub mod placement;
 #[cfg(test)]
 mod tests;
+pub mod workloads;
 
 pub use attrs::CodaAttrs;
 pub use config::HbmConfig;
 pub use decode::{decode, Granularity, Location};
+pub use machine::{HbmMachine, MachineError};
 pub use memory::{HbmMemory, Requester, Traffic};
 pub use mmu::{granularity_of, HbmTables, HBM_FORMAT};

@@ -38,7 +38,7 @@ pub enum Requester {
     Sm(u32),
 }
 
-/// Bytes moved by path, in whole 128-byte chunks.
+/// Bytes moved by path, in whole 128-byte chunks (priced by [`crate::cost`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// SM to its own stack.
@@ -59,15 +59,6 @@ impl Traffic {
             self.remote as f64 / sm as f64
         }
     }
-
-    /// Modelled transfer time in ns: each path's bytes over its bandwidth (the paths
-    /// work in parallel; the slowest one bounds the time).
-    pub fn time_ns(&self, cfg: &HbmConfig) -> f64 {
-        let t = |bytes: u64, gbps: f64| bytes as f64 / gbps;
-        t(self.local, cfg.local_gbps * f64::from(cfg.stacks))
-            .max(t(self.remote, cfg.remote_gbps))
-            .max(t(self.host, cfg.host_gbps))
-    }
 }
 
 /// The memory of an HBM-stack system.
@@ -79,6 +70,10 @@ pub struct HbmMemory {
     local: AtomicU64,
     remote: AtomicU64,
     host: AtomicU64,
+    /// Per stack: `[local, remote, host]` bytes. SM traffic is counted at the
+    /// requesting SM's stack (what its stack's links carry in), host traffic at the
+    /// stack that served it (the host's link to that stack).
+    by_stack: Vec<[AtomicU64; 3]>,
     /// Coarse requests of several pages (no single stack can hold them contiguously).
     spread_requests: AtomicU64,
 }
@@ -100,6 +95,9 @@ impl HbmMemory {
             local: AtomicU64::new(0),
             remote: AtomicU64::new(0),
             host: AtomicU64::new(0),
+            by_stack: (0..cfg.stacks)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
             spread_requests: AtomicU64::new(0),
         })
     }
@@ -129,11 +127,29 @@ impl HbmMemory {
         }
     }
 
+    /// Traffic so far by stack: SM traffic at the requesting SM's stack, host traffic
+    /// at the stack that served it.
+    pub fn traffic_by_stack(&self) -> Vec<Traffic> {
+        self.by_stack
+            .iter()
+            .map(|c| Traffic {
+                local: c[0].load(Ordering::Relaxed),
+                remote: c[1].load(Ordering::Relaxed),
+                host: c[2].load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
     /// Forget the traffic counted so far.
     pub fn reset_traffic(&self) {
         self.local.store(0, Ordering::Relaxed);
         self.remote.store(0, Ordering::Relaxed);
         self.host.store(0, Ordering::Relaxed);
+        for c in &self.by_stack {
+            for x in c {
+                x.store(0, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Coarse-grain frame requests of more than one page (placed anywhere: one stack
@@ -206,12 +222,17 @@ impl HbmMemory {
                 let first = (pa.as_u64() + at) / CHUNK;
                 let last = (pa.as_u64() + at + n - 1) / CHUNK;
                 let bytes = (last - first + 1) * CHUNK;
-                let counter = match who {
-                    Requester::Host => &self.host,
-                    Requester::Sm(sm) if self.cfg.stack_of_sm(sm) == stack => &self.local,
-                    Requester::Sm(_) => &self.remote,
+                let (counter, at_stack, class) = match who {
+                    Requester::Host => (&self.host, stack, 2),
+                    Requester::Sm(sm) if self.cfg.stack_of_sm(sm) == stack => {
+                        (&self.local, stack, 0)
+                    }
+                    Requester::Sm(sm) => (&self.remote, self.cfg.stack_of_sm(sm), 1),
                 };
                 counter.fetch_add(bytes, Ordering::Relaxed);
+                if let Some(c) = self.by_stack.get(at_stack as usize) {
+                    c[class].fetch_add(bytes, Ordering::Relaxed);
+                }
                 Ok(())
             },
         )

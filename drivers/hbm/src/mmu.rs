@@ -14,7 +14,8 @@ use gmem_core::{MapRun, MmuError, PageSizes, PageTableFormat, PageTableRoot, Phy
 use gmem_core::{VaRange, VirtAddr, PAGE_SIZE};
 use gmem_sim::{BoundsError, RadixTables, SimMemory, TableFormat, Tlb, Walk, WalkerId};
 use gmem_x86pt::{X86Codec, X86Config, GRANULARITY_BIT};
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 /// The format id of the HBM system's shared tables (x86-64 with the granularity bit).
 pub const HBM_FORMAT: PageTableFormat = PageTableFormat(0xc0da);
@@ -23,6 +24,9 @@ pub const HBM_FORMAT: PageTableFormat = PageTableFormat(0xc0da);
 pub struct HbmTables {
     tables: RadixTables<X86Codec>,
     memory: Arc<HbmMemory>,
+    /// Frames whose leaves get the wrong bit from now on (fault injection, see
+    /// [`HbmTables::set_wrong_bit`]).
+    wrong: Mutex<HashSet<u64>>,
 }
 
 impl HbmTables {
@@ -48,6 +52,7 @@ impl HbmTables {
         Ok(HbmTables {
             tables: RadixTables::new(codec, host, pool, frames)?,
             memory,
+            wrong: Mutex::new(HashSet::new()),
         })
     }
 
@@ -59,7 +64,30 @@ impl HbmTables {
     /// The mode of the frame at `pa`: its page group's in the stacks, fine grain for
     /// any other memory (host memory is not interleaved by CODA).
     fn mode(&self, pa: PhysAddr) -> Granularity {
-        self.memory.granularity(pa).unwrap_or(Granularity::Fine)
+        let g = self.memory.granularity(pa).unwrap_or(Granularity::Fine);
+        let wrong = self
+            .wrong
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(pa.as_u64() / PAGE_SIZE));
+        match (g, wrong) {
+            (Granularity::Fine, true) => Granularity::Coarse,
+            (Granularity::Coarse, true) => Granularity::Fine,
+            (g, false) => g,
+        }
+    }
+
+    /// Fault injection: from the next map on, the leaf of frame `pa` carries the
+    /// opposite granularity bit to its page group's mode (`wrong = false` undoes it).
+    /// The data stay where the core put them, so accesses through such a leaf read
+    /// other bytes — the test that the bit is really used.
+    pub fn set_wrong_bit(&self, pa: PhysAddr, wrong: bool) {
+        let mut w = self.wrong.lock().unwrap_or_else(|e| e.into_inner());
+        if wrong {
+            w.insert(pa.as_u64() / PAGE_SIZE);
+        } else {
+            w.remove(&(pa.as_u64() / PAGE_SIZE));
+        }
     }
 }
 

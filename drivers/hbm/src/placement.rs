@@ -107,6 +107,31 @@ impl Profile {
     }
 }
 
+/// The descriptor of an input-dependent object starting at `base` from a profile of
+/// another input: the profile's pattern decides as [`decide`] does, and a coarse
+/// placement is kept only if the profile predicts it serves more of the accesses from
+/// the accessing block's own stack (under affinity scheduling) than fine grain's
+/// `1 / stacks` — an irregular object whose median stride does not line up with its
+/// blocks stays fine grain rather than lose.
+pub fn decide_profiled(base: u64, profile: &Profile, launch: Launch) -> CodaAttrs {
+    let relative = decide(0, profile.pattern(), launch);
+    if relative.granularity != crate::decode::Granularity::Coarse || profile.accesses.is_empty() {
+        return CodaAttrs::FINE;
+    }
+    let n = u64::from(launch.stacks.max(1));
+    let bps = launch.blocks_per_stack.max(1);
+    let local = profile
+        .accesses
+        .iter()
+        .filter(|&&(b, off)| relative.stack_of(off, launch.stacks) == Some(((b / bps) % n) as u32))
+        .count();
+    if local as f64 / profile.accesses.len() as f64 > 1.0 / n as f64 {
+        decide(base, profile.pattern(), launch)
+    } else {
+        CodaAttrs::FINE
+    }
+}
+
 /// The descriptor of an object starting at `base` accessed with `pattern` (`None`:
 /// irregular, no pattern found) by `launch`.
 pub fn decide(base: u64, pattern: Option<Pattern>, launch: Launch) -> CodaAttrs {
@@ -186,5 +211,35 @@ mod tests {
         let a = decide(0, Some(pat), LAUNCH);
         assert_eq!((a.granularity, a.chunk_pages), (Granularity::Coarse, 4));
         assert_eq!(Profile::default().pattern(), None);
+    }
+
+    #[test]
+    fn a_profile_that_predicts_no_locality_keeps_the_object_fine() {
+        // Regular: block b reads its own 2 KiB.
+        let mut regular = Profile::default();
+        for b in 0..64u64 {
+            for t in 0..8u64 {
+                regular.accesses.push((b, b * 2048 + t * 256));
+            }
+        }
+        assert_eq!(
+            decide_profiled(0, &regular, LAUNCH).granularity,
+            Granularity::Coarse
+        );
+        // Same median stride, but every block's accesses land on a scrambled chunk.
+        let mut scrambled = Profile::default();
+        for b in 0..64u64 {
+            let c = (b * 37 + 11) % 64;
+            for t in 0..8u64 {
+                scrambled.accesses.push((b, c * 2048 + t * 256));
+            }
+        }
+        scrambled.accesses.sort_by_key(|&(b, _)| b);
+        let d = decide_profiled(0, &scrambled, LAUNCH);
+        assert_eq!(d, CodaAttrs::FINE, "{d:?}");
+        assert_eq!(
+            decide_profiled(0, &Profile::default(), LAUNCH),
+            CodaAttrs::FINE
+        );
     }
 }

@@ -1,0 +1,289 @@
+//! The must-hold tests on the whole machine: every workload verifies under
+//! every configuration; the granularity bit is really used; page groups never mix
+//! modes; placement depends only on the descriptor or another input's profile; every
+//! configuration is priced with the same bandwidths; a migration that finds no coarse
+//! slot in its stack falls back to fine grain and is counted.
+
+use crate::coda::{plan, profiles, run, Config, Inputs};
+use crate::config::HbmConfig;
+use crate::decode::Granularity;
+use crate::exec::{Exec, ExecOptions, Schedule};
+use crate::graphs::{Algo, GraphKind, GraphWork};
+use crate::machine::HbmMachine;
+use crate::memory::Requester;
+use crate::workloads::*;
+use gmem_core::PAGE_SIZE;
+use std::boxed::Box;
+use std::collections::{HashMap, HashSet};
+use std::vec::Vec;
+
+fn cfg() -> HbmConfig {
+    HbmConfig {
+        stack_bytes: 4 << 20,
+        ..HbmConfig::default()
+    }
+}
+
+fn small() -> Vec<Box<dyn Workload>> {
+    std::vec![
+        Box::new(VecAdd { n: 8192 }),
+        Box::new(KMeans { n: 4096 }),
+        Box::new(Hotspot {
+            rows: 64,
+            cols: 256,
+            rows_per_block: 2,
+            steps: 2,
+        }),
+        Box::new(Sgemm { n: 64 }),
+        Box::new(Atax { n: 64 }),
+        Box::new(Backprop { n: 4096 }),
+        Box::new(GraphWork::new(Algo::Bfs, GraphKind::Uniform, 2048, 4, 1)),
+        Box::new(GraphWork::new(Algo::Bfs, GraphKind::Rmat, 2048, 4, 2)),
+        Box::new(GraphWork::new(
+            Algo::PageRank(2),
+            GraphKind::Uniform,
+            2048,
+            4,
+            3
+        )),
+        Box::new(GraphWork::new(
+            Algo::PageRank(2),
+            GraphKind::Rmat,
+            2048,
+            4,
+            4
+        )),
+    ]
+}
+
+#[test]
+fn every_workload_verifies_under_every_configuration_and_on_the_host() {
+    let c = cfg();
+    for w in small() {
+        let mut inputs = Inputs {
+            profiles: profiles(&c, w.as_ref()).unwrap(),
+            ..Inputs::default()
+        };
+        let mut remote = HashMap::new();
+        for config in Config::ALL {
+            let r = run(&c, w.as_ref(), config, false, &inputs).unwrap();
+            assert!(r.verified, "{} under {}", w.name(), config.name());
+            if config == Config::FgpAffinity {
+                inputs.first_stack = r.report.first_stack.clone();
+            }
+            remote.insert(config, r.report.traffic().remote_fraction());
+        }
+        // Fine grain spreads every page: about three quarters of SM traffic is remote.
+        assert!(remote[&Config::Fgp] > 0.5, "{}: {remote:?}", w.name());
+        for config in [Config::Fgp, Config::Coda] {
+            let r = run(&c, w.as_ref(), config, true, &inputs).unwrap();
+            assert!(
+                r.verified,
+                "{} on the host under {}",
+                w.name(),
+                config.name()
+            );
+            assert!(r.report.host_ns > 0.0);
+        }
+    }
+}
+
+#[test]
+fn coda_keeps_block_exclusive_data_local() {
+    let c = cfg();
+    let w = VecAdd { n: 16384 };
+    let none = Inputs::default();
+    let fgp = run(&c, &w, Config::Fgp, false, &none).unwrap();
+    let coda = run(&c, &w, Config::Coda, false, &none).unwrap();
+    assert!(coda.verified && fgp.verified);
+    assert_eq!(
+        coda.report.traffic().remote,
+        0,
+        "vector add is block-exclusive"
+    );
+    assert!(coda.report.time_ns(&c) < fgp.report.time_ns(&c));
+    assert!(coda.groups.1 > 0 && coda.placement_fallbacks == 0);
+}
+
+#[test]
+fn flipping_a_pages_granularity_bit_without_moving_its_data_fails_verification() {
+    let c = cfg();
+    let w = VecAdd { n: 8192 };
+    for coarse in [false, true] {
+        let m = HbmMachine::new(c).unwrap();
+        let objects = w.objects();
+        let regions: Vec<_> = objects.iter().map(|o| m.alloc(o.bytes).unwrap()).collect();
+        let base: Vec<u64> = regions.iter().map(|r| r.start.as_u64()).collect();
+        if coarse {
+            for (r, a) in regions.iter().zip(plan(&c, &objects, &base, &[])) {
+                m.set_attrs(*r, a).unwrap();
+            }
+        }
+        w.init(&m, &base).unwrap();
+        let opts = ExecOptions {
+            schedule: Schedule::Affinity,
+            migrate_on_first_touch: false,
+            profile: false,
+        };
+        let mut x = Exec::new(&m, opts, &[]);
+        w.run(&mut x, &base).unwrap();
+        assert!(w.verify(&m, &base).unwrap());
+        // The second page of the result: its frame's mode is as placed.
+        let va = base[2] + PAGE_SIZE;
+        let want = if coarse {
+            Granularity::Coarse
+        } else {
+            Granularity::Fine
+        };
+        assert_eq!(m.placement_of(va).unwrap().0, want);
+        m.flip_granularity_bit(regions[2], va).unwrap();
+        assert_eq!(m.placement_of(va).unwrap().0, want, "the data did not move");
+        assert!(
+            !w.verify(&m, &base).unwrap(),
+            "a wrong bit must read other bytes (coarse = {coarse})"
+        );
+        m.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn a_page_group_never_mixes_modes() {
+    let c = cfg();
+    // A sharing workload (fine and coarse objects side by side) under CODA and the
+    // per-page oracle placement.
+    let w = Sgemm { n: 64 };
+    let first = run(&c, &w, Config::FgpAffinity, false, &Inputs::default()).unwrap();
+    let inputs = Inputs {
+        first_stack: first.report.first_stack,
+        ..Inputs::default()
+    };
+    for config in [
+        Config::Coda,
+        Config::FirstTouchOracle,
+        Config::FirstTouchMigrate,
+    ] {
+        let m = HbmMachine::new(c).unwrap();
+        let objects = w.objects();
+        let regions: Vec<_> = objects.iter().map(|o| m.alloc(o.bytes).unwrap()).collect();
+        let base: Vec<u64> = regions.iter().map(|r| r.start.as_u64()).collect();
+        if config == Config::Coda {
+            for (r, a) in regions.iter().zip(plan(&c, &objects, &base, &[])) {
+                m.set_attrs(*r, a).unwrap();
+            }
+        }
+        if config == Config::FirstTouchOracle {
+            crate::coda::place_oracle(&m, &regions, &objects, &inputs.first_stack).unwrap();
+        }
+        w.init(&m, &base).unwrap();
+        let opts = ExecOptions {
+            schedule: Schedule::Affinity,
+            migrate_on_first_touch: config == Config::FirstTouchMigrate,
+            profile: false,
+        };
+        let with_len: Vec<_> = regions
+            .iter()
+            .zip(&objects)
+            .map(|(r, o)| (*r, o.bytes))
+            .collect();
+        let mut x = Exec::new(&m, opts, &with_len);
+        w.run(&mut x, &base).unwrap();
+        assert!(w.verify(&m, &base).unwrap());
+        m.check_invariants().unwrap();
+        let mut modes: HashMap<u64, HashSet<Granularity>> = HashMap::new();
+        for (r, o) in regions.iter().zip(&objects) {
+            for p in 0..o.bytes.div_ceil(PAGE_SIZE) {
+                let pa = m.frame(r.start.as_u64() + p * PAGE_SIZE).unwrap();
+                let g = m.memory().granularity(pa).unwrap();
+                modes
+                    .entry(pa.as_u64() / c.group_bytes())
+                    .or_default()
+                    .insert(g);
+            }
+        }
+        assert!(modes.values().all(|s| s.len() == 1), "{config:?}");
+        let (fine, coarse) = m.page_groups();
+        assert!(fine > 0 && coarse > 0, "{config:?}: both modes in use");
+    }
+}
+
+#[test]
+fn placement_uses_only_the_descriptor_or_another_inputs_profile() {
+    let c = cfg();
+    let a = GraphWork::new(Algo::PageRank(1), GraphKind::Uniform, 2048, 4, 10);
+    let b = GraphWork::new(Algo::PageRank(1), GraphKind::Uniform, 2048, 4, 20);
+    // The profile comes from another input than the one measured...
+    let other = a.other_input().unwrap();
+    assert_ne!(other.name(), "", "another input exists");
+    let prof = profiles(&c, &a).unwrap();
+    assert!(prof.iter().any(|p| p.is_some()));
+    // ...and the plan depends on nothing but descriptors and profiles: two different
+    // inputs of the same shape get the same placement at the same addresses.
+    let base: Vec<u64> = (0..a.objects().len() as u64)
+        .map(|i| (i + 1) << 24)
+        .collect();
+    assert_eq!(
+        plan(&c, &a.objects(), &base, &prof),
+        plan(&c, &b.objects(), &base, &prof)
+    );
+    // Without a profile an input-dependent object stays fine grain.
+    let bare = plan(&c, &a.objects(), &base, &[]);
+    for (o, p) in a.objects().iter().zip(bare) {
+        if o.descriptor == Descriptor::Profile {
+            assert_eq!(p.granularity, Granularity::Fine, "{}", o.name);
+        }
+    }
+}
+
+#[test]
+fn every_configuration_is_priced_with_the_same_bandwidths() {
+    let c = cfg();
+    let w = KMeans { n: 4096 };
+    let results: Vec<_> = Config::ALL
+        .iter()
+        .map(|&k| run(&c, &w, k, false, &Inputs::default()).unwrap())
+        .collect();
+    // Doubling every bandwidth halves every configuration's time: time is traffic
+    // over the one configuration's bandwidths, nothing per design.
+    let fast = HbmConfig {
+        local_gbps: c.local_gbps * 2.0,
+        host_gbps: c.host_gbps * 2.0,
+        remote_gbps: c.remote_gbps * 2.0,
+        ..c
+    };
+    for r in &results {
+        let (t, f) = (r.report.time_ns(&c), r.report.time_ns(&fast));
+        assert!(t > 0.0 && (t / f - 2.0).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn a_migration_that_finds_no_coarse_slot_in_its_stack_goes_fine_and_is_counted() {
+    // Eight page groups: at most eight stack-1 slots, one group kept fine.
+    let c = HbmConfig {
+        stack_bytes: 8 * PAGE_SIZE,
+        ..cfg()
+    };
+    let m = HbmMachine::new(c).unwrap();
+    let a = m.alloc(3 * PAGE_SIZE).unwrap();
+    m.store(Requester::Host, a.start.as_u64(), &[7u8; 3 * 4096])
+        .unwrap();
+    let b = m.alloc(8 * PAGE_SIZE).unwrap();
+    let data: Vec<u8> = (0..8 * PAGE_SIZE).map(|i| (i % 253) as u8).collect();
+    m.store(Requester::Host, b.start.as_u64(), &data).unwrap();
+    let before = m.stats().placement_fallbacks;
+    let mut fine = 0;
+    for p in 0..8 {
+        let va = b.start.as_u64() + p * PAGE_SIZE;
+        match m.migrate_page(b, Requester::Sm(4), va, 1).unwrap().unwrap() {
+            (Granularity::Coarse, s) => assert_eq!(s, 1),
+            (Granularity::Fine, _) => fine += 1,
+        }
+    }
+    assert!(fine >= 1, "eight pages cannot all find a stack-1 slot");
+    assert_eq!(m.stats().placement_fallbacks - before, fine);
+    let mut back = std::vec![0u8; data.len()];
+    m.load(Requester::Host, b.start.as_u64(), &mut back)
+        .unwrap();
+    assert_eq!(back, data, "migration kept every byte");
+    m.check_invariants().unwrap();
+}

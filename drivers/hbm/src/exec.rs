@@ -1,0 +1,337 @@
+//! The block-sequential executor: a kernel launch is a grid of thread blocks, each a
+//! closure over a [`Ctx`] through which it loads and stores (one call = one coalesced
+//! request of contiguous bytes; a gather is one call per element). Blocks run one
+//! after another on the SM the schedule gives them — order does not change traffic,
+//! which is all the bandwidth model prices ([`crate::cost`]).
+//!
+//! Schedules (§4.3.1): round robin over all SMs (a baseline GPU's), or *affinity*:
+//! block `b` runs in stack `(b / blocks_per_stack) mod stacks`, the stack that CODA's
+//! placement gives the chunk of data the block indexes; no work stealing, as in the
+//! paper. The same executor runs the work on the host instead (host-side execution),
+//! pricing each block's accesses as one window of host traffic.
+//!
+//! While running, it records what the experiment reports: traffic per launch and
+//! stack, pages by number of thread blocks touching them (the paper's Fig. 3), the
+//! stack of the first SM touching each page (the first-touch oracle's input), and,
+//! with first-touch migration on, moves each page to the stack of the first SM that
+//! touches it ([`HbmMachine::migrate_page`]).
+
+use crate::config::HbmConfig;
+use crate::cost::{delta, host_window_ns, sm_time_ns, total};
+use crate::decode::Granularity;
+use crate::machine::{HbmMachine, MachineError};
+use crate::memory::{Requester, Traffic};
+use gmem_core::{Region, PAGE_SIZE};
+use std::collections::{BTreeMap, HashMap};
+use std::vec::Vec;
+
+/// Thread blocks one SM holds at once (the affinity grain is the SMs of a stack × this).
+pub const RESIDENT_BLOCKS: u64 = 2;
+
+/// Consecutive thread blocks that one stack runs under affinity scheduling.
+pub fn blocks_per_stack(cfg: &HbmConfig) -> u64 {
+    u64::from(cfg.sms_per_stack) * RESIDENT_BLOCKS
+}
+
+/// Where thread blocks go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// Block `b` in stack `b mod stacks` (SM `(b / stacks) mod sms_per_stack` there):
+    /// a location-oblivious dispatcher over SMs numbered across the stacks. (Numbering
+    /// them stack by stack instead would line block `b` up with coarse page `b / 4`
+    /// whenever four 1 KiB blocks fill a page and a stack has four SMs — a coincidence
+    /// of sizes, not a policy.)
+    RoundRobin,
+    /// Block `b` in stack `(b / blocks_per_stack) mod stacks`.
+    Affinity,
+    /// Every block on the host CPU.
+    Host,
+}
+
+impl Schedule {
+    /// Who runs block `b`.
+    pub fn runner(self, cfg: &HbmConfig, b: u64) -> Requester {
+        let sms = u64::from(cfg.sms());
+        match self {
+            Schedule::RoundRobin => {
+                let n = u64::from(cfg.stacks);
+                let sm =
+                    (b % n) * u64::from(cfg.sms_per_stack) + (b / n) % u64::from(cfg.sms_per_stack);
+                Requester::Sm((sm % sms) as u32)
+            }
+            Schedule::Affinity => {
+                let bps = blocks_per_stack(cfg);
+                let stack = (b / bps) % u64::from(cfg.stacks);
+                let sm =
+                    stack * u64::from(cfg.sms_per_stack) + (b % bps) % u64::from(cfg.sms_per_stack);
+                Requester::Sm(sm as u32)
+            }
+            Schedule::Host => Requester::Host,
+        }
+    }
+}
+
+/// What an [`Exec`] does besides running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecOptions {
+    /// The schedule.
+    pub schedule: Schedule,
+    /// Move each page to the stack of the first SM touching it (first-touch migration).
+    pub migrate_on_first_touch: bool,
+    /// Record `(block, address)` of every access (a profile for another input's
+    /// placement).
+    pub profile: bool,
+}
+
+#[derive(Default)]
+struct Record {
+    /// Per page: `(launch, last block, distinct blocks in this launch, most in any)`.
+    blocks: HashMap<u64, (u32, u64, u32, u32)>,
+    /// Per page: the stack of the first SM touching it.
+    first_stack: HashMap<u64, u32>,
+    migrations: u64,
+    migrations_fine: u64,
+    samples: Vec<(u64, u64)>,
+}
+
+/// A thread block's view of the machine.
+pub struct Ctx<'a> {
+    m: &'a HbmMachine,
+    who: Requester,
+    block: u64,
+    launch: u32,
+    opts: ExecOptions,
+    objects: &'a BTreeMap<u64, (u64, Region)>,
+    rec: &'a mut Record,
+}
+
+impl Ctx<'_> {
+    /// The block's index.
+    pub fn block(&self) -> u64 {
+        self.block
+    }
+
+    /// Who runs the block.
+    pub fn runner(&self) -> Requester {
+        self.who
+    }
+
+    fn note(&mut self, va: u64, len: u64) -> Result<(), MachineError> {
+        let cfg = *self.m.config();
+        if self.opts.profile {
+            self.rec.samples.push((self.block, va));
+        }
+        let first = va / PAGE_SIZE;
+        let last = (va + len.max(1) - 1) / PAGE_SIZE;
+        for page in first..=last {
+            let e = self
+                .rec
+                .blocks
+                .entry(page)
+                .or_insert((self.launch, u64::MAX, 0, 0));
+            if e.0 != self.launch {
+                *e = (self.launch, u64::MAX, 0, e.3);
+            }
+            if e.1 != self.block {
+                e.1 = self.block;
+                e.2 += 1;
+                e.3 = e.3.max(e.2);
+            }
+            let Requester::Sm(sm) = self.who else {
+                continue;
+            };
+            let stack = cfg.stack_of_sm(sm);
+            if self.rec.first_stack.contains_key(&page) {
+                continue;
+            }
+            self.rec.first_stack.insert(page, stack);
+            if !self.opts.migrate_on_first_touch {
+                continue;
+            }
+            let at = page * PAGE_SIZE;
+            let here = self.m.placement_of(at);
+            if here == Some((Granularity::Coarse, stack)) || here.is_none() {
+                continue;
+            }
+            let Some((&start, &(len, region))) = self.objects.range(..=at).next_back() else {
+                continue;
+            };
+            if at >= start + len {
+                continue;
+            }
+            let landed = self.m.migrate_page(region, self.who, at, stack)?;
+            self.rec.migrations += 1;
+            if landed.map(|l| l.0) == Some(Granularity::Fine) {
+                self.rec.migrations_fine += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Load `n` words at `va`.
+    ///
+    /// # Errors
+    /// As [`HbmMachine::load`].
+    pub fn load_u32s(&mut self, va: u64, n: usize) -> Result<Vec<u32>, MachineError> {
+        self.note(va, n as u64 * 4)?;
+        self.m.load_u32s(self.who, va, n)
+    }
+
+    /// Load one word at `va`.
+    ///
+    /// # Errors
+    /// As [`HbmMachine::load`].
+    pub fn load_u32(&mut self, va: u64) -> Result<u32, MachineError> {
+        Ok(self.load_u32s(va, 1)?[0])
+    }
+
+    /// Store words at `va`.
+    ///
+    /// # Errors
+    /// As [`HbmMachine::store`].
+    pub fn store_u32s(&mut self, va: u64, w: &[u32]) -> Result<(), MachineError> {
+        self.note(va, w.len() as u64 * 4)?;
+        self.m.store_u32s(self.who, va, w)
+    }
+
+    /// Load `n` floats at `va`.
+    ///
+    /// # Errors
+    /// As [`HbmMachine::load`].
+    pub fn load_f32s(&mut self, va: u64, n: usize) -> Result<Vec<f32>, MachineError> {
+        self.note(va, n as u64 * 4)?;
+        self.m.load_f32s(self.who, va, n)
+    }
+
+    /// Load one float at `va`.
+    ///
+    /// # Errors
+    /// As [`HbmMachine::load`].
+    pub fn load_f32(&mut self, va: u64) -> Result<f32, MachineError> {
+        Ok(self.load_f32s(va, 1)?[0])
+    }
+
+    /// Store floats at `va`.
+    ///
+    /// # Errors
+    /// As [`HbmMachine::store`].
+    pub fn store_f32s(&mut self, va: u64, v: &[f32]) -> Result<(), MachineError> {
+        self.note(va, v.len() as u64 * 4)?;
+        self.m.store_f32s(self.who, va, v)
+    }
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExecReport {
+    /// Traffic of each launch by stack (near-data runs).
+    pub launches: Vec<Vec<Traffic>>,
+    /// Modelled time of the host-side run, ns (0 for near-data runs).
+    pub host_ns: f64,
+    /// Pages by the most distinct thread blocks of one launch touching them:
+    /// `histogram[k]` pages touched by `k` blocks (`k` ≥ 1).
+    pub blocks_per_page: BTreeMap<u32, u64>,
+    /// Per page number: the stack of the first SM touching it.
+    pub first_stack: HashMap<u64, u32>,
+    /// Pages moved by first-touch migration.
+    pub migrations: u64,
+    /// Of those, pages that found no coarse slot in their stack and went fine grain.
+    pub migrations_fine: u64,
+    /// `(block, address)` of every access, when profiling.
+    pub samples: Vec<(u64, u64)>,
+}
+
+impl ExecReport {
+    /// All traffic of the run.
+    pub fn traffic(&self) -> Traffic {
+        let per: Vec<Traffic> = self.launches.iter().map(|l| total(l)).collect();
+        total(&per)
+    }
+
+    /// The modelled time under `cfg`'s bandwidths, ns (launches one after another).
+    pub fn time_ns(&self, cfg: &HbmConfig) -> f64 {
+        if self.host_ns > 0.0 {
+            return self.host_ns;
+        }
+        self.launches.iter().map(|l| sm_time_ns(cfg, l)).sum()
+    }
+}
+
+/// Runs launches on a machine and records them.
+pub struct Exec<'m> {
+    m: &'m HbmMachine,
+    opts: ExecOptions,
+    objects: BTreeMap<u64, (u64, Region)>,
+    rec: Record,
+    report: ExecReport,
+}
+
+impl<'m> Exec<'m> {
+    /// An executor over `m` whose objects (for migration) are `(region, bytes)`.
+    pub fn new(m: &'m HbmMachine, opts: ExecOptions, objects: &[(Region, u64)]) -> Exec<'m> {
+        Exec {
+            m,
+            opts,
+            objects: objects
+                .iter()
+                .map(|&(r, len)| (r.start.as_u64(), (len, r)))
+                .collect(),
+            rec: Record::default(),
+            report: ExecReport::default(),
+        }
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &'m HbmMachine {
+        self.m
+    }
+
+    /// Run a grid of `blocks` thread blocks, block `b` being `f(ctx)`.
+    ///
+    /// # Errors
+    /// The first [`MachineError`] a block returns (the launch stops there).
+    pub fn launch(
+        &mut self,
+        blocks: u64,
+        mut f: impl FnMut(&mut Ctx<'_>) -> Result<(), MachineError>,
+    ) -> Result<(), MachineError> {
+        let cfg = *self.m.config();
+        let mem = self.m.memory();
+        let start = mem.traffic_by_stack();
+        let launch = self.report.launches.len() as u32;
+        for b in 0..blocks {
+            let who = self.opts.schedule.runner(&cfg, b);
+            let before = (who == Requester::Host).then(|| mem.traffic_by_stack());
+            let mut ctx = Ctx {
+                m: self.m,
+                who,
+                block: b,
+                launch,
+                opts: self.opts,
+                objects: &self.objects,
+                rec: &mut self.rec,
+            };
+            f(&mut ctx)?;
+            if let Some(before) = before {
+                self.report.host_ns +=
+                    host_window_ns(&cfg, &delta(&mem.traffic_by_stack(), &before));
+            }
+        }
+        self.report
+            .launches
+            .push(delta(&mem.traffic_by_stack(), &start));
+        Ok(())
+    }
+
+    /// The record of the run.
+    pub fn finish(mut self) -> ExecReport {
+        for &(_, _, _, most) in self.rec.blocks.values() {
+            *self.report.blocks_per_page.entry(most).or_insert(0) += 1;
+        }
+        self.report.first_stack = self.rec.first_stack;
+        self.report.migrations = self.rec.migrations;
+        self.report.migrations_fine = self.rec.migrations_fine;
+        self.report.samples = self.rec.samples;
+        self.report
+    }
+}
