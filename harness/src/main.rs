@@ -7,6 +7,7 @@ mod contiguity;
 mod full_report;
 mod iommu_bench;
 mod machine;
+mod mesc;
 mod plot;
 mod regdem_report;
 mod replay;
@@ -73,6 +74,9 @@ enum Experiment {
     /// ADSM/GMAC: batch / lazy / rolling update against explicit copies on a GPU that
     /// cannot fault, six workloads, block- and rolling-size sweeps (`--quick` for CI).
     Adsm,
+    /// MESC: subregion contiguity bits against base, CoLT, full CoLT, THP and
+    /// MESC+CoLT on the integrated GPU over fragmented memory (`--quick` for CI).
+    Mesc,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -135,7 +139,7 @@ enum Command {
         /// iommu: packets per receive queue per run.
         #[arg(long, default_value_t = 20_000)]
         packets: u64,
-        /// regdem, adsm: CI sizes (seconds).
+        /// regdem, adsm, mesc: CI sizes (seconds).
         #[arg(long)]
         quick: bool,
     },
@@ -639,6 +643,12 @@ fn main() -> ExitCode {
             out,
             ..
         }) => adsm_report::run(quick, &out, output),
+        Some(Command::Reproduce {
+            experiment: Experiment::Mesc,
+            quick,
+            out,
+            ..
+        }) => mesc::run(quick, &out, output),
         Some(Command::Replay {
             file,
             format,

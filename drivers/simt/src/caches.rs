@@ -249,6 +249,19 @@ impl Ways {
     /// page and length) is updated, otherwise an empty or the least recently used slot
     /// is taken.
     pub fn insert(&mut self, set: usize, ways: core::ops::Range<usize>, run: Run) {
+        // A run of another length over the same pages would shadow this one (a clean
+        // entry found first would walk on every store): drop it.
+        let (lo, hi) = (run.vpn, run.vpn + run.pages);
+        for s in self.slots.iter_mut() {
+            if s.as_ref().is_some_and(|(r, _)| {
+                r.root == run.root
+                    && (r.vpn, r.pages) != (run.vpn, run.pages)
+                    && r.vpn < hi
+                    && lo < r.vpn + r.pages
+            }) {
+                *s = None;
+            }
+        }
         let base = (set % self.sets) * self.ways;
         self.clock += 1;
         let now = self.clock;
