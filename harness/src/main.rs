@@ -8,6 +8,7 @@ mod full_report;
 mod iommu_bench;
 mod machine;
 mod mesc;
+mod pagemap;
 mod plot;
 mod regdem_report;
 mod replay;
@@ -142,6 +143,10 @@ enum Command {
         /// regdem, adsm, mesc: CI sizes (seconds).
         #[arg(long)]
         quick: bool,
+        /// mesc: instead of the experiment, print the VA->PA contiguity histogram of
+        /// process PID (this process when no PID is given) from /proc/PID/pagemap.
+        #[arg(long, num_args = 0..=1, default_missing_value = "self")]
+        pagemap: Option<String>,
     },
     /// The main job: every workload on every accelerator configuration and the paper
     /// reproductions (Table 4, Table 3), each verified; tables and plots written to --out.
@@ -643,6 +648,22 @@ fn main() -> ExitCode {
             out,
             ..
         }) => adsm_report::run(quick, &out, output),
+        Some(Command::Reproduce {
+            experiment: Experiment::Mesc,
+            pagemap: Some(pid),
+            ..
+        }) => {
+            return match pagemap::read(&pid) {
+                Ok(p) => {
+                    pagemap::print(&pid, &p);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("pagemap: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(Command::Reproduce {
             experiment: Experiment::Mesc,
             quick,

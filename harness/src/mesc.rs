@@ -137,7 +137,7 @@ fn plan(quick: bool) -> Plan {
     if quick {
         Plan {
             workloads: vec!["atax", "vectoradd"],
-            settings: vec![(0.0, false), (0.5, false), (0.75, false), (0.75, true)],
+            settings: vec![(0.0, false), (0.75, false), (0.75, true)],
             size: Size::Medium,
         }
     } else {
