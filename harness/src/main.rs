@@ -8,6 +8,7 @@ mod full_report;
 mod iommu_bench;
 mod machine;
 mod mesc;
+mod mesc_iommu;
 mod pagemap;
 mod plot;
 mod regdem_report;

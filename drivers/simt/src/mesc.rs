@@ -56,6 +56,25 @@ use std::sync::Arc;
 /// The CPU's x86-64 tables in simulated host memory.
 pub type X86Tables = RadixTables<X86Codec>;
 
+/// The tables a design reads besides the hardware walk (CoLT's fetched line, MESC's
+/// bits and head leaves): x86-64 entries in some table memory — the CPU's tables for
+/// the integrated GPU, an IOMMU's own tables for a DMA device.
+pub trait MescTables: Send + Sync + 'static {
+    /// The codec (its `mesc` option says whether the bits are kept).
+    fn codec(&self) -> &X86Codec;
+    /// The memory the entries live in.
+    fn entries(&self) -> &dyn TableMemory;
+}
+
+impl MescTables for X86Tables {
+    fn codec(&self) -> &X86Codec {
+        RadixTables::codec(self)
+    }
+    fn entries(&self) -> &dyn TableMemory {
+        self.engine().memory()
+    }
+}
+
 /// One of the six designs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Design {
@@ -244,7 +263,7 @@ impl SubregionCache for MscView<'_> {
 pub struct DesignCaches {
     design: Design,
     geo: Geometry,
-    tables: Arc<X86Tables>,
+    tables: Arc<dyn MescTables>,
     l1: Vec<Ways>,
     l2: Ways,
     msc: Msc,
@@ -262,7 +281,7 @@ impl DesignCaches {
     pub fn new(
         design: Design,
         geo: Geometry,
-        tables: Arc<X86Tables>,
+        tables: Arc<dyn MescTables>,
     ) -> Result<DesignCaches, gmem_sim::TlbConfigError> {
         Ok(DesignCaches {
             design,
@@ -325,7 +344,7 @@ impl DesignCaches {
     /// re-reads what the hardware walk just read (not counted again).
     fn locate(&self, root: u64, va: u64) -> Option<(u64, u64)> {
         let codec = self.tables.codec();
-        let memory = self.tables.engine().memory();
+        let memory = self.tables.entries();
         let mut table = root;
         let mut level = codec.levels() - 1;
         loop {
@@ -343,7 +362,7 @@ impl DesignCaches {
 
     /// CoLT's run for the walked `leaf` of `vpn` from the line of leaves at `table`.
     fn colt_run(&self, root: u64, vpn: u64, leaf: Leaf, table: u64) -> Run {
-        let memory = self.tables.engine().memory();
+        let memory = self.tables.entries();
         let idx = (vpn % 512) as usize;
         let line_start = idx & !15;
         let mut line = [0u64; 16];
@@ -396,13 +415,7 @@ impl DesignCaches {
             root,
             stats: &mut self.ds,
         };
-        let w = bits::walk(
-            tables.codec(),
-            tables.engine().memory(),
-            root,
-            va,
-            Some(&mut view),
-        );
+        let w = bits::walk(tables.codec(), tables.entries(), root, va, Some(&mut view));
         self.ds.extra_reads += u64::from(w.extra_reads);
         self.walk.walk_reads += u64::from(w.extra_reads);
         match w.mode {
