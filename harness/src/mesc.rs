@@ -630,7 +630,7 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
                 "MESC on the integrated GPU: {MESC_UNITS} CUs, 32-entry fully assoc. L1 TLBs, shared TLB 32 sets x 16 ways (subregion partition ways 8-15), 512-entry MSC (64 x 8), 8 KiB PWC; CoLT groups of 4 in the 128-byte line"
             );
             println!("energies (pJ, assumed): {ENERGY:?}");
-            println!("cost model: {}", gmem_simt::cost::CostModel::calibrated());
+            println!("{}", gmem_simt::cost::CostModel::calibrated());
             print!("{}", table(&rows));
             println!("contiguity histogram (base design; runs of 1-256 / 257-512 / 513-768 / 769-1024 / >1024 pages: share of runs | share of footprint):");
             for r in rows.iter().filter(|r| r.design == "base") {
