@@ -9,7 +9,8 @@
 //! the index at `order` is as close to the target as whole frames allow:
 //! - `round((1 - target) · free / 2^order)` aligned blocks of `2^order` frames, chosen at
 //!   random among the blocks it holds wholly, are released whole (usable free space);
-//! - the rest of `free` is released as single frames chosen at random among the other
+//! - the rest of `free` is released as single frames (or, with
+//!   [`Fragmenter::fragment_runs`], runs of up to a given length) chosen at random among the other
 //!   held frames, never the last held frame of a block, so none of them joins a free
 //!   block of the order (unusable free space).
 //!
@@ -129,6 +130,25 @@ impl Fragmenter {
         free: u64,
         seed: u64,
     ) -> Result<Fragmented, String> {
+        self.fragment_runs(gm, order, target, free, 1, seed)
+    }
+
+    /// [`Fragmenter::fragment`], the unusable part released in runs of 1 to `max_run`
+    /// consecutive frames (each inside one block of the order and never completing it)
+    /// instead of single frames: the partly used blocks a buddy allocator leaves, with
+    /// contiguity below the order. `max_run` 1 is [`Fragmenter::fragment`].
+    ///
+    /// # Errors
+    /// As [`Fragmenter::fragment`].
+    pub fn fragment_runs(
+        &mut self,
+        gm: &Gmem,
+        order: u32,
+        target: f64,
+        free: u64,
+        max_run: u64,
+        seed: u64,
+    ) -> Result<Fragmented, String> {
         if !(0.0..=1.0).contains(&target) || order > gmem_core::physmem::MAX_ORDER {
             return Err(format!("bad target {target} or order {order}"));
         }
@@ -170,15 +190,35 @@ impl Fragmenter {
         shuffle(&mut rest, &mut rng);
         let mut freed: BTreeMap<u64, u64> = BTreeMap::new();
         let mut left = scattered;
+        let mut released = std::collections::BTreeSet::new();
         for pfn in rest {
             if left == 0 {
                 break;
             }
+            if released.contains(&pfn) {
+                continue;
+            }
+            // One frame, or (`max_run` > 1) a run of up to `max_run` held frames up
+            // from it inside its block; never the block's last held frame.
+            let len = if max_run > 1 {
+                1 + rng.next_u64() % max_run
+            } else {
+                1
+            };
             let b = pfn >> order;
-            let f = freed.entry(b).or_default();
-            if *f + 1 < per_block[&b].len() as u64 {
+            for p in pfn..pfn + len {
+                let f = freed.entry(b).or_default();
+                if left == 0
+                    || p >> order != b
+                    || !self.held.contains_key(&p)
+                    || released.contains(&p)
+                    || *f + 1 >= per_block[&b].len() as u64
+                {
+                    break;
+                }
                 *f += 1;
-                release.push(pfn);
+                released.insert(p);
+                release.push(p);
                 left -= 1;
             }
         }
