@@ -335,3 +335,65 @@ impl Ways {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gmem_core::{PhysAddr, Prot};
+
+    fn leaf(pfn: u64) -> Leaf {
+        Leaf {
+            frame: PhysAddr::new(pfn << 12),
+            shift: 12,
+            prot: Prot::RW,
+            dirty: false,
+            local: false,
+            bits: 0,
+        }
+    }
+
+    fn run(vpn: u64, pages: u64, pfn: u64) -> Run {
+        Run {
+            root: 1,
+            vpn,
+            pages,
+            pfn,
+            leaf: leaf(pfn),
+            dirty: [0; 8],
+        }
+    }
+
+    #[test]
+    fn a_4k_invalidation_drops_every_run_covering_the_page() {
+        let mut w = Ways::new(4, 4);
+        w.insert(0, 0..4, run(512, 512, 9000));
+        w.insert(1, 0..4, run(2048, 1, 7));
+        assert!(w.holds(1, 700));
+        // One page inside the 512-page run, by its byte range.
+        w.invalidate(1, &[(700 << 12, 4096)]);
+        assert!(!w.holds(1, 700) && !w.holds(1, 512));
+        assert!(w.holds(1, 2048), "an unrelated run survives");
+        // A range that ends just before a run leaves it.
+        w.insert(0, 0..4, run(512, 512, 9000));
+        w.invalidate(1, &[(0, 512 << 12)]);
+        assert!(w.holds(1, 512));
+    }
+
+    #[test]
+    fn a_run_serves_each_page_its_own_frame_and_dirty_bit() {
+        let mut r = run(64, 64, 1000);
+        r.set_dirty(70, true);
+        assert_eq!(r.leaf_for(70).frame.as_u64(), (1000 + 6) << 12);
+        assert!(r.leaf_for(70).dirty && !r.leaf_for(71).dirty);
+    }
+
+    #[test]
+    fn inserting_a_run_drops_runs_of_other_lengths_over_its_pages() {
+        let mut w = Ways::new(1, 8);
+        w.insert(0, 0..8, run(64, 1, 1000));
+        w.insert(0, 0..8, run(64, 4, 1000));
+        let found = w.find(0, 0..8, 1, 64).map(|r| r.pages);
+        assert_eq!(found, Some(4));
+        assert_eq!(w.slots.iter().flatten().count(), 1);
+    }
+}
