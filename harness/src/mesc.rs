@@ -610,7 +610,7 @@ fn write(dir: &Path, rows: &[Row], iommu: &[mesc_iommu::IommuRow]) -> Result<Vec
             None,
         ),
     ];
-    write_svg(&svg_path, (900, 1400), &charts)
+    write_svg(&svg_path, (2400, 520), &charts)
         .map_err(|e| format!("{}: {e}", svg_path.display()))?;
     Ok([csv_path, json_path, svg_path]
         .iter()
