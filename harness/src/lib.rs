@@ -1,4 +1,5 @@
 //! `gmem-harness` as a library: the parts other crates use — the trace parsers, which
-//! the fuzz targets drive with arbitrary input. The CLI (`src/main.rs`) is the binary.
+//! the fuzz targets drive with arbitrary input, and the seeded fragmenter. The CLI (`src/main.rs`) is the binary.
 
+pub mod frag;
 pub mod trace;

@@ -8,6 +8,9 @@ mod contiguity;
 mod full_report;
 mod iommu_bench;
 mod machine;
+mod mesc;
+mod mesc_iommu;
+mod pagemap;
 mod plot;
 mod regdem_report;
 mod replay;
@@ -77,6 +80,9 @@ enum Experiment {
     /// CODA: HBM-stack near-data processing, six placement/scheduling configurations,
     /// ten workloads, remote-bandwidth sweep, host-side execution (`--quick` for CI).
     Coda,
+    /// MESC: subregion contiguity bits against base, CoLT, full CoLT, THP and
+    /// MESC+CoLT on the integrated GPU over fragmented memory (`--quick` for CI).
+    Mesc,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -139,9 +145,13 @@ enum Command {
         /// iommu: packets per receive queue per run.
         #[arg(long, default_value_t = 20_000)]
         packets: u64,
-        /// regdem, adsm, coda: CI sizes (seconds).
+        /// regdem, adsm, coda, mesc: CI sizes (seconds).
         #[arg(long)]
         quick: bool,
+        /// mesc: instead of the experiment, print the VA->PA contiguity histogram of
+        /// process PID (this process when no PID is given) from /proc/PID/pagemap.
+        #[arg(long, num_args = 0..=1, default_missing_value = "self")]
+        pagemap: Option<String>,
     },
     /// The main job: every workload on every accelerator configuration and the paper
     /// reproductions (Table 4, Table 3), each verified; tables and plots written to --out.
@@ -649,6 +659,28 @@ fn main() -> ExitCode {
             out,
             ..
         }) => coda_report::run_report(quick, &out, output),
+        Some(Command::Reproduce {
+            experiment: Experiment::Mesc,
+            pagemap: Some(pid),
+            ..
+        }) => {
+            return match pagemap::read(&pid) {
+                Ok(p) => {
+                    pagemap::print(&pid, &p);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("pagemap: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::Reproduce {
+            experiment: Experiment::Mesc,
+            quick,
+            out,
+            ..
+        }) => mesc::run(quick, &out, output),
         Some(Command::Replay {
             file,
             format,

@@ -75,7 +75,7 @@ fn bare_metal() -> Result<(), String> {
 }
 
 /// The `reproduce` experiments CI runs at their `--quick` size.
-const QUICK_REPRODUCTIONS: &[&str] = &["regdem", "adsm", "coda"];
+const QUICK_REPRODUCTIONS: &[&str] = &["regdem", "adsm", "coda", "mesc"];
 
 fn ci() -> Result<(), String> {
     run("format", &["fmt", "--all", "--", "--check"])?;

@@ -13,14 +13,16 @@
 //! memory the machine's [`MemoryMap`] says holds the physical address.
 
 use crate::memory::TableMemoryError;
-use crate::mmu::{iotlb, InvalidationLatency, IommuMmu, IommuMmuStats};
+use crate::mmu::{iotlb, InvalidationLatency, IoCaches, IommuMmu, IommuMmuStats};
 use crate::table::{Discipline, IoTableStats, IoTables};
 use gmem_core::{
     Activation, AllocError, AllocPolicy, AllocRequest, AttachError, Callback, DevCaps, DeviceDesc,
     DeviceError, DeviceId, Gmem, MapError, MapFlags, MapRequest, MmuMode, PhysAddr, Prot, Region,
     RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
 };
-use gmem_sim::{BoundsError, MemoryMap, Miss, SimMemory, TlbConfigError, Translator};
+use gmem_sim::{
+    BoundsError, MemoryMap, Miss, SimMemory, TlbConfigError, TranslationCaches, Translator,
+};
 use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +72,8 @@ pub enum IommuError {
     Attach(AttachError),
     /// No table memory left for a root.
     OutOfTableMemory,
+    /// MESC's contiguity bits are kept by the locked discipline only.
+    MescNeedsLocked(Discipline),
 }
 
 impl fmt::Display for IommuError {
@@ -144,7 +148,16 @@ pub struct Iommu {
     config: IommuConfig,
     tables: Arc<IoTables>,
     map: Arc<MemoryMap>,
+    caches: Option<CachesFn>,
 }
+
+/// Builds a context's translation caches: from the tables (which it may read, as MESC's
+/// walker reads contiguity bits and head leaves) and the number of queues.
+pub type CachesFn = Arc<
+    dyn Fn(&Arc<IoTables>, usize) -> Result<Box<dyn TranslationCaches>, TlbConfigError>
+        + Send
+        + Sync,
+>;
 
 impl Iommu {
     /// An IOMMU whose devices reach memory through `map` (the machine's memory map).
@@ -155,6 +168,31 @@ impl Iommu {
             config,
             tables: Arc::new(tables),
             map,
+            caches: None,
+        })
+    }
+
+    /// An IOMMU whose tables keep MESC's contiguity bits ([`IoTables::with_mesc`]) and
+    /// whose contexts get the caches `caches` builds (subregion IOTLB entries, say).
+    ///
+    /// # Errors
+    /// [`IommuError::MescNeedsLocked`] unless `config.discipline` is
+    /// [`Discipline::Locked`]; the table memory's range is invalid.
+    pub fn with_mesc(
+        config: IommuConfig,
+        map: Arc<MemoryMap>,
+        caches: CachesFn,
+    ) -> Result<Iommu, IommuError> {
+        if config.discipline != Discipline::Locked {
+            return Err(IommuError::MescNeedsLocked(config.discipline));
+        }
+        let tables = IoTables::with_mesc(config.table_base, config.table_frames)
+            .map_err(IommuError::Tables)?;
+        Ok(Iommu {
+            config,
+            tables: Arc::new(tables),
+            map,
+            caches: Some(caches),
         })
     }
 
@@ -180,6 +218,16 @@ impl Iommu {
 
     /// A fresh device context (IOTLB slice and walker).
     pub fn context(&self) -> Result<Arc<IommuMmu>, IommuError> {
+        if let Some(f) = &self.caches {
+            let caches = IoCaches::Plugged(
+                f(&self.tables, self.config.queues.max(1)).map_err(IommuError::Tlb)?,
+            );
+            return Ok(Arc::new(IommuMmu::with_caches(
+                self.tables.clone(),
+                caches,
+                self.config.latency,
+            )));
+        }
         IommuMmu::new(
             self.tables.clone(),
             iotlb(self.config.queues.max(1)),

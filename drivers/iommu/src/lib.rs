@@ -71,8 +71,9 @@ mod tests;
 
 pub use baseline::{GiantLockDomain, IovaError, LegacyError, TreeIova, TreeIovaStats};
 pub use device::{
-    BusDmaError, DmaDevice, DmaError, DmaFault, DmaPort, DmaStats, Iommu, IommuConfig, IommuError,
+    BusDmaError, CachesFn, DmaDevice, DmaError, DmaFault, DmaPort, DmaStats, Iommu, IommuConfig,
+    IommuError,
 };
 pub use memory::{TableMemory, TableMemoryError, TableMemoryStats};
-pub use mmu::{iotlb, InvalidationLatency, InvalidationWait, IommuMmu, IommuMmuStats};
+pub use mmu::{iotlb, InvalidationLatency, InvalidationWait, IoCaches, IommuMmu, IommuMmuStats};
 pub use table::{Discipline, IoTableStats, IoTables, IOMMU_FORMAT};

@@ -25,8 +25,8 @@ use gmem_core::{
     MapRun, Mmu, MmuError, PageSizes, PageTableFormat, PageTableRoot, Prot, VaRange, VirtAddr,
 };
 use gmem_sim::{
-    HierarchyConfig, Leaf, Miss, MmuStats, Replacement, SimMmu, TlbConfig, TlbConfigError,
-    Translator,
+    HierarchyConfig, HierarchyStats, Leaf, Level, Miss, MmuStats, Replacement, SimMmu, Tlb,
+    TlbConfig, TlbConfigError, TlbHierarchy, TlbStats, TranslationCaches, Translator, Walk,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -108,9 +108,87 @@ pub struct IommuMmuStats {
     pub walk_cache_flushes: u64,
 }
 
+/// The translation caches of a context: the IOTLB hierarchy, or an organisation a
+/// caller plugs in (such as MESC's subregion IOTLB entries) behind the same trait.
+// The stock hierarchy stays inline: boxing it would add an indirection to every
+// translation of the Table 3 benchmark's hot path.
+#[allow(clippy::large_enum_variant)]
+pub enum IoCaches {
+    /// Per-queue L1s, the shared IOTLB and the paging-structure cache ([`iotlb`]).
+    Plain(TlbHierarchy),
+    /// Another organisation.
+    Plugged(Box<dyn TranslationCaches>),
+}
+
+macro_rules! each {
+    ($self:expr, $c:ident => $e:expr) => {
+        match $self {
+            IoCaches::Plain($c) => $e,
+            IoCaches::Plugged(b) => {
+                let $c = &**b;
+                $e
+            }
+        }
+    };
+}
+
+macro_rules! each_mut {
+    ($self:expr, $c:ident => $e:expr) => {
+        match $self {
+            IoCaches::Plain($c) => $e,
+            IoCaches::Plugged(b) => {
+                let $c = &mut **b;
+                $e
+            }
+        }
+    };
+}
+
+impl TranslationCaches for IoCaches {
+    fn units(&self) -> usize {
+        each!(self, c => c.units())
+    }
+    fn lookup(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
+        each_mut!(self, c => TranslationCaches::lookup(c, unit, root, va))
+    }
+    fn holds(&self, unit: usize, root: u64, va: u64) -> bool {
+        each!(self, c => TranslationCaches::holds(c, unit, root, va))
+    }
+    fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        each_mut!(self, c => TranslationCaches::fill(c, unit, root, va, leaf))
+    }
+    fn fill_missed(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        each_mut!(self, c => c.fill_missed(unit, root, va, leaf))
+    }
+    fn forget(&mut self, unit: usize, root: u64, va: u64) {
+        each_mut!(self, c => TranslationCaches::forget(c, unit, root, va))
+    }
+    fn walk_cache(&mut self) -> Option<&mut Tlb<u64>> {
+        each_mut!(self, c => TranslationCaches::walk_cache(c))
+    }
+    fn note_walk(&mut self, walk: &Walk) {
+        each_mut!(self, c => TranslationCaches::note_walk(c, walk))
+    }
+    fn invalidate(&mut self, root: u64, ranges: &[(u64, u64)]) {
+        each_mut!(self, c => TranslationCaches::invalidate(c, root, ranges))
+    }
+    fn invalidate_root(&mut self, root: u64) {
+        each_mut!(self, c => TranslationCaches::invalidate_root(c, root))
+    }
+    fn flush(&mut self) {
+        each_mut!(self, c => TranslationCaches::flush(c))
+    }
+    fn stats(&self) -> HierarchyStats {
+        each!(self, c => TranslationCaches::stats(c))
+    }
+    fn l1_stats(&self, unit: usize) -> Option<TlbStats> {
+        each!(self, c => TranslationCaches::l1_stats(c, unit))
+    }
+}
+
 /// One device's context in the IOMMU: the core's `Mmu` for it.
 pub struct IommuMmu {
-    sim: SimMmu<IoTables>,
+    sim: SimMmu<IoTables, IoCaches>,
     latency: InvalidationLatency,
     invalidations: AtomicU64,
     nanos: AtomicU64,
@@ -125,13 +203,23 @@ impl IommuMmu {
         caches: HierarchyConfig,
         latency: InvalidationLatency,
     ) -> Result<IommuMmu, TlbConfigError> {
-        Ok(IommuMmu {
-            sim: SimMmu::new(tables, caches)?,
+        let caches = IoCaches::Plain(TlbHierarchy::new(caches)?);
+        Ok(IommuMmu::with_caches(tables, caches, latency))
+    }
+
+    /// A context walking `tables` with the cache organisation `caches`.
+    pub fn with_caches(
+        tables: Arc<IoTables>,
+        caches: IoCaches,
+        latency: InvalidationLatency,
+    ) -> IommuMmu {
+        IommuMmu {
+            sim: SimMmu::with_caches(tables, caches),
             latency,
             invalidations: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
             walk_cache_flushes: AtomicU64::new(0),
-        })
+        }
     }
 
     /// The tables.

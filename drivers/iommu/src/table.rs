@@ -110,21 +110,51 @@ impl IoTables {
         base: PhysAddr,
         frames: u64,
     ) -> Result<IoTables, TableMemoryError> {
-        let memory = TableMemory::new(base, frames)?;
         // 4 KiB leaves only, no derived bits: every discipline accepts the codec.
-        let engine =
-            Engine::concurrent(X86Codec::default(), memory, discipline.engine()).map_err(|_| {
-                TableMemoryError::BadRange {
-                    base: base.as_u64(),
-                    frames,
-                }
-            })?;
+        IoTables::with_codec(discipline, X86Codec::default(), base, frames)
+    }
+
+    /// Locked tables that keep MESC's contiguity bits ([`gmem_x86pt::mesc`]) in every
+    /// level-1 table pointer, recomputed inside each edit of the leaves below (the
+    /// engine's derived bits, which only its plain discipline keeps: a concurrent edit
+    /// of a neighbouring leaf could race the recomputation).
+    ///
+    /// # Errors
+    /// The table memory's range is invalid.
+    pub fn with_mesc(base: PhysAddr, frames: u64) -> Result<IoTables, TableMemoryError> {
+        let codec = X86Codec {
+            config: gmem_x86pt::X86Config {
+                mesc: true,
+                ..Default::default()
+            },
+        };
+        IoTables::with_codec(Discipline::Locked, codec, base, frames)
+    }
+
+    fn with_codec(
+        discipline: Discipline,
+        codec: X86Codec,
+        base: PhysAddr,
+        frames: u64,
+    ) -> Result<IoTables, TableMemoryError> {
+        let memory = TableMemory::new(base, frames)?;
+        let engine = Engine::concurrent(codec, memory, discipline.engine()).map_err(|_| {
+            TableMemoryError::BadRange {
+                base: base.as_u64(),
+                frames,
+            }
+        })?;
         Ok(IoTables { discipline, engine })
     }
 
     /// The discipline.
     pub fn discipline(&self) -> Discipline {
         self.discipline
+    }
+
+    /// The codec (its MESC option says whether the tables keep contiguity bits).
+    pub fn codec(&self) -> &X86Codec {
+        self.engine.codec()
     }
 
     /// The table memory.

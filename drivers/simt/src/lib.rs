@@ -10,6 +10,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`caches`] | the pluggable translation-cache trait ([`caches::GpuCaches`]) and the set-associative run array |
 //! | [`coalesce`] | lane addresses → 128-byte transactions → distinct pages |
 //! | [`occupancy`] | blocks and warps per unit ([`occupancy::OccupancyModel`]) |
 //! | [`dispatch`] | block dispatch (greedy, round-robin, affinity) and warp schedulers |
@@ -17,6 +18,7 @@
 //! | [`cost`] | the cost model and its calibration |
 //! | [`engine`] | the SIMT engine |
 //! | [`machine`] | host CPU + GPU + one gmem address space, the MESC geometry |
+//! | [`mesc`] | the MESC paper's six designs (base, CoLT, full CoLT, THP, MESC, MESC+CoLT) as pluggable caches |
 //! | [`workloads`] | Polybench, Rodinia-style and graph workloads, verified |
 //!
 //! The translation stream of a run can be recorded ([`machine::SimtMachine::start_recording`])
@@ -25,11 +27,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod caches;
 pub mod coalesce;
 pub mod cost;
 pub mod dispatch;
 pub mod engine;
 pub mod kernel;
 pub mod machine;
+pub mod mesc;
 pub mod occupancy;
 pub mod workloads;

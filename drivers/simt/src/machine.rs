@@ -8,20 +8,24 @@
 //! 8 KiB page-walk cache (1024 eight-byte entries, 64 × 16). Data is allocated with
 //! `Gmem::as_alloc` and written by the host CPU through its own MMU.
 
+use crate::caches::{DesignStats, GpuCaches, Plugged};
 use crate::cost::CostModel;
 use crate::dispatch::{Dispatch, LooseRoundRobin, RoundRobin, WarpScheduler};
 use crate::engine::{run, AccessObserver, Device, Launch, RunStats, SimtError};
 use crate::kernel::Kernel;
+use crate::mesc::X86Tables;
 use crate::occupancy::{OccupancyModel, SmConfig};
 use gmem_core::{
     Activation, AllocPolicy, AllocRequest, Gmem, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE,
 };
+use gmem_core::{DevCaps, DeviceDesc};
 use gmem_dgpu::{Dgpu, DgpuConfig};
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_igpu::Igpu;
 use gmem_sim::{
-    HierarchyConfig, MmuStats, Port, Replacement, TlbConfig, TlbStats, TraceLog, Translator,
+    HierarchyConfig, MmuStats, Port, Replacement, SimMmu, TlbConfig, TlbStats, TraceLog, Translator,
 };
+use gmem_x86pt::X86Config;
 use std::sync::Arc;
 
 /// Which GPU.
@@ -49,9 +53,14 @@ pub fn mesc_tlbs(cus: usize) -> HierarchyConfig {
 /// Compute units of the MESC paper's GPU.
 pub const MESC_UNITS: usize = 16;
 
+/// The integrated GPU's MMU with a plugged cache design.
+pub type PluggedMmu = SimMmu<X86Tables, Plugged>;
+
 enum Gpu {
     Integrated(Igpu),
     Discrete(Dgpu),
+    /// The integrated GPU with a pluggable cache organisation.
+    Plugged(Arc<PluggedMmu>, Port),
 }
 
 /// A host, a GPU and one address space.
@@ -76,8 +85,44 @@ impl SimtMachine {
         gpu: GpuKind,
         tlbs: HierarchyConfig,
     ) -> Result<SimtMachine, String> {
-        let defaults = HostCpuConfig::default();
-        let table_frames = host_pages.div_ceil(512) + 256;
+        SimtMachine::build(host_pages, gpu, tlbs, None, HostCpuConfig::default().x86)
+    }
+
+    /// The integrated GPU over host tables of format options `x86`, with the cache
+    /// organisation `caches` builds over the machine's x86-64 tables (see
+    /// [`crate::mesc`]), and `host_pages` of host memory.
+    ///
+    /// # Errors
+    /// As [`SimtMachine::new`].
+    pub fn integrated_with(
+        host_pages: u64,
+        x86: X86Config,
+        caches: impl FnOnce(Arc<X86Tables>) -> Result<Box<dyn GpuCaches>, String>,
+    ) -> Result<SimtMachine, String> {
+        let plug: PlugFn<'_> = Box::new(caches);
+        SimtMachine::build(
+            host_pages,
+            GpuKind::Integrated,
+            mesc_tlbs(MESC_UNITS),
+            Some(plug),
+            x86,
+        )
+    }
+
+    fn build(
+        host_pages: u64,
+        gpu: GpuKind,
+        tlbs: HierarchyConfig,
+        plug: Option<PlugFn<'_>>,
+        x86: X86Config,
+    ) -> Result<SimtMachine, String> {
+        let defaults = HostCpuConfig {
+            x86,
+            ..HostCpuConfig::default()
+        };
+        // A whole number of 2 MiB blocks of table frames keeps the memory the core
+        // manages 2 MiB aligned, so an aligned block of it can be one large leaf.
+        let table_frames = (host_pages.div_ceil(512) + 256).next_multiple_of(512);
         let config = HostCpuConfig {
             memory_bytes: (host_pages + table_frames) * PAGE_SIZE,
             table_frames,
@@ -100,6 +145,23 @@ impl SimtMachine {
         gm.as_attach(space, gm.host(), cpu_mode, Activation::Switch)
             .map_err(|e| e.to_string())?;
         let (gpu, id, mode) = match gpu {
+            GpuKind::Integrated if plug.is_some() => {
+                let caches = plug.ok_or("no caches")?(cpu.tables().clone())?;
+                let mmu = Arc::new(SimMmu::with_caches(cpu.tables().clone(), Plugged(caches)));
+                let port = Port::new(mmu.clone(), cpu.memory_map().clone(), None);
+                let id = gm
+                    .dev_create(DeviceDesc {
+                        name: "igpu".into(),
+                        mmu: mmu.clone(),
+                        memory: None,
+                        caps: DevCaps::FAULTABLE,
+                        data: None,
+                    })
+                    .map_err(|e| format!("{e:?}"))?;
+                port.bind(id)
+                    .map_err(|d| format!("already bound to {d:?}"))?;
+                (Gpu::Plugged(mmu, port), id, MmuMode::Shared)
+            }
             GpuKind::Integrated => {
                 let g = Igpu::with_tlbs(cpu.tables().clone(), cpu.memory_map().clone(), tlbs)
                     .map_err(|e| format!("{e:?}"))?;
@@ -154,6 +216,24 @@ impl SimtMachine {
         match &self.gpu {
             Gpu::Integrated(g) => g.port(),
             Gpu::Discrete(g) => g.port(),
+            Gpu::Plugged(_, p) => p,
+        }
+    }
+
+    /// The plugged design's own counters (`None` for the built-in caches).
+    pub fn design_stats(&self) -> Option<DesignStats> {
+        match &self.gpu {
+            Gpu::Plugged(m, _) => Some(m.with_cache_state(|c| c.design_stats())),
+            _ => None,
+        }
+    }
+
+    /// The active root of the GPU's MMU.
+    pub fn gpu_root(&self) -> Option<gmem_core::PageTableRoot> {
+        match &self.gpu {
+            Gpu::Integrated(g) => g.mmu().active_root(),
+            Gpu::Discrete(g) => g.mmu().active_root(),
+            Gpu::Plugged(m, _) => m.active_root(),
         }
     }
 
@@ -180,6 +260,7 @@ impl SimtMachine {
         let (mmu, local): (Arc<dyn Translator>, _) = match &self.gpu {
             Gpu::Integrated(g) => (g.mmu().clone(), None),
             Gpu::Discrete(g) => (g.mmu().clone(), Some(g.vram().clone())),
+            Gpu::Plugged(m, _) => (m.clone(), None),
         };
         let port = Port::new(wrap(mmu), self.cpu.memory_map().clone(), local);
         let id = self.port().id().ok_or("GPU not created")?;
@@ -199,6 +280,7 @@ impl SimtMachine {
         match &self.gpu {
             Gpu::Integrated(g) => audit(g.mmu(), vas),
             Gpu::Discrete(g) => audit(g.mmu(), vas),
+            Gpu::Plugged(m, _) => audit(m, vas),
         }
     }
 
@@ -207,6 +289,7 @@ impl SimtMachine {
         match &self.gpu {
             Gpu::Integrated(g) => g.mmu().stats(),
             Gpu::Discrete(g) => g.mmu().stats(),
+            Gpu::Plugged(m, _) => m.stats(),
         }
     }
 
@@ -215,6 +298,7 @@ impl SimtMachine {
         match &self.gpu {
             Gpu::Integrated(g) => g.mmu().l1_stats(u),
             Gpu::Discrete(g) => g.mmu().l1_stats(u),
+            Gpu::Plugged(m, _) => m.l1_stats(u),
         }
     }
 
@@ -223,6 +307,7 @@ impl SimtMachine {
         match &self.gpu {
             Gpu::Integrated(g) => g.mmu().start_recording(),
             Gpu::Discrete(g) => g.mmu().start_recording(),
+            Gpu::Plugged(m, _) => m.start_recording(),
         }
     }
 
@@ -231,6 +316,7 @@ impl SimtMachine {
         match &self.gpu {
             Gpu::Integrated(g) => g.mmu().take_recording(),
             Gpu::Discrete(g) => g.mmu().take_recording(),
+            Gpu::Plugged(m, _) => m.take_recording(),
         }
     }
 
@@ -367,8 +453,11 @@ impl SimtMachine {
     }
 }
 
-fn audit<F: gmem_sim::TableFormat>(
-    mmu: &gmem_sim::SimMmu<F>,
+/// Builds a plugged design's caches over the machine's tables.
+type PlugFn<'a> = Box<dyn FnOnce(Arc<X86Tables>) -> Result<Box<dyn GpuCaches>, String> + 'a>;
+
+fn audit<F: gmem_sim::TableFormat, C: gmem_sim::TranslationCaches>(
+    mmu: &gmem_sim::SimMmu<F, C>,
     vas: impl Iterator<Item = u64>,
 ) -> Result<u64, String> {
     use gmem_core::Prot;

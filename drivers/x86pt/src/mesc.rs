@@ -180,7 +180,7 @@ pub struct MescWalk {
 }
 
 /// Walk `va` in the tree of `root` (x86-64 with MESC bits) the way MESC's walker does.
-pub fn walk<C: Codec, M: TableMemory>(
+pub fn walk<C: Codec, M: TableMemory + ?Sized>(
     codec: &C,
     memory: &M,
     root: u64,
@@ -346,7 +346,7 @@ pub struct ScanReport {
 /// Alg. 1: scan the whole tree of `root`, recompute the MESC bits of every level-1
 /// table pointer from its leaves, count what was read, and report (with `repair`:
 /// rewrite) the pointers whose stored bits were stale.
-pub fn scan<C: Codec, M: TableMemory>(
+pub fn scan<C: Codec, M: TableMemory + ?Sized>(
     codec: &C,
     memory: &M,
     root: u64,
@@ -357,7 +357,7 @@ pub fn scan<C: Codec, M: TableMemory>(
     r
 }
 
-fn scan_table<C: Codec, M: TableMemory>(
+fn scan_table<C: Codec, M: TableMemory + ?Sized>(
     codec: &C,
     memory: &M,
     table: u64,

@@ -114,6 +114,7 @@ pub fn rmat(scale: u32, degree: u32, seed: u64) -> Csr {
 fn scale(size: Size) -> u32 {
     match size {
         Size::Quick => 14,
+        Size::Medium => 16,
         Size::Full => 18,
     }
 }

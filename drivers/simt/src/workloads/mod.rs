@@ -31,6 +31,9 @@ use spec::{Spec, SpecKernel, MAX_OPS};
 pub enum Size {
     /// A few seconds per workload (CI).
     Quick,
+    /// Between the two: matrices and vectors of a few 2 MiB blocks (the MESC
+    /// reproduction's size, where large pages and subregions have room).
+    Medium,
     /// The default report size.
     Full,
 }
@@ -104,24 +107,28 @@ pub fn pages_needed(name: &str, size: Size) -> u64 {
 fn matrix_n(size: Size) -> u64 {
     match size {
         Size::Quick => 512,
+        Size::Medium => 1024,
         Size::Full => 2048,
     }
 }
 fn vector_n(size: Size) -> u64 {
     match size {
         Size::Quick => 1 << 18,
+        Size::Medium => 1 << 20,
         Size::Full => 1 << 22,
     }
 }
 fn grid_n(size: Size) -> u64 {
     match size {
         Size::Quick => 256,
+        Size::Medium => 768,
         Size::Full => 1024,
     }
 }
 fn sgemm_n(size: Size) -> u64 {
     match size {
         Size::Quick => 96,
+        Size::Medium => 160,
         Size::Full => 256,
     }
 }
@@ -772,6 +779,7 @@ impl Spec for KmeansAssign {
 fn kmeans_size(size: Size) -> (u64, u64, u64) {
     match size {
         Size::Quick => (8192, 8, 5),
+        Size::Medium => (1 << 15, 8, 5),
         Size::Full => (1 << 17, 16, 8),
     }
 }
@@ -941,6 +949,7 @@ impl Spec for BpAdjust {
 fn backprop_inputs(size: Size) -> u64 {
     match size {
         Size::Quick => 4096,
+        Size::Medium => 16384,
         Size::Full => 65536,
     }
 }
