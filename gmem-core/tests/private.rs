@@ -188,7 +188,11 @@ fn attach_mirrors_neighbouring_wired_regions_each_with_its_own_protection() {
             .unwrap();
     s.gm.region_wire(a).unwrap();
     let b = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
-    assert_eq!(b.start.as_u64(), a.start.as_u64() + 3 * PAGE_SIZE, "neighbours");
+    assert_eq!(
+        b.start.as_u64(),
+        a.start.as_u64() + 3 * PAGE_SIZE,
+        "neighbours"
+    );
     s.gm.region_protect(a, Prot::READ).unwrap();
     s.gm.region_wire(b).unwrap();
     s.write(0, page(b, 0), &[7; 8]).unwrap();
