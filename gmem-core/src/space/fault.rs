@@ -70,8 +70,10 @@ impl SpaceState {
             });
         }
         let vpn = va.vpn();
-        if self.lpt.get(vpn).has(PENDING) {
+        let mut e = self.lpt.get(vpn);
+        if e.has(PENDING) {
             self.drain(stats, &space.arena);
+            e = self.lpt.get(vpn);
         }
         let att = self.attached[slot]
             .as_ref()
@@ -79,7 +81,6 @@ impl SpaceState {
         let dev = att.dev.clone();
         let t = att.table;
         let target = self.target_of(cx, &dev, placement.target);
-        let e = self.lpt.get(vpn);
 
         if !e.is_populated() {
             if explicit {
@@ -300,21 +301,18 @@ impl SpaceState {
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
         memory.zero(pfn.addr(), pages << PAGE_SHIFT)?;
-        for k in 0..pages {
-            self.lpt.set(
-                first + k,
-                PageEntry {
-                    pfn: pfn + k,
-                    mem,
-                    ..PageEntry::EMPTY
-                },
-            );
-        }
+        let fresh = |k: u64| PageEntry {
+            pfn: pfn + k,
+            mem,
+            ..PageEntry::EMPTY
+        };
+        self.lpt
+            .update_run(first, pages, |v, e| *e = fresh(v.0 - first.0));
         let replicas = self.replica_mask();
         let mapped = if pages == 1 {
             // A single page may complete its block: map the block large then.
-            let e = self.lpt.get(first);
-            self.map_for_fault(stats, t, first, e, piece).map(|_| ())
+            self.map_for_fault(stats, t, first, fresh(0), piece)
+                .map(|_| ())
         } else {
             self.map_run(stats, t, first, pages, pfn, mem, piece)
         };
@@ -336,9 +334,8 @@ impl SpaceState {
     /// (invalidating) and forget their entries; dropping the run then frees the frames.
     fn unpopulate(&mut self, stats: &Counters, first: Vpn, pages: u64) {
         self.unmap_pages(stats, first, pages, u32::MAX);
-        for k in 0..pages {
-            self.lpt.take(first + k);
-        }
+        self.lpt
+            .update_run(first, pages, |_, e| *e = PageEntry::EMPTY);
     }
 
     /// One frame in `target` for page `vpn` (where the driver places it for `asker`),
