@@ -12,7 +12,7 @@ use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::flags::{PageSizes, Prot};
 use crate::handle::DeviceId;
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
-use crate::sync::{Arc, Mutex, RwLock};
+use crate::sync::{Arc, AtomicU32, Mutex, Ordering, RwLock};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use hashbrown::{HashMap, HashSet};
@@ -211,7 +211,7 @@ pub struct TestMmu {
     log: EventLog,
     pub(super) record: bool,
     tlb: Mutex<TlbState>,
-    fail_next_maps: Mutex<u32>,
+    fail_next_maps: AtomicU32,
     fail_next_protects: Mutex<u32>,
     concurrent: bool,
     /// Held shared by every access from translation to the end of its memory access,
@@ -238,7 +238,7 @@ impl TestMmu {
                 hits: 0,
                 misses: 0,
             }),
-            fail_next_maps: Mutex::new(0),
+            fail_next_maps: AtomicU32::new(0),
             fail_next_protects: Mutex::new(0),
             concurrent: false,
             inflight: RwLock::new(()),
@@ -266,7 +266,7 @@ impl TestMmu {
 
     /// Make the next `n` calls to `map` fail with `OutOfTableMemory`.
     pub fn fail_next_maps(&self, n: u32) {
-        *self.fail_next_maps.lock() = n;
+        self.fail_next_maps.store(n, Ordering::Relaxed);
     }
 
     /// Make the next `n` `protect` calls fail with `OutOfTableMemory` after changing
@@ -355,12 +355,14 @@ impl Mmu for TestMmu {
         self.log(MmuEvent::Destroy { mmu: self.id, root });
     }
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
+        // One relaxed load when no failure is armed (every map in a benchmark).
+        if self.fail_next_maps.load(Ordering::Relaxed) > 0
+            && self
+                .fail_next_maps
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| f.checked_sub(1))
+                .is_ok()
         {
-            let mut f = self.fail_next_maps.lock();
-            if *f > 0 {
-                *f -= 1;
-                return Err(MmuError::OutOfTableMemory);
-            }
+            return Err(MmuError::OutOfTableMemory);
         }
         let size = run.page_size.bytes();
         if !self.sizes.supports(run.page_size)
@@ -373,8 +375,14 @@ impl Mmu for TestMmu {
         }
         {
             let mut t = self.store.tables.lock();
-            self.store.note_edit(&t, root);
-            let table = t.1.get_mut(&root.0).ok_or(MmuError::Hardware(1))?;
+            let made = t.0;
+            let Some(table) = t.1.get_mut(&root.0) else {
+                // A root made and destroyed is a dead edit (one probe on the live path).
+                if root.0 <= made {
+                    *self.store.dead_edits.lock() += 1;
+                }
+                return Err(MmuError::Hardware(1));
+            };
             if size > PAGE_SIZE {
                 let n = size >> PAGE_SHIFT;
                 let mut l = self.store.large.lock();
