@@ -10,8 +10,13 @@
 //!   block (2 MiB): one fault allocates an aligned 2 MiB frame block, zeroes its 2 MiB
 //!   and maps it with one 2 MiB leaf.
 //! - `memset_2m`: the peer, `memset` of the very 2 MiB of the device buffer that the
-//!   preceding 2 MiB fault zeroed (same bytes, same page backing, same cache state):
-//!   what zeroing the block costs by itself. Target: the fault costs at most 1.5x this.
+//!   2 MiB fault zeroes (same bytes, same page backing): what zeroing the block costs
+//!   by itself. Target: the fault costs at most 1.5x this. In the printed medians each
+//!   round runs the 2 MiB fault, the 512 faults with reservations, the memset, then the
+//!   512 faults without: between the fault and its memset, and between the memset and
+//!   the next fault, 2 MiB of other frames are zeroed, so neither finds the block hot in
+//!   cache because the other just wrote it (criterion's own `memset_2m` repeats the
+//!   memset back to back, hot: read the printed figures).
 //! - `512_4k_faults`: the same region with a 4 KiB zero-fill block: 512 faults, each
 //!   allocating one frame (from the block's superpage reservation), zeroing 4 KiB and
 //!   mapping it with a 4 KiB leaf; the last one finds the block complete and promotes it
@@ -223,11 +228,11 @@ fn bench(c: &mut Criterion) {
     for _ in 0..SAMPLES {
         let (t, off) = block(&with, 0, false);
         large.push(t);
-        set.push(memset(&with, off));
         small.push(block(&with, PAGE_SIZE, false).0);
+        set.push(memset(&with, off));
         small_nr.push(block(&without, PAGE_SIZE, false).0);
     }
-    // Paired: each fault sample minus the memset sample taken right after it (the
+    // Paired: each fault sample minus the memset sample of its round (the
     // fault's own cost beyond zeroing, less exposed to the load drifting over the run).
     let mut diff: Vec<f64> = large
         .iter()
