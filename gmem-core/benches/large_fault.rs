@@ -28,7 +28,7 @@
 //! The region's deallocation is outside the timed part. Before timing, one fault is
 //! checked to have really zeroed its block.
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use gmem_core::mmu::{DeviceMemory, MemError};
 use gmem_core::testing::{EventLog, TableStore, TestMmu, TestSystem};
 use gmem_core::{
@@ -274,4 +274,24 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// `GMEM_LARGE_PROFILE=N`: only `N` 2 MiB faults (no criterion, no peer), for a
+/// profiler such as callgrind.
+fn main() {
+    if let Some(n) = std::env::var("GMEM_LARGE_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        let with = setup(true);
+        let us: f64 = (0..n)
+            .map(|_| block(&with, 0, false).0.wall.as_secs_f64() * 1e6)
+            .sum();
+        println!(
+            "profile: {n} 2 MiB faults, {:.1} us each",
+            us / f64::from(n.max(1))
+        );
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
