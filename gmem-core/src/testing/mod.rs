@@ -65,7 +65,7 @@ pub struct TestSystem {
     pub log: EventLog,
     /// Table store of format 1 (the host's format, shared-mode capable).
     pub host_store: Arc<TableStore>,
-    /// Whether devices added from now on declare [`Mmu::concurrent_edits`].
+    /// Whether devices added from now on declare [`crate::mmu::Mmu::concurrent_edits`].
     pub concurrent_edits: bool,
 }
 
