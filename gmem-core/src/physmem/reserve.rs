@@ -176,9 +176,9 @@ impl PhysMem {
             self.reservations.stats.fallbacks += 1;
             return self.alloc_run(pages, align, space, vpn, wired, limit);
         }
-        match self.reserve_block(space, block) {
-            Some(base) => {
-                self.claim(base, off, pages, space, wired, None);
+        match self.reserve_block(space, block, off, pages) {
+            Some((base, first)) => {
+                self.claim(base, off, pages, space, wired, first);
                 Some(Pfn(base + off))
             }
             None => {
@@ -215,8 +215,19 @@ impl PhysMem {
         (0..pages).all(|k| self.state(Pfn(pfn + k)) == Some(FrameState::Reserved))
     }
 
-    /// Take an aligned block from the arena and reserve it for `(space, block)`.
-    fn reserve_block(&mut self, space: SpaceId, block: u64) -> Option<u64> {
+    /// Take an aligned block from the arena and reserve it for `(space, block)`, about
+    /// to hand its frames `off..off + pages` out ([`PhysMem::claim`] follows at once):
+    /// those stay free until the claim makes them active, without a detour through
+    /// the reserved state (a whole 2 MiB zero-fill block claims all 512). Returns the
+    /// block's first frame and, when the block's frame indices are consecutive (they
+    /// are unless it straddles two registered ranges), the index of frame `off`.
+    fn reserve_block(
+        &mut self,
+        space: SpaceId,
+        block: u64,
+        off: u64,
+        pages: u64,
+    ) -> Option<(u64, Option<u32>)> {
         let r = RESERVATION_PAGES;
         let mut c = Constraint::new(r << PAGE_SHIFT);
         c.align = r << PAGE_SHIFT;
@@ -224,10 +235,17 @@ impl PhysMem {
         let split = self.arena.split(pa, r << PAGE_SHIFT, PAGE_SIZE);
         debug_assert!(split.is_ok(), "a fresh block splits into frames: {split:?}");
         let base = pa >> PAGE_SHIFT;
-        for k in 0..r {
-            let i = self
-                .index(base + k)
-                .expect("the arena hands out registered frames only");
+        let i0 = self
+            .index(base)
+            .expect("the arena hands out registered frames only");
+        let consecutive = self.index(base + r - 1) == Some(i0 + (r - 1) as u32);
+        for k in (0..r).filter(|k| !(off..off + pages).contains(k)) {
+            let i = if consecutive {
+                i0 + k as u32
+            } else {
+                self.index(base + k)
+                    .expect("the arena hands out registered frames only")
+            };
             self.frames[i as usize].owner = None;
             self.set_state(i, FrameState::Reserved);
         }
@@ -248,11 +266,12 @@ impl PhysMem {
         rs.by_age.insert(age, base);
         rs.reserved += r;
         rs.stats.made += 1;
-        Some(base)
+        Some((base, consecutive.then_some(i0 + off as u32)))
     }
 
     /// Hand frames `off..off + pages` of the reservation at `base` to their pages
-    /// (`first`: the frame index of the first one, when the caller has it).
+    /// (`first`: the frame index of the first one, when the caller knows it and the
+    /// run's indices are consecutive).
     fn claim(
         &mut self,
         base: u64,
@@ -281,8 +300,8 @@ impl PhysMem {
         rs.stats.frames_served += pages;
         for k in off..off + pages {
             let i = match first {
-                Some(i) if k == off => i,
-                _ => self
+                Some(i) => i + (k - off) as u32,
+                None => self
                     .index(base + k)
                     .expect("reserved frames are registered"),
             };
