@@ -184,13 +184,15 @@ impl DeviceInner {
         limit: Option<crate::mmu::FrameConstraint>,
         class: u32,
     ) -> Option<FrameRun> {
-        if self.phys.lock().group_order().is_some() {
-            return self.alloc_frames(pages, 1, space, vpn, limit, class);
-        }
-        let pfn = self
-            .phys
-            .lock()
-            .alloc_pages(pages, space, vpn, false, limit)?;
+        // One lock round trip on the common path (this runs once per 4 KiB fault).
+        let pfn = {
+            let mut phys = self.phys.lock();
+            if phys.group_order().is_some() {
+                drop(phys);
+                return self.alloc_frames(pages, 1, space, vpn, limit, class);
+            }
+            phys.alloc_pages(pages, space, vpn, false, limit)?
+        };
         Some(FrameRun {
             dev: self.clone(),
             pfn,

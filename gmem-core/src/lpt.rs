@@ -109,33 +109,81 @@ impl LogicalPageTable {
     }
 
     /// Change the entry of `vpn` in place, keeping the leaf and population counts right.
+    #[inline]
     pub fn update<R>(&mut self, vpn: Vpn, f: impl FnOnce(&mut PageEntry) -> R) -> R {
-        let vpn = vpn.0;
-        let key = vpn >> LEAF_SHIFT;
-        let idx = (vpn as usize) & (LEAF_ENTRIES - 1);
-        let leaf = self.leaves.entry(key).or_insert_with(|| {
-            Box::new(Leaf {
-                entries: [PageEntry::EMPTY; LEAF_ENTRIES],
-                used: 0,
-            })
-        });
+        let key = vpn.0 >> LEAF_SHIFT;
+        let idx = (vpn.0 as usize) & (LEAF_ENTRIES - 1);
+        let leaf = self.leaf_mut(key);
         let before = leaf.entries[idx];
         let r = f(&mut leaf.entries[idx]);
         let after = leaf.entries[idx];
-        match (before.is_empty(), after.is_empty()) {
-            (true, false) => leaf.used += 1,
-            (false, true) => leaf.used -= 1,
-            _ => {}
-        }
-        match (before.is_populated(), after.is_populated()) {
-            (false, true) => self.populated += 1,
-            (true, false) => self.populated -= 1,
-            _ => {}
-        }
-        if leaf.used == 0 {
+        let populated = Self::account(leaf, before, after);
+        let emptied = leaf.used == 0;
+        self.populated = self.populated.wrapping_add_signed(populated);
+        if emptied {
             self.leaves.remove(&key);
         }
         r
+    }
+
+    /// Apply `f` to the entries of `first..first + pages` in order (`f` gets each page
+    /// number and its entry): one table probe per leaf, not per page. Counts are kept
+    /// as [`LogicalPageTable::update`] keeps them.
+    pub fn update_run(&mut self, first: Vpn, pages: u64, mut f: impl FnMut(Vpn, &mut PageEntry)) {
+        let mut v = first.0;
+        let end = first.0.saturating_add(pages);
+        while v < end {
+            let key = v >> LEAF_SHIFT;
+            let lo = (v as usize) & (LEAF_ENTRIES - 1);
+            let n = ((LEAF_ENTRIES - lo) as u64).min(end - v) as usize;
+            let leaf = self.leaf_mut(key);
+            let mut populated = 0i64;
+            for (i, e) in leaf.entries[lo..lo + n].iter_mut().enumerate() {
+                let before = *e;
+                f(Vpn(v + i as u64), e);
+                let after = *e;
+                populated += Self::account_used(&mut leaf.used, before, after);
+            }
+            let emptied = leaf.used == 0;
+            self.populated = self.populated.wrapping_add_signed(populated);
+            if emptied {
+                self.leaves.remove(&key);
+            }
+            v += n as u64;
+        }
+    }
+
+    /// The leaf of `key`, created empty if absent (one probe).
+    #[inline]
+    fn leaf_mut(&mut self, key: u64) -> &mut Leaf {
+        self.leaves.entry(key).or_insert_with(Self::new_leaf)
+    }
+
+    /// An empty leaf (out of line: an 8 KiB leaf's initialisation must not be inlined
+    /// into every update; it runs once per 2 MiB of virtual space that gets an entry).
+    #[cold]
+    #[inline(never)]
+    fn new_leaf() -> Box<Leaf> {
+        Box::new(Leaf {
+            entries: [PageEntry::EMPTY; LEAF_ENTRIES],
+            used: 0,
+        })
+    }
+
+    /// Count an entry's change in its leaf; returns the change of populated pages.
+    #[inline]
+    fn account(leaf: &mut Leaf, before: PageEntry, after: PageEntry) -> i64 {
+        Self::account_used(&mut leaf.used, before, after)
+    }
+
+    #[inline]
+    fn account_used(used: &mut u16, before: PageEntry, after: PageEntry) -> i64 {
+        match (before.is_empty(), after.is_empty()) {
+            (true, false) => *used += 1,
+            (false, true) => *used -= 1,
+            _ => {}
+        }
+        i64::from(after.is_populated()) - i64::from(before.is_populated())
     }
 
     /// Clear the entry of `vpn`, returning what it held.
@@ -247,6 +295,32 @@ mod tests {
         assert_eq!(t.leaves(), 2);
         t.update(Vpn(9), |e| e.mapped = 0);
         assert_eq!(t.leaves(), 1);
+    }
+
+    #[test]
+    fn update_run_crosses_leaves_and_keeps_counts_like_update() {
+        let mut t = LogicalPageTable::default();
+        let mut seen = alloc::vec::Vec::new();
+        t.update_run(Vpn(500), 30, |v, e| {
+            seen.push(v.0);
+            *e = frame(v.0 * 2);
+        });
+        assert_eq!(seen, (500..530).collect::<alloc::vec::Vec<_>>());
+        assert_eq!(t.populated(), 30);
+        assert_eq!(t.leaves(), 2);
+        assert_eq!(t.get(Vpn(511)).pfn, Pfn(1022));
+        assert_eq!(t.get(Vpn(529)).pfn, Pfn(1058));
+        assert_eq!(t.get(Vpn(530)), PageEntry::EMPTY);
+        // A bit set over part of the run: population unchanged.
+        t.update_run(Vpn(510), 4, |_, e| e.mapped |= 2);
+        assert_eq!(t.populated(), 30);
+        assert_eq!(t.get(Vpn(512)).mapped, 2);
+        // Emptying the second leaf's pages frees it; the first keeps its 12.
+        t.update_run(Vpn(512), 18, |_, e| *e = PageEntry::EMPTY);
+        assert_eq!(t.leaves(), 1);
+        assert_eq!(t.populated(), 12);
+        assert_eq!(t.entries_in(Vpn(0), 1024).count(), 12);
+        t.update_run(Vpn(0), 0, |_, _| panic!("an empty run visits nothing"));
     }
 
     #[test]

@@ -93,6 +93,10 @@ pub(crate) struct Reservations {
     next_age: u64,
     reserved: u64,
     stats: ReservationStats,
+    /// The last block looked up or made, `(space, block, first frame)`: consecutive
+    /// faults mostly fall in one 2 MiB block, and this spares them the tree lookup.
+    /// Cleared whenever a reservation goes.
+    last: Option<(SpaceId, u64, u64)>,
 }
 
 impl Default for Reservations {
@@ -105,6 +109,7 @@ impl Default for Reservations {
             next_age: 0,
             reserved: 0,
             stats: ReservationStats::default(),
+            last: None,
         }
     }
 }
@@ -155,17 +160,25 @@ impl PhysMem {
             return self.alloc_run(pages, align, space, vpn, wired, limit);
         }
         let off = vpn.0 - block;
-        if let Some(&base) = self.reservations.blocks.get(&(space, block)) {
-            if self.all_reserved(base + off, pages) {
-                self.claim(base, off, pages, space, wired);
+        if let Some(base) = self.block_base(space, block) {
+            // One page (every 4 KiB fault): find its frame's index once, for the
+            // state check and the claim.
+            let first = match pages {
+                1 => self
+                    .index(base + off)
+                    .filter(|&i| self.frames[i as usize].state == FrameState::Reserved),
+                _ => None,
+            };
+            if first.is_some() || (pages > 1 && self.all_reserved(base + off, pages)) {
+                self.claim(base, off, pages, space, wired, first);
                 return Some(Pfn(base + off));
             }
             self.reservations.stats.fallbacks += 1;
             return self.alloc_run(pages, align, space, vpn, wired, limit);
         }
-        match self.reserve_block(space, block) {
-            Some(base) => {
-                self.claim(base, off, pages, space, wired);
+        match self.reserve_block(space, block, off, pages) {
+            Some((base, first)) => {
+                self.claim(base, off, pages, space, wired, first);
                 Some(Pfn(base + off))
             }
             None => {
@@ -184,12 +197,37 @@ impl PhysMem {
             .map(|b| Pfn(*b))
     }
 
+    /// The first frame of `space`'s reservation for `block`, through the memo.
+    #[inline]
+    fn block_base(&mut self, space: SpaceId, block: u64) -> Option<u64> {
+        let rs = &mut self.reservations;
+        if let Some((s, b, base)) = rs.last {
+            if s == space && b == block {
+                return Some(base);
+            }
+        }
+        let base = *rs.blocks.get(&(space, block))?;
+        rs.last = Some((space, block, base));
+        Some(base)
+    }
+
     fn all_reserved(&self, pfn: u64, pages: u64) -> bool {
         (0..pages).all(|k| self.state(Pfn(pfn + k)) == Some(FrameState::Reserved))
     }
 
-    /// Take an aligned block from the arena and reserve it for `(space, block)`.
-    fn reserve_block(&mut self, space: SpaceId, block: u64) -> Option<u64> {
+    /// Take an aligned block from the arena and reserve it for `(space, block)`, about
+    /// to hand its frames `off..off + pages` out ([`PhysMem::claim`] follows at once):
+    /// those stay free until the claim makes them active, without a detour through
+    /// the reserved state (a whole 2 MiB zero-fill block claims all 512). Returns the
+    /// block's first frame and, when the block's frame indices are consecutive (they
+    /// are unless it straddles two registered ranges), the index of frame `off`.
+    fn reserve_block(
+        &mut self,
+        space: SpaceId,
+        block: u64,
+        off: u64,
+        pages: u64,
+    ) -> Option<(u64, Option<u32>)> {
         let r = RESERVATION_PAGES;
         let mut c = Constraint::new(r << PAGE_SHIFT);
         c.align = r << PAGE_SHIFT;
@@ -197,10 +235,17 @@ impl PhysMem {
         let split = self.arena.split(pa, r << PAGE_SHIFT, PAGE_SIZE);
         debug_assert!(split.is_ok(), "a fresh block splits into frames: {split:?}");
         let base = pa >> PAGE_SHIFT;
-        for k in 0..r {
-            let i = self
-                .index(base + k)
-                .expect("the arena hands out registered frames only");
+        let i0 = self
+            .index(base)
+            .expect("the arena hands out registered frames only");
+        let consecutive = self.index(base + r - 1) == Some(i0 + (r - 1) as u32);
+        for k in (0..r).filter(|k| !(off..off + pages).contains(k)) {
+            let i = if consecutive {
+                i0 + k as u32
+            } else {
+                self.index(base + k)
+                    .expect("the arena hands out registered frames only")
+            };
             self.frames[i as usize].owner = None;
             self.set_state(i, FrameState::Reserved);
         }
@@ -208,6 +253,7 @@ impl PhysMem {
         let age = rs.next_age;
         rs.next_age += 1;
         rs.blocks.insert((space, block), base);
+        rs.last = Some((space, block, base));
         rs.by_base.insert(
             base,
             Resv {
@@ -220,42 +266,56 @@ impl PhysMem {
         rs.by_age.insert(age, base);
         rs.reserved += r;
         rs.stats.made += 1;
-        Some(base)
+        Some((base, consecutive.then_some(i0 + off as u32)))
     }
 
-    /// Hand frames `off..off + pages` of the reservation at `base` to their pages.
-    fn claim(&mut self, base: u64, off: u64, pages: u64, space: SpaceId, wired: bool) {
+    /// Hand frames `off..off + pages` of the reservation at `base` to their pages
+    /// (`first`: the frame index of the first one, when the caller knows it and the
+    /// run's indices are consecutive).
+    fn claim(
+        &mut self,
+        base: u64,
+        off: u64,
+        pages: u64,
+        space: SpaceId,
+        wired: bool,
+        first: Option<u32>,
+    ) {
         let state = if wired {
             FrameState::Wired
         } else {
             FrameState::Active
         };
-        let block = self.reservations.by_base[&base].block;
+        let rs = &mut self.reservations;
+        let resv = rs
+            .by_base
+            .get_mut(&base)
+            .expect("claimed reservation lives");
+        let block = resv.block;
+        resv.used += pages;
+        if resv.used == RESERVATION_PAGES {
+            rs.stats.filled += 1;
+        }
+        rs.reserved -= pages;
+        rs.stats.frames_served += pages;
         for k in off..off + pages {
-            let i = self
-                .index(base + k)
-                .expect("reserved frames are registered");
+            let i = match first {
+                Some(i) => i + (k - off) as u32,
+                None => self
+                    .index(base + k)
+                    .expect("reserved frames are registered"),
+            };
             self.frames[i as usize].owner = Some(Owner {
                 space,
                 vpn: Vpn(block + k),
             });
             self.set_state(i, state);
         }
-        let rs = &mut self.reservations;
-        rs.reserved -= pages;
-        rs.stats.frames_served += pages;
-        let resv = rs
-            .by_base
-            .get_mut(&base)
-            .expect("claimed reservation lives");
-        resv.used += pages;
-        if resv.used == RESERVATION_PAGES {
-            rs.stats.filled += 1;
-        }
     }
 
     fn forget_reservation(&mut self, base: u64, resv: Resv) {
         let rs = &mut self.reservations;
+        rs.last = None;
         rs.by_base.remove(&base);
         rs.by_age.remove(&resv.age);
         rs.blocks.remove(&(resv.space, resv.block));

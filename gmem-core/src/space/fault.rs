@@ -70,16 +70,19 @@ impl SpaceState {
             });
         }
         let vpn = va.vpn();
-        if self.lpt.get(vpn).has(PENDING) {
+        let mut e = self.lpt.get(vpn);
+        if e.has(PENDING) {
             self.drain(stats, &space.arena);
+            e = self.lpt.get(vpn);
         }
         let att = self.attached[slot]
             .as_ref()
             .expect("faulting device is attached");
-        let dev = att.dev.clone();
         let t = att.table;
-        let target = self.target_of(cx, &dev, placement.target);
-        let e = self.lpt.get(vpn);
+        // Only the device's id and page sizes are needed past here, and the target
+        // memory: one reference-count round trip per fault, not two.
+        let (dev_id, dev_sizes) = (att.dev.id, att.dev.page_sizes);
+        let target = self.target_of(cx, &att.dev, placement.target);
 
         if !e.is_populated() {
             if explicit {
@@ -88,7 +91,7 @@ impl SpaceState {
             let g = if fill_block != 0 {
                 fill_block >> PAGE_SHIFT
             } else {
-                dev.page_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
+                dev_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
             };
             // A block is mapped with one protection: split regions fall back to pages.
             let g = match self
@@ -109,14 +112,18 @@ impl SpaceState {
                 rfirst,
                 rfirst + rpages,
                 piece,
-                Some(dev.id),
+                Some(dev_id),
             )?);
         }
 
         let here = self.memories.get(e.mem).clone();
         // A mapping is remote when the frame is not in the faulter's own memory (its
         // local memory, or host memory for a device without one).
-        let remote = here.id != self.target_of(cx, &dev, PlacementTarget::Faulting).id;
+        let own = match self.attached[slot].as_ref() {
+            Some(att) if att.dev.has_memory() => att.dev.id,
+            _ => cx.host.id,
+        };
+        let remote = here.id != own;
         let mine = e.mapped & (1 << t) != 0;
         if SpaceState::is_wired(&e) {
             // Wired pages never move: map them where they are.
@@ -136,7 +143,7 @@ impl SpaceState {
                     self.unmap_pages(stats, vpn, 1, others);
                     self.map_in_place(stats, t, vpn, e, piece, mine, remote)
                 } else {
-                    self.migrate_and_map(cx, space, t, vpn, &target, piece, dev.id)
+                    self.migrate_and_map(cx, space, t, vpn, &target, piece, dev_id)
                 }
             }
             PlacementMode::RemoteAccess => {
@@ -148,7 +155,7 @@ impl SpaceState {
                         self.map_in_place(stats, t, vpn, e, piece, mine, remote)
                     }
                 } else if mine && hinted {
-                    let r = self.migrate_and_map(cx, space, t, vpn, &target, piece, dev.id)?;
+                    let r = self.migrate_and_map(cx, space, t, vpn, &target, piece, dev_id)?;
                     self.lpt.update(vpn, |e| e.hint = 0);
                     Ok(r)
                 } else {
@@ -300,21 +307,18 @@ impl SpaceState {
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
         memory.zero(pfn.addr(), pages << PAGE_SHIFT)?;
-        for k in 0..pages {
-            self.lpt.set(
-                first + k,
-                PageEntry {
-                    pfn: pfn + k,
-                    mem,
-                    ..PageEntry::EMPTY
-                },
-            );
-        }
+        let fresh = |k: u64| PageEntry {
+            pfn: pfn + k,
+            mem,
+            ..PageEntry::EMPTY
+        };
+        self.lpt
+            .update_run(first, pages, |v, e| *e = fresh(v.0 - first.0));
         let replicas = self.replica_mask();
         let mapped = if pages == 1 {
             // A single page may complete its block: map the block large then.
-            let e = self.lpt.get(first);
-            self.map_for_fault(stats, t, first, e, piece).map(|_| ())
+            self.map_for_fault(stats, t, first, fresh(0), piece)
+                .map(|_| ())
         } else {
             self.map_run(stats, t, first, pages, pfn, mem, piece)
         };
@@ -336,9 +340,8 @@ impl SpaceState {
     /// (invalidating) and forget their entries; dropping the run then frees the frames.
     fn unpopulate(&mut self, stats: &Counters, first: Vpn, pages: u64) {
         self.unmap_pages(stats, first, pages, u32::MAX);
-        for k in 0..pages {
-            self.lpt.take(first + k);
-        }
+        self.lpt
+            .update_run(first, pages, |_, e| *e = PageEntry::EMPTY);
     }
 
     /// One frame in `target` for page `vpn` (where the driver places it for `asker`),

@@ -569,9 +569,7 @@ impl SpaceState {
         piece: segments::Piece,
     ) -> Result<(), MmuError> {
         self.install_run(stats, t, first, pages, pfn, mem, piece)?;
-        for v in first.span(pages) {
-            self.lpt.update(v, |e| e.mapped |= 1 << t);
-        }
+        self.lpt.update_run(first, pages, |_, e| e.mapped |= 1 << t);
         Ok(())
     }
 

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Where a 4 KiB first-touch fault's instructions go, stage by stage.
+
+Runs the `fault` bench binary in its profile mode (GMEM_FAULT_PROFILE=N: N batches of
+4096 first-touch faults through `dev_fault` in one region, nothing else) under
+callgrind, reads the inclusive call tree (`callgrind_annotate --tree=calling`) and
+splits the instructions of `Gmem::dev_fault` into stages by the function that spends
+them:
+
+  entry          dev_fault itself: device and space lookup, the space lock
+  lookup+checks  SpaceState::fault's own code: region and piece lookup, protection
+                 check, placement target, logical page table reads
+  frame alloc    alloc_frame and below (reservation lookup, physmem, vmem arena)
+  LPT update     lpt::LogicalPageTable functions that were not inlined
+  map core       map_for_fault / map_run / mirror, without the driver call
+  test MMU map   the test driver's Mmu::map (a hash-map insert per page)
+  zeroing        DeviceMemory::zero (excluded from the target; a no-op in test memory)
+
+A function inlined into its caller counts as its caller's: read the stages as "code
+reached from here", not as exact source functions. Instruction counts, not time; the
+bench's printed ns/fault is the timing.
+
+Usage: python3 gmem-core/benches/fault_stages.py [bench-binary]
+(default: the newest target/release/deps/fault-*; build it with
+`cargo bench -p gmem-core --bench fault --no-run`).
+"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+STAGES = [
+    ("test MMU map", re.compile(r"as gmem_core::mmu::Mmu>::map$")),
+    ("zeroing", re.compile(r"as gmem_core::mmu::DeviceMemory>::zero$")),
+    ("frame alloc", re.compile(r"alloc_frame$|alloc_placed$|::physmem::|::vmem::|DeviceInner::alloc_")),
+    ("LPT update", re.compile(r"gmem_core::lpt::")),
+    ("map core", re.compile(r"map_for_fault$|map_run$|::mirror$|map_block")),
+    ("lookup+checks", re.compile(r"SpaceState>::fault$|region_at|segments::|target_of$")),
+    ("entry", re.compile(r"Gmem>::dev_fault$")),
+]
+ORDER = ["entry", "lookup+checks", "frame alloc", "LPT update", "map core", "test MMU map", "zeroing"]
+LINE = re.compile(r"^\s*([\d,]+)\s+\([^)]*\)\s+([*><])\s+(.*?)(?: \(([\d,]+)x\))?(?: \[[^\]]*\])?\s*$")
+
+
+def stage_of(name):
+    for stage, pat in STAGES:
+        if pat.search(name):
+            return stage
+    return None
+
+
+def parse(tree):
+    """{function: (inclusive, [(callee, cost)])} from a --tree=calling listing."""
+    funcs, cur = {}, None
+    for line in tree.splitlines():
+        m = LINE.match(line)
+        if not m:
+            if not line.strip():
+                cur = None
+            continue
+        cost, kind, name = int(m.group(1).replace(",", "")), m.group(2), m.group(3)
+        name = name.split(":", 1)[1] if ":" in name else name
+        if kind == "*":
+            cur = name
+            # A function appears once per source file its code came from (inlined
+            # library code is listed under the library's file): its inclusive cost is
+            # the largest of these, the one its callers' edges carry.
+            incl, calls = funcs.get(name, (0, []))
+            funcs[name] = (max(incl, cost), calls)
+        elif kind == ">" and cur is not None:
+            funcs[cur][1].append((name, cost))
+    return funcs
+
+
+def split(funcs, name, inherited, memo, depth=0):
+    """Fractions of `name`'s inclusive cost per stage."""
+    key = (name, inherited)
+    if key in memo:
+        return memo[key]
+    stage = stage_of(name) or inherited
+    incl, calls = funcs.get(name, (0, []))
+    out = {}
+    if incl == 0 or depth > 40:
+        memo[key] = {stage: 1.0}
+        return memo[key]
+    memo[key] = {stage: 1.0}  # guards recursion
+    rest = incl
+    for callee, cost in calls:
+        if callee == name:
+            continue
+        rest -= cost
+        for s, f in split(funcs, callee, stage, memo, depth + 1).items():
+            out[s] = out.get(s, 0.0) + f * cost / incl
+    out[stage] = out.get(stage, 0.0) + max(rest, 0) / incl
+    memo[key] = out
+    return out
+
+
+def main():
+    binary = sys.argv[1] if len(sys.argv) > 1 else None
+    if binary is None:
+        found = sorted(glob.glob("target/release/deps/fault-*"), key=os.path.getmtime)
+        found = [f for f in found if os.access(f, os.X_OK) and not f.endswith(".d")]
+        if not found:
+            sys.exit("no fault bench binary: cargo bench -p gmem-core --bench fault --no-run")
+        binary = found[-1]
+    batches = 2
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "cg.out")
+        env = dict(os.environ, GMEM_FAULT_PROFILE=str(batches))
+        run = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary],
+            env=env, capture_output=True, text=True, check=True)
+        faults = int(re.search(r"profile: (\d+) faults", run.stdout).group(1))
+        tree = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--tree=calling", "--threshold=100", out],
+            capture_output=True, text=True, check=True).stdout
+    funcs = parse(tree)
+    root = next((f for f in funcs if re.search(r"Gmem>::dev_fault$", f)), None)
+    if root is None:
+        sys.exit("dev_fault not found in the profile")
+    incl = funcs[root][0]
+    fr = split(funcs, root, "entry", {})
+    print(f"{binary}: {faults} first-touch 4 KiB faults under callgrind")
+    print(f"  dev_fault total            {incl / faults:8.0f} instructions/fault")
+    for s in ORDER:
+        v = fr.get(s, 0.0)
+        print(f"  {s:<26} {v * incl / faults:8.0f}  ({v * 100:5.1f}%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+//! [`TestMemory`]: sparse, page-granular memory that holds real bytes, answers frame
+//! requests with a settable placement and page-group classes, and counts what it was
+//! asked to do.
+
+use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use crate::mmu::{DeviceMemory, FramePlacement, FrameRequest, MemError};
+use crate::sync::Mutex;
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use hashbrown::HashMap;
+
+/// Sparse byte-holding memory: absent pages read as zeros.
+#[derive(Default)]
+pub struct TestMemory {
+    pages: Mutex<HashMap<u64, Box<[u8; PAGE_SIZE as usize]>>>,
+    /// `[base, end)` of addresses this memory answers for (`None` = any).
+    bounds: Option<(u64, u64)>,
+    counts: Mutex<MemCounts>,
+    placement: Mutex<FramePlacement>,
+    requests: Mutex<Vec<FrameRequest>>,
+    /// Do not keep the frame requests (benchmarks: the log grows without bound).
+    skip_requests: bool,
+    /// Page-group classes: `Some(n)` answers class `(va / 16 KiB) % n`.
+    classes: Mutex<Option<u32>>,
+    /// Every page-group class change the core announced: `(base, frames, from, to)`.
+    class_changes: Mutex<Vec<(PhysAddr, u64, u32, u32)>>,
+}
+
+/// What a [`TestMemory`] was asked to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemCounts {
+    /// Bytes zeroed.
+    pub zeroed: u64,
+    /// Bytes read.
+    pub read: u64,
+    /// Bytes written.
+    pub written: u64,
+    /// `copy` calls made from this memory (each moves one run, through the bounce
+    /// buffer of [`crate::mmu::bounce_copy`]).
+    pub copies: u64,
+}
+
+impl TestMemory {
+    /// Memory answering for `[base, end)`.
+    pub fn with_bounds(base: u64, end: u64) -> TestMemory {
+        TestMemory {
+            bounds: Some((base, end)),
+            ..TestMemory::default()
+        }
+    }
+
+    /// The same memory without the frame-request log ([`TestMemory::take_frame_requests`]
+    /// then returns nothing): for benchmarks, where the log grows by one entry per
+    /// allocation and its lock and pushes would be timed with the core.
+    pub fn without_request_log(mut self) -> TestMemory {
+        self.skip_requests = true;
+        self
+    }
+
+    /// Answer every frame request with `placement`.
+    pub fn set_frame_placement(&self, placement: FramePlacement) {
+        *self.placement.lock() = placement;
+    }
+
+    /// The frame requests asked of this memory since the last call, in order.
+    pub fn take_frame_requests(&self) -> Vec<FrameRequest> {
+        core::mem::take(&mut *self.requests.lock())
+    }
+
+    /// Answer frame requests with page-group class `(va / 16 KiB) % n` (`None` or
+    /// `Some(0)`: class 0 for all).
+    pub fn set_frame_classes(&self, n: Option<u32>) {
+        *self.classes.lock() = n.filter(|&n| n > 0);
+    }
+
+    /// The class [`DeviceMemory::frame_class`] answers for `va`.
+    pub fn class_of(&self, va: VirtAddr) -> u32 {
+        match *self.classes.lock() {
+            Some(n) => ((va.as_u64() >> (PAGE_SHIFT + 2)) % u64::from(n)) as u32,
+            None => 0,
+        }
+    }
+
+    /// The page-group class changes announced so far: `(base, frames, from, to)`.
+    pub fn class_changes(&self) -> Vec<(PhysAddr, u64, u32, u32)> {
+        self.class_changes.lock().clone()
+    }
+
+    /// What it was asked to do.
+    pub fn counts(&self) -> MemCounts {
+        *self.counts.lock()
+    }
+
+    fn check(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
+        match self.bounds {
+            Some((b, e)) if pa.as_u64() < b || pa.as_u64().saturating_add(len) > e => {
+                Err(MemError::OutOfRange { pa })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn each_page(pa: PhysAddr, len: u64, mut f: impl FnMut(u64, usize, usize, usize)) {
+        let mut done = 0u64;
+        while done < len {
+            let a = pa.as_u64() + done;
+            let off = (a & (PAGE_SIZE - 1)) as usize;
+            let n = ((PAGE_SIZE as usize - off) as u64).min(len - done) as usize;
+            f(a >> PAGE_SHIFT, off, n, done as usize);
+            done += n as u64;
+        }
+    }
+}
+
+impl DeviceMemory for TestMemory {
+    fn copy(
+        &self,
+        src: PhysAddr,
+        to: &dyn DeviceMemory,
+        dst: PhysAddr,
+        len: u64,
+    ) -> Result<(), MemError> {
+        self.counts.lock().copies += 1;
+        crate::mmu::bounce_copy(self, src, to, dst, len)
+    }
+    fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
+        self.check(pa, len)?;
+        let mut pages = self.pages.lock();
+        TestMemory::each_page(pa, len, |pfn, off, n, _| {
+            if n == PAGE_SIZE as usize {
+                pages.remove(&pfn);
+            } else if let Some(p) = pages.get_mut(&pfn) {
+                p[off..off + n].fill(0);
+            }
+        });
+        self.counts.lock().zeroed += len;
+        Ok(())
+    }
+    fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError> {
+        self.check(pa, buf.len() as u64)?;
+        let pages = self.pages.lock();
+        TestMemory::each_page(pa, buf.len() as u64, |pfn, off, n, at| {
+            match pages.get(&pfn) {
+                Some(p) => buf[at..at + n].copy_from_slice(&p[off..off + n]),
+                None => buf[at..at + n].fill(0),
+            }
+        });
+        self.counts.lock().read += buf.len() as u64;
+        Ok(())
+    }
+    fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError> {
+        self.check(pa, buf.len() as u64)?;
+        let mut pages = self.pages.lock();
+        TestMemory::each_page(pa, buf.len() as u64, |pfn, off, n, at| {
+            let p = pages
+                .entry(pfn)
+                .or_insert_with(|| Box::new([0; PAGE_SIZE as usize]));
+            p[off..off + n].copy_from_slice(&buf[at..at + n]);
+        });
+        self.counts.lock().written += buf.len() as u64;
+        Ok(())
+    }
+    fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
+        if !self.skip_requests {
+            self.requests.lock().push(*request);
+        }
+        *self.placement.lock()
+    }
+    fn frame_class(&self, request: &FrameRequest) -> u32 {
+        self.class_of(request.va)
+    }
+    fn group_class_changed(&self, base: PhysAddr, frames: u64, from: u32, to: u32) {
+        self.class_changes.lock().push((base, frames, from, to));
+    }
+}
