@@ -489,12 +489,7 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
             "a run missed its reference, or the GPU faulted".into()
         },
     );
-    if output == Output::Table {
-        Ok(r)
-    } else {
-        eprintln!("adsm: verified = {verified}");
-        Ok(r.quiet())
-    }
+    Ok(r.for_output("adsm", output))
 }
 
 #[cfg(test)]

@@ -622,12 +622,7 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
             "a run missed its reference".into()
         },
     );
-    if output == Output::Table {
-        Ok(r)
-    } else {
-        eprintln!("coda: verified = {verified}");
-        Ok(r.quiet())
-    }
+    Ok(r.for_output("coda", output))
 }
 
 #[cfg(test)]

@@ -688,9 +688,5 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
             "a workload missed its reference, a cached translation differed from a walk, a bit was stale, or a DMA buffer differed".to_string()
         },
     );
-    Ok(if output == Output::Table {
-        r
-    } else {
-        r.quiet()
-    })
+    Ok(r.for_output("mesc", output))
 }

@@ -231,13 +231,7 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
             "a variant's output differs, the baseline misses the CPU reference, or a poisoned read occurred".to_string()
         },
     );
-    if output == Output::Table {
-        Ok(r)
-    } else {
-        // The rows were the output; print only the verdict on stderr.
-        eprintln!("regdem: verified = {verified}");
-        Ok(r.quiet())
-    }
+    Ok(r.for_output("regdem", output))
 }
 
 fn print_table(results: &[KernelResult], abls: &[Ablation], cfg: &SimConfig, grid: u32) {

@@ -83,6 +83,18 @@ impl Report {
         self
     }
 
+    /// This report as a `reproduce` experiment ends it: printed as a table, or, when
+    /// the rows went out as CSV or JSON, switched off with only the verdict on stderr
+    /// (`experiment: verified = ...`) so that the machine-readable output stays clean.
+    pub fn for_output(self, experiment: &str, output: Output) -> Report {
+        if output == Output::Table {
+            self
+        } else {
+            eprintln!("{experiment}: verified = {}", self.verified);
+            self.quiet()
+        }
+    }
+
     /// Print it.
     pub fn print(&self, output: Output) {
         if self.quiet {
