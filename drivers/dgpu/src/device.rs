@@ -36,6 +36,9 @@ pub struct DgpuConfig {
     /// [`DevCaps::FAULTABLE`]: its table holds only what the core maps eagerly (wired
     /// pages, private frames), and a miss is an error, never a fault served.
     pub faultable: bool,
+    /// Keep MESC's contiguity bits in the tables' level-1 pointers
+    /// ([`GpuCodec::with_mesc`]).
+    pub mesc: bool,
 }
 
 impl DgpuConfig {
@@ -49,7 +52,13 @@ impl DgpuConfig {
             table_frames: 64,
             tlbs: dgpu_tlbs(cus),
             faultable: true,
+            mesc: false,
         }
+    }
+
+    /// The same GPU, its tables keeping MESC's contiguity bits (see [`DgpuConfig::mesc`]).
+    pub fn with_mesc(self) -> DgpuConfig {
+        DgpuConfig { mesc: true, ..self }
     }
 
     /// The same GPU, configured as one that cannot fault (see [`DgpuConfig::faultable`]).
@@ -112,7 +121,11 @@ impl Dgpu {
         if config.table_frames.saturating_mul(PAGE_SIZE) >= config.vram_bytes {
             return Err(DgpuError::NoMemoryLeft);
         }
-        let codec = GpuCodec::new(config.instance);
+        let codec = if config.mesc {
+            GpuCodec::with_mesc(config.instance)
+        } else {
+            GpuCodec::new(config.instance)
+        };
         let tables = GpuTables::new(codec, vram.clone(), config.vram_base, config.table_frames)
             .map_err(DgpuError::Memory)?;
         let tables = Arc::new(tables);

@@ -371,7 +371,7 @@ impl DesignCaches {
                 .read(table + (line_start + k) as u64 * 8)
                 .unwrap_or(0);
         }
-        let (first, n) = bits::colt(&line, idx - line_start, self.geo.colt_group);
+        let (first, n) = bits::colt::<X86Codec>(&line, idx - line_start, self.geo.colt_group);
         if n <= 1 {
             return Run::single(root, vpn, leaf);
         }
