@@ -207,6 +207,10 @@ impl SimtMachine {
                     }
                     Some(Plug::Discrete(plug, mesc)) => {
                         c.mesc = mesc;
+                        // A whole number of 2 MiB blocks of table frames keeps the video
+                        // memory the core manages 2 MiB aligned (as on the host side).
+                        c.table_frames = c.table_frames.next_multiple_of(512);
+                        c.vram_bytes = (c.table_frames + pages.max(1)) * PAGE_SIZE;
                         let g = Dgpu::with_caches(map, c, |t| {
                             plug(t.clone()).map(Plugged).map_err(Failed)
                         })
@@ -282,6 +286,16 @@ impl SimtMachine {
             Gpu::Discrete(g) => g.mmu().active_root(),
             Gpu::Plugged(m, _) => m.active_root(),
             Gpu::PluggedDiscrete(g) => g.mmu().active_root(),
+        }
+    }
+
+    /// The discrete GPU's own tables (`None` on the integrated GPU, which walks the
+    /// CPU's: [`HostCpu::tables`]).
+    pub fn discrete_tables(&self) -> Option<&Arc<GpuTables>> {
+        match &self.gpu {
+            Gpu::Discrete(g) => Some(g.tables()),
+            Gpu::PluggedDiscrete(g) => Some(g.tables()),
+            _ => None,
         }
     }
 
