@@ -733,7 +733,7 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
     match output {
         Output::Table => {
             println!(
-                "MESC on the integrated GPU: {MESC_UNITS} CUs, 32-entry fully assoc. L1 TLBs, shared TLB 32 sets x 16 ways (subregion partition ways 8-15), 512-entry MSC (64 x 8), 8 KiB PWC; CoLT groups of 4 in the 128-byte line"
+                "MESC on the integrated GPU: {MESC_UNITS} CUs, 32-entry fully assoc. L1 TLBs, shared TLB 32 sets x 16 ways (subregion partition ways 8-15), 512-entry MSC (64 x 8), 8 KiB PWC; CoLT groups of 4 in the 128-byte line; the discrete GPU (gpu = dgpu) has the same caches over its own 3-level tables in video memory"
             );
             println!("energies (pJ, assumed): {ENERGY:?}");
             println!("fragmenter: unusable free space released in runs of 1-{MAX_RUN} frames, seed {SEED:#x}");
