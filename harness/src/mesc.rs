@@ -1,7 +1,9 @@
 //! `reproduce mesc` — MESC (memory-subregion contiguity bits, subregion TLB entries, a
 //! memory-subregion cache) against the 4 KiB baseline, CoLT, full CoLT, THP and
 //! MESC+CoLT on the integrated GPU walking the CPU's x86-64 tables (the paper's
-//! setting, §VI-A), over host memory fragmented to measured levels.
+//! setting, §VI-A), over host memory fragmented to measured levels; and the same
+//! workloads on the discrete GPU walking its own tables in video memory (the same
+//! bits in its format's spare bits), video memory unfragmented.
 //!
 //! ## The experiment
 //! For each workload, each fragmentation target (0 / 25 / 50 / 75 %) with and without
@@ -13,6 +15,14 @@
 //! host CPU (the core's allocator places its frames: contiguity comes from nothing
 //! else), runs on the GPU and is verified against its CPU reference. The same seed
 //! gives every design the same fragmented memory.
+//!
+//! On the discrete GPU (rows with `gpu` = `dgpu`) a fresh machine boots with video
+//! memory for the workload's need; the host writes the data, the GPU's first touches
+//! migrate it into video memory (the core's allocator places the frames there too),
+//! and the fragmentation reported is the index the core measures on video memory
+//! before the run (0: nothing fragments it). THP is not run there: the GPU's format
+//! has no 2 MiB leaves, so its "perf vs THP" is not defined (NaN); the claims compare
+//! against the baseline's cycles instead.
 //!
 //! ## What is reported
 //! Per run: per-unit and shared TLB hit ratios, walks and table-entry reads per 1000
@@ -35,10 +45,11 @@ use gmem_core::{Activation, AllocPolicy, MmuMode, VirtAddr, PAGE_SIZE};
 use gmem_harness::frag::Fragmenter;
 use gmem_simt::caches::GpuCaches;
 use gmem_simt::machine::{SimtMachine, MESC_UNITS};
-use gmem_simt::mesc::{Design, DesignCaches, Geometry};
+use gmem_simt::mesc::{Design, DesignCaches, Geometry, MescTables};
 use gmem_simt::workloads::{self, pages_needed, sensitive, Size};
 use plotters::style::RGBColor;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Per-operation dynamic energies (pJ): assumptions of the order CACTI gives at 32 nm
 /// (the paper's figures are not in its text).
@@ -85,6 +96,9 @@ pub const MAX_RUN: u64 = 256;
 pub struct Row {
     /// Workload.
     pub workload: String,
+    /// `igpu`: the integrated GPU on the CPU's tables (the paper's setting); `dgpu`: the
+    /// discrete GPU on its own tables in video memory.
+    pub gpu: String,
     /// Translation-sensitive in the paper's classification.
     pub sensitive: bool,
     /// Target unusable-free-space index at 2 MiB.
@@ -111,7 +125,8 @@ pub struct Row {
     pub subregion_hits: u64,
     /// Modelled cycles.
     pub cycles: u64,
-    /// THP's cycles over this design's (same workload and memory).
+    /// THP's cycles over this design's (same workload and memory; NaN on the discrete
+    /// GPU, whose format has no large leaves).
     pub perf_vs_thp: f64,
     /// Dynamic translation energy, pJ.
     pub energy_pj: f64,
@@ -173,6 +188,28 @@ fn plan(quick: bool) -> Plan {
     }
 }
 
+/// The caches of `design` (the paper's geometry) over `tables`.
+fn caches<T: MescTables>(design: Design, tables: Arc<T>) -> Result<Box<dyn GpuCaches>, String> {
+    DesignCaches::new(design, Geometry::paper(MESC_UNITS), tables)
+        .map(|c| Box::new(c) as Box<dyn GpuCaches>)
+        .map_err(|e| e.to_string())
+}
+
+/// A discrete GPU of `design` with video memory for `name`'s need; returns it with the
+/// index the core measures on video memory.
+fn discrete(design: Design, name: &str, size: Size) -> Result<(SimtMachine, f64), String> {
+    let need = pages_needed(name, size).next_multiple_of(512);
+    let m =
+        SimtMachine::discrete_with(need + 512, need + 512, design.mesc(), |t| caches(design, t))?;
+    let id = m.port().id().ok_or("GPU not created")?;
+    let measured = m
+        .gm()
+        .dev_free_extents(id)
+        .map_err(|e| format!("{e:?}"))?
+        .unusable_index(9);
+    Ok((m, measured))
+}
+
 /// A machine of `design` for `name`, host memory fragmented to `target` (then
 /// compacted if asked); returns it with the index the core measures.
 fn machine(
@@ -183,11 +220,7 @@ fn machine(
     compaction: bool,
 ) -> Result<(SimtMachine, f64), String> {
     let need = pages_needed(name, size).next_multiple_of(512);
-    let m = SimtMachine::integrated_with(2 * need + 512, design.x86(), |t| {
-        DesignCaches::new(design, Geometry::paper(MESC_UNITS), t)
-            .map(|c| Box::new(c) as Box<dyn GpuCaches>)
-            .map_err(|e| e.to_string())
-    })?;
+    let m = SimtMachine::integrated_with(2 * need + 512, design.x86(), |t| caches(design, t))?;
     let gm = m.gm();
     let host = gm.host();
     let space = gm
@@ -222,12 +255,9 @@ fn machine(
 /// Run length buckets of the paper's Fig. 4 (pages).
 const BUCKETS: [u64; 4] = [256, 512, 768, 1024];
 
-fn histogram(m: &SimtMachine, root: gmem_core::PageTableRoot) -> ([f64; 5], [f64; 5], u64) {
-    let mut leaves: Vec<(u64, u64, u64)> = m
-        .cpu()
-        .tables()
-        .leaves(root)
-        .into_iter()
+fn histogram(leaves: &[(VirtAddr, gmem_sim::Leaf)]) -> ([f64; 5], [f64; 5], u64) {
+    let mut leaves: Vec<(u64, u64, u64)> = leaves
+        .iter()
         .map(|(va, l)| {
             (
                 va.as_u64() >> 12,
@@ -267,27 +297,38 @@ fn histogram(m: &SimtMachine, root: gmem_core::PageTableRoot) -> ([f64; 5], [f64
     )
 }
 
+/// One run: `discrete` puts it on the discrete GPU (unfragmented video memory; `target`
+/// and `compaction` must be 0 and off), else on the integrated GPU.
 fn run_one(
     design: Design,
     name: &str,
     size: Size,
-    target: f64,
-    compaction: bool,
+    (target, compaction): (f64, bool),
+    discrete_gpu: bool,
 ) -> Result<Row, String> {
-    let (m, measured) = machine(design, name, size, target, compaction)?;
+    let (m, measured) = if discrete_gpu {
+        discrete(design, name, size)?
+    } else {
+        machine(design, name, size, target, compaction)?
+    };
     let o = workloads::run(&m, name, size)?;
     let root = m.gpu_root().ok_or("GPU not active")?;
-    let tables = m.cpu().tables();
-    let scan = gmem_x86pt::mesc::scan(tables.codec(), tables.engine().memory(), root.0, false);
-    let (histogram_runs, histogram_coverage, mapped) = histogram(&m, root);
+    let (scan, leaves) = match m.discrete_tables() {
+        Some(t) => (
+            gmem_ptengine::mesc::scan(t.codec(), t.engine().memory(), root.0, false),
+            t.leaves(root),
+        ),
+        None => {
+            let t = m.cpu().tables();
+            (
+                gmem_ptengine::mesc::scan(t.codec(), t.engine().memory(), root.0, false),
+                t.leaves(root),
+            )
+        }
+    };
+    let (histogram_runs, histogram_coverage, mapped) = histogram(&leaves);
     // Every translation still cached equals a fresh walk.
-    let audit = m.audit_tlbs(
-        m.cpu()
-            .tables()
-            .leaves(root)
-            .into_iter()
-            .map(|(va, _)| va.as_u64()),
-    );
+    let audit = m.audit_tlbs(leaves.iter().map(|(va, _)| va.as_u64()));
     let c = m.gpu_mmu().caches;
     let ds = m.design_stats().ok_or("no design counters")?;
     let t = o.stats.translations.max(1) as f64;
@@ -299,6 +340,7 @@ fn run_one(
     let stale = if design.mesc() { scan.stale } else { 0 };
     Ok(Row {
         workload: name.into(),
+        gpu: if discrete_gpu { "dgpu" } else { "igpu" }.into(),
         sensitive: sensitive(name),
         fragmentation: target,
         fragmentation_measured: measured,
@@ -316,7 +358,7 @@ fn run_one(
         energy_pj: energy,
         energy_vs_base: 0.0,
         subregion_coverage: ratio(
-            scan.subregions * gmem_x86pt::mesc::SUBREGION_PAGES,
+            scan.subregions * gmem_ptengine::mesc::SUBREGION_PAGES,
             mapped.max(o.footprint / PAGE_SIZE),
         ),
         stale_bits: stale,
@@ -346,7 +388,10 @@ fn run_all(quick: bool, output: Output) -> Result<Vec<Row>, String> {
             }
             let start = rows.len();
             for d in Design::ALL {
-                rows.push(run_one(d, w, p.size, f, c).map_err(|e| format!("{w} {f} {d:?}: {e}"))?);
+                rows.push(
+                    run_one(d, w, p.size, (f, c), false)
+                        .map_err(|e| format!("{w} {f} {d:?}: {e}"))?,
+                );
             }
             let find =
                 |rows: &[Row], n: &str| rows[start..].iter().find(|r| r.design == n).cloned();
@@ -356,6 +401,27 @@ fn run_all(quick: bool, output: Output) -> Result<Vec<Row>, String> {
                 r.perf_vs_thp = thp as f64 / r.cycles.max(1) as f64;
                 r.energy_vs_base = r.energy_pj / base.max(1e-9);
             }
+        }
+    }
+    // The discrete GPU, unfragmented video memory; no THP (no large leaves there).
+    for &w in &p.workloads {
+        if output == Output::Table {
+            eprintln!("mesc: {w} on the discrete GPU ...");
+        }
+        let start = rows.len();
+        for d in Design::ALL.into_iter().filter(|&d| d != Design::Thp) {
+            rows.push(
+                run_one(d, w, p.size, (0.0, false), true)
+                    .map_err(|e| format!("{w} dgpu {d:?}: {e}"))?,
+            );
+        }
+        let base = rows[start..]
+            .iter()
+            .find(|r| r.design == "base")
+            .map_or(1.0, |r| r.energy_pj);
+        for r in &mut rows[start..] {
+            r.perf_vs_thp = f64::NAN;
+            r.energy_vs_base = r.energy_pj / base.max(1e-9);
         }
     }
     Ok(rows)
@@ -380,7 +446,11 @@ struct Claim {
 fn claims(rows: &[Row]) -> Vec<Claim> {
     let at = |d: &'static str, f: f64, c: bool, s: bool| {
         move |r: &Row| {
-            r.design == d && r.fragmentation == f && r.compaction == c && r.sensitive == s
+            r.gpu == "igpu"
+                && r.design == d
+                && r.fragmentation == f
+                && r.compaction == c
+                && r.sensitive == s
         }
     };
     let m = |d, f, c, s, g: fn(&Row) -> f64| mean(rows, at(d, f, c, s), g);
@@ -454,15 +524,44 @@ fn claims(rows: &[Row]) -> Vec<Claim> {
             on > off,
         );
     }
+    // The discrete GPU (no THP there: speed-ups are over the baseline's cycles).
+    let dg = |d: &'static str, s: bool| {
+        move |r: &Row| r.gpu == "dgpu" && r.design == d && r.sensitive == s
+    };
+    let dm = |d, s, g: fn(&Row) -> f64| mean(rows, dg(d, s), g);
+    let cycles = |r: &Row| r.cycles as f64;
+    if rows.iter().any(|r| r.gpu == "dgpu") {
+        let (b, fc, me) = (
+            dm("base", true, l2),
+            dm("full-colt", true, l2),
+            dm("mesc", true, l2),
+        );
+        claim(
+            format!("discrete GPU, sensitive: MESC raises the shared-TLB hit ratio well above the baseline and full CoLT (base {b:.3}, full CoLT {fc:.3}, MESC {me:.3})"),
+            me > b + 0.2 && me > fc,
+        );
+        let (cb, cm) = (dm("base", true, cycles), dm("mesc", true, cycles));
+        let em = dm("mesc", true, energy);
+        claim(
+            format!("discrete GPU, sensitive: MESC runs faster than the baseline and cuts translation energy by more than half (speed-up {:.3}, energy {em:.3} of base)", cb / cm),
+            cm < cb && em < 0.5,
+        );
+        let (ib, im) = (dm("base", false, cycles), dm("mesc", false, cycles));
+        claim(
+            format!("discrete GPU, insensitive: performance barely moves (MESC speed-up over base {:.3})", ib / im),
+            (ib / im - 1.0).abs() < 0.05,
+        );
+    }
     out
 }
 
 fn table(rows: &[Row]) -> String {
-    let mut s = String::from("workload     sens frag  meas  comp design     L1hit  L2hit  walks/1k reads/1k extra/1k  MSChit perf/THP energy/base coverage verified\n");
+    let mut s = String::from("workload     gpu  sens frag  meas  comp design     L1hit  L2hit  walks/1k reads/1k extra/1k  MSChit perf/THP energy/base coverage verified\n");
     for r in rows {
         s += &format!(
-            "{:<12} {:<4} {:<5.2} {:<5.2} {:<4} {:<10} {:<6.3} {:<6.3} {:<8.1} {:<8.1} {:<9.1} {:<6.3} {:<8.3} {:<11.3} {:<8.3} {}\n",
+            "{:<12} {:<4} {:<4} {:<5.2} {:<5.2} {:<4} {:<10} {:<6.3} {:<6.3} {:<8.1} {:<8.1} {:<9.1} {:<6.3} {:<8.3} {:<11.3} {:<8.3} {}\n",
             r.workload,
+            r.gpu,
             if r.sensitive { "yes" } else { "no" },
             r.fragmentation,
             r.fragmentation_measured,
@@ -484,11 +583,12 @@ fn table(rows: &[Row]) -> String {
 }
 
 fn csv(rows: &[Row]) -> String {
-    let mut s = String::from("workload,sensitive,fragmentation,fragmentation_measured,compaction,design,l1_hit,l2_hit,walks_per_kilo_access,reads_per_kilo_access,extra_reads_per_kilo_access,msc_hit,subregion_hits,cycles,perf_vs_thp,energy_pj,energy_vs_base,subregion_coverage,stale_bits,scan_entries_read,verified\n");
+    let mut s = String::from("workload,gpu,sensitive,fragmentation,fragmentation_measured,compaction,design,l1_hit,l2_hit,walks_per_kilo_access,reads_per_kilo_access,extra_reads_per_kilo_access,msc_hit,subregion_hits,cycles,perf_vs_thp,energy_pj,energy_vs_base,subregion_coverage,stale_bits,scan_entries_read,verified\n");
     for r in rows {
         s += &format!(
-            "{},{},{},{:.4},{},{},{:.4},{:.4},{:.2},{:.2},{:.2},{:.4},{},{},{:.4},{:.1},{:.4},{:.4},{},{},{}\n",
+            "{},{},{},{},{:.4},{},{},{:.4},{:.4},{:.2},{:.2},{:.2},{:.4},{},{},{:.4},{:.1},{:.4},{:.4},{},{},{}\n",
             r.workload,
+            r.gpu,
             r.sensitive,
             r.fragmentation,
             r.fragmentation_measured,
@@ -554,7 +654,8 @@ fn chart(
                         mean(
                             rows,
                             |r| {
-                                r.sensitive
+                                r.gpu == "igpu"
+                                    && r.sensitive
                                     && r.design == d.name()
                                     && r.fragmentation == fr
                                     && r.compaction == c
@@ -632,7 +733,7 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
     match output {
         Output::Table => {
             println!(
-                "MESC on the integrated GPU: {MESC_UNITS} CUs, 32-entry fully assoc. L1 TLBs, shared TLB 32 sets x 16 ways (subregion partition ways 8-15), 512-entry MSC (64 x 8), 8 KiB PWC; CoLT groups of 4 in the 128-byte line"
+                "MESC on the integrated GPU: {MESC_UNITS} CUs, 32-entry fully assoc. L1 TLBs, shared TLB 32 sets x 16 ways (subregion partition ways 8-15), 512-entry MSC (64 x 8), 8 KiB PWC; CoLT groups of 4 in the 128-byte line; the discrete GPU (gpu = dgpu) has the same caches over its own 3-level tables in video memory"
             );
             println!("energies (pJ, assumed): {ENERGY:?}");
             println!("fragmenter: unusable free space released in runs of 1-{MAX_RUN} frames, seed {SEED:#x}");
@@ -641,8 +742,9 @@ pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
             println!("contiguity histogram (base design; runs of 1-256 / 257-512 / 513-768 / 769-1024 / >1024 pages: share of runs | share of footprint):");
             for r in rows.iter().filter(|r| r.design == "base") {
                 println!(
-                    "  {:<12} frag {:.2} comp {:<3}: {:.3?} | {:.3?}",
+                    "  {:<12} {} frag {:.2} comp {:<3}: {:.3?} | {:.3?}",
                     r.workload,
+                    r.gpu,
                     r.fragmentation,
                     if r.compaction { "on" } else { "off" },
                     r.histogram_runs,

@@ -50,6 +50,7 @@ pub struct IommuRow {
 struct IoView(Arc<IoTables>);
 
 impl MescTables for IoView {
+    type Format = X86Codec;
     fn codec(&self) -> &X86Codec {
         self.0.codec()
     }
@@ -109,7 +110,7 @@ fn run_one(which: &str, buffers: u64, transfers: u64) -> Result<IommuRow, String
                 config,
                 cpu.memory_map().clone(),
                 Arc::new(move |t: &Arc<IoTables>, _queues: usize| {
-                    let view: Arc<dyn MescTables> = Arc::new(IoView(t.clone()));
+                    let view = Arc::new(IoView(t.clone()));
                     DesignCaches::new(design, geometry(), view)
                         .map(|c| Box::new(c) as Box<dyn TranslationCaches>)
                 }),
@@ -236,7 +237,7 @@ mod tests {
         let cpu = HostCpu::new(HostCpuConfig::default()).unwrap();
         let config = IommuConfig::default(); // reader-writer
         let f: gmem_iommu::CachesFn = Arc::new(|t: &Arc<IoTables>, _| {
-            let view: Arc<dyn MescTables> = Arc::new(IoView(t.clone()));
+            let view = Arc::new(IoView(t.clone()));
             DesignCaches::new(Design::Mesc, geometry(), view)
                 .map(|c| Box::new(c) as Box<dyn TranslationCaches>)
         });

@@ -9,12 +9,12 @@
 //! oldest pages to host memory through the same copy engine.
 
 use crate::format::{GpuCodec, GpuTables};
-use crate::mmu::{dgpu_tlbs, DgpuMmu};
+use crate::mmu::dgpu_tlbs;
 use gmem_core::{DevCaps, DeviceDesc, DeviceError, DeviceId, Gmem, PhysAddr, PAGE_SIZE};
 use gmem_sim::{
     AccessError, BoundsError, DmaEngine, DmaStats, Grid, HierarchyConfig, LaunchError, LaunchStats,
     MapError, MemoryMap, MemoryStats, MmuStats, Port, PortStats, SimMemory, SimMmu, TableStats,
-    TlbConfigError, WorkItem,
+    TlbConfigError, TlbHierarchy, TranslationCaches, WorkItem,
 };
 use std::sync::Arc;
 
@@ -36,6 +36,9 @@ pub struct DgpuConfig {
     /// [`DevCaps::FAULTABLE`]: its table holds only what the core maps eagerly (wired
     /// pages, private frames), and a miss is an error, never a fault served.
     pub faultable: bool,
+    /// Keep MESC's contiguity bits in the tables' level-1 pointers
+    /// ([`GpuCodec::with_mesc`]).
+    pub mesc: bool,
 }
 
 impl DgpuConfig {
@@ -49,7 +52,13 @@ impl DgpuConfig {
             table_frames: 64,
             tlbs: dgpu_tlbs(cus),
             faultable: true,
+            mesc: false,
         }
+    }
+
+    /// The same GPU, its tables keeping MESC's contiguity bits (see [`DgpuConfig::mesc`]).
+    pub fn with_mesc(self) -> DgpuConfig {
+        DgpuConfig { mesc: true, ..self }
     }
 
     /// The same GPU, configured as one that cannot fault (see [`DgpuConfig::faultable`]).
@@ -93,30 +102,52 @@ pub struct DgpuStats {
     pub vram: MemoryStats,
 }
 
-/// A simulated faultable discrete GPU.
-pub struct Dgpu {
+/// A simulated faultable discrete GPU; its MMU's translation caches are `C` (by
+/// default the TLB hierarchy of [`DgpuConfig::tlbs`]).
+pub struct Dgpu<C: TranslationCaches = TlbHierarchy> {
     config: DgpuConfig,
     vram: Arc<SimMemory>,
     dma: Arc<DmaEngine>,
     tables: Arc<GpuTables>,
-    mmu: Arc<DgpuMmu>,
+    mmu: Arc<SimMmu<GpuTables, C>>,
     port: Port,
 }
 
 impl Dgpu {
     /// Build the GPU's video memory, tables and MMU; `map` is the machine's memory map.
     pub fn new(map: Arc<MemoryMap>, config: DgpuConfig) -> Result<Dgpu, DgpuError> {
+        Dgpu::with_caches(map, config, |_| {
+            TlbHierarchy::new(config.tlbs).map_err(DgpuError::Tlb)
+        })
+    }
+}
+
+impl<C: TranslationCaches> Dgpu<C> {
+    /// [`Dgpu::new`] with the translation caches `caches` builds over the GPU's tables
+    /// (a cache organisation under study; [`DgpuConfig::tlbs`] is not used).
+    ///
+    /// # Errors
+    /// As [`Dgpu::new`] (as an `E`), or what `caches` returned.
+    pub fn with_caches<E: From<DgpuError>>(
+        map: Arc<MemoryMap>,
+        config: DgpuConfig,
+        caches: impl FnOnce(&Arc<GpuTables>) -> Result<C, E>,
+    ) -> Result<Dgpu<C>, E> {
         let vram = SimMemory::new("vram", config.vram_base, config.vram_bytes)
             .map_err(DgpuError::Memory)?;
         let vram = Arc::new(vram);
         if config.table_frames.saturating_mul(PAGE_SIZE) >= config.vram_bytes {
-            return Err(DgpuError::NoMemoryLeft);
+            return Err(DgpuError::NoMemoryLeft.into());
         }
-        let codec = GpuCodec::new(config.instance);
+        let codec = if config.mesc {
+            GpuCodec::with_mesc(config.instance)
+        } else {
+            GpuCodec::new(config.instance)
+        };
         let tables = GpuTables::new(codec, vram.clone(), config.vram_base, config.table_frames)
             .map_err(DgpuError::Memory)?;
         let tables = Arc::new(tables);
-        let mmu = Arc::new(SimMmu::new(tables.clone(), config.tlbs).map_err(DgpuError::Tlb)?);
+        let mmu = Arc::new(SimMmu::with_caches(tables.clone(), caches(&tables)?));
         let port = Port::new(mmu.clone(), map, Some(vram.clone()));
         Ok(Dgpu {
             config,
@@ -182,7 +213,7 @@ impl Dgpu {
     }
 
     /// The GPU's MMU.
-    pub fn mmu(&self) -> &Arc<DgpuMmu> {
+    pub fn mmu(&self) -> &Arc<SimMmu<GpuTables, C>> {
         &self.mmu
     }
 

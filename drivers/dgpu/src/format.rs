@@ -17,12 +17,19 @@
 //! when the core placed it in this GPU's memory. Because the aperture is relative to the
 //! GPU, two GPUs never share a table: each instance has its own format id.
 //!
+//! With MESC ([`GpuCodec::with_mesc`]) a level-1 table pointer also keeps the
+//! contiguity bits of the 512 leaves below it in its ignored bits 52..=60, kept by the
+//! engine as derived bits ([`gmem_ptengine::mesc`], the same computation as in x86-64
+//! tables): bit `52 + i` says subregion `i` (64 pages) maps consecutive frames with the
+//! same permissions and aperture, bit 60 says the whole 2 MiB does.
+//!
 //! The tables live in the GPU's video memory, from a frame pool the core does not
 //! manage. The tree, its edits and the walk are the shared engine's
 //! ([`gmem_ptengine::Engine`], in video memory through [`gmem_sim::RadixTables`]); this
 //! module is the entry encoding.
 
 use gmem_core::{DeviceId, PageTableFormat, PhysAddr, Prot};
+use gmem_ptengine::mesc::{self, MescFormat};
 use gmem_ptengine::{Codec, Entry, Leaf, Run};
 use gmem_sim::RadixTables;
 use std::sync::OnceLock;
@@ -48,6 +55,7 @@ pub const VA_BITS: u32 = 39;
 #[derive(Debug)]
 pub struct GpuCodec {
     instance: u32,
+    mesc: bool,
     me: OnceLock<DeviceId>,
 }
 
@@ -59,8 +67,23 @@ impl GpuCodec {
     pub fn new(instance: u32) -> GpuCodec {
         GpuCodec {
             instance,
+            mesc: false,
             me: OnceLock::new(),
         }
+    }
+
+    /// The codec of GPU number `instance` keeping MESC's contiguity bits in its
+    /// level-1 table pointers.
+    pub fn with_mesc(instance: u32) -> GpuCodec {
+        GpuCodec {
+            mesc: true,
+            ..GpuCodec::new(instance)
+        }
+    }
+
+    /// Whether the tables keep MESC's contiguity bits.
+    pub fn mesc(&self) -> bool {
+        self.mesc
     }
 
     /// Learn the core's id of this GPU: runs placed in that device's memory get the
@@ -146,6 +169,28 @@ impl Codec for GpuCodec {
     fn accessed_bit(&self, _level: u32) -> Option<u64> {
         Some(ACCESSED)
     }
+    fn derived_levels(&self) -> u32 {
+        if self.mesc {
+            1 << 1
+        } else {
+            0
+        }
+    }
+    fn derive(&self, entry: u64, level: u32, below: &[u64; 512]) -> u64 {
+        if level == 1 && self.mesc {
+            mesc::derive::<Self>(entry, below)
+        } else {
+            entry
+        }
+    }
+}
+
+/// The GPU format keeps MESC's bits in the ignored bits 52..=60 of its level-1 table
+/// pointers; a present leaf has [`VALID`]; the walker sets only [`ACCESSED`].
+impl MescFormat for GpuCodec {
+    const LEAF_ADDR: u64 = ADDR_MASK;
+    const LEAF_PRESENT: u64 = VALID;
+    const WALKER_BITS: u64 = ACCESSED;
 }
 
 #[cfg(test)]

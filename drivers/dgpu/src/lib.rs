@@ -22,6 +22,9 @@ pub mod device;
 pub mod format;
 pub mod mmu;
 
+#[cfg(test)]
+mod mesc_tests;
+
 pub use device::{Dgpu, DgpuConfig, DgpuError, DgpuStats};
 pub use format::{GpuCodec, GpuTables};
 pub use mmu::{dgpu_tlbs, DgpuMmu};

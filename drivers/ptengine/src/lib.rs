@@ -108,6 +108,7 @@ extern crate std;
 pub mod codec;
 pub mod engine;
 pub mod memory;
+pub mod mesc;
 pub mod retire;
 #[cfg(test)]
 mod tests;

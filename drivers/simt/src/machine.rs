@@ -6,7 +6,9 @@
 //! and migrates on first touch). Both get the MESC paper's TLB geometry (Table I):
 //! a 32-entry fully associative L1 TLB per CU, a 512-entry 16-way shared TLB, and an
 //! 8 KiB page-walk cache (1024 eight-byte entries, 64 × 16). Data is allocated with
-//! `Gmem::as_alloc` and written by the host CPU through its own MMU.
+//! `Gmem::as_alloc` and written by the host CPU through its own MMU. Either GPU can
+//! take a pluggable cache organisation instead ([`SimtMachine::integrated_with`],
+//! [`SimtMachine::discrete_with`]: the MESC designs of [`crate::mesc`]).
 
 use crate::caches::{DesignStats, GpuCaches, Plugged};
 use crate::cost::CostModel;
@@ -19,7 +21,7 @@ use gmem_core::{
     Activation, AllocPolicy, AllocRequest, Gmem, MmuMode, Region, SpaceId, VirtAddr, PAGE_SIZE,
 };
 use gmem_core::{DevCaps, DeviceDesc};
-use gmem_dgpu::{Dgpu, DgpuConfig};
+use gmem_dgpu::{Dgpu, DgpuConfig, DgpuError, GpuTables};
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_igpu::Igpu;
 use gmem_sim::{
@@ -61,6 +63,8 @@ enum Gpu {
     Discrete(Dgpu),
     /// The integrated GPU with a pluggable cache organisation.
     Plugged(Arc<PluggedMmu>, Port),
+    /// The discrete GPU with a pluggable cache organisation.
+    PluggedDiscrete(Dgpu<Plugged>),
 }
 
 /// A host, a GPU and one address space.
@@ -99,13 +103,34 @@ impl SimtMachine {
         x86: X86Config,
         caches: impl FnOnce(Arc<X86Tables>) -> Result<Box<dyn GpuCaches>, String>,
     ) -> Result<SimtMachine, String> {
-        let plug: PlugFn<'_> = Box::new(caches);
         SimtMachine::build(
             host_pages,
             GpuKind::Integrated,
             mesc_tlbs(MESC_UNITS),
-            Some(plug),
+            Some(Plug::Integrated(Box::new(caches))),
             x86,
+        )
+    }
+
+    /// The discrete GPU (the MESC paper's 16 CUs) with `vram_pages` of video memory for
+    /// data, its tables keeping MESC's bits when `mesc`, with the cache organisation
+    /// `caches` builds over its tables (see [`crate::mesc`]), and `host_pages` of host
+    /// memory. Data the host initialised migrates to video memory on first touch.
+    ///
+    /// # Errors
+    /// As [`SimtMachine::new`].
+    pub fn discrete_with(
+        host_pages: u64,
+        vram_pages: u64,
+        mesc: bool,
+        caches: impl FnOnce(Arc<GpuTables>) -> Result<Box<dyn GpuCaches>, String>,
+    ) -> Result<SimtMachine, String> {
+        SimtMachine::build(
+            host_pages,
+            GpuKind::Discrete { pages: vram_pages },
+            mesc_tlbs(MESC_UNITS),
+            Some(Plug::Discrete(Box::new(caches), mesc)),
+            HostCpuConfig::default().x86,
         )
     }
 
@@ -113,7 +138,7 @@ impl SimtMachine {
         host_pages: u64,
         gpu: GpuKind,
         tlbs: HierarchyConfig,
-        plug: Option<PlugFn<'_>>,
+        plug: Option<Plug<'_>>,
         x86: X86Config,
     ) -> Result<SimtMachine, String> {
         let defaults = HostCpuConfig {
@@ -144,9 +169,9 @@ impl SimtMachine {
         };
         gm.as_attach(space, gm.host(), cpu_mode, Activation::Switch)
             .map_err(|e| e.to_string())?;
-        let (gpu, id, mode) = match gpu {
-            GpuKind::Integrated if plug.is_some() => {
-                let caches = plug.ok_or("no caches")?(cpu.tables().clone())?;
+        let (gpu, id, mode) = match (gpu, plug) {
+            (GpuKind::Integrated, Some(Plug::Integrated(plug))) => {
+                let caches = plug(cpu.tables().clone())?;
                 let mmu = Arc::new(SimMmu::with_caches(cpu.tables().clone(), Plugged(caches)));
                 let port = Port::new(mmu.clone(), cpu.memory_map().clone(), None);
                 let id = gm
@@ -162,20 +187,44 @@ impl SimtMachine {
                     .map_err(|d| format!("already bound to {d:?}"))?;
                 (Gpu::Plugged(mmu, port), id, MmuMode::Shared)
             }
-            GpuKind::Integrated => {
+            (GpuKind::Integrated, None) => {
                 let g = Igpu::with_tlbs(cpu.tables().clone(), cpu.memory_map().clone(), tlbs)
                     .map_err(|e| format!("{e:?}"))?;
                 let id = g.create(&gm, "igpu").map_err(|e| format!("{e:?}"))?;
                 (Gpu::Integrated(g), id, MmuMode::Shared)
             }
-            GpuKind::Discrete { pages } => {
+            (GpuKind::Discrete { pages }, plug) => {
                 let mut c = DgpuConfig::new(0, 0, tlbs.units);
                 c.tlbs = tlbs;
                 c.table_frames = (host_pages + pages).div_ceil(512) + 64;
                 c.vram_bytes = (c.table_frames + pages.max(1)) * PAGE_SIZE;
-                let g = Dgpu::new(cpu.memory_map().clone(), c).map_err(|e| format!("{e:?}"))?;
-                let id = g.create(&gm, "dgpu").map_err(|e| format!("{e:?}"))?;
-                (Gpu::Discrete(g), id, MmuMode::Coherent)
+                let map = cpu.memory_map().clone();
+                match plug {
+                    None => {
+                        let g = Dgpu::new(map, c).map_err(|e| format!("{e:?}"))?;
+                        let id = g.create(&gm, "dgpu").map_err(|e| format!("{e:?}"))?;
+                        (Gpu::Discrete(g), id, MmuMode::Coherent)
+                    }
+                    Some(Plug::Discrete(plug, mesc)) => {
+                        c.mesc = mesc;
+                        // A whole number of 2 MiB blocks of table frames keeps the video
+                        // memory the core manages 2 MiB aligned (as on the host side).
+                        c.table_frames = c.table_frames.next_multiple_of(512);
+                        c.vram_bytes = (c.table_frames + pages.max(1)) * PAGE_SIZE;
+                        let g = Dgpu::with_caches(map, c, |t| {
+                            plug(t.clone()).map(Plugged).map_err(Failed)
+                        })
+                        .map_err(|Failed(e)| e)?;
+                        let id = g.create(&gm, "dgpu").map_err(|e| format!("{e:?}"))?;
+                        (Gpu::PluggedDiscrete(g), id, MmuMode::Coherent)
+                    }
+                    Some(Plug::Integrated(_)) => {
+                        return Err("integrated caches plugged into the discrete GPU".into())
+                    }
+                }
+            }
+            (GpuKind::Integrated, Some(Plug::Discrete(..))) => {
+                return Err("discrete caches plugged into the integrated GPU".into())
             }
         };
         let got = gm
@@ -217,6 +266,7 @@ impl SimtMachine {
             Gpu::Integrated(g) => g.port(),
             Gpu::Discrete(g) => g.port(),
             Gpu::Plugged(_, p) => p,
+            Gpu::PluggedDiscrete(g) => g.port(),
         }
     }
 
@@ -224,6 +274,7 @@ impl SimtMachine {
     pub fn design_stats(&self) -> Option<DesignStats> {
         match &self.gpu {
             Gpu::Plugged(m, _) => Some(m.with_cache_state(|c| c.design_stats())),
+            Gpu::PluggedDiscrete(g) => Some(g.mmu().with_cache_state(|c| c.design_stats())),
             _ => None,
         }
     }
@@ -234,6 +285,17 @@ impl SimtMachine {
             Gpu::Integrated(g) => g.mmu().active_root(),
             Gpu::Discrete(g) => g.mmu().active_root(),
             Gpu::Plugged(m, _) => m.active_root(),
+            Gpu::PluggedDiscrete(g) => g.mmu().active_root(),
+        }
+    }
+
+    /// The discrete GPU's own tables (`None` on the integrated GPU, which walks the
+    /// CPU's: [`HostCpu::tables`]).
+    pub fn discrete_tables(&self) -> Option<&Arc<GpuTables>> {
+        match &self.gpu {
+            Gpu::Discrete(g) => Some(g.tables()),
+            Gpu::PluggedDiscrete(g) => Some(g.tables()),
+            _ => None,
         }
     }
 
@@ -261,6 +323,7 @@ impl SimtMachine {
             Gpu::Integrated(g) => (g.mmu().clone(), None),
             Gpu::Discrete(g) => (g.mmu().clone(), Some(g.vram().clone())),
             Gpu::Plugged(m, _) => (m.clone(), None),
+            Gpu::PluggedDiscrete(g) => (g.mmu().clone(), Some(g.vram().clone())),
         };
         let port = Port::new(wrap(mmu), self.cpu.memory_map().clone(), local);
         let id = self.port().id().ok_or("GPU not created")?;
@@ -281,6 +344,7 @@ impl SimtMachine {
             Gpu::Integrated(g) => audit(g.mmu(), vas),
             Gpu::Discrete(g) => audit(g.mmu(), vas),
             Gpu::Plugged(m, _) => audit(m, vas),
+            Gpu::PluggedDiscrete(g) => audit(g.mmu(), vas),
         }
     }
 
@@ -290,6 +354,7 @@ impl SimtMachine {
             Gpu::Integrated(g) => g.mmu().stats(),
             Gpu::Discrete(g) => g.mmu().stats(),
             Gpu::Plugged(m, _) => m.stats(),
+            Gpu::PluggedDiscrete(g) => g.mmu().stats(),
         }
     }
 
@@ -299,6 +364,7 @@ impl SimtMachine {
             Gpu::Integrated(g) => g.mmu().l1_stats(u),
             Gpu::Discrete(g) => g.mmu().l1_stats(u),
             Gpu::Plugged(m, _) => m.l1_stats(u),
+            Gpu::PluggedDiscrete(g) => g.mmu().l1_stats(u),
         }
     }
 
@@ -308,6 +374,7 @@ impl SimtMachine {
             Gpu::Integrated(g) => g.mmu().start_recording(),
             Gpu::Discrete(g) => g.mmu().start_recording(),
             Gpu::Plugged(m, _) => m.start_recording(),
+            Gpu::PluggedDiscrete(g) => g.mmu().start_recording(),
         }
     }
 
@@ -317,6 +384,7 @@ impl SimtMachine {
             Gpu::Integrated(g) => g.mmu().take_recording(),
             Gpu::Discrete(g) => g.mmu().take_recording(),
             Gpu::Plugged(m, _) => m.take_recording(),
+            Gpu::PluggedDiscrete(g) => g.mmu().take_recording(),
         }
     }
 
@@ -453,8 +521,23 @@ impl SimtMachine {
     }
 }
 
-/// Builds a plugged design's caches over the machine's tables.
-type PlugFn<'a> = Box<dyn FnOnce(Arc<X86Tables>) -> Result<Box<dyn GpuCaches>, String> + 'a>;
+/// Builds a plugged design's caches over the GPU's tables: the CPU's for the
+/// integrated GPU, the discrete GPU's own (with MESC bits or not).
+enum Plug<'a> {
+    Integrated(PlugFn<'a, X86Tables>),
+    Discrete(PlugFn<'a, GpuTables>, bool),
+}
+
+type PlugFn<'a, T> = Box<dyn FnOnce(Arc<T>) -> Result<Box<dyn GpuCaches>, String> + 'a>;
+
+/// Why building the plugged discrete GPU failed, described.
+struct Failed(String);
+
+impl From<DgpuError> for Failed {
+    fn from(e: DgpuError) -> Failed {
+        Failed(format!("{e:?}"))
+    }
+}
 
 fn audit<F: gmem_sim::TableFormat, C: gmem_sim::TranslationCaches>(
     mmu: &gmem_sim::SimMmu<F, C>,

@@ -1,5 +1,7 @@
 //! The six translation designs of the MESC paper's evaluation (§VI-A) as pluggable
-//! caches of the integrated GPU, walking the CPU's x86-64 tables.
+//! caches of a GPU: the integrated GPU walking the CPU's x86-64 tables (the paper's
+//! setting), or the discrete GPU walking its own tables in video memory (the same bits
+//! in its format's spare bits; its format has no 2 MiB leaves, so `thp` there is `base`).
 //!
 //! | design | per-unit L1 (32 entries, fully assoc.) | shared TLB (32 sets × 16 ways) | tables |
 //! |---|---|---|---|
@@ -16,11 +18,11 @@
 //! The hardware walk itself is the format's ([`gmem_sim::TableFormat::walk`]): its
 //! reads (after the page-walk cache) are what every design pays. After it, in `fill`:
 //! - **CoLT** (§V-A): the walk fetched the 128-byte line (16 leaves) holding the leaf;
-//!   [`gmem_x86pt::mesc::colt`] coalesces the aligned group of up to 4 pages around the
+//!   [`gmem_ptengine::mesc::colt`] coalesces the aligned group of up to 4 pages around the
 //!   requested one when they continue each other. Only that line is looked at: no read
 //!   is added and none goes past it.
 //! - **MESC** (§IV-B, Fig. 6): the walk read the level-1 entry (the paper's L2PTE); if
-//!   its frame bit or the page's subregion bit is set, [`gmem_x86pt::mesc::walk`] gives
+//!   its frame bit or the page's subregion bit is set, [`gmem_ptengine::mesc::walk`] gives
 //!   the coalesced range: mode (a) one run of 512 pages, mode (c) the page's subregion
 //!   joined with its contiguous neighbours known from the memory-subregion cache (512
 //!   entries, 64 sets × 8 ways) or, on a miss, from their head leaves — every such
@@ -43,13 +45,12 @@
 //! Table I; its group (4) and the MSC's associativity (8 ways) are our choices.
 
 use crate::caches::{DesignStats, GpuCaches, Run, Ways};
+use gmem_ptengine::mesc::{self as bits, Contiguity, MescFormat, MescWalk, Mode, SubregionCache};
 use gmem_ptengine::{index, Codec, Entry, TableMemory};
 use gmem_sim::{
     HierarchyStats, Leaf, Level, RadixTables, Replacement, Tlb, TlbConfig, TlbStats,
     TranslationCaches, Walk,
 };
-use gmem_x86pt::mesc::{self as bits, Contiguity, Mode, SubregionCache};
-use gmem_x86pt::pte::{X86Flags, ADDR_MASK};
 use gmem_x86pt::{X86Codec, X86Config};
 use std::sync::Arc;
 
@@ -57,21 +58,52 @@ use std::sync::Arc;
 pub type X86Tables = RadixTables<X86Codec>;
 
 /// The tables a design reads besides the hardware walk (CoLT's fetched line, MESC's
-/// bits and head leaves): x86-64 entries in some table memory — the CPU's tables for
-/// the integrated GPU, an IOMMU's own tables for a DMA device.
+/// bits and head leaves): entries of a format with MESC bits in some table memory —
+/// the CPU's x86-64 tables for the integrated GPU, the discrete GPU's own tables in
+/// video memory, an IOMMU's own tables for a DMA device.
 pub trait MescTables: Send + Sync + 'static {
-    /// The codec (its `mesc` option says whether the bits are kept).
-    fn codec(&self) -> &X86Codec;
+    /// The format (whether it keeps the bits is its own option).
+    type Format: MescFormat;
+    /// The codec.
+    fn codec(&self) -> &Self::Format;
     /// The memory the entries live in.
     fn entries(&self) -> &dyn TableMemory;
 }
 
-impl MescTables for X86Tables {
-    fn codec(&self) -> &X86Codec {
+impl<C: MescFormat + Send + Sync + 'static> MescTables for RadixTables<C> {
+    type Format = C;
+    fn codec(&self) -> &C {
         RadixTables::codec(self)
     }
     fn entries(&self) -> &dyn TableMemory {
         self.engine().memory()
+    }
+}
+
+/// What a design reads through [`MescTables`], whatever the format (object safe).
+trait Reader: Send + Sync {
+    fn levels(&self) -> u32;
+    fn decode(&self, raw: u64, level: u32) -> Entry;
+    fn entries(&self) -> &dyn TableMemory;
+    fn colt(&self, line: &[u64; 16], index: usize, group: usize) -> (usize, usize);
+    fn walk(&self, root: u64, va: u64, cache: Option<&mut dyn SubregionCache>) -> MescWalk;
+}
+
+impl<T: MescTables> Reader for T {
+    fn levels(&self) -> u32 {
+        self.codec().levels()
+    }
+    fn decode(&self, raw: u64, level: u32) -> Entry {
+        self.codec().decode(raw, level)
+    }
+    fn entries(&self) -> &dyn TableMemory {
+        MescTables::entries(self)
+    }
+    fn colt(&self, line: &[u64; 16], index: usize, group: usize) -> (usize, usize) {
+        bits::colt::<T::Format>(line, index, group)
+    }
+    fn walk(&self, root: u64, va: u64, cache: Option<&mut dyn SubregionCache>) -> MescWalk {
+        bits::walk(self.codec(), MescTables::entries(self), root, va, cache)
     }
 }
 
@@ -263,7 +295,7 @@ impl SubregionCache for MscView<'_> {
 pub struct DesignCaches {
     design: Design,
     geo: Geometry,
-    tables: Arc<dyn MescTables>,
+    tables: Arc<dyn Reader>,
     l1: Vec<Ways>,
     l2: Ways,
     msc: Msc,
@@ -278,11 +310,12 @@ impl DesignCaches {
     ///
     /// # Errors
     /// The page-walk cache geometry was rejected.
-    pub fn new(
+    pub fn new<T: MescTables>(
         design: Design,
         geo: Geometry,
-        tables: Arc<dyn MescTables>,
+        tables: Arc<T>,
     ) -> Result<DesignCaches, gmem_sim::TlbConfigError> {
+        let tables: Arc<dyn Reader> = tables;
         Ok(DesignCaches {
             design,
             geo,
@@ -343,13 +376,13 @@ impl DesignCaches {
     /// The level-1 entry (table pointer) above `va` and the leaf table it points to;
     /// re-reads what the hardware walk just read (not counted again).
     fn locate(&self, root: u64, va: u64) -> Option<(u64, u64)> {
-        let codec = self.tables.codec();
-        let memory = self.tables.entries();
+        let t = &self.tables;
+        let memory = t.entries();
         let mut table = root;
-        let mut level = codec.levels() - 1;
+        let mut level = t.levels() - 1;
         loop {
             let raw = memory.read(table + index(va, level) * 8)?;
-            match codec.decode(raw, level) {
+            match t.decode(raw, level) {
                 Entry::Table(t) if level == 1 => return Some((raw, t.as_u64())),
                 Entry::Table(t) if level > 1 => {
                     table = t.as_u64();
@@ -371,12 +404,16 @@ impl DesignCaches {
                 .read(table + (line_start + k) as u64 * 8)
                 .unwrap_or(0);
         }
-        let (first, n) = bits::colt(&line, idx - line_start, self.geo.colt_group);
+        let (first, n) = self
+            .tables
+            .colt(&line, idx - line_start, self.geo.colt_group);
         if n <= 1 {
             return Run::single(root, vpn, leaf);
         }
-        let head = line[first];
-        let pfn = (head & ADDR_MASK) >> 12;
+        let Entry::Leaf(head) = self.tables.decode(line[first], 0) else {
+            return Run::single(root, vpn, leaf);
+        };
+        let pfn = head.frame.as_u64() >> 12;
         let mut run = Run {
             root,
             vpn: vpn - (idx - line_start - first) as u64,
@@ -390,7 +427,7 @@ impl DesignCaches {
             dirty: [0; 8],
         };
         for k in 0..n {
-            if line[first + k] & X86Flags::D.bits() != 0 {
+            if matches!(self.tables.decode(line[first + k], 0), Entry::Leaf(l) if l.dirty) {
                 run.dirty[0] |= 1 << k;
             }
         }
@@ -415,7 +452,7 @@ impl DesignCaches {
             root,
             stats: &mut self.ds,
         };
-        let w = bits::walk(tables.codec(), tables.entries(), root, va, Some(&mut view));
+        let w = tables.walk(root, va, Some(&mut view));
         self.ds.extra_reads += u64::from(w.extra_reads);
         self.walk.walk_reads += u64::from(w.extra_reads);
         match w.mode {

@@ -128,7 +128,7 @@ impl Codec for X86Codec {
     }
     fn derive(&self, entry: u64, level: u32, below: &[u64; 512]) -> u64 {
         if level == 1 && self.config.mesc {
-            crate::mesc::Contiguity::compute(below).store(entry)
+            gmem_ptengine::mesc::derive::<Self>(entry, below)
         } else {
             entry
         }

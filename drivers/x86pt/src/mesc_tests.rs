@@ -283,8 +283,12 @@ fn colt_coalesces_an_aligned_group_inside_the_fetched_line_only() {
     for (k, e) in line.iter_mut().enumerate() {
         *e = gmem_ptengine::TableMemory::read(m, leaves + k as u64 * 8).unwrap();
     }
-    assert_eq!(mesc::colt(&line, 2, 4), (0, 4));
-    assert_eq!(mesc::colt(&line, 5, 4), (5, 1), "pages 4-7 span two runs");
-    assert_eq!(mesc::colt(&line, 9, 4), (8, 4));
-    assert_eq!(mesc::colt(&line, 15, 4), (12, 4));
+    assert_eq!(mesc::colt::<X86Codec>(&line, 2, 4), (0, 4));
+    assert_eq!(
+        mesc::colt::<X86Codec>(&line, 5, 4),
+        (5, 1),
+        "pages 4-7 span two runs"
+    );
+    assert_eq!(mesc::colt::<X86Codec>(&line, 9, 4), (8, 4));
+    assert_eq!(mesc::colt::<X86Codec>(&line, 15, 4), (12, 4));
 }
