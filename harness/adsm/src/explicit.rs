@@ -114,13 +114,7 @@ impl Program for Explicit {
         if self.running {
             return Err(AdsmError::KernelRunning);
         }
-        let before = self.m.gpu.stats().port;
-        let r = self.m.gpu.launch(&self.m.gm, grid, kernel);
-        let after = self.m.gpu.stats().port;
-        self.tl.kernel(
-            (after.bytes_loaded - before.bytes_loaded) + (after.bytes_stored - before.bytes_stored),
-        );
-        r?;
+        self.m.launch(&mut self.tl, grid, kernel)?;
         self.running = true;
         Ok(())
     }

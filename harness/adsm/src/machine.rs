@@ -6,13 +6,15 @@
 //! runs), and one address space with both attached, the GPU with a table of its own
 //! (which is what lets it hold device-private frames).
 
+use crate::model::Timeline;
+use crate::program::Kernel;
 use gmem_core::{
     Activation, AllocError, AllocPolicy, AttachError, DeviceId, Gmem, LookupError, MmuMode,
     PopulateError, ProtectError, RegionError, SpaceError, SpaceId, VirtAddr,
 };
 use gmem_dgpu::{Dgpu, DgpuConfig, DgpuError};
 use gmem_host_cpu::{HostCpu, HostCpuConfig, HostCpuError};
-use gmem_sim::{AccessError, BoundsError, LaunchError};
+use gmem_sim::{AccessError, BoundsError, Grid, LaunchError};
 use std::fmt;
 
 /// Why a runtime operation failed. Every failure leaves the runtime's objects as they
@@ -146,5 +148,27 @@ impl Machine {
             gpu_id,
             space,
         })
+    }
+
+    /// Run `kernel` on the GPU over `grid` and charge the bytes it moved through device
+    /// memory to `tl` (charged even when the kernel fails part-way, as its traffic
+    /// happened).
+    ///
+    /// # Errors
+    /// The launch's error, as [`AdsmError`].
+    pub fn launch(
+        &self,
+        tl: &mut Timeline,
+        grid: Grid,
+        kernel: Kernel<'_>,
+    ) -> Result<(), AdsmError> {
+        let before = self.gpu.stats().port;
+        let r = self.gpu.launch(&self.gm, grid, kernel);
+        let after = self.gpu.stats().port;
+        tl.kernel(
+            (after.bytes_loaded - before.bytes_loaded) + (after.bytes_stored - before.bytes_stored),
+        );
+        r?;
+        Ok(())
     }
 }

@@ -548,13 +548,7 @@ impl Program for Adsm {
             return Err(AdsmError::KernelRunning);
         }
         self.release()?;
-        let before = self.m.gpu.stats().port;
-        let r = self.m.gpu.launch(&self.m.gm, grid, kernel);
-        let after = self.m.gpu.stats().port;
-        let bytes =
-            (after.bytes_loaded - before.bytes_loaded) + (after.bytes_stored - before.bytes_stored);
-        self.tl.kernel(bytes);
-        r?;
+        self.m.launch(&mut self.tl, grid, kernel)?;
         self.running = true;
         Ok(())
     }
