@@ -119,10 +119,9 @@ impl SpaceState {
         let here = self.memories.get(e.mem).clone();
         // A mapping is remote when the frame is not in the faulter's own memory (its
         // local memory, or host memory for a device without one).
-        let own = match self.attached[slot].as_ref() {
-            Some(att) if att.dev.has_memory() => att.dev.id,
-            _ => cx.host.id,
-        };
+        let own = self.attached[slot]
+            .as_ref()
+            .map_or(cx.host.id, |att| own_memory(cx, &att.dev).id);
         let remote = here.id != own;
         let mine = e.mapped & (1 << t) != 0;
         if SpaceState::is_wired(&e) {
@@ -252,13 +251,7 @@ impl SpaceState {
                 Some(d) if d.has_memory() => d,
                 _ => cx.host.clone(),
             },
-            PlacementTarget::Faulting => {
-                if dev.has_memory() {
-                    dev.clone()
-                } else {
-                    cx.host.clone()
-                }
-            }
+            PlacementTarget::Faulting => own_memory(cx, dev).clone(),
         }
     }
 
@@ -878,4 +871,14 @@ pub(super) fn copy_run(
         dst.addr(),
         pages << PAGE_SHIFT,
     )
+}
+
+/// The memory that is `dev`'s own: its local memory, or host memory for a device
+/// without one (no reference-count traffic: the fault path asks this per fault).
+fn own_memory<'a>(cx: &'a Ctx<'_>, dev: &'a Arc<DeviceInner>) -> &'a Arc<DeviceInner> {
+    if dev.has_memory() {
+        dev
+    } else {
+        cx.host
+    }
 }
