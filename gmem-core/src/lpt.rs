@@ -117,7 +117,7 @@ impl LogicalPageTable {
         let before = leaf.entries[idx];
         let r = f(&mut leaf.entries[idx]);
         let after = leaf.entries[idx];
-        let populated = Self::account(leaf, before, after);
+        let populated = Self::account_used(&mut leaf.used, before, after);
         let emptied = leaf.used == 0;
         self.populated = self.populated.wrapping_add_signed(populated);
         if emptied {
@@ -170,12 +170,8 @@ impl LogicalPageTable {
         })
     }
 
-    /// Count an entry's change in its leaf; returns the change of populated pages.
-    #[inline]
-    fn account(leaf: &mut Leaf, before: PageEntry, after: PageEntry) -> i64 {
-        Self::account_used(&mut leaf.used, before, after)
-    }
-
+    /// Count an entry's change in its leaf's `used`; returns the change of populated
+    /// pages.
     #[inline]
     fn account_used(used: &mut u16, before: PageEntry, after: PageEntry) -> i64 {
         match (before.is_empty(), after.is_empty()) {
