@@ -1,0 +1,502 @@
+//! The KPI runner's input: the system's sizes and the operations a fuzz input or a
+//! seeded sequence decodes into.
+
+use super::*;
+
+/// Sizes of the system.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub struct Setup {
+    /// Host memory: 48 + this modulo 160 pages.
+    pub host_pages: u8,
+    /// Discrete GPU memory: 2 + this modulo 30 pages.
+    pub dev_pages: u8,
+    /// The queue's batch limit of every new space: 1 + this modulo 8.
+    pub batch_limit: u8,
+    /// The policy of the first space, which the runner creates before the operations
+    /// (with every device attached and active, regions of 1, 4 and 8 pages and two of 16
+    /// pages aligned to 64 KiB).
+    pub policy: PolicySel,
+    /// The mode the integrated GPU attaches to the first space with.
+    pub igpu_mode: Mode,
+    /// The mode the I/O device attaches to the first space with.
+    pub io_mode: Mode,
+    /// Whether the I/O device's tables take concurrent edits (so that `region_map`
+    /// and strict deallocation edit them outside the space lock).
+    pub io_concurrent: bool,
+}
+
+/// An allocation policy of a new space.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub struct PolicySel {
+    /// 0: none, 1: instant, 2: best, 3: first, 4: next (modulo 5).
+    pub fit: u8,
+    /// Guard pages.
+    pub guarded: bool,
+    /// Quantum caches with magazines.
+    pub cached: bool,
+}
+
+/// An MMU mode.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// [`MmuMode::Shared`].
+    Shared,
+    /// [`MmuMode::Coherent`].
+    Coherent,
+    /// [`MmuMode::Replicate`].
+    Replicate,
+}
+
+/// A protection.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub enum ProtSel {
+    /// Read only.
+    Read,
+    /// Read and write.
+    ReadWrite,
+    /// Everything.
+    All,
+    /// Nothing: no access (a misuse for `region_map` only).
+    Empty,
+}
+
+impl ProtSel {
+    pub(super) fn prot(self) -> Prot {
+        match self {
+            ProtSel::Read => Prot::READ,
+            ProtSel::ReadWrite => Prot::RW,
+            ProtSel::All => Prot::RWX,
+            ProtSel::Empty => Prot::empty(),
+        }
+    }
+}
+
+/// A wrong argument of `region_map`.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapMisuse {
+    /// None: a valid call.
+    None,
+    /// One frame too few.
+    FrameCount,
+    /// A frame inside the managed host memory.
+    ManagedFrame,
+    /// A frame that is not page aligned.
+    UnalignedFrame,
+}
+
+/// A bad `as_alloc` argument.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub enum AllocMisuse {
+    /// Size 0.
+    ZeroSize,
+    /// Size not a page multiple.
+    UnalignedSize,
+    /// Hint not page aligned.
+    UnalignedHint,
+    /// Alignment not a power of two.
+    AlignNotPowerOfTwo,
+    /// Alignment below a page.
+    SmallAlign,
+    /// No-cross boundary not a power of two.
+    NocrossNotPowerOfTwo,
+}
+
+/// A bad `as_create` argument.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub enum CreateMisuse {
+    /// `end <= begin`.
+    Empty,
+    /// `begin` not page aligned.
+    UnalignedBegin,
+    /// Length not a page multiple.
+    UnalignedEnd,
+    /// Two fit policies.
+    TwoFits,
+}
+
+/// What a stale region handle is used for.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub enum StaleUse {
+    /// `region_dealloc`.
+    Dealloc,
+    /// `region_unmap`.
+    Unmap,
+    /// `region_protect`.
+    Protect,
+    /// `region_info`.
+    Info,
+    /// `region_set_policy`.
+    SetPolicy,
+    /// `region_map`.
+    Map,
+    /// `region_migrate`.
+    Migrate,
+    /// `region_wire`.
+    Wire,
+    /// `region_unwire`.
+    Unwire,
+}
+
+/// One KPI operation. `space`, `region` and `dev` choose among live spaces, live
+/// regions (of all spaces, in order) and the four devices, modulo their number; an
+/// operation with nothing to choose is a no-op.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub enum Op {
+    /// `as_create` over 64 or 192 pages.
+    CreateSpace {
+        /// 192 pages instead of 64.
+        large: bool,
+        /// The policy.
+        policy: PolicySel,
+    },
+    /// `as_create` with a bad argument.
+    CreateSpaceBad {
+        /// Which.
+        what: CreateMisuse,
+    },
+    /// `as_destroy`.
+    DestroySpace {
+        /// Which.
+        space: u8,
+    },
+    /// `as_attach`.
+    Attach {
+        /// Where.
+        space: u8,
+        /// Who.
+        dev: u8,
+        /// How.
+        mode: Mode,
+        /// And make it the device's active space.
+        activate: bool,
+    },
+    /// `dev_detach`.
+    Detach {
+        /// Where.
+        space: u8,
+        /// Who.
+        dev: u8,
+    },
+    /// `dev_switch`.
+    Switch {
+        /// Where.
+        space: u8,
+        /// Who.
+        dev: u8,
+    },
+    /// `as_alloc` with constraints.
+    Alloc {
+        /// Where.
+        space: u8,
+        /// Size in pages (modulo 24; 0 is misuse).
+        pages: u8,
+        /// Alignment `PAGE_SIZE << s` when below 8, else none.
+        align_shift: u8,
+        /// No-cross boundary `PAGE_SIZE << s` when below 9, else none.
+        nocross_shift: u8,
+        /// A hint, in pages from the space's start.
+        hint: Option<u8>,
+        /// The last address, in pages from the space's start (exclusive end).
+        max: Option<u8>,
+    },
+    /// `as_alloc` with a bad argument.
+    AllocBad {
+        /// Where.
+        space: u8,
+        /// Which.
+        what: AllocMisuse,
+    },
+    /// `region_dealloc`.
+    Dealloc {
+        /// Which.
+        region: u16,
+        /// With [`MapFlags::ASYNC`].
+        asynchronous: bool,
+        /// With a completion callback.
+        callback: bool,
+    },
+    /// `region_unmap`.
+    Unmap {
+        /// Which.
+        region: u16,
+        /// With [`MapFlags::ASYNC`].
+        asynchronous: bool,
+        /// With a completion callback.
+        callback: bool,
+    },
+    /// `region_map` of fresh caller frames in host memory.
+    Map {
+        /// Which.
+        region: u16,
+        /// Its protection.
+        prot: ProtSel,
+        /// With [`MapFlags::ASYNC`].
+        asynchronous: bool,
+        /// With a completion callback.
+        callback: bool,
+        /// A wrong argument, if any.
+        misuse: MapMisuse,
+    },
+    /// A store through a device (fault-and-retry as hardware does).
+    Write {
+        /// Through which device.
+        dev: u8,
+        /// Into which region (the address is resolved in the device's active space).
+        region: u16,
+        /// Page of the region.
+        page: u8,
+        /// Offset in the page.
+        offset: u16,
+        /// Bytes (up to the end of the page).
+        len: u16,
+        /// Content seed.
+        seed: u8,
+    },
+    /// A load through a device.
+    Read {
+        /// Through which device.
+        dev: u8,
+        /// From which region.
+        region: u16,
+        /// Page of the region.
+        page: u8,
+        /// Offset in the page.
+        offset: u16,
+        /// Bytes (up to the end of the page).
+        len: u16,
+    },
+    /// A load at any page of a space's range (allocated or not, guard pages too).
+    ReadAnywhere {
+        /// Through which device.
+        dev: u8,
+        /// Whose range.
+        space: u8,
+        /// Page from the space's start.
+        page: u8,
+    },
+    /// `dev_fault` called directly, at any offset of a page.
+    Fault {
+        /// Which device.
+        dev: u8,
+        /// Which region.
+        region: u16,
+        /// Page of the region.
+        page: u8,
+        /// Offset in the page (unaligned addresses are fine for faults).
+        offset: u16,
+        /// A store (else a load).
+        write: bool,
+    },
+    /// `region_set_policy`.
+    SetPolicy {
+        /// Which.
+        region: u16,
+        /// 0: faulting device, 1: host, 2..: device `n - 2` (modulo 6).
+        target: u8,
+        /// Remote access instead of unique.
+        remote: bool,
+    },
+    /// `region_set_zero_fill_block`.
+    ZeroFillBlock {
+        /// Which.
+        region: u16,
+        /// `PAGE_SIZE << s` when below 11, 0 (default) at 11, else a bad value.
+        shift: u8,
+    },
+    /// `region_protect`.
+    Protect {
+        /// Which.
+        region: u16,
+        /// The new protection (empty is no access).
+        prot: ProtSel,
+    },
+    /// `region_protect_range` of pages `page..page + pages` (modulo the region).
+    ProtectRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages (1 + this modulo what is left of the region).
+        pages: u8,
+        /// The new protection.
+        prot: ProtSel,
+        /// Reach one page past the region's end (misuse).
+        bad: bool,
+    },
+    /// `region_unmap_range` (strict).
+    UnmapRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// Reach one page past the region's end (misuse).
+        bad: bool,
+    },
+    /// `region_migrate_range` of populated pages.
+    MigrateRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// Where.
+        dev: u8,
+    },
+    /// `region_wire_range`.
+    WireRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+    },
+    /// `region_unwire_range`.
+    UnwireRange {
+        /// Which.
+        region: u16,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+    },
+    /// `dev_evacuate` (the host and dead devices are misuse).
+    Evacuate {
+        /// Which device.
+        dev: u8,
+    },
+    /// `region_set_attrs` (whole region) or `region_set_attrs_range`; then every
+    /// mapping of the region's pages in every active table carries the model's value.
+    SetAttrs {
+        /// Which.
+        region: u16,
+        /// The whole region (else a range).
+        whole: bool,
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// The value (small, so that equal values meet and pieces merge).
+        value: u8,
+    },
+    /// `region_migrate`.
+    Migrate {
+        /// Which.
+        region: u16,
+        /// Where.
+        dev: u8,
+        /// Also prepare pages that have no frame.
+        prefetch: bool,
+    },
+    /// `region_wire`.
+    Wire {
+        /// Which.
+        region: u16,
+    },
+    /// `region_unwire`.
+    Unwire {
+        /// Which.
+        region: u16,
+    },
+    /// `as_synchronize`.
+    Synchronize {
+        /// Which.
+        space: u8,
+    },
+    /// A region handle that outlived its region (or its space), used again.
+    Stale {
+        /// Which of the dead handles.
+        pick: u16,
+        /// For what.
+        what: StaleUse,
+    },
+    /// A space handle that outlived its space, used again.
+    StaleSpace {
+        /// Which of the dead handles.
+        pick: u8,
+    },
+    /// `dev_destroy` (the host and attached or busy devices are misuse).
+    DestroyDevice {
+        /// Which.
+        dev: u8,
+    },
+    /// `as_fail_every`: every n-th region allocation fails (0 = off).
+    FailEvery {
+        /// Where.
+        space: u8,
+        /// n, modulo 4.
+        n: u8,
+    },
+    /// Read every page of a region through a device and compare it with the model.
+    Verify {
+        /// Through which device.
+        dev: u8,
+        /// Which region.
+        region: u16,
+    },
+    /// `dev_set_eviction_policy`: FIFO or CLOCK for a device's memory (which pages get
+    /// evicted changes, never the bytes the model predicts).
+    SetEviction {
+        /// Which device.
+        dev: u8,
+        /// CLOCK (else FIFO).
+        clock: bool,
+    },
+    /// `dev_free_extents`: the histogram adds up to the device's free frames (a device
+    /// without memory is misuse).
+    Extents {
+        /// Which device.
+        dev: u8,
+        /// The order of the index checked (modulo 20).
+        order: u8,
+    },
+    /// `dev_compact` at order `order % 4` (the memories are small), or 19 + `order %
+    /// 2` (misuse) for `order >= 248`: frames stay in the memory, free blocks never
+    /// decrease, bytes are checked by later reads.
+    Compact {
+        /// Which device.
+        dev: u8,
+        /// The order.
+        order: u8,
+    },
+    /// `dev_set_page_groups`: groups of `2^(order % 21)` frames (above 18 misuse) or
+    /// none; refused unless every frame of the memory is free.
+    PageGroups {
+        /// Which device.
+        dev: u8,
+        /// The group order, or none.
+        order: Option<u8>,
+    },
+    /// `dev_set_group_class` for the group of frame `frame % (pages + 2)` of the
+    /// device's memory (past its end: misuse).
+    GroupClass {
+        /// Which device.
+        dev: u8,
+        /// Which frame.
+        frame: u8,
+        /// The class (modulo 4).
+        class: u8,
+    },
+    /// The discrete GPU's memory answers page-group class `(va / 16 KiB) % n` for
+    /// `n = classes % 4` (0: class 0 for every request).
+    FrameClasses {
+        /// n.
+        classes: u8,
+    },
+    /// `region_promote`: gather the region's large-leaf blocks and map them large
+    /// (where pages go never changes the bytes the model predicts).
+    Promote {
+        /// Which region.
+        region: u16,
+    },
+    /// `dev_set_reservations`: superpage reservations on or off in a device's memory.
+    SetReservations {
+        /// Which device.
+        dev: u8,
+        /// On (else off).
+        on: bool,
+    },
+}
