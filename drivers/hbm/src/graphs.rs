@@ -291,6 +291,7 @@ impl Workload for GraphWork {
                         let v0 = c.block() * THREADS;
                         let k = THREADS.min(n - v0) as usize;
                         let lv = c.load_u32s(base[2] + v0 * 4, k)?;
+                        c.alu(k as u64); // compare each level with the frontier
                         for (i, &l) in lv.iter().enumerate() {
                             if l != cur {
                                 continue;
@@ -299,6 +300,7 @@ impl Workload for GraphWork {
                             let off = c.load_u32s(base[0] + v * 4, 2)?;
                             let deg = (off[1] - off[0]) as usize;
                             let nbrs = c.load_u32s(base[1] + u64::from(off[0]) * 4, deg)?;
+                            c.alu(nbrs.len() as u64); // compare each neighbour's level
                             for u in nbrs {
                                 let at = base[2] + u64::from(u) * 4;
                                 if c.load_u32(at)? == UNVISITED {
@@ -327,6 +329,7 @@ impl Workload for GraphWork {
                             .zip(&d)
                             .map(|(&r, &d)| Self::contrib(r, d))
                             .collect();
+                        c.alu(k as u64); // one division per vertex
                         c.store_f32s(base[3] + v0 * 4, &out)
                     })?;
                     x.launch(blocks, |c| {
@@ -341,6 +344,7 @@ impl Workload for GraphWork {
                             for u in nbrs {
                                 s += c.load_f32(base[3] + u64::from(u) * 4)?;
                             }
+                            c.alu(deg as u64 + 2); // an add per edge, the damping
                             out.push(0.15 / n as f32 + 0.85 * s);
                         }
                         c.store_f32s(base[4] + v0 * 4, &out)

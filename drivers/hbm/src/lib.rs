@@ -58,7 +58,7 @@ mod tests;
 pub mod workloads;
 
 pub use attrs::CodaAttrs;
-pub use config::HbmConfig;
+pub use config::{HbmConfig, SmModel};
 pub use decode::{decode, Granularity, Location};
 pub use machine::{HbmMachine, MachineError};
 pub use memory::{HbmMemory, Requester, Traffic};
