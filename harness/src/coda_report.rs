@@ -507,7 +507,7 @@ fn write(dir: &Path, m: &Measured, doc: &serde_json::Value) -> Result<Vec<String
             .collect()
     };
     let speed = BarChart {
-        caption: "CODA: speedup over fine-grain only (bandwidth model)".into(),
+        caption: "CODA: speedup over fine-grain only (bandwidth + SM issue/latency model)".into(),
         groups: names.clone(),
         series: series(&|r| r.speedup_vs_fgp),
         y_desc: "speedup".into(),
