@@ -11,11 +11,36 @@
 //! | `coda` | the descriptor: affine stride or a profile of another input ([`plan`]) | affinity |
 //!
 //! Every configuration runs on a machine built from the same [`HbmConfig`] (so the
-//! same bandwidths) and is priced by the same model ([`crate::cost`]). The
-//! first-touch migration is triggered by the executor seeing an SM's first touch of a
-//! page: the core's repeated-fault hint moves pages between *memories*, while the
-//! stacks here are one memory (one device), so the trigger is the executor's (see the
-//! report).
+//! same bandwidths and SM model) and is priced by the same model ([`crate::cost`]).
+//!
+//! ## Why `ft-migrate` is triggered by the executor, not by the core's hint
+//! The first-touch migration is triggered by the executor seeing an SM's first touch
+//! of a page, and moved by [`HbmMachine::migrate_page`] (attributes + unmap through
+//! the core, the next touch re-places the page). The core's remote-access hint
+//! (`PlacementMode::RemoteAccess`: a second fault from an attached device that already
+//! maps a page whose frame is not in its own memory migrates the page) cannot drive
+//! it here without changing what the core means by "remote", for three reasons:
+//! 1. **Locality is per chunk, the core's is per frame.** The core calls a mapping
+//!    remote when the frame's registered memory is not the faulting device's. A
+//!    fine-grain frame lives in all four stacks at once (128-byte chunks), so no
+//!    split of the stacks into per-device memories makes that test true for exactly
+//!    the accesses that cross the remote network.
+//! 2. **A page group spans the stacks.** A group is four consecutive frames, one per
+//!    stack (coarse: frame `i` wholly in stack `i`; fine: interleaved over all); the
+//!    core keeps a group inside one registered memory with one class. Registering each
+//!    stack as its own device memory would put every group across four memories,
+//!    which the core's page groups (and the granularity rule "all frames free before
+//!    a class change") do not allow.
+//! 3. **The shared table removes the second fault.** The host and the SMs share one
+//!    table (§4.2, the issue's shared mode): once any unit maps a page, no SM faults on
+//!    it again, so the "fault from a device that already maps it" never happens. The
+//!    hint needs per-device (coherent) tables, and even then a mapped page only
+//!    re-faults if the driver withdraws the mapping on purpose (an access counter the
+//!    core has no interface for).
+//!
+//! Making it work would take a per-chunk notion of remoteness and page groups across
+//! memories in `gmem-core` — a change of core semantics other drivers rely on — so the
+//! trigger stays in the driver, and the report says so.
 
 use crate::attrs::CodaAttrs;
 use crate::config::HbmConfig;

@@ -5,7 +5,7 @@
 //! slot in its stack falls back to fine grain and is counted.
 
 use crate::coda::{plan, profiles, run, Config, Inputs};
-use crate::config::HbmConfig;
+use crate::config::{HbmConfig, SmModel};
 use crate::decode::Granularity;
 use crate::exec::{Exec, ExecOptions, Schedule};
 use crate::graphs::{Algo, GraphKind, GraphWork};
@@ -103,6 +103,29 @@ fn coda_keeps_block_exclusive_data_local() {
     );
     assert!(coda.report.time_ns(&c) < fgp.report.time_ns(&c));
     assert!(coda.groups.1 > 0 && coda.placement_fallbacks == 0);
+}
+
+#[test]
+fn the_sm_model_prices_what_each_sm_really_did() {
+    let c = cfg();
+    let n = 16384u64;
+    let w = VecAdd { n };
+    for k in [Config::Fgp, Config::Coda] {
+        let r = run(&c, &w, k, false, &Inputs::default()).unwrap();
+        let loads = &r.report.sm_loads[0];
+        // Two words loaded, one stored and one add per element, over all SMs.
+        let ops: u64 = loads.iter().map(|l| l.thread_ops).sum();
+        assert_eq!(ops, 4 * n);
+        // The per-SM bytes add up to the launch's SM traffic.
+        let t = r.report.traffic();
+        let local: u64 = loads.iter().map(|l| l.local).sum();
+        let remote: u64 = loads.iter().map(|l| l.remote).sum();
+        assert_eq!((local, remote), (t.local, t.remote));
+        assert!(
+            loads.iter().all(|l| l.thread_ops > 0),
+            "every SM ran blocks"
+        );
+    }
 }
 
 #[test]
@@ -235,19 +258,26 @@ fn placement_uses_only_the_descriptor_or_another_inputs_profile() {
 }
 
 #[test]
-fn every_configuration_is_priced_with_the_same_bandwidths() {
+fn every_configuration_is_priced_with_the_same_cost_model() {
     let c = cfg();
     let w = KMeans { n: 4096 };
     let results: Vec<_> = Config::ALL
         .iter()
         .map(|&k| run(&c, &w, k, false, &Inputs::default()).unwrap())
         .collect();
-    // Doubling every bandwidth halves every configuration's time: time is traffic
-    // over the one configuration's bandwidths, nothing per design.
+    // Doubling every bandwidth and the SMs' speed (clock, latencies) halves every
+    // configuration's time: time is traffic and work over the one configuration's
+    // parameters, nothing per design.
     let fast = HbmConfig {
         local_gbps: c.local_gbps * 2.0,
         host_gbps: c.host_gbps * 2.0,
         remote_gbps: c.remote_gbps * 2.0,
+        sm: SmModel {
+            ghz: c.sm.ghz * 2.0,
+            local_latency_ns: c.sm.local_latency_ns / 2.0,
+            remote_hop_ns: c.sm.remote_hop_ns / 2.0,
+            ..c.sm
+        },
         ..c
     };
     for r in &results {

@@ -1,29 +1,71 @@
-//! The bandwidth model that turns counted traffic into time (CODA §5, rebuilt: the
+//! The cost model that turns counted traffic and work into time (CODA §5, rebuilt: the
 //! paper's Table 1 was an image; its prose gives 256 GB/s of internal bandwidth per
 //! stack for the SMs in its logic layer, 128 GB/s aggregate for the host network and
-//! 16 GB/s for the remote network, swept up to 256 GB/s aggregate).
+//! 16 GB/s for the remote network, swept up to 256 GB/s aggregate; the SMs' clock,
+//! warps and latencies come from a Fermi SM, [`crate::config::SmModel`]).
 //!
-//! A bandwidth-only model — no latency, no caches, no compute — so it claims the
-//! *shape* of the paper's results, not their magnitude:
-//! - **near-data kernels:** each stack's SMs pull their local bytes at the local
-//!   bandwidth; all remote bytes share the remote network; the paths work in parallel
-//!   and the slowest bounds the kernel: `max(max_s local_s / local, remote / remote)`.
-//!   A stack that got more thread blocks (affinity without work stealing) takes
-//!   longer, which the per-stack maximum keeps.
+//! It claims the *shape* of the paper's results, not a cycle-level timing (no caches,
+//! no queueing, no DRAM timing):
+//! - **near-data kernels, bandwidth bound:** each stack's SMs pull their local bytes
+//!   at the local bandwidth; all remote bytes share the remote network:
+//!   `max(max_s local_s / local, remote / remote_bw)`.
+//! - **near-data kernels, SM bound:** each SM issues the warp instructions of the
+//!   blocks it ran (`thread ops / warp threads / issue rate / clock`), and waits on its
+//!   memory transactions with one in flight per resident warp
+//!   (`(local_tx · L + remote_tx · (L + hop)) / warps`); the SM takes the larger of
+//!   the two. Thread operations are the executor's counts of what the kernel did: one
+//!   per word loaded or stored, plus the arithmetic the kernel reports at the point
+//!   it computes ([`crate::exec::Ctx::alu`]).
+//! - a kernel takes the larger of the two bounds. A stack that got more thread blocks
+//!   (affinity without work stealing) takes longer, which the per-stack and per-SM
+//!   maxima keep.
 //! - **host-side execution:** the host walks the work one thread block's footprint at
 //!   a time; each stack's link carries `host / stacks`; a window takes
 //!   `max_s host_s / (host / stacks)`, and the windows add up. A fine-grain page spreads
 //!   over every link, a coarse one uses one: the reason fine grain suits the host.
+//!   (Bandwidth only: the host's latency is the same under every placement.)
 //!
 //! The same [`HbmConfig`] prices every configuration of an experiment.
 
 use crate::config::HbmConfig;
-use crate::memory::Traffic;
+use crate::memory::{Traffic, CHUNK};
 use alloc::vec::Vec;
 
-/// The time in ns of a near-data phase whose traffic by stack (SM traffic at the
-/// requesting SM's stack) is `by_stack`.
-pub fn sm_time_ns(cfg: &HbmConfig, by_stack: &[Traffic]) -> f64 {
+/// What one SM did during a launch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SmLoad {
+    /// Thread-level operations (words loaded or stored, arithmetic reported).
+    pub thread_ops: u64,
+    /// Bytes of its transactions to its own stack.
+    pub local: u64,
+    /// Bytes of its transactions to other stacks.
+    pub remote: u64,
+}
+
+/// The time in ns one SM needs for `load`: the larger of its issue time and its
+/// memory time with one transaction in flight per warp.
+pub fn sm_bound_ns(cfg: &HbmConfig, load: &SmLoad) -> f64 {
+    let m = &cfg.sm;
+    let issue =
+        load.thread_ops as f64 / f64::from(m.warp_threads.max(1)) / (m.issue_per_cycle * m.ghz);
+    let chunk = CHUNK as f64;
+    let latency = (load.local as f64 / chunk * m.local_latency_ns
+        + load.remote as f64 / chunk * (m.local_latency_ns + m.remote_hop_ns))
+        / f64::from(m.warps.max(1));
+    issue.max(latency)
+}
+
+/// The time in ns of a near-data launch: the larger of its bandwidth bound
+/// ([`bandwidth_ns`]) and its slowest SM ([`sm_bound_ns`]).
+pub fn sm_time_ns(cfg: &HbmConfig, by_stack: &[Traffic], sms: &[SmLoad]) -> f64 {
+    sms.iter()
+        .map(|l| sm_bound_ns(cfg, l))
+        .fold(bandwidth_ns(cfg, by_stack), f64::max)
+}
+
+/// The bandwidth bound in ns of a near-data phase whose traffic by stack (SM traffic
+/// at the requesting SM's stack) is `by_stack`.
+pub fn bandwidth_ns(cfg: &HbmConfig, by_stack: &[Traffic]) -> f64 {
     let local = by_stack
         .iter()
         .map(|t| t.local as f64 / cfg.local_gbps)
@@ -77,7 +119,7 @@ mod tests {
         };
         // 256 bytes local on stack 0 (1 ns) vs 32 remote bytes (2 ns).
         let by = [t(256, 16, 0), t(0, 16, 0), t(0, 0, 0), t(0, 0, 0)];
-        assert!((sm_time_ns(&cfg, &by) - 2.0).abs() < 1e-9);
+        assert!((bandwidth_ns(&cfg, &by) - 2.0).abs() < 1e-9);
         // One stack's link is 32 GB/s: 64 bytes there take 2 ns; spread, 0.5 ns.
         let one = [t(0, 0, 64), t(0, 0, 0), t(0, 0, 0), t(0, 0, 0)];
         let spread = [t(0, 0, 16), t(0, 0, 16), t(0, 0, 16), t(0, 0, 16)];
@@ -85,5 +127,33 @@ mod tests {
         assert!((host_window_ns(&cfg, &spread) - 0.5).abs() < 1e-9);
         assert_eq!(total(&by).remote, 32);
         assert_eq!(delta(&by, &by)[0], Traffic::default());
+    }
+
+    #[test]
+    fn an_sm_waits_on_its_slowest_of_issue_and_latency_and_remote_costs_a_hop() {
+        let cfg = HbmConfig::default();
+        let m = cfg.sm;
+        let w = f64::from(m.warps);
+        // 48 local transactions: one round trip of the local latency.
+        let local = SmLoad {
+            thread_ops: 0,
+            local: 48 * CHUNK,
+            remote: 0,
+        };
+        assert!((sm_bound_ns(&cfg, &local) - m.local_latency_ns * 48.0 / w).abs() < 1e-9);
+        let remote = SmLoad {
+            remote: 48 * CHUNK,
+            ..local
+        };
+        assert!(sm_bound_ns(&cfg, &remote) > sm_bound_ns(&cfg, &local));
+        // Pure arithmetic: 32 000 thread ops are 1000 warp instructions.
+        let alu = SmLoad {
+            thread_ops: 32_000,
+            ..SmLoad::default()
+        };
+        assert!((sm_bound_ns(&cfg, &alu) - 1000.0 / m.ghz).abs() < 1e-9);
+        // The kernel takes the slower of the bandwidth and the SM bound.
+        let by = [Traffic::default(); 4];
+        assert!((sm_time_ns(&cfg, &by, &[alu, local]) - sm_bound_ns(&cfg, &alu)).abs() < 1e-9);
     }
 }

@@ -1,8 +1,10 @@
 //! The block-sequential executor: a kernel launch is a grid of thread blocks, each a
 //! closure over a [`Ctx`] through which it loads and stores (one call = one coalesced
 //! request of contiguous bytes; a gather is one call per element). Blocks run one
-//! after another on the SM the schedule gives them — order does not change traffic,
-//! which is all the bandwidth model prices ([`crate::cost`]).
+//! after another on the SM the schedule gives them — order does not change traffic.
+//! Per launch it counts, for every SM, the thread operations its blocks did (words
+//! loaded and stored, arithmetic reported with [`Ctx::alu`]) and the bytes of their
+//! local and remote transactions: what the cost model prices ([`crate::cost`]).
 //!
 //! Schedules (§4.3.1): round robin over all SMs (a baseline GPU's), or *affinity*:
 //! block `b` runs in stack `(b / blocks_per_stack) mod stacks`, the stack that CODA's
@@ -17,7 +19,7 @@
 //! touches it ([`HbmMachine::migrate_page`]).
 
 use crate::config::HbmConfig;
-use crate::cost::{delta, host_window_ns, sm_time_ns, total};
+use crate::cost::{delta, host_window_ns, sm_time_ns, total, SmLoad};
 use crate::decode::Granularity;
 use crate::machine::{HbmMachine, MachineError};
 use crate::memory::{Requester, Traffic};
@@ -103,6 +105,7 @@ pub struct Ctx<'a> {
     opts: ExecOptions,
     objects: &'a BTreeMap<u64, (u64, Region)>,
     rec: &'a mut Record,
+    ops: u64,
 }
 
 impl Ctx<'_> {
@@ -168,11 +171,18 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Report `n` thread-level arithmetic operations the block just did (the cost
+    /// model's issue time counts them with the words loaded and stored).
+    pub fn alu(&mut self, n: u64) {
+        self.ops += n;
+    }
+
     /// Load `n` words at `va`.
     ///
     /// # Errors
     /// As [`HbmMachine::load`].
     pub fn load_u32s(&mut self, va: u64, n: usize) -> Result<Vec<u32>, MachineError> {
+        self.ops += n as u64;
         self.note(va, n as u64 * 4)?;
         self.m.load_u32s(self.who, va, n)
     }
@@ -190,6 +200,7 @@ impl Ctx<'_> {
     /// # Errors
     /// As [`HbmMachine::store`].
     pub fn store_u32s(&mut self, va: u64, w: &[u32]) -> Result<(), MachineError> {
+        self.ops += w.len() as u64;
         self.note(va, w.len() as u64 * 4)?;
         self.m.store_u32s(self.who, va, w)
     }
@@ -199,6 +210,7 @@ impl Ctx<'_> {
     /// # Errors
     /// As [`HbmMachine::load`].
     pub fn load_f32s(&mut self, va: u64, n: usize) -> Result<Vec<f32>, MachineError> {
+        self.ops += n as u64;
         self.note(va, n as u64 * 4)?;
         self.m.load_f32s(self.who, va, n)
     }
@@ -216,6 +228,7 @@ impl Ctx<'_> {
     /// # Errors
     /// As [`HbmMachine::store`].
     pub fn store_f32s(&mut self, va: u64, v: &[f32]) -> Result<(), MachineError> {
+        self.ops += v.len() as u64;
         self.note(va, v.len() as u64 * 4)?;
         self.m.store_f32s(self.who, va, v)
     }
@@ -226,6 +239,8 @@ impl Ctx<'_> {
 pub struct ExecReport {
     /// Traffic of each launch by stack (near-data runs).
     pub launches: Vec<Vec<Traffic>>,
+    /// What each SM did in each launch (near-data runs; indexed by SM).
+    pub sm_loads: Vec<Vec<SmLoad>>,
     /// Modelled time of the host-side run, ns (0 for near-data runs).
     pub host_ns: f64,
     /// Pages by the most distinct thread blocks of one launch touching them:
@@ -248,12 +263,16 @@ impl ExecReport {
         total(&per)
     }
 
-    /// The modelled time under `cfg`'s bandwidths, ns (launches one after another).
+    /// The modelled time under `cfg`'s cost model, ns (launches one after another).
     pub fn time_ns(&self, cfg: &HbmConfig) -> f64 {
         if self.host_ns > 0.0 {
             return self.host_ns;
         }
-        self.launches.iter().map(|l| sm_time_ns(cfg, l)).sum()
+        self.launches
+            .iter()
+            .zip(&self.sm_loads)
+            .map(|(l, s)| sm_time_ns(cfg, l, s))
+            .sum()
     }
 }
 
@@ -299,9 +318,10 @@ impl<'m> Exec<'m> {
         let mem = self.m.memory();
         let start = mem.traffic_by_stack();
         let launch = self.report.launches.len() as u32;
+        let mut sms = std::vec![SmLoad::default(); cfg.sms() as usize];
         for b in 0..blocks {
             let who = self.opts.schedule.runner(&cfg, b);
-            let before = (who == Requester::Host).then(|| mem.traffic_by_stack());
+            let before = mem.traffic_by_stack();
             let mut ctx = Ctx {
                 m: self.m,
                 who,
@@ -310,16 +330,27 @@ impl<'m> Exec<'m> {
                 opts: self.opts,
                 objects: &self.objects,
                 rec: &mut self.rec,
+                ops: 0,
             };
             f(&mut ctx)?;
-            if let Some(before) = before {
-                self.report.host_ns +=
-                    host_window_ns(&cfg, &delta(&mem.traffic_by_stack(), &before));
+            let ops = ctx.ops;
+            let block = delta(&mem.traffic_by_stack(), &before);
+            match who {
+                Requester::Host => self.report.host_ns += host_window_ns(&cfg, &block),
+                Requester::Sm(sm) => {
+                    let t = total(&block);
+                    if let Some(l) = sms.get_mut(sm as usize) {
+                        l.thread_ops += ops;
+                        l.local += t.local;
+                        l.remote += t.remote;
+                    }
+                }
             }
         }
         self.report
             .launches
             .push(delta(&mem.traffic_by_stack(), &start));
+        self.report.sm_loads.push(sms);
         Ok(())
     }
 

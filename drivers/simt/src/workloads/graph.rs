@@ -170,7 +170,44 @@ struct GatherWarp {
     hits: u32,
 }
 
-const DAMPING: f32 = 0.85;
+/// PageRank's damping factor.
+pub const DAMPING: f32 = 0.85;
+
+/// `1 / out-degree` of every node (0 without out-edges): PageRank's per-node factor.
+pub fn inv_out_degree(g: &Csr) -> Vec<f32> {
+    (0..g.nodes())
+        .map(|u| {
+            let d = g.row[u + 1] - g.row[u];
+            if d == 0 {
+                0.0
+            } else {
+                1.0 / d as f32
+            }
+        })
+        .collect()
+}
+
+/// `iters` iterations of pull PageRank from rank `1/n` (the CPU reference): `t` is the
+/// transposed graph (in-edges), `inv` is [`inv_out_degree`] of the graph; each
+/// iteration sums `rank[u] · inv[u]` over in-edges in edge order.
+pub fn pagerank_ref(t: &Csr, inv: &[f32], iters: u32) -> Vec<f32> {
+    let n = t.nodes();
+    let base = (1.0 - DAMPING) / n as f32;
+    let mut rank = vec![1.0 / n as f32; n];
+    for _ in 0..iters {
+        let c: Vec<f32> = rank.iter().zip(inv).map(|(r, i)| r * i).collect();
+        rank = (0..n)
+            .map(|v| {
+                let mut s = 0f32;
+                for e in t.row[v]..t.row[v + 1] {
+                    s += c[t.col[e as usize] as usize];
+                }
+                base + DAMPING * s
+            })
+            .collect();
+    }
+    rank
+}
 
 impl Kernel for Gather {
     type Warp = GatherWarp;
@@ -396,7 +433,8 @@ impl Spec for Contrib {
     }
 }
 
-fn bfs_ref(g: &Csr, src: usize) -> Vec<u32> {
+/// BFS levels from `src` (`u32::MAX` for unreached nodes): the CPU reference.
+pub fn bfs_ref(g: &Csr, src: usize) -> Vec<u32> {
     let mut level = vec![UNVISITED; g.nodes()];
     level[src] = 0;
     let mut frontier = vec![src];
@@ -468,16 +506,7 @@ pub fn run(m: &SimtMachine, name: &str, size: Size) -> Result<Outcome, String> {
     }
     // PageRank: pull over in-edges, 3 iterations.
     let t = g.transpose();
-    let inv: Vec<f32> = (0..n as usize)
-        .map(|u| {
-            let d = g.row[u + 1] - g.row[u];
-            if d == 0 {
-                0.0
-            } else {
-                1.0 / d as f32
-            }
-        })
-        .collect();
+    let inv = inv_out_degree(&g);
     let row = m.upload(&t.row)?;
     let col = m.upload(&t.col)?;
     let inv_r = m.upload_f32(&inv)?;
@@ -505,19 +534,7 @@ pub fn run(m: &SimtMachine, name: &str, size: Size) -> Result<Outcome, String> {
         };
         total.plus(&m.launch(&k).map_err(|e| e.to_string())?);
     }
-    let mut want = rank0;
-    for _ in 0..3 {
-        let c: Vec<f32> = want.iter().zip(&inv).map(|(r, i)| r * i).collect();
-        want = (0..n as usize)
-            .map(|v| {
-                let mut s = 0f32;
-                for e in t.row[v]..t.row[v + 1] {
-                    s += c[t.col[e as usize] as usize];
-                }
-                base + DAMPING * s
-            })
-            .collect();
-    }
+    let want = pagerank_ref(&t, &inv, 3);
     let got = m.download_f32(rank, n as usize)?;
     // Ranks are ~1/n: compare relative to the mean rank.
     let scale = n as f32;
