@@ -11,40 +11,8 @@
 
 use gmem_simt::dispatch::{Dispatch, Greedy, Gto, LooseRoundRobin, RoundRobin, WarpScheduler};
 use gmem_simt::machine::SimtMachine;
-use gmem_simt::workloads::spec::{Spec, SpecKernel, MAX_OPS};
-
-/// `out = A v` (`rows`) or `out = Aᵀ v`, one thread per output.
-struct Mv {
-    n: u64,
-    a: u64,
-    v: u64,
-    out: u64,
-    rows: bool,
-}
-impl Spec for Mv {
-    fn threads(&self) -> u64 {
-        self.n
-    }
-    fn steps(&self) -> u64 {
-        self.n
-    }
-    fn operands(&self) -> usize {
-        2
-    }
-    fn addr(&self, t: u64, k: u64, op: usize) -> Option<u64> {
-        Some(match (op, self.rows) {
-            (0, true) => self.a + 4 * (t * self.n + k),
-            (0, false) => self.a + 4 * (k * self.n + t),
-            _ => self.v + 4 * k,
-        })
-    }
-    fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
-        acc[0] += v[0] * v[1];
-    }
-    fn out(&self, t: u64) -> Option<u64> {
-        Some(self.out + 4 * t)
-    }
-}
+use gmem_simt::workloads::spec::SpecKernel;
+use gmem_simt::workloads::MatVec;
 
 fn main() {
     for n in [512u64, 1024, 2048] {
@@ -58,7 +26,7 @@ fn main() {
                     let mut line = format!("n={n} sched={sname} dispatch={dname} tpb={tpb}");
                     let mut tot = (0u64, 0u64, 0u64);
                     for rows in [true, false] {
-                        let mut k = SpecKernel::new(Mv {
+                        let mut k = SpecKernel::new(MatVec {
                             n,
                             a: a.start.as_u64(),
                             v: v.start.as_u64(),

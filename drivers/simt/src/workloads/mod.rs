@@ -21,6 +21,7 @@
 
 pub mod graph;
 mod polybench;
+pub use polybench::MatVec;
 mod rodinia;
 pub mod spec;
 

@@ -7,16 +7,21 @@ use super::{launch, max_rel_error, values, Outcome, TOLERANCE};
 use crate::engine::RunStats;
 use crate::machine::SimtMachine;
 
-/// `out[t] = Σ_k a[row(t,k)] * v[k]`-style matrix-vector product.
-struct MatVec {
-    n: u64,
-    /// The matrix.
-    a: u64,
+/// `out[t] = Σ_k a[row(t,k)] * v[k]`-style matrix-vector product over an `n × n`
+/// row-major `f32` matrix, one thread per output: the kernel of ATAX, BICG and MVT
+/// (public so that analyses such as `examples/atax_shape.rs` launch the same kernel).
+pub struct MatVec {
+    /// Rows (= columns).
+    pub n: u64,
+    /// The matrix's device address.
+    pub a: u64,
     /// Walk `A` by rows per thread (`A[t][k]`, strided across lanes) or by columns
     /// (`A[k][t]`, coalesced).
-    rows: bool,
-    v: u64,
-    out: u64,
+    pub rows: bool,
+    /// The vector's device address.
+    pub v: u64,
+    /// The output's device address.
+    pub out: u64,
 }
 
 impl Spec for MatVec {
