@@ -64,7 +64,8 @@ use gmem_core::{
 };
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_iommu::{
-    Discipline, DmaDevice, DmaError, GiantLockDomain, InvalidationLatency, Iommu, IommuConfig,
+    Discipline, DmaDevice, DmaError, DmaPort, GiantLockDomain, InvalidationLatency, Iommu,
+    IommuConfig,
 };
 use gmem_sim::SimMemory;
 use std::cell::Cell;
@@ -546,24 +547,13 @@ fn run_gmem(v: Variant, threads: usize, p: &Params) -> Result<Measured, String> 
     if left > 0 {
         problems.push(format!("{left} buffers still mapped after teardown"));
     }
-    for (q, r) in runs.iter().enumerate() {
-        if nic.mmu().cached(q, r.last_va) || nic.write(q, r.last_va, &[0]).is_ok() {
-            problems.push(format!("queue {q}: an unmapped IOVA still translates"));
-        }
-    }
-    let st = nic.stats();
-    let tables = iommu.table_stats();
-    Ok(Measured {
-        packets,
-        wall,
-        cpu,
-        invalidations: st.mmu.invalidations,
-        walk_cache_flushes: st.mmu.walk_cache_flushes,
-        table_pages_peak: tables.memory.peak,
-        table_pages_end: tables.memory.in_use,
-        verified: problems.is_empty(),
+    Ok(after_teardown(
+        &runs,
+        (packets, wall, cpu),
         problems,
-    })
+        nic.port(),
+        &iommu,
+    ))
 }
 
 fn run_baseline(threads: usize, p: &Params) -> Result<Measured, String> {
@@ -592,14 +582,32 @@ fn run_baseline(threads: usize, p: &Params) -> Result<Measured, String> {
             iova.allocs - iova.frees
         ));
     }
+    Ok(after_teardown(
+        &runs,
+        (packets, wall, cpu),
+        problems,
+        dom.port(),
+        &iommu,
+    ))
+}
+
+/// A run's figures once its queues are torn down, checking on the way that no queue's
+/// last (now unmapped) IOVA still translates, in the IOTLB or through the tables.
+fn after_teardown(
+    runs: &[QueueRun],
+    (packets, wall, cpu): (u64, Duration, Duration),
+    mut problems: Vec<String>,
+    port: &DmaPort,
+    iommu: &Iommu,
+) -> Measured {
     for (q, r) in runs.iter().enumerate() {
-        if dom.port().mmu().cached(q, r.last_va) || dom.port().write(q, r.last_va, &[0]).is_ok() {
+        if port.mmu().cached(q, r.last_va) || port.write(q, r.last_va, &[0]).is_ok() {
             problems.push(format!("queue {q}: an unmapped IOVA still translates"));
         }
     }
-    let st = dom.port().stats();
+    let st = port.stats();
     let tables = iommu.table_stats();
-    Ok(Measured {
+    Measured {
         packets,
         wall,
         cpu,
@@ -609,7 +617,7 @@ fn run_baseline(threads: usize, p: &Params) -> Result<Measured, String> {
         table_pages_end: tables.memory.in_use,
         verified: problems.is_empty(),
         problems,
-    })
+    }
 }
 
 fn measure(v: Variant, threads: usize, p: &Params) -> Result<Measured, String> {
