@@ -406,11 +406,13 @@ impl Mmu for TestMmu {
                 attrs: run.attrs,
             });
         }
-        self.log(MmuEvent::Map {
-            mmu: self.id,
-            root,
-            run: *run,
-        });
+        if self.record {
+            self.log(MmuEvent::Map {
+                mmu: self.id,
+                root,
+                run: *run,
+            });
+        }
         Ok(())
     }
     fn unmap(&self, root: PageTableRoot, range: VaRange) {

@@ -8,6 +8,7 @@
 
 use super::mmu::Pte;
 use alloc::boxed::Box;
+use alloc::vec;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
 
@@ -16,18 +17,20 @@ pub(super) const LEAF_PAGES: u64 = 512;
 
 /// The PTEs and accessed bits of one aligned block of [`LEAF_PAGES`] pages.
 struct Leaf {
-    ptes: [Option<Pte>; LEAF_PAGES as usize],
+    /// [`LEAF_PAGES`] slots (a boxed slice: filled in place on the heap, not built on
+    /// the stack and copied).
+    ptes: Box<[Option<Pte>]>,
     accessed: [u64; LEAF_PAGES as usize / 64],
     used: u32,
 }
 
 impl Leaf {
-    fn new() -> Box<Leaf> {
-        Box::new(Leaf {
-            ptes: [None; LEAF_PAGES as usize],
+    fn new() -> Leaf {
+        Leaf {
+            ptes: vec![None; LEAF_PAGES as usize].into_boxed_slice(),
             accessed: [0; LEAF_PAGES as usize / 64],
             used: 0,
-        })
+        }
     }
 }
 
@@ -39,7 +42,7 @@ fn split(vpn: u64) -> (u64, usize) {
 /// One page table: page number → PTE, plus an accessed bit per PTE.
 #[derive(Default)]
 pub(super) struct Table {
-    leaves: HashMap<u64, Box<Leaf>>,
+    leaves: HashMap<u64, Leaf>,
 }
 
 impl Table {
