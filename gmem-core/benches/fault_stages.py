@@ -13,7 +13,7 @@ them:
   frame alloc    alloc_frame and below (reservation lookup, physmem, vmem arena)
   LPT update     lpt::LogicalPageTable functions that were not inlined
   map core       map_for_fault / map_run / mirror, without the driver call
-  test MMU map   the test driver's Mmu::map (a hash-map insert per page)
+  test MMU map   the test driver's Mmu::map (a leaf-block probe, an array write per page)
   zeroing        DeviceMemory::zero (excluded from the target; a no-op in test memory)
 
 A function inlined into its caller counts as its caller's: read the stages as "code

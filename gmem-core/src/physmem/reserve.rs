@@ -36,6 +36,8 @@
 //! reservation's space; the reservation's count of used frames is the number of frames
 //! that are not reserved; the reserved frames of all reservations are the memory's
 //! frames in the reserved state; the three indexes (by block, by frame, by age) agree.
+//! A live reservation's block is one allocated segment of the arena (split into frames
+//! lazily: only when the reservation is broken with frames in use).
 
 use super::{FrameState, Owner, PhysMem};
 use crate::addr::{Pfn, Vpn, PAGE_SHIFT, PAGE_SIZE};
@@ -231,23 +233,34 @@ impl PhysMem {
         let r = RESERVATION_PAGES;
         let mut c = Constraint::new(r << PAGE_SHIFT);
         c.align = r << PAGE_SHIFT;
+        // The block stays one allocated arena segment while the reservation lives (its
+        // frames never go back to the arena one by one then); it is split into frames
+        // only if the reservation is broken with frames in use (`release_reserved`).
         let pa = self.arena.xalloc(&c).ok()?;
-        let split = self.arena.split(pa, r << PAGE_SHIFT, PAGE_SIZE);
-        debug_assert!(split.is_ok(), "a fresh block splits into frames: {split:?}");
         let base = pa >> PAGE_SHIFT;
         let i0 = self
             .index(base)
             .expect("the arena hands out registered frames only");
         let consecutive = self.index(base + r - 1) == Some(i0 + (r - 1) as u32);
-        for k in (0..r).filter(|k| !(off..off + pages).contains(k)) {
-            let i = if consecutive {
-                i0 + k as u32
-            } else {
-                self.index(base + k)
-                    .expect("the arena hands out registered frames only")
-            };
-            self.frames[i as usize].owner = None;
-            self.set_state(i, FrameState::Reserved);
+        if consecutive && self.groups.is_none() {
+            // Free frames are on no queue and own nothing: free -> reserved is a state
+            // write (what `set_state` would do, without its per-frame checks).
+            let claimed = off as usize..(off + pages) as usize;
+            let block = &mut self.frames[i0 as usize..(i0 as usize + r as usize)];
+            for (k, m) in block.iter_mut().enumerate() {
+                debug_assert!(m.state == FrameState::Free && m.owner.is_none());
+                if !claimed.contains(&k) {
+                    m.state = FrameState::Reserved;
+                }
+            }
+        } else {
+            for k in (0..r).filter(|k| !(off..off + pages).contains(k)) {
+                let i = self
+                    .index(base + k)
+                    .expect("the arena hands out registered frames only");
+                self.frames[i as usize].owner = None;
+                self.set_state(i, FrameState::Reserved);
+            }
         }
         let rs = &mut self.reservations;
         let age = rs.next_age;
@@ -309,7 +322,14 @@ impl PhysMem {
                 space,
                 vpn: Vpn(block + k),
             });
-            self.set_state(i, state);
+            let old = self.frames[i as usize].state;
+            if self.groups.is_none() && matches!(old, FrameState::Reserved | FrameState::Free) {
+                // Reserved (or, just reserved, free) -> in use: on no queue and not
+                // pending before, so only the queue push of `set_state` has work.
+                self.push_tail(i, state);
+            } else {
+                self.set_state(i, state);
+            }
         }
     }
 
@@ -353,8 +373,29 @@ impl PhysMem {
 
     /// Return the reserved frames of the reservation at `base` to the arena and forget
     /// it; frames in use stay with their pages. Returns the frames returned.
+    ///
+    /// A live reservation's block is one allocated arena segment. With no frame in use
+    /// it goes back whole; otherwise it is split into frames first, so that the frames
+    /// in use become ordinary single-frame allocations.
     fn release_reserved(&mut self, base: u64, resv: Resv) -> u64 {
         self.forget_reservation(base, resv);
+        let r = RESERVATION_PAGES;
+        if resv.used == 0 {
+            for k in 0..r {
+                let i = self
+                    .index(base + k)
+                    .expect("reserved frames are registered");
+                self.set_state(i, FrameState::Free);
+            }
+            let freed = self.arena.free(base << PAGE_SHIFT, r << PAGE_SHIFT);
+            debug_assert!(freed.is_ok(), "reservation block {base:#x}: {freed:?}");
+            self.reservations.reserved -= r;
+            return r;
+        }
+        let split = self
+            .arena
+            .split(base << PAGE_SHIFT, r << PAGE_SHIFT, PAGE_SIZE);
+        debug_assert!(split.is_ok(), "a reservation's block splits: {split:?}");
         let mut n = 0;
         for k in 0..RESERVATION_PAGES {
             let pfn = base + k;

@@ -48,7 +48,7 @@ impl SpaceState {
     ) -> Result<FaultResolution, FaultError> {
         let stats = cx.counters;
         let (rstart, region, placement, fill_block, explicit, rlen) =
-            match self.region_at(va.as_u64()) {
+            match self.fault_region(va.as_u64()) {
                 Some((s, r)) => (
                     s,
                     r.piece(),
@@ -163,6 +163,20 @@ impl SpaceState {
                 }
             }
         }
+    }
+
+    /// `region_at` for faults: the last fault's region first (one exact-key probe;
+    /// regions never overlap, so one that covers `va` is the answer), else the search.
+    fn fault_region(&mut self, va: u64) -> Option<(u64, &super::RegionRec)> {
+        let h = self.region_hint;
+        if let Some(r) = self.regions.get(&h) {
+            if va >= h && va - h < r.len {
+                return Some((h, r));
+            }
+        }
+        let s = self.region_at(va)?.0;
+        self.region_hint = s;
+        self.regions.get(&s).map(|r| (s, r))
     }
 
     /// Map the page's frame where it is into table `t` (if not there yet) and count it.

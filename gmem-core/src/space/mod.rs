@@ -311,6 +311,8 @@ pub(crate) struct SpaceState {
     alive: bool,
     /// Regions by start address.
     regions: BTreeMap<u64, RegionRec>,
+    /// Start of the region the last fault found (a hint, checked before use).
+    region_hint: u64,
     /// The logical page table: where each page lives and which tables map it.
     lpt: LogicalPageTable,
     /// Page tables by index (a page entry's mapping bit `t` names `tables[t]`).
@@ -381,6 +383,7 @@ impl SpaceState {
             segments: segments::Segments::default(),
             private: private::PrivateFrames::default(),
             large: large::LargeLeaves::default(),
+            region_hint: 0,
             next_region_id: 1,
             next_table_generation: 0,
             attach_epoch: 0,

@@ -3,10 +3,11 @@
 //! translations until the core invalidates them, and an optional ordered log of every
 //! call ([`MmuEvent`]).
 //!
-//! The store keeps each table as a hash map from page number to [`Pte`] and the
-//! accessed bits as a hash set: a map or unmap costs a hash probe per page, not a tree
-//! walk, so a benchmark measures the core rather than its test driver. Large leaves are
-//! recorded in an ordered map (a partial unmap looks up the leaves around its range).
+//! The store keeps each table as leaf blocks of 512 PTEs with their accessed bits,
+//! found by a hash of the block number (`table`): a map or unmap costs a hash probe per
+//! 2 MiB block and an array write per page, not a tree walk, so a benchmark measures the
+//! core rather than its test driver. Large leaves are recorded in an ordered map (a
+//! partial unmap looks up the leaves around its range).
 
 use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::flags::{PageSizes, Prot};
@@ -15,7 +16,9 @@ use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::sync::{Arc, AtomicU32, Mutex, Ordering, RwLock};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashMap;
+
+use super::table::Table;
 
 /// One recorded MMU call. `mmu` is the recording MMU's number; the other fields are
 /// the call's arguments.
@@ -73,15 +76,15 @@ pub struct Pte {
     pub attrs: crate::mmu::Attrs,
 }
 
-/// Root → (vpn → PTE).
-type Tables = HashMap<u64, HashMap<u64, Pte>>;
+/// Root → (vpn → PTE, accessed bit).
+type Tables = HashMap<u64, Table>;
 
 /// (root, first vpn) → pages of each large leaf, and the splits so far.
 type LargeLeaves = (BTreeMap<(u64, u64), u64>, u64);
 
 /// Page tables of one format: root → (vpn → PTE). Shared by MMUs that share tables.
 ///
-/// Each PTE also has an accessed bit (kept beside the tables): a walk that fills a TLB
+/// Each PTE also has an accessed bit (kept in the table): a walk that fills a TLB
 /// sets it, a new mapping starts with it clear, and
 /// [`Mmu::test_and_clear_accessed`] reads and clears it.
 #[derive(Default)]
@@ -91,7 +94,6 @@ type LargeLeaves = (BTreeMap<(u64, u64), u64>, u64);
 /// part splits it (the record goes, the pages stay as they were), as a driver must.
 pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
-    accessed: Mutex<HashSet<(u64, u64)>>,
     dead_edits: Mutex<u64>,
     large: Mutex<LargeLeaves>,
 }
@@ -108,8 +110,17 @@ impl TableStore {
             .lock()
             .1
             .get(&root.0)
-            .and_then(|t| t.get(&vpn))
+            .and_then(|t| t.get(vpn))
             .copied()
+    }
+
+    /// A walk of `root` for `vpn`: its PTE, with the accessed bit set.
+    fn walk(&self, root: PageTableRoot, vpn: u64) -> Option<Pte> {
+        let mut t = self.tables.lock();
+        let table = t.1.get_mut(&root.0)?;
+        let p = table.get(vpn).copied()?;
+        table.set_accessed(vpn);
+        Some(p)
     }
 
     /// Every PTE of `root`.
@@ -118,17 +129,17 @@ impl TableStore {
             .lock()
             .1
             .get(&root.0)
-            .map(|t| {
-                let mut v: Vec<(u64, Pte)> = t.iter().map(|(v, p)| (*v, *p)).collect();
-                v.sort_unstable_by_key(|e| e.0);
-                v
-            })
+            .map(Table::entries)
             .unwrap_or_default()
     }
 
     /// Whether the accessed bit of `vpn`'s PTE in `root` is set.
     pub fn accessed(&self, root: PageTableRoot, vpn: u64) -> bool {
-        self.accessed.lock().contains(&(root.0, vpn))
+        self.tables
+            .lock()
+            .1
+            .get(&root.0)
+            .is_some_and(|t| t.accessed(vpn))
     }
 
     /// Whether `root` names a live (created, not yet destroyed) table.
@@ -302,10 +313,8 @@ impl TestMmu {
             return Some(p);
         }
         tlb.misses += 1;
-        let p = self.store.lookup(root, va.vpn().0)?;
-        // The walk sets the accessed bit. (A concurrent unmap may remove the PTE between
-        // the lookup and here; the stale bit is cleared by the next map of the page.)
-        self.store.accessed.lock().insert(key);
+        // The walk sets the accessed bit.
+        let p = self.store.walk(root, va.vpn().0)?;
         tlb.entries.insert(key, p);
         Some(p)
     }
@@ -342,7 +351,7 @@ impl Mmu for TestMmu {
             let mut t = self.store.tables.lock();
             t.0 += 1;
             let root = t.0;
-            t.1.insert(root, HashMap::new());
+            t.1.insert(root, Table::default());
             PageTableRoot(root)
         };
         self.log(MmuEvent::Create { mmu: self.id, root });
@@ -350,7 +359,6 @@ impl Mmu for TestMmu {
     }
     fn destroy_page_table(&self, root: PageTableRoot) {
         self.store.tables.lock().1.remove(&root.0);
-        self.store.accessed.lock().retain(|(r, _)| *r != root.0);
         self.store.large.lock().0.retain(|(r, _), _| *r != root.0);
         self.log(MmuEvent::Destroy { mmu: self.id, root });
     }
@@ -390,25 +398,21 @@ impl Mmu for TestMmu {
                     l.0.insert((root.0, run.va.vpn().0 + k * n), n);
                 }
             }
-            let mut accessed = self.store.accessed.lock();
-            for k in 0..run.len >> PAGE_SHIFT {
-                accessed.remove(&(root.0, run.va.vpn().0 + k));
-                table.insert(
-                    run.va.vpn().0 + k,
-                    Pte {
-                        pfn: run.pa.pfn().0 + k,
-                        prot: run.prot,
-                        memory: run.memory,
-                        attrs: run.attrs,
-                    },
-                );
-            }
+            let pfn = run.pa.pfn().0;
+            table.insert_run(run.va.vpn().0, run.len >> PAGE_SHIFT, |k| Pte {
+                pfn: pfn + k,
+                prot: run.prot,
+                memory: run.memory,
+                attrs: run.attrs,
+            });
         }
-        self.log(MmuEvent::Map {
-            mmu: self.id,
-            root,
-            run: *run,
-        });
+        if self.record {
+            self.log(MmuEvent::Map {
+                mmu: self.id,
+                root,
+                run: *run,
+            });
+        }
         Ok(())
     }
     fn unmap(&self, root: PageTableRoot, range: VaRange) {
@@ -418,11 +422,7 @@ impl Mmu for TestMmu {
             if let Some(table) = t.1.get_mut(&root.0) {
                 let first = range.first_vpn().0;
                 self.store.edit_large(root.0, first, range.pages(), false);
-                let mut accessed = self.store.accessed.lock();
-                for v in first..first + range.pages() {
-                    table.remove(&v);
-                    accessed.remove(&(root.0, v));
-                }
+                table.remove_run(first, range.pages());
             }
         }
         self.log(MmuEvent::Unmap {
@@ -447,7 +447,7 @@ impl Mmu for TestMmu {
                 self.store.edit_large(root.0, first, range.pages(), true);
                 let pages = if fail { 1 } else { range.pages() };
                 for v in first..first + pages {
-                    if let Some(p) = table.get_mut(&v) {
+                    if let Some(p) = table.get_mut(v) {
                         p.prot = prot;
                     }
                 }
@@ -500,12 +500,10 @@ impl Mmu for TestMmu {
         self.concurrent
     }
     fn test_and_clear_accessed(&self, root: PageTableRoot, range: VaRange) -> Option<bool> {
-        let first = range.first_vpn().0;
-        let mut accessed = self.store.accessed.lock();
-        let mut any = false;
-        for v in first..first + range.pages() {
-            any |= accessed.remove(&(root.0, v));
-        }
+        let mut t = self.store.tables.lock();
+        let any =
+            t.1.get_mut(&root.0)
+                .is_some_and(|table| table.take_accessed(range.first_vpn().0, range.pages()));
         Some(any)
     }
 }

@@ -16,6 +16,7 @@
 
 mod memory;
 mod mmu;
+mod table;
 
 pub use memory::{MemCounts, TestMemory};
 pub use mmu::{EventLog, MmuEvent, Pte, TableStore, TestMmu};

@@ -1,0 +1,144 @@
+//! One test page table: leaf blocks of [`LEAF_PAGES`] PTEs, each with its pages'
+//! accessed bits, found by a hash of the block number.
+//!
+//! A real table's last level is an array of PTEs indexed by the low bits of the page
+//! number; this keeps the same shape, so a map or unmap of a run costs one hash probe
+//! per block and an array write per page (a 2 MiB large leaf fills one block), not a
+//! hash insert per page. A block that becomes empty is dropped.
+
+use super::mmu::Pte;
+use alloc::boxed::Box;
+use alloc::vec;
+use alloc::vec::Vec;
+use hashbrown::HashMap;
+
+/// Pages of one leaf block (a 2 MiB block of 4 KiB pages).
+pub(super) const LEAF_PAGES: u64 = 512;
+
+/// The PTEs and accessed bits of one aligned block of [`LEAF_PAGES`] pages.
+struct Leaf {
+    /// [`LEAF_PAGES`] slots (a boxed slice: filled in place on the heap, not built on
+    /// the stack and copied).
+    ptes: Box<[Option<Pte>]>,
+    accessed: [u64; LEAF_PAGES as usize / 64],
+    used: u32,
+}
+
+impl Leaf {
+    fn new() -> Leaf {
+        Leaf {
+            ptes: vec![None; LEAF_PAGES as usize].into_boxed_slice(),
+            accessed: [0; LEAF_PAGES as usize / 64],
+            used: 0,
+        }
+    }
+}
+
+/// The block number and the index in the block of page `vpn`.
+fn split(vpn: u64) -> (u64, usize) {
+    (vpn / LEAF_PAGES, (vpn % LEAF_PAGES) as usize)
+}
+
+/// One page table: page number → PTE, plus an accessed bit per PTE.
+#[derive(Default)]
+pub(super) struct Table {
+    leaves: HashMap<u64, Leaf>,
+}
+
+impl Table {
+    /// The PTE of `vpn`.
+    pub fn get(&self, vpn: u64) -> Option<&Pte> {
+        let (b, k) = split(vpn);
+        self.leaves.get(&b)?.ptes[k].as_ref()
+    }
+
+    /// The PTE of `vpn`, to change in place.
+    pub fn get_mut(&mut self, vpn: u64) -> Option<&mut Pte> {
+        let (b, k) = split(vpn);
+        self.leaves.get_mut(&b)?.ptes[k].as_mut()
+    }
+
+    /// Set the PTEs of `first..first + pages` to `pte(k)` for the `k`-th page, with
+    /// their accessed bits clear (a new mapping has not been walked yet).
+    pub fn insert_run(&mut self, first: u64, pages: u64, mut pte: impl FnMut(u64) -> Pte) {
+        let mut v = first;
+        while v < first + pages {
+            let (b, k0) = split(v);
+            let n = (LEAF_PAGES - k0 as u64).min(first + pages - v);
+            let leaf = self.leaves.entry(b).or_insert_with(Leaf::new);
+            for k in k0..k0 + n as usize {
+                let slot = &mut leaf.ptes[k];
+                leaf.used += u32::from(slot.is_none());
+                *slot = Some(pte(v - first + (k - k0) as u64));
+                leaf.accessed[k / 64] &= !(1 << (k % 64));
+            }
+            v += n;
+        }
+    }
+
+    /// Remove the PTEs (and accessed bits) of `first..first + pages`.
+    pub fn remove_run(&mut self, first: u64, pages: u64) {
+        let mut v = first;
+        while v < first + pages {
+            let (b, k0) = split(v);
+            let n = (LEAF_PAGES - k0 as u64).min(first + pages - v);
+            if let Some(leaf) = self.leaves.get_mut(&b) {
+                for k in k0..k0 + n as usize {
+                    leaf.used -= u32::from(leaf.ptes[k].take().is_some());
+                    leaf.accessed[k / 64] &= !(1 << (k % 64));
+                }
+                if leaf.used == 0 {
+                    self.leaves.remove(&b);
+                }
+            }
+            v += n;
+        }
+    }
+
+    /// Whether the accessed bit of `vpn` is set.
+    pub fn accessed(&self, vpn: u64) -> bool {
+        let (b, k) = split(vpn);
+        self.leaves
+            .get(&b)
+            .is_some_and(|l| l.accessed[k / 64] & (1 << (k % 64)) != 0)
+    }
+
+    /// Set the accessed bit of `vpn` (a walk found its PTE); nothing if it has none.
+    pub fn set_accessed(&mut self, vpn: u64) {
+        let (b, k) = split(vpn);
+        if let Some(l) = self.leaves.get_mut(&b) {
+            if l.ptes[k].is_some() {
+                l.accessed[k / 64] |= 1 << (k % 64);
+            }
+        }
+    }
+
+    /// Clear the accessed bits of `first..first + pages`; returns whether any was set.
+    pub fn take_accessed(&mut self, first: u64, pages: u64) -> bool {
+        let mut any = false;
+        for v in first..first + pages {
+            let (b, k) = split(v);
+            if let Some(l) = self.leaves.get_mut(&b) {
+                any |= l.accessed[k / 64] & (1 << (k % 64)) != 0;
+                l.accessed[k / 64] &= !(1 << (k % 64));
+            }
+        }
+        any
+    }
+
+    /// Every PTE, in page order.
+    pub fn entries(&self) -> Vec<(u64, Pte)> {
+        let mut blocks: Vec<u64> = self.leaves.keys().copied().collect();
+        blocks.sort_unstable();
+        let mut out = Vec::new();
+        for b in blocks {
+            let leaf = &self.leaves[&b];
+            for (k, p) in leaf.ptes.iter().enumerate() {
+                if let Some(p) = p {
+                    out.push((b * LEAF_PAGES + k as u64, *p));
+                }
+            }
+        }
+        out
+    }
+}
