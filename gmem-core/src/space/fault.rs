@@ -1,9 +1,10 @@
 //! The fault path's implementation (the theory is in [`crate::fault`]): serving a
-//! fault, zero-fill, migration, eviction, prefetch.
+//! fault, zero-fill, migration, prefetch (eviction, which a fault may need, is in
+//! `evict`).
 
 use super::segments::Piece;
-use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, TableRun, MAX_TABLES};
-use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
+use crate::addr::{Pfn, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::{DeviceInner, FrameRun};
 use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
@@ -14,27 +15,12 @@ use crate::handle::{DeviceId, SpaceId};
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
 use crate::mmu::{Attrs, FramePlacement, FrameRequest};
-use crate::physmem::{EvictionPolicy, RESERVATION_PAGES};
+use crate::physmem::RESERVATION_PAGES;
 use crate::stats::Counters;
 use crate::sync::Arc;
-use alloc::vec::Vec;
-
-/// Eviction candidates examined per attempt (oldest first; pages that cannot be
-/// evicted now — wired, pending, or in a space whose lock is taken — are skipped).
-const EVICT_BATCH: usize = 16;
 
 /// The longest run a migration moves in one call (2 MiB).
 const MOVE_RUN_MAX: u64 = 512;
-
-/// What the eviction scan did with one candidate.
-enum Scan {
-    /// Moved to host memory.
-    Evicted,
-    /// Referenced since the last look: given a second chance.
-    Referenced,
-    /// Cannot be evicted now (wired, pending, the faulting page, a busy space).
-    Skipped,
-}
 
 impl SpaceState {
     /// Serve a fault of the device in attachment `slot`.
@@ -377,206 +363,6 @@ impl SpaceState {
         }
     }
 
-    /// Evict one page of `dev`'s memory that can be evicted now (pages of other spaces
-    /// only if their lock is free) to host memory. Returns whether one was.
-    ///
-    /// The scan walks the inactive queue from its head ([`crate::physmem`] ages the
-    /// active queue into it). Under [`EvictionPolicy::Fifo`] the first evictable
-    /// candidate goes. Under [`EvictionPolicy::Clock`] each candidate's accessed bits are
-    /// read and cleared in the tables that map it: a referenced page gets a second
-    /// chance (back to the active tail), the first unreferenced one goes. A sweep can
-    /// give every page a second chance, but after it every bit it saw is clear, so the
-    /// rounds are bounded by the evictable frames; a last round evicts FIFO (pages
-    /// re-referenced faster than the scan clears them must not make the fault fail).
-    fn evict_from(
-        &mut self,
-        cx: &Ctx<'_>,
-        space: &SpaceInner,
-        dev: &Arc<DeviceInner>,
-        keep_vpn: Vpn,
-    ) -> Result<bool, MoveError> {
-        let (policy, evictable) = {
-            let p = dev.phys.lock();
-            (p.policy(), p.evictable())
-        };
-        let rounds = match policy {
-            EvictionPolicy::Fifo => 1,
-            EvictionPolicy::Clock => evictable / EVICT_BATCH as u64 + 2,
-        };
-        for round in 0..rounds {
-            let policy = if round + 1 == rounds {
-                EvictionPolicy::Fifo
-            } else {
-                policy
-            };
-            let candidates = dev.phys.lock().eviction_candidates(EVICT_BATCH);
-            let mut second_chances = false;
-            for (pfn, owner) in candidates {
-                let scan = if owner.space == space.id {
-                    if owner.vpn == keep_vpn {
-                        Scan::Skipped
-                    } else {
-                        self.scan_evict(cx, owner.vpn, dev, pfn, policy, Some(keep_vpn))?
-                    }
-                } else if let Some(other) = cx.space(owner.space) {
-                    match other.try_lock() {
-                        Some(mut st) => st.scan_evict(cx, owner.vpn, dev, pfn, policy, None)?,
-                        None => Scan::Skipped,
-                    }
-                } else {
-                    Scan::Skipped
-                };
-                match scan {
-                    Scan::Evicted => return Ok(true),
-                    Scan::Referenced => second_chances = true,
-                    Scan::Skipped => {}
-                }
-            }
-            if !second_chances {
-                return Ok(false);
-            }
-        }
-        Ok(false)
-    }
-
-    /// One candidate of the eviction scan: page `vpn` on frame `pfn` of `dev`.
-    fn scan_evict(
-        &mut self,
-        cx: &Ctx<'_>,
-        vpn: Vpn,
-        dev: &Arc<DeviceInner>,
-        pfn: Pfn,
-        policy: EvictionPolicy,
-        keep_vpn: Option<Vpn>,
-    ) -> Result<Scan, MoveError> {
-        let e = self.lpt.get(vpn);
-        if !self.evictable(&e, dev, pfn) {
-            return Ok(Scan::Skipped);
-        }
-        let by_clock = match policy {
-            EvictionPolicy::Fifo => false,
-            EvictionPolicy::Clock => match self.page_referenced(cx.counters, vpn, e.mapped) {
-                None => false,
-                Some(referenced) => {
-                    Counters::add(&cx.counters.pages_scanned, 1);
-                    if referenced {
-                        dev.phys.lock().second_chance(pfn);
-                        Counters::add(&cx.counters.second_chances, 1);
-                        return Ok(Scan::Referenced);
-                    }
-                    true
-                }
-            },
-        };
-        let pages = self.evict_page(cx, vpn, dev, pfn, policy, keep_vpn)?;
-        if pages == 0 {
-            return Ok(Scan::Skipped);
-        }
-        let counter = match by_clock {
-            true => &cx.counters.evictions_clock,
-            false => &cx.counters.evictions_fifo,
-        };
-        Counters::add(counter, pages);
-        Ok(Scan::Evicted)
-    }
-
-    /// Read and clear the accessed bit of page `vpn` in every table of `mapped`; the
-    /// TLBs of every device using a table that reported it referenced are invalidated
-    /// for the page (a cached translation would let the device use the page without
-    /// setting the bit again). `None` when no table that maps the page keeps accessed
-    /// bits; a page mapped nowhere is unreferenced (a use would have faulted).
-    pub(super) fn page_referenced(&self, stats: &Counters, vpn: Vpn, mapped: u32) -> Option<bool> {
-        let range = VaRange {
-            start: vpn.addr(),
-            len: PAGE_SIZE,
-        };
-        let mut supported = mapped == 0;
-        let mut runs = Vec::new();
-        for (t, table) in self.tables.iter().enumerate() {
-            let Some(table) = table.as_ref().filter(|_| mapped & (1 << t) != 0) else {
-                continue;
-            };
-            if let Some(referenced) = table.mmu.test_and_clear_accessed(table.root, range) {
-                supported = true;
-                if referenced {
-                    runs.push(TableRun { table: t, range });
-                }
-            }
-        }
-        if !runs.is_empty() {
-            self.invalidate(stats, &runs);
-        }
-        supported.then_some(!runs.is_empty())
-    }
-
-    /// Whether page entry `e` (expected on frame `pfn` of `dev`) can be evicted now.
-    pub(super) fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
-        e.is_populated()
-            && e.pfn == pfn
-            && self.memories.get(e.mem).id == dev.id
-            && !e.has(PENDING)
-            && !SpaceState::is_wired(e)
-    }
-
-    /// Move page `vpn` (frame `pfn` of `dev`) to host memory, with the cold pages on
-    /// the frames after it as one run (see [`SpaceState::evict_run_len`]; never
-    /// `keep`). Returns the pages evicted (0: the page cannot be evicted now).
-    pub(crate) fn evict_page(
-        &mut self,
-        cx: &Ctx<'_>,
-        vpn: Vpn,
-        dev: &Arc<DeviceInner>,
-        pfn: Pfn,
-        policy: EvictionPolicy,
-        keep: Option<Vpn>,
-    ) -> Result<u64, MoveError> {
-        let e = self.lpt.get(vpn);
-        if !self.evictable(&e, dev, pfn) {
-            return Ok(0);
-        }
-        let owner = dev.phys.lock().owner(pfn).map(|o| o.space);
-        let Some(space_id) = owner else {
-            return Ok(0);
-        };
-        let host = cx.host.clone();
-        let run = self.evict_run_len(cx.counters, vpn, dev, policy, keep);
-        // One run, one frame request: its pages must share their attributes.
-        let run = if run > 1 && self.same_attrs(vpn, run) {
-            run
-        } else {
-            1
-        };
-        let asker = Asker {
-            device: None,
-            attrs: self.attrs_at(vpn),
-        };
-        let mut moved = 0;
-        for n in [run, 1] {
-            let placement = frame_placement(&host, space_id, vpn, n, asker);
-            let new = loop {
-                if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement, cx.counters)
-                {
-                    break Some(new);
-                }
-                // Host memory under pressure: break its oldest reservation first.
-                if n > 1 || !host.phys.lock().break_oldest_reservation() {
-                    break None;
-                }
-                Counters::add(&cx.counters.reservations_broken, 1);
-            };
-            if let Some(new) = new {
-                self.move_run(cx, vpn, n, &host, new)?;
-                moved = n;
-                break;
-            }
-            if n == 1 {
-                return Err(MoveError::OutOfMemory(host.id));
-            }
-        }
-        Counters::add(&cx.counters.evictions, moved);
-        Ok(moved)
-    }
-
     /// Move page `vpn` to `target` (migration under unique or on the remote hint).
     fn migrate_page(
         &mut self,
@@ -828,7 +614,7 @@ pub(super) struct Placed {
 /// `pages` frames of `dev` aligned to `align` pages, placed as the driver said: a
 /// requirement is the only place, a preference is tried first and then any frame (of
 /// the fallback class, for [`FramePlacement::PreferOrClass`]); a fallback is counted.
-fn alloc_placed(
+pub(super) fn alloc_placed(
     dev: &Arc<DeviceInner>,
     pages: u64,
     align: u64,
