@@ -343,32 +343,6 @@ pub(crate) struct SpaceState {
     doomed: Vec<unlocked::Doomed>,
 }
 
-/// Table runs whose entries were cleared and whose TLB invalidation is still owed.
-#[must_use = "cleared entries must be invalidated before anything they mapped is reused"]
-struct OwedInvalidation(Vec<TableRun>);
-
-/// One device's TLB invalidation of ranges of one page table.
-pub(crate) struct Shootdown {
-    mmu: Arc<dyn Mmu>,
-    root: PageTableRoot,
-    ranges: Vec<VaRange>,
-}
-
-impl Shootdown {
-    /// Invalidate and count it.
-    pub fn run(&self, stats: &Counters) {
-        self.mmu.invalidate(self.root, &self.ranges);
-        Counters::add(&stats.invalidations, 1);
-    }
-}
-
-/// One contiguous run of pages of one table, collected for unmapping.
-#[derive(Clone, Copy)]
-pub(crate) struct TableRun {
-    pub table: usize,
-    pub range: VaRange,
-}
-
 impl SpaceState {
     fn new(host: Arc<DeviceInner>) -> SpaceState {
         SpaceState {
@@ -557,160 +531,6 @@ impl SpaceState {
             | self.replica_mask()
     }
 
-    /// Install a contiguous run of pages (`first` .. `first + pages`, frames `pfn..` in
-    /// memory `mem`) into table `t` — with large leaves where the block, its frames and
-    /// its region allow (`large`) — then record the mapping bits.
-    #[allow(clippy::too_many_arguments)]
-    pub fn map_run(
-        &mut self,
-        stats: &Counters,
-        t: usize,
-        first: Vpn,
-        pages: u64,
-        pfn: Pfn,
-        mem: u8,
-        piece: segments::Piece,
-    ) -> Result<(), MmuError> {
-        self.install_run(stats, t, first, pages, pfn, mem, piece)?;
-        self.lpt.update_run(first, pages, |_, e| e.mapped |= 1 << t);
-        Ok(())
-    }
-
-    /// Map populated pages of `[first, first+pages)` into every table in `mask` that does
-    /// not have them yet, in physically contiguous runs.
-    pub fn mirror(
-        &mut self,
-        stats: &Counters,
-        first: Vpn,
-        pages: u64,
-        mask: u32,
-    ) -> Result<(), MmuError> {
-        if mask == 0 {
-            return Ok(());
-        }
-        let entries: Vec<(Vpn, PageEntry)> = self
-            .lpt
-            .entries_in(first, pages)
-            .filter(|(_, e)| e.is_populated())
-            .collect();
-        for t in 0..self.tables.len() {
-            if mask & (1 << t) == 0 || self.tables[t].is_none() {
-                continue;
-            }
-            let mut i = 0;
-            while i < entries.len() {
-                let (v0, e0) = entries[i];
-                if e0.mapped & (1 << t) != 0 || self.private_in_table(t, v0) {
-                    i += 1;
-                    continue;
-                }
-                let (region, region_end) = self
-                    .region_at(v0.addr().as_u64())
-                    .map(|(start, r)| (r.piece(), start + r.len))
-                    .unwrap_or((
-                        segments::Piece {
-                            prot: Prot::READ,
-                            attrs: Attrs::default(),
-                        },
-                        v0.addr().as_u64() + (1 << PAGE_SHIFT),
-                    ));
-                let piece = self.segments.at(region, v0);
-                let mut n = 1;
-                while i + (n as usize) < entries.len() {
-                    let (v, e) = entries[i + n as usize];
-                    // A run ends with its region: the next region has its own
-                    // protection and attributes, even when its frames follow on.
-                    if v != v0 + n
-                        || v.addr().as_u64() >= region_end
-                        || e.mem != e0.mem
-                        || e.pfn != e0.pfn + n
-                        || e.mapped & (1 << t) != 0
-                        || self.private_in_table(t, v)
-                        || self.segments.at(region, v) != piece
-                    {
-                        break;
-                    }
-                    n += 1;
-                }
-                // A no-access page is mapped by no table.
-                if !piece.prot.is_empty() {
-                    self.map_run(stats, t, v0, n, e0.pfn, e0.mem, piece)?;
-                }
-                i += n as usize;
-            }
-        }
-        Ok(())
-    }
-
-    /// Remove the mappings of `[first, first+pages)` from every table in `mask`: one
-    /// `unmap` per contiguous run and table, then one `invalidate` per device of each
-    /// table with all its runs.
-    pub fn unmap_pages(&mut self, stats: &Counters, first: Vpn, pages: u64, mask: u32) {
-        let touched: Vec<(Vpn, u32)> = self
-            .lpt
-            .entries_in(first, pages)
-            .filter(|(_, e)| e.mapped & mask != 0)
-            .map(|(v, e)| (v, e.mapped & mask))
-            .collect();
-        self.unmap_entries(stats, &touched);
-    }
-
-    /// [`SpaceState::unmap_pages`] for an address-ordered list of `(vpn, table bits)`.
-    pub fn unmap_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) {
-        let owed = self.clear_entries(stats, touched);
-        self.invalidate(stats, &owed.0);
-    }
-
-    /// Remove the mappings `touched` names from their tables without invalidating:
-    /// the runs whose invalidation is owed come back as a value that must be used.
-    fn clear_entries(&mut self, stats: &Counters, touched: &[(Vpn, u32)]) -> OwedInvalidation {
-        let runs = table_runs(touched);
-        self.large_unmapped(stats, &runs);
-        for &(v, bits) in touched {
-            self.lpt.update(v, |e| e.mapped &= !bits);
-        }
-        for run in &runs {
-            if let Some(table) = &self.tables[run.table] {
-                table.mmu.unmap(table.root, run.range);
-                Counters::add(&stats.mmu_unmaps, 1);
-            }
-        }
-        OwedInvalidation(runs)
-    }
-
-    /// Invalidate, for each table touched by `runs`, the TLB of every device using it:
-    /// one call per device with the table's whole list of ranges.
-    pub fn invalidate(&self, stats: &Counters, runs: &[TableRun]) {
-        for s in self.shootdowns(runs) {
-            s.run(stats);
-        }
-    }
-
-    /// The TLB invalidations `runs` need: for each table they touch, one per device
-    /// using it, with the table's whole list of ranges.
-    pub fn shootdowns(&self, runs: &[TableRun]) -> Vec<Shootdown> {
-        let mut out = Vec::new();
-        for (t, table) in self.tables.iter().enumerate() {
-            let Some(table) = table else { continue };
-            let ranges: Vec<VaRange> = runs
-                .iter()
-                .filter(|r| r.table == t)
-                .map(|r| r.range)
-                .collect();
-            if ranges.is_empty() {
-                continue;
-            }
-            for a in self.attached.iter().flatten().filter(|a| a.table == t) {
-                out.push(Shootdown {
-                    mmu: a.dev.mmu.clone(),
-                    root: table.root,
-                    ranges: ranges.clone(),
-                });
-            }
-        }
-        out
-    }
-
     /// Give a frame back to its memory (or quarantine it until its invalidation).
     pub fn release_frame(&self, e: &PageEntry, pending: bool) {
         if e.mem == NO_MEM || e.has(EXTERNAL) {
@@ -827,51 +647,6 @@ impl SpaceState {
     }
 }
 
-/// Group an address-ordered list of `(vpn, table bits)` into contiguous runs per table.
-pub(crate) fn table_runs(touched: &[(Vpn, u32)]) -> Vec<TableRun> {
-    let mut runs: Vec<TableRun> = Vec::new();
-    let mut open: [Option<(u64, u64)>; MAX_TABLES] = [None; MAX_TABLES];
-    let close = |t: usize, s: u64, n: u64, runs: &mut Vec<TableRun>| {
-        runs.push(TableRun {
-            table: t,
-            range: VaRange {
-                start: VirtAddr::new(s << PAGE_SHIFT),
-                len: n << PAGE_SHIFT,
-            },
-        });
-    };
-    // Only the tables this page maps or that have a run open need a look: a page
-    // costs its set bits, not all 32 slots.
-    let mut open_mask = 0u32;
-    for &(Vpn(v), bits) in touched {
-        let mut look = bits | open_mask;
-        while look != 0 {
-            let t = look.trailing_zeros() as usize;
-            look &= look - 1;
-            let has = bits & (1 << t) != 0;
-            match &mut open[t] {
-                Some((s, n)) if has && *s + *n == v => *n += 1,
-                slot => {
-                    if let Some((s, n)) = slot.take() {
-                        close(t, s, n, &mut runs);
-                        open_mask &= !(1 << t);
-                    }
-                    if has {
-                        *slot = Some((v, 1));
-                        open_mask |= 1 << t;
-                    }
-                }
-            }
-        }
-    }
-    for (t, slot) in open.iter_mut().enumerate() {
-        if let Some((s, n)) = slot.take() {
-            close(t, s, n, &mut runs);
-        }
-    }
-    runs
-}
-
 mod attach;
 mod large;
 mod memories;
@@ -886,6 +661,9 @@ mod compact;
 mod evict;
 mod fault;
 mod ops;
+mod tables;
+use tables::OwedInvalidation;
+pub(crate) use tables::{table_runs, Shootdown, TableRun};
 mod private;
 pub(crate) use private::PrivateRefusal;
 mod queue;
