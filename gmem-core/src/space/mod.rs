@@ -16,10 +16,12 @@
 //! all of it but `as_synchronize` on their own space, which waits for callbacks in
 //! flight). The state's fields are private to this module and its children, one per
 //! concern: `attach` (tables and attachments), `memories` (the memories page entries
-//! name), `fault` (the fault path), `queue` (the queue's work: enqueue, drain, strict
-//! unmaps), `ops` (region operations shared by several calls), `large` (large leaves:
-//! which runs get them, splits, promotion), `range` (protection of a page range),
-//! `check` (the invariants). The KPI modules reach it through methods.
+//! name), `fault` (the fault path), `evict` (the eviction scan and its runs), `tables`
+//! (edits of the device tables and the invalidations they owe), `queue` (the queue's
+//! work: enqueue, drain, strict unmaps), `ops` (region operations shared by several
+//! calls), `large` (large leaves: which runs get them, splits, promotion), `range`
+//! (protection of a page range), `check` (the invariants). The KPI modules reach it
+//! through methods.
 //!
 //! ## Coherence
 //! The logical page table records which page tables map each page. Every change of
