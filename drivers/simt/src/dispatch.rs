@@ -87,6 +87,13 @@ pub trait WarpScheduler {
     /// there is none. `age[i]` orders warps by when they became resident (smaller =
     /// older).
     fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize>;
+    /// [`WarpScheduler::pick`] given also `ready`, whose bit `i` is set exactly when
+    /// `ready_at[i] <= now` (the engine keeps it when a unit has at most 64 slots). A
+    /// scheduler may pick from the mask without scanning; the default calls `pick`.
+    fn pick_ready(&mut self, ready: u64, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
+        let _ = ready;
+        self.pick(ready_at, age, now)
+    }
 }
 
 /// Loose round-robin: the next ready slot after the last one issued.
@@ -104,6 +111,28 @@ impl WarpScheduler for LooseRoundRobin {
             .position(|&r| r <= now)
             .map(|i| from + i)
             .or_else(|| ready_at[..from].iter().position(|&r| r <= now))?;
+        self.last = i;
+        Some(i)
+    }
+    fn pick_ready(
+        &mut self,
+        ready: u64,
+        _ready_at: &[u64],
+        _age: &[u64],
+        _now: u64,
+    ) -> Option<usize> {
+        // `pick`'s order: the first ready slot at or after `last + 1`, else the first.
+        let from = self.last + 1;
+        let after = if from < 64 {
+            ready & (!0u64 << from)
+        } else {
+            0
+        };
+        let m = if after != 0 { after } else { ready };
+        if m == 0 {
+            return None;
+        }
+        let i = m.trailing_zeros() as usize;
         self.last = i;
         Some(i)
     }
@@ -169,5 +198,48 @@ mod tests {
         assert_eq!(gto.pick(&ready, &age, 10), Some(0));
         assert_eq!(gto.pick(&ready, &age, 1), Some(2));
         assert_eq!(gto.pick(&[DEAD], &[0], 9), None);
+    }
+
+    /// Loose round-robin's pick from the ready mask against its scan of `ready_at`,
+    /// over pseudo-random slot states and slot counts up to 64.
+    #[test]
+    fn picking_from_the_ready_mask_matches_the_scan() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let (mut picked, mut none) = (0, 0);
+        for n in [1usize, 2, 13, 63, 64] {
+            let (mut scan, mut mask) = (LooseRoundRobin::default(), LooseRoundRobin::default());
+            let mut ready = vec![0u64; n];
+            let age = vec![0u64; n];
+            for now in 0..3_000u64 {
+                let mut bits = 0u64;
+                for (i, r) in ready.iter_mut().enumerate() {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    *r = if x % 32 == 0 {
+                        DEAD
+                    } else {
+                        now + (x >> 40) % 64
+                    };
+                    if *r <= now {
+                        bits |= 1 << i;
+                    }
+                }
+                let want = scan.pick(&ready, &age, now);
+                assert_eq!(
+                    mask.pick_ready(bits, &ready, &age, now),
+                    want,
+                    "n {n} at {now}"
+                );
+                match want {
+                    Some(_) => picked += 1,
+                    None => none += 1,
+                }
+            }
+        }
+        assert!(
+            picked > 1000 && none > 1000,
+            "{picked} picks, {none} without"
+        );
     }
 }

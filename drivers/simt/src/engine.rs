@@ -25,7 +25,8 @@ use crate::kernel::{Kernel, Op, WarpIo, WarpProgram};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
 use gmem_core::{Gmem, PhysAddr, Prot, VirtAddr};
 use gmem_sim::{AccessError, Replacement, Resolved, Served, Tlb, TlbConfig};
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
 
 /// Why a launch failed.
@@ -138,6 +139,14 @@ struct Unit<W> {
     now: u64,
     warps: Vec<Option<Warp<W>>>,
     ready_at: Vec<u64>,
+    /// With at most 64 slots (`masked`): bit `i` set exactly when `ready_at[i] <= now`.
+    ready: u64,
+    /// With `masked`: `(ready_at, slot)` of each warp waiting on a latency, earliest
+    /// first; an entry whose slot's `ready_at` has changed since is stale and skipped.
+    wakes: BinaryHeap<Reverse<(u64, usize)>>,
+    /// The unit has at most 64 slots, so `ready` and `wakes` are kept and the scheduler
+    /// picks from the mask.
+    masked: bool,
     age: Vec<u64>,
     /// Warps left in each block slot (0 = free).
     left: Vec<u32>,
@@ -231,6 +240,9 @@ pub fn run<K: Kernel>(
                 now: 0,
                 warps: (0..slots * wpb).map(|_| None).collect(),
                 ready_at: vec![DEAD; slots * wpb],
+                ready: 0,
+                wakes: BinaryHeap::with_capacity(slots * wpb),
+                masked: slots * wpb <= 64,
                 age: vec![0; slots * wpb],
                 left: vec![0; slots],
                 live: 0,
@@ -284,8 +296,36 @@ pub fn run<K: Kernel>(
     {
         let unit = &mut units[u];
         let now = unit.now;
-        let Some(s) = unit.sched.pick(&unit.ready_at, &unit.age, now) else {
-            unit.now = unit.ready_at.iter().copied().min().expect("a live warp");
+        let picked = if unit.masked {
+            // Warps whose latency has elapsed join the ready mask.
+            while let Some(&Reverse((t, i))) = unit.wakes.peek() {
+                if t > now {
+                    break;
+                }
+                unit.wakes.pop();
+                if unit.ready_at[i] == t {
+                    unit.ready |= 1 << i;
+                }
+            }
+            unit.sched
+                .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
+        } else {
+            unit.sched.pick(&unit.ready_at, &unit.age, now)
+        };
+        let Some(s) = picked else {
+            unit.now = if unit.masked {
+                // Nothing is ready: every live warp waits in `wakes`, so the earliest
+                // valid entry is the minimum of `ready_at`.
+                loop {
+                    let Reverse((t, i)) = *unit.wakes.peek().expect("a live warp");
+                    if unit.ready_at[i] == t {
+                        break t;
+                    }
+                    unit.wakes.pop();
+                }
+            } else {
+                unit.ready_at.iter().copied().min().expect("a live warp")
+            };
             continue;
         };
         let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
@@ -319,6 +359,7 @@ pub fn run<K: Kernel>(
                 // The slot keeps the finished program for reuse; DEAD keeps it out of
                 // the schedulers.
                 unit.ready_at[s] = DEAD;
+                unit.ready &= !(1u64 << (s & 63));
                 unit.live -= 1;
                 unit.left[slot] -= 1;
                 unit.now += 1;
@@ -341,6 +382,10 @@ pub fn run<K: Kernel>(
             }
         };
         unit.ready_at[s] = now + 1 + wait;
+        if unit.masked {
+            unit.ready &= !(1u64 << s);
+            unit.wakes.push(Reverse((now + 1 + wait, s)));
+        }
         unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
@@ -380,6 +425,9 @@ fn place<K: Kernel>(
             }
         }
         unit.ready_at[i] = unit.now;
+        if unit.masked {
+            unit.ready |= 1 << i;
+        }
         unit.age[i] = *age;
         *age += 1;
     }
