@@ -11,8 +11,9 @@
 //!   random, in a space of four times the all-maximum live set (the original trace).
 //! - **fragmenting**: mixed sizes (half 1..=8 pages, three eighths 1..=32, one eighth
 //!   1..=128), random frees, in a space only 1.25x the largest live total the trace
-//!   ever reaches. Sizes above the quantum-cache limit reach the segment layer, and a
-//!   search-based best fit walks many free ranges.
+//!   ever reaches. A search-based best fit walks many free ranges; the cached arena
+//!   caches every size up to 128 pages (its largest), so it reaches the segment layer
+//!   only to import or flush a magazine.
 //! - **iommu**: the sizes Linux's IOVA range caches serve (powers of two, 1 to 32
 //!   pages, small ones most frequent) freed FIFO-ish (step `k` frees slot
 //!   `k + jitter`, jitter below 32), as DMA buffers are unmapped in roughly the order
@@ -231,7 +232,8 @@ enum Variant {
 
 fn arena(space: u64, v: Variant, cpus: usize) -> Arena {
     let (qcache_max, fit) = match v {
-        Variant::Cached => (32 * PAGE, FitPolicy::InstantFit),
+        // Every size the three traces use (the fragmenting trace's reach 128 pages).
+        Variant::Cached => (128 * PAGE, FitPolicy::InstantFit),
         Variant::Instant => (0, FitPolicy::InstantFit),
         Variant::Best => (0, FitPolicy::BestFit),
     };

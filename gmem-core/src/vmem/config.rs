@@ -28,9 +28,9 @@ pub struct ArenaConfig {
     /// The unit of allocation, a power of two: every span base and size, every
     /// allocation size and address is a multiple of it.
     pub quantum: u64,
-    /// Sizes up to and including this (a multiple of `quantum`, at most 64 quanta) are
-    /// served by per-size quantum caches; `0` disables the caches. Next-fit
-    /// allocations bypass the caches, so an arena whose `fit` is
+    /// Sizes up to and including this (a multiple of `quantum`, at most
+    /// [`crate::vmem::MAX_QCACHE_CLASSES`] quanta) are served by per-size quantum
+    /// caches; `0` disables the caches. Next-fit allocations bypass the caches, so an arena whose `fit` is
     /// [`FitPolicy::NextFit`] gains nothing from them.
     pub qcache_max: u64,
     /// Quantum caches use per-CPU magazines and a depot (Bonwick & Adams 2001) when

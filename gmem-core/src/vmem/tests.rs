@@ -90,7 +90,7 @@ fn new_rejects_bad_quantum_and_bad_qcache_max() {
             Some(ArenaError::BadQuantum { quantum })
         );
     }
-    for qcache_max in [0x800, 0x1800, 65 * Q] {
+    for qcache_max in [0x800, 0x1800, (MAX_QCACHE_CLASSES + 1) * Q] {
         let cfg = ArenaConfig {
             qcache_max,
             ..ArenaConfig::new(Q)
