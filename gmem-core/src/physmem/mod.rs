@@ -405,6 +405,7 @@ impl PhysMem {
         self.queues[q].len += 1;
     }
 
+    #[inline]
     fn set_state(&mut self, i: u32, state: FrameState) {
         let old = self.frames[i as usize].state;
         if self.groups.is_some() {
@@ -413,10 +414,12 @@ impl PhysMem {
                 g.on_state(pfn, old, state);
             }
         }
-        if old == FrameState::Pending {
-            self.pending -= 1;
+        match old {
+            FrameState::Pending => self.pending -= 1,
+            FrameState::Active | FrameState::Inactive | FrameState::Wired => self.unlink(i),
+            // Free and reserved frames are on no queue.
+            FrameState::Free | FrameState::Reserved => {}
         }
-        self.unlink(i);
         match state {
             FrameState::Active | FrameState::Inactive | FrameState::Wired => {
                 self.push_tail(i, state)

@@ -322,14 +322,7 @@ impl PhysMem {
                 space,
                 vpn: Vpn(block + k),
             });
-            let old = self.frames[i as usize].state;
-            if self.groups.is_none() && matches!(old, FrameState::Reserved | FrameState::Free) {
-                // Reserved (or, just reserved, free) -> in use: on no queue and not
-                // pending before, so only the queue push of `set_state` has work.
-                self.push_tail(i, state);
-            } else {
-                self.set_state(i, state);
-            }
+            self.set_state(i, state);
         }
     }
 
