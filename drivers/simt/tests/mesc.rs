@@ -31,28 +31,32 @@ fn discrete(design: Design, pages: u64) -> SimtMachine {
 /// The space's data starts at 4 GiB (see `SimtMachine::new`).
 const BASE: u64 = 1 << 32;
 
+/// Run ATAX (medium) on `m` built with design `d`: the output verifies, every cached
+/// translation equals a fresh walk, and only MESC designs touch subregion entries.
+/// Returns the walks.
+fn atax_walks(m: &SimtMachine, d: Design, pages: u64) -> u64 {
+    let o = workloads::run(m, "atax", Size::Medium).unwrap();
+    assert!(o.verified, "{d:?}: atax did not verify");
+    let checked = m
+        .audit_tlbs((0..pages).map(|p| BASE + p * PAGE_SIZE))
+        .unwrap();
+    assert!(checked > 0, "{d:?}: nothing cached to audit");
+    let ds = m.design_stats().unwrap();
+    if d.mesc() {
+        assert!(ds.subregion_hits > 0, "{d:?}: no subregion entry ever hit");
+    } else {
+        assert_eq!((ds.subregion_hits, ds.extra_reads), (0, 0));
+    }
+    m.gpu_mmu().caches.walks
+}
+
 #[test]
 fn every_design_serves_what_a_walk_gives_and_workloads_verify() {
     // Medium: the matrix spans two 2 MiB blocks, so THP has aligned blocks to use.
     let pages = pages_needed("atax", Size::Medium);
     let mut walks = Vec::new();
     for d in Design::ALL {
-        let m = machine(d, pages);
-        let o = workloads::run(&m, "atax", Size::Medium).unwrap();
-        assert!(o.verified, "{d:?}: atax did not verify");
-        let checked = m
-            .audit_tlbs((0..pages).map(|p| BASE + p * PAGE_SIZE))
-            .unwrap();
-        assert!(checked > 0, "{d:?}: nothing cached to audit");
-        let s = m.gpu_mmu().caches;
-        walks.push((d, s.walks));
-        let ds = m.design_stats().unwrap();
-        if d.mesc() {
-            assert!(ds.subregion_hits > 0, "{d:?}: no subregion entry ever hit");
-        } else {
-            assert_eq!(ds.subregion_hits, 0);
-            assert_eq!(ds.extra_reads, 0);
-        }
+        walks.push((d, atax_walks(&machine(d, pages), d, pages)));
     }
     let of = |d| walks.iter().find(|w| w.0 == d).unwrap().1;
     // On an unfragmented memory, the allocator's runs let MESC walk far less.
@@ -65,20 +69,7 @@ fn every_design_on_the_discrete_gpu_serves_what_a_walk_gives_and_workloads_verif
     let pages = pages_needed("atax", Size::Medium);
     let mut walks = Vec::new();
     for d in Design::ALL {
-        let m = discrete(d, pages);
-        let o = workloads::run(&m, "atax", Size::Medium).unwrap();
-        assert!(o.verified, "{d:?}: atax did not verify");
-        let checked = m
-            .audit_tlbs((0..pages).map(|p| BASE + p * PAGE_SIZE))
-            .unwrap();
-        assert!(checked > 0, "{d:?}: nothing cached to audit");
-        walks.push((d, m.gpu_mmu().caches.walks));
-        let ds = m.design_stats().unwrap();
-        if d.mesc() {
-            assert!(ds.subregion_hits > 0, "{d:?}: no subregion entry ever hit");
-        } else {
-            assert_eq!((ds.subregion_hits, ds.extra_reads), (0, 0));
-        }
+        walks.push((d, atax_walks(&discrete(d, pages), d, pages)));
     }
     let of = |d| walks.iter().find(|w| w.0 == d).unwrap().1;
     // Video memory is unfragmented: the pages migrated in keep runs MESC coalesces.
