@@ -281,7 +281,7 @@ pub fn run(
         .zip(&objects)
         .map(|(r, o)| (*r, o.bytes))
         .collect();
-    let mut x = Exec::new(&m, opts, &with_len);
+    let mut x = Exec::new(&m, opts, &with_len)?;
     w.run(&mut x, &base)?;
     let report = x.finish();
     let verified = w.verify(&m, &base)?;
@@ -316,7 +316,7 @@ pub fn profiles(cfg: &HbmConfig, w: &dyn Workload) -> Result<Vec<Option<Profile>
         migrate_on_first_touch: false,
         profile: true,
     };
-    let mut x = Exec::new(&m, opts, &[]);
+    let mut x = Exec::new(&m, opts, &[])?;
     other.run(&mut x, &base)?;
     let samples = x.finish().samples;
     Ok(oo

@@ -5,12 +5,12 @@
 //! slot in its stack falls back to fine grain and is counted.
 
 use crate::coda::{plan, profiles, run, Config, Inputs};
-use crate::config::{HbmConfig, SmModel};
+use crate::config::{CacheModel, HbmConfig, SmModel};
 use crate::decode::Granularity;
 use crate::exec::{Exec, ExecOptions, Schedule};
 use crate::graphs::{Algo, GraphKind, GraphWork};
 use crate::machine::HbmMachine;
-use crate::memory::Requester;
+use crate::memory::{Requester, CHUNK};
 use crate::workloads::*;
 use gmem_core::PAGE_SIZE;
 use std::boxed::Box;
@@ -107,20 +107,34 @@ fn coda_keeps_block_exclusive_data_local() {
 
 #[test]
 fn the_sm_model_prices_what_each_sm_really_did() {
-    let c = cfg();
     let n = 16384u64;
     let w = VecAdd { n };
-    for k in [Config::Fgp, Config::Coda] {
+    for (k, cache) in [Config::Fgp, Config::Coda]
+        .into_iter()
+        .flat_map(|k| [(k, CacheModel::default()), (k, CacheModel::off())])
+    {
+        let c = HbmConfig { cache, ..cfg() };
         let r = run(&c, &w, k, false, &Inputs::default()).unwrap();
         let loads = &r.report.sm_loads[0];
         // Two words loaded, one stored and one add per element, over all SMs.
         let ops: u64 = loads.iter().map(|l| l.thread_ops).sum();
         assert_eq!(ops, 4 * n);
-        // The per-SM bytes add up to the launch's SM traffic.
+        // The per-SM bytes (their misses) and the L2s' write-backs add up to the
+        // launch's SM traffic; without caches every access is the SM's own.
         let t = r.report.traffic();
         let local: u64 = loads.iter().map(|l| l.local).sum();
         let remote: u64 = loads.iter().map(|l| l.remote).sum();
-        assert_eq!((local, remote), (t.local, t.remote));
+        let wb = r.report.cache.writebacks * CHUNK;
+        assert_eq!(local + remote + wb, t.local + t.remote);
+        if cache.enabled {
+            // Streaming: each input line missed once, each output line written back once.
+            assert_eq!(r.report.cache.misses * CHUNK, 2 * n * 4);
+            assert_eq!(wb, n * 4);
+            let hits: u64 = loads.iter().map(|l| l.l1_hits).sum();
+            assert_eq!(hits, r.report.cache.l1_hits);
+        } else {
+            assert_eq!((r.report.cache.writebacks, r.report.cache.l1_hits), (0, 0));
+        }
         assert!(
             loads.iter().all(|l| l.thread_ops > 0),
             "every SM ran blocks"
@@ -148,7 +162,7 @@ fn flipping_a_pages_granularity_bit_without_moving_its_data_fails_verification()
             migrate_on_first_touch: false,
             profile: false,
         };
-        let mut x = Exec::new(&m, opts, &[]);
+        let mut x = Exec::new(&m, opts, &[]).unwrap();
         w.run(&mut x, &base).unwrap();
         assert!(w.verify(&m, &base).unwrap());
         // The second page of the result: its frame's mode is as placed.
@@ -208,7 +222,7 @@ fn a_page_group_never_mixes_modes() {
             .zip(&objects)
             .map(|(r, o)| (*r, o.bytes))
             .collect();
-        let mut x = Exec::new(&m, opts, &with_len);
+        let mut x = Exec::new(&m, opts, &with_len).unwrap();
         w.run(&mut x, &base).unwrap();
         assert!(w.verify(&m, &base).unwrap());
         m.check_invariants().unwrap();

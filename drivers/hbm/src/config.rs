@@ -33,6 +33,92 @@ pub struct HbmConfig {
     pub remote_gbps: f64,
     /// The near-data SMs' issue and latency model.
     pub sm: SmModel,
+    /// The SMs' data caches (per-SM L1, per-stack L2; [`crate::dcache`]).
+    pub cache: CacheModel,
+}
+
+/// The near-data SMs' data caches: a per-SM L1 and, in each stack's logic layer, an
+/// L2 shared by that stack's SMs, both of 128-byte lines, set-associative, LRU
+/// ([`crate::dcache`] says why the L2 sits beside the SMs and not beside the memory).
+///
+/// Geometry quoted from memory of GPGPU-Sim's GTX 480 (Fermi) configuration, as
+/// [`SmModel`] is, not re-checked: L1 data cache 32 sets × 4 ways × 128 B = 16 KiB per
+/// SM (the 16 KiB L1 / 48 KiB shared-memory split), L2 768 KiB in all, here 192 KiB
+/// per stack (192 sets × 8 ways × 128 B; four stacks of four SMs stand for the GTX
+/// 480's 15 SMs). Hit latencies are the SIMT model's (`gmem_simt::cost::CostModel`:
+/// L1 28 cycles, L2 193 cycles, recalled unverified) at the 1.4 GHz SM clock: 20 ns
+/// and 138 ns. The same caches serve every configuration of an experiment.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheModel {
+    /// Model the caches (off: every access goes to memory, the model before caches).
+    pub enabled: bool,
+    /// Sets of each SM's L1.
+    pub l1_sets: usize,
+    /// Ways of each SM's L1.
+    pub l1_ways: usize,
+    /// Sets of each stack's L2.
+    pub l2_sets: usize,
+    /// Ways of each stack's L2.
+    pub l2_ways: usize,
+    /// Latency of an L1 hit, ns.
+    pub l1_hit_ns: f64,
+    /// Latency of an L2 hit (and of a store reaching the L2), ns.
+    pub l2_hit_ns: f64,
+}
+
+impl Default for CacheModel {
+    /// The GTX 480 geometry above.
+    fn default() -> Self {
+        CacheModel {
+            enabled: true,
+            l1_sets: 32,
+            l1_ways: 4,
+            l2_sets: 192,
+            l2_ways: 8,
+            l1_hit_ns: 20.0,
+            l2_hit_ns: 138.0,
+        }
+    }
+}
+
+impl CacheModel {
+    /// No caches: every access is a memory transaction.
+    pub fn off() -> CacheModel {
+        CacheModel {
+            enabled: false,
+            ..CacheModel::default()
+        }
+    }
+
+    /// Bytes of one SM's L1.
+    pub fn l1_bytes(&self) -> u64 {
+        (self.l1_sets * self.l1_ways) as u64 * crate::memory::CHUNK
+    }
+
+    /// Bytes of one stack's L2.
+    pub fn l2_bytes(&self) -> u64 {
+        (self.l2_sets * self.l2_ways) as u64 * crate::memory::CHUNK
+    }
+}
+
+impl fmt::Display for CacheModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.enabled {
+            return write!(f, "no data caches");
+        }
+        write!(
+            f,
+            "L1 {} KiB/SM ({}x{} lines, {} ns), L2 {} KiB/stack ({}x{} lines, {} ns), 128-B lines, LRU, L1 write-through, L2 write-back",
+            self.l1_bytes() >> 10,
+            self.l1_sets,
+            self.l1_ways,
+            self.l1_hit_ns,
+            self.l2_bytes() >> 10,
+            self.l2_sets,
+            self.l2_ways,
+            self.l2_hit_ns
+        )
+    }
 }
 
 /// A near-data SM as the cost model sees it: it issues warp instructions at a fixed
@@ -113,6 +199,7 @@ impl Default for HbmConfig {
             host_gbps: 128.0,
             remote_gbps: 16.0,
             sm: SmModel::default(),
+            cache: CacheModel::default(),
         }
     }
 }
@@ -126,6 +213,8 @@ pub enum ConfigError {
     Chunk(u64),
     /// Stack size or base not aligned (4 KiB per stack, a page group at the base).
     Alignment,
+    /// A data cache with no set or way, or more than 2^20 lines.
+    Cache,
 }
 
 impl fmt::Display for ConfigError {
@@ -134,6 +223,7 @@ impl fmt::Display for ConfigError {
             ConfigError::Stacks(n) => write!(f, "{n} stacks: need a power of two >= 2"),
             ConfigError::Chunk(c) => write!(f, "fine-grain chunk {c} does not divide a page"),
             ConfigError::Alignment => write!(f, "stack size or base not aligned"),
+            ConfigError::Cache => write!(f, "data cache geometry out of range"),
         }
     }
 }
@@ -158,6 +248,13 @@ impl HbmConfig {
             || self.base.as_u64() % self.group_bytes() != 0
         {
             return Err(ConfigError::Alignment);
+        }
+        let c = &self.cache;
+        let fits = |sets: usize, ways: usize| {
+            sets > 0 && ways > 0 && sets.checked_mul(ways).is_some_and(|n| n <= 1 << 20)
+        };
+        if c.enabled && !(fits(c.l1_sets, c.l1_ways) && fits(c.l2_sets, c.l2_ways)) {
+            return Err(ConfigError::Cache);
         }
         Ok(())
     }
@@ -202,7 +299,7 @@ impl fmt::Display for HbmConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} stacks x {} SMs, {} MiB/stack, fine-grain chunk {} B, local {} GB/s, host {} GB/s, remote {} GB/s; {}",
+            "{} stacks x {} SMs, {} MiB/stack, fine-grain chunk {} B, local {} GB/s, host {} GB/s, remote {} GB/s; {}; {}",
             self.stacks,
             self.sms_per_stack,
             self.stack_bytes >> 20,
@@ -210,7 +307,8 @@ impl fmt::Display for HbmConfig {
             self.local_gbps,
             self.host_gbps,
             self.remote_gbps,
-            self.sm
+            self.sm,
+            self.cache
         )
     }
 }

@@ -4,16 +4,18 @@
 //! 16 GB/s for the remote network, swept up to 256 GB/s aggregate; the SMs' clock,
 //! warps and latencies come from a Fermi SM, [`crate::config::SmModel`]).
 //!
-//! It claims the *shape* of the paper's results, not a cycle-level timing (no caches,
-//! no queueing, no DRAM timing):
+//! It claims the *shape* of the paper's results, not a cycle-level timing (no queueing,
+//! no DRAM timing). Traffic is what got past the SMs' data caches ([`crate::dcache`]):
+//! line misses and write-backs.
 //! - **near-data kernels, bandwidth bound:** each stack's SMs pull their local bytes
 //!   at the local bandwidth; all remote bytes share the remote network:
 //!   `max(max_s local_s / local, remote / remote_bw)`.
 //! - **near-data kernels, SM bound:** each SM issues the warp instructions of the
 //!   blocks it ran (`thread ops / warp threads / issue rate / clock`), and waits on its
-//!   memory transactions with one in flight per resident warp
-//!   (`(local_tx · L + remote_tx · (L + hop)) / warps`); the SM takes the larger of
-//!   the two. Thread operations are the executor's counts of what the kernel did: one
+//!   memory accesses with one in flight per resident warp
+//!   (`(l1_hits · L1 + l2_hits · L2 + local_tx · L + remote_tx · (L + hop)) / warps`,
+//!   a store counting as an L2 access: write-backs are posted, so they load the
+//!   bandwidth bound, not an SM's wait); the SM takes the larger of the two. Thread operations are the executor's counts of what the kernel did: one
 //!   per word loaded or stored, plus the arithmetic the kernel reports at the point
 //!   it computes ([`crate::exec::Ctx::alu`]).
 //! - a kernel takes the larger of the two bounds. A stack that got more thread blocks
@@ -40,6 +42,10 @@ pub struct SmLoad {
     pub local: u64,
     /// Bytes of its transactions to other stacks.
     pub remote: u64,
+    /// Its line loads served by its L1.
+    pub l1_hits: u64,
+    /// Its line loads served by its stack's L2, and its line stores.
+    pub l2_hits: u64,
 }
 
 /// The time in ns one SM needs for `load`: the larger of its issue time and its
@@ -50,7 +56,9 @@ pub fn sm_bound_ns(cfg: &HbmConfig, load: &SmLoad) -> f64 {
         load.thread_ops as f64 / f64::from(m.warp_threads.max(1)) / (m.issue_per_cycle * m.ghz);
     let chunk = CHUNK as f64;
     let latency = (load.local as f64 / chunk * m.local_latency_ns
-        + load.remote as f64 / chunk * (m.local_latency_ns + m.remote_hop_ns))
+        + load.remote as f64 / chunk * (m.local_latency_ns + m.remote_hop_ns)
+        + load.l1_hits as f64 * cfg.cache.l1_hit_ns
+        + load.l2_hits as f64 * cfg.cache.l2_hit_ns)
         / f64::from(m.warps.max(1));
     issue.max(latency)
 }
@@ -136,9 +144,8 @@ mod tests {
         let w = f64::from(m.warps);
         // 48 local transactions: one round trip of the local latency.
         let local = SmLoad {
-            thread_ops: 0,
             local: 48 * CHUNK,
-            remote: 0,
+            ..SmLoad::default()
         };
         assert!((sm_bound_ns(&cfg, &local) - m.local_latency_ns * 48.0 / w).abs() < 1e-9);
         let remote = SmLoad {
@@ -155,5 +162,17 @@ mod tests {
         // The kernel takes the slower of the bandwidth and the SM bound.
         let by = [Traffic::default(); 4];
         assert!((sm_time_ns(&cfg, &by, &[alu, local]) - sm_bound_ns(&cfg, &alu)).abs() < 1e-9);
+        // 48 L1 hits wait one L1 latency, 48 L2 hits one L2 latency: both below memory.
+        let l1 = SmLoad {
+            l1_hits: 48,
+            ..SmLoad::default()
+        };
+        let l2 = SmLoad {
+            l2_hits: 48,
+            ..SmLoad::default()
+        };
+        assert!((sm_bound_ns(&cfg, &l1) - cfg.cache.l1_hit_ns * 48.0 / w).abs() < 1e-9);
+        assert!(sm_bound_ns(&cfg, &l1) < sm_bound_ns(&cfg, &l2));
+        assert!(sm_bound_ns(&cfg, &l2) < sm_bound_ns(&cfg, &local));
     }
 }

@@ -3,8 +3,14 @@
 //! request of contiguous bytes; a gather is one call per element). Blocks run one
 //! after another on the SM the schedule gives them — order does not change traffic.
 //! Per launch it counts, for every SM, the thread operations its blocks did (words
-//! loaded and stored, arithmetic reported with [`Ctx::alu`]) and the bytes of their
-//! local and remote transactions: what the cost model prices ([`crate::cost`]).
+//! loaded and stored, arithmetic reported with [`Ctx::alu`]), their line accesses
+//! served by the data caches and the bytes of the local and remote transactions that
+//! missed them: what the cost model prices ([`crate::cost`]). An SM's accesses go
+//! through its L1 and its stack's L2 ([`crate::dcache`]), which decide what is traffic
+//! (the bytes always move through memory); each launch ends with the caches flushed
+//! (a kernel boundary). These counts are tallied as the accesses happen, not by
+//! snapshotting the memory's counters around each block; the host's blocks, uncached,
+//! still take a snapshot each (a host window is priced per stack).
 //!
 //! Schedules (§4.3.1): round robin over all SMs (a baseline GPU's), or *affinity*:
 //! block `b` runs in stack `(b / blocks_per_stack) mod stacks`, the stack that CODA's
@@ -20,10 +26,11 @@
 
 use crate::config::HbmConfig;
 use crate::cost::{delta, host_window_ns, sm_time_ns, total, SmLoad};
+use crate::dcache::{CacheStats, DataCaches, Served};
 use crate::decode::Granularity;
 use crate::machine::{HbmMachine, MachineError};
-use crate::memory::{Requester, Traffic};
-use gmem_core::{Region, PAGE_SIZE};
+use crate::memory::{Requester, Traffic, CHUNK};
+use gmem_core::{PhysAddr, Region, PAGE_SIZE};
 use std::collections::{BTreeMap, HashMap};
 use std::vec::Vec;
 
@@ -105,7 +112,9 @@ pub struct Ctx<'a> {
     opts: ExecOptions,
     objects: &'a BTreeMap<u64, (u64, Region)>,
     rec: &'a mut Record,
-    ops: u64,
+    caches: &'a mut DataCaches,
+    /// What the block did so far (an SM's block; the host's counts only `thread_ops`).
+    load: SmLoad,
 }
 
 impl Ctx<'_> {
@@ -162,7 +171,17 @@ impl Ctx<'_> {
             if at >= start + len {
                 continue;
             }
+            if let Some(frame) = self.m.frame(at) {
+                let _ = self
+                    .caches
+                    .evict_page(self.m.memory(), frame)
+                    .map_err(MachineError::Memory)?;
+            }
+            let before = self.m.memory().traffic();
             let landed = self.m.migrate_page(region, self.who, at, stack)?;
+            let after = self.m.memory().traffic();
+            self.load.local += after.local - before.local;
+            self.load.remote += after.remote - before.remote;
             self.rec.migrations += 1;
             if landed.map(|l| l.0) == Some(Granularity::Fine) {
                 self.rec.migrations_fine += 1;
@@ -174,7 +193,43 @@ impl Ctx<'_> {
     /// Report `n` thread-level arithmetic operations the block just did (the cost
     /// model's issue time counts them with the words loaded and stored).
     pub fn alu(&mut self, n: u64) {
-        self.ops += n;
+        self.load.thread_ops += n;
+    }
+
+    /// Read `buf.len()` bytes at `va`: an SM's through its caches, the host's directly.
+    fn read(&mut self, va: u64, buf: &mut [u8]) -> Result<(), MachineError> {
+        let Requester::Sm(sm) = self.who else {
+            return self.m.load(self.who, va, buf);
+        };
+        let mem = self.m.memory();
+        let (caches, load) = (&mut *self.caches, &mut self.load);
+        self.m.load_via(self.who, va, buf, |pa, g, n| {
+            let first = pa.as_u64() / CHUNK;
+            let last = (pa.as_u64() + n - 1) / CHUNK;
+            for line in first..=last {
+                tally(load, caches.load(mem, sm, PhysAddr::new(line * CHUNK), g)?);
+            }
+            Ok(())
+        })
+    }
+
+    /// Write `data` at `va`: an SM's through its caches, the host's directly.
+    fn write(&mut self, va: u64, data: &[u8]) -> Result<(), MachineError> {
+        let Requester::Sm(sm) = self.who else {
+            return self.m.store(self.who, va, data);
+        };
+        let mem = self.m.memory();
+        let (caches, load) = (&mut *self.caches, &mut self.load);
+        self.m.store_via(self.who, va, data, |pa, g, n| {
+            let (start, end) = (pa.as_u64(), pa.as_u64() + n);
+            let mut at = start;
+            while at < end {
+                let to = ((at / CHUNK + 1) * CHUNK).min(end);
+                tally(load, caches.store(mem, sm, PhysAddr::new(at), to - at, g)?);
+                at = to;
+            }
+            Ok(())
+        })
     }
 
     /// Load `n` words at `va`.
@@ -182,9 +237,13 @@ impl Ctx<'_> {
     /// # Errors
     /// As [`HbmMachine::load`].
     pub fn load_u32s(&mut self, va: u64, n: usize) -> Result<Vec<u32>, MachineError> {
-        self.ops += n as u64;
+        self.load.thread_ops += n as u64;
         self.note(va, n as u64 * 4)?;
-        self.m.load_u32s(self.who, va, n)
+        let mut b = std::vec![0u8; n * 4];
+        self.read(va, &mut b)?;
+        Ok(b.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Load one word at `va`.
@@ -200,9 +259,10 @@ impl Ctx<'_> {
     /// # Errors
     /// As [`HbmMachine::store`].
     pub fn store_u32s(&mut self, va: u64, w: &[u32]) -> Result<(), MachineError> {
-        self.ops += w.len() as u64;
+        self.load.thread_ops += w.len() as u64;
         self.note(va, w.len() as u64 * 4)?;
-        self.m.store_u32s(self.who, va, w)
+        let b: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.write(va, &b)
     }
 
     /// Load `n` floats at `va`.
@@ -210,9 +270,11 @@ impl Ctx<'_> {
     /// # Errors
     /// As [`HbmMachine::load`].
     pub fn load_f32s(&mut self, va: u64, n: usize) -> Result<Vec<f32>, MachineError> {
-        self.ops += n as u64;
-        self.note(va, n as u64 * 4)?;
-        self.m.load_f32s(self.who, va, n)
+        Ok(self
+            .load_u32s(va, n)?
+            .into_iter()
+            .map(f32::from_bits)
+            .collect())
     }
 
     /// Load one float at `va`.
@@ -228,9 +290,20 @@ impl Ctx<'_> {
     /// # Errors
     /// As [`HbmMachine::store`].
     pub fn store_f32s(&mut self, va: u64, v: &[f32]) -> Result<(), MachineError> {
-        self.ops += v.len() as u64;
-        self.note(va, v.len() as u64 * 4)?;
-        self.m.store_f32s(self.who, va, v)
+        let w: Vec<u32> = v.iter().map(|x| x.to_bits()).collect();
+        self.store_u32s(va, &w)
+    }
+}
+
+/// Add what the caches made of one line access to a block's counts.
+fn tally(load: &mut SmLoad, served: Served) {
+    match served {
+        Served::L1 => load.l1_hits += 1,
+        Served::L2 => load.l2_hits += 1,
+        Served::Memory(t) => {
+            load.local += t.local;
+            load.remote += t.remote;
+        }
     }
 }
 
@@ -254,6 +327,8 @@ pub struct ExecReport {
     pub migrations_fine: u64,
     /// `(block, address)` of every access, when profiling.
     pub samples: Vec<(u64, u64)>,
+    /// The SMs' data caches' counters over the run.
+    pub cache: CacheStats,
 }
 
 impl ExecReport {
@@ -282,13 +357,23 @@ pub struct Exec<'m> {
     opts: ExecOptions,
     objects: BTreeMap<u64, (u64, Region)>,
     rec: Record,
+    caches: DataCaches,
     report: ExecReport,
 }
 
 impl<'m> Exec<'m> {
-    /// An executor over `m` whose objects (for migration) are `(region, bytes)`.
-    pub fn new(m: &'m HbmMachine, opts: ExecOptions, objects: &[(Region, u64)]) -> Exec<'m> {
-        Exec {
+    /// An executor over `m` whose objects (for migration) are `(region, bytes)`, with
+    /// empty data caches of `m`'s [`crate::config::CacheModel`].
+    ///
+    /// # Errors
+    /// [`MachineError::Config`] if the cache geometry is refused.
+    pub fn new(
+        m: &'m HbmMachine,
+        opts: ExecOptions,
+        objects: &[(Region, u64)],
+    ) -> Result<Exec<'m>, MachineError> {
+        let caches = DataCaches::new(m.config()).map_err(MachineError::Config)?;
+        Ok(Exec {
             m,
             opts,
             objects: objects
@@ -296,8 +381,9 @@ impl<'m> Exec<'m> {
                 .map(|&(r, len)| (r.start.as_u64(), (len, r)))
                 .collect(),
             rec: Record::default(),
+            caches,
             report: ExecReport::default(),
-        }
+        })
     }
 
     /// The machine.
@@ -321,7 +407,7 @@ impl<'m> Exec<'m> {
         let mut sms = std::vec![SmLoad::default(); cfg.sms() as usize];
         for b in 0..blocks {
             let who = self.opts.schedule.runner(&cfg, b);
-            let before = mem.traffic_by_stack();
+            let before = (who == Requester::Host).then(|| mem.traffic_by_stack());
             let mut ctx = Ctx {
                 m: self.m,
                 who,
@@ -330,23 +416,30 @@ impl<'m> Exec<'m> {
                 opts: self.opts,
                 objects: &self.objects,
                 rec: &mut self.rec,
-                ops: 0,
+                caches: &mut self.caches,
+                load: SmLoad::default(),
             };
             f(&mut ctx)?;
-            let ops = ctx.ops;
-            let block = delta(&mem.traffic_by_stack(), &before);
-            match who {
-                Requester::Host => self.report.host_ns += host_window_ns(&cfg, &block),
-                Requester::Sm(sm) => {
-                    let t = total(&block);
+            let done = ctx.load;
+            match (who, before) {
+                (Requester::Host, Some(before)) => {
+                    let block = delta(&mem.traffic_by_stack(), &before);
+                    self.report.host_ns += host_window_ns(&cfg, &block);
+                }
+                (Requester::Sm(sm), _) => {
                     if let Some(l) = sms.get_mut(sm as usize) {
-                        l.thread_ops += ops;
-                        l.local += t.local;
-                        l.remote += t.remote;
+                        l.thread_ops += done.thread_ops;
+                        l.local += done.local;
+                        l.remote += done.remote;
+                        l.l1_hits += done.l1_hits;
+                        l.l2_hits += done.l2_hits;
                     }
                 }
+                (Requester::Host, None) => {}
             }
         }
+        // The kernel boundary: dirty lines go home (the launch's traffic), caches empty.
+        let _ = self.caches.flush(mem).map_err(MachineError::Memory)?;
         self.report
             .launches
             .push(delta(&mem.traffic_by_stack(), &start));
@@ -363,6 +456,7 @@ impl<'m> Exec<'m> {
         self.report.migrations = self.rec.migrations;
         self.report.migrations_fine = self.rec.migrations_fine;
         self.report.samples = self.rec.samples;
+        self.report.cache = self.caches.stats();
         self.report
     }
 }

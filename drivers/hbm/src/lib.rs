@@ -16,6 +16,7 @@
 //! | [`placement`] | the fine/coarse decision and each stack's chunk from an affine index expression (standing in for the paper's compiler pass) or a profile of another input |
 //! | [`memory`] | [`HbmMemory`]: the stacks' bytes as the core's `DeviceMemory` (zero, read, write, copy by the group's mode), the page-group classes the core announces, the frame requests that put a coarse page in its stack, and the access path of the SMs and the host (routed by the granularity bit of the translation that served them) with traffic accounting |
 //! | [`machine`] | [`HbmMachine`]: the whole system as one gmem instance — stacks, one shared table walked by one MMU whose units are the SMs and the host, one space; loads and stores routed by the bit; page migration between stacks |
+//! | [`dcache`] | the SMs' data caches: per-SM L1, per-stack L2 beside the SMs, 128-byte lines whose granularity bit routes their write-backs; they filter traffic accounting, the bytes always move through memory |
 //! | [`cost`] | the cost model pricing counted traffic and work: bandwidth bounds, a per-SM issue/latency bound (near-data kernels), host-side windows |
 //! | [`exec`] | the block-sequential executor: round-robin, affinity or host schedules; Fig. 3's pages-by-blocks record; first-touch migration; profiles |
 //! | [`workloads`], [`graphs`] | the ten verified workloads and their descriptors |
@@ -46,6 +47,7 @@ pub mod coda;
 mod coda_tests;
 pub mod config;
 pub mod cost;
+pub mod dcache;
 pub mod decode;
 pub mod exec;
 pub mod graphs;
@@ -58,7 +60,7 @@ mod tests;
 pub mod workloads;
 
 pub use attrs::CodaAttrs;
-pub use config::{HbmConfig, SmModel};
+pub use config::{CacheModel, HbmConfig, SmModel};
 pub use decode::{decode, Granularity, Location};
 pub use machine::{HbmMachine, MachineError};
 pub use memory::{HbmMemory, Requester, Traffic};

@@ -295,6 +295,45 @@ impl HbmMachine {
         })
     }
 
+    /// Load `buf.len()` bytes at `va` as `who` without counting traffic: each piece's
+    /// `(pa, bit, len)` goes to `seen` first, which accounts it (through the executor's
+    /// data caches, [`crate::dcache`]); the bytes themselves always come from memory.
+    ///
+    /// # Errors
+    /// As [`HbmMachine::load`], or what `seen` returns.
+    pub fn load_via(
+        &self,
+        who: Requester,
+        va: u64,
+        buf: &mut [u8],
+        mut seen: impl FnMut(PhysAddr, Granularity, u64) -> Result<(), MemError>,
+    ) -> Result<(), MachineError> {
+        let len = buf.len() as u64;
+        self.each_piece(who, va, len, Prot::READ, |pa, g, at, n| {
+            seen(pa, g, n as u64)?;
+            self.mem.read_as(pa, g, &mut buf[at..at + n])
+        })
+    }
+
+    /// Store `data` at `va` as `who` without counting traffic (see
+    /// [`HbmMachine::load_via`]).
+    ///
+    /// # Errors
+    /// As [`HbmMachine::store`], or what `seen` returns.
+    pub fn store_via(
+        &self,
+        who: Requester,
+        va: u64,
+        data: &[u8],
+        mut seen: impl FnMut(PhysAddr, Granularity, u64) -> Result<(), MemError>,
+    ) -> Result<(), MachineError> {
+        let len = data.len() as u64;
+        self.each_piece(who, va, len, Prot::WRITE, |pa, g, at, n| {
+            seen(pa, g, n as u64)?;
+            self.mem.write_as(pa, g, &data[at..at + n])
+        })
+    }
+
     /// Load `n` 32-bit words at `va`.
     ///
     /// # Errors

@@ -206,14 +206,20 @@ impl HbmMemory {
         })
     }
 
-    /// Count an access of `who` touching `[pa, pa + len)` under `g`.
-    fn account(
+    /// Count an access of `who` touching `[pa, pa + len)` under `g` (whole 128-byte
+    /// chunks by path) without moving bytes: what a data cache's miss or write-back
+    /// costs ([`crate::dcache`]). Returns the traffic it added.
+    ///
+    /// # Errors
+    /// [`MemError::OutOfRange`] outside the stacks' memory.
+    pub fn account(
         &self,
         who: Requester,
         pa: PhysAddr,
         g: Granularity,
         len: u64,
-    ) -> Result<(), MemError> {
+    ) -> Result<Traffic, MemError> {
+        let mut added = Traffic::default();
         self.pieces(
             pa,
             |_| Some(g),
@@ -223,11 +229,18 @@ impl HbmMemory {
                 let last = (pa.as_u64() + at + n - 1) / CHUNK;
                 let bytes = (last - first + 1) * CHUNK;
                 let (counter, at_stack, class) = match who {
-                    Requester::Host => (&self.host, stack, 2),
+                    Requester::Host => {
+                        added.host += bytes;
+                        (&self.host, stack, 2)
+                    }
                     Requester::Sm(sm) if self.cfg.stack_of_sm(sm) == stack => {
+                        added.local += bytes;
                         (&self.local, stack, 0)
                     }
-                    Requester::Sm(sm) => (&self.remote, self.cfg.stack_of_sm(sm), 1),
+                    Requester::Sm(sm) => {
+                        added.remote += bytes;
+                        (&self.remote, self.cfg.stack_of_sm(sm), 1)
+                    }
                 };
                 counter.fetch_add(bytes, Ordering::Relaxed);
                 if let Some(c) = self.by_stack.get(at_stack as usize) {
@@ -235,7 +248,26 @@ impl HbmMemory {
                 }
                 Ok(())
             },
-        )
+        )?;
+        Ok(added)
+    }
+
+    /// Read `buf.len()` bytes at `pa` decoded by the bit `g`, counting nothing (the
+    /// caller accounts the access through its data caches, [`HbmMemory::account`]).
+    ///
+    /// # Errors
+    /// [`MemError::OutOfRange`] outside the stacks' memory.
+    pub fn read_as(&self, pa: PhysAddr, g: Granularity, buf: &mut [u8]) -> Result<(), MemError> {
+        self.copy_out(pa, buf, |_| Some(g))
+    }
+
+    /// Write `data` at `pa` decoded by the bit `g`, counting nothing (see
+    /// [`HbmMemory::read_as`]).
+    ///
+    /// # Errors
+    /// [`MemError::OutOfRange`] outside the stacks' memory.
+    pub fn write_as(&self, pa: PhysAddr, g: Granularity, data: &[u8]) -> Result<(), MemError> {
+        self.copy_in(pa, data, |_| Some(g))
     }
 
     /// A load by `who` through a translation whose granularity bit is `g` (CODA's
@@ -250,7 +282,7 @@ impl HbmMemory {
         g: Granularity,
         buf: &mut [u8],
     ) -> Result<(), MemError> {
-        self.account(who, pa, g, buf.len() as u64)?;
+        let _ = self.account(who, pa, g, buf.len() as u64)?;
         self.copy_out(pa, buf, |_| Some(g))
     }
 
@@ -265,7 +297,7 @@ impl HbmMemory {
         g: Granularity,
         data: &[u8],
     ) -> Result<(), MemError> {
-        self.account(who, pa, g, data.len() as u64)?;
+        let _ = self.account(who, pa, g, data.len() as u64)?;
         self.copy_in(pa, data, |_| Some(g))
     }
 }
