@@ -313,3 +313,234 @@ fn add(a: Traffic, b: Traffic) -> Traffic {
         host: a.host + b.host,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::decode;
+    use gmem_core::PhysAddr;
+
+    /// The policy of the module doc written the plainest way: per set, a list of lines
+    /// most recent first.
+    struct Reference {
+        l1: Vec<Vec<Vec<u64>>>,
+        l2: Vec<Vec<Vec<(u64, bool)>>>,
+        dirty: Vec<HashMap<u64, Granularity>>,
+        m: CacheModel,
+    }
+
+    fn touch<T: Copy>(set: &mut Vec<T>, at: usize) {
+        let x = set.remove(at);
+        set.insert(0, x);
+    }
+
+    impl Reference {
+        fn l1_set(&mut self, sm: usize, line: u64) -> &mut Vec<u64> {
+            let s = (line / CHUNK) as usize % self.m.l1_sets;
+            &mut self.l1[sm][s]
+        }
+        fn l2_set(&mut self, stack: usize, line: u64) -> &mut Vec<(u64, bool)> {
+            let s = (line / CHUNK) as usize % self.m.l2_sets;
+            &mut self.l2[stack][s]
+        }
+        /// Fill the L2; whether the evicted line was dirty (it is written back).
+        fn fill(&mut self, stack: usize, line: u64, complete: bool) -> bool {
+            let ways = self.m.l2_ways;
+            let set = self.l2_set(stack, line);
+            if let Some(i) = set.iter().position(|e| e.0 == line) {
+                set[i].1 = complete;
+                touch(set, i);
+                return false;
+            }
+            set.insert(0, (line, complete));
+            if set.len() <= ways {
+                return false;
+            }
+            match set.pop() {
+                Some((victim, _)) => self.dirty[stack].remove(&victim).is_some(),
+                None => false,
+            }
+        }
+    }
+
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    #[test]
+    fn the_caches_agree_with_a_plain_lru_model_on_a_random_trace() {
+        let m = CacheModel {
+            enabled: true,
+            l1_sets: 2,
+            l1_ways: 2,
+            l2_sets: 4,
+            l2_ways: 3,
+            ..CacheModel::default()
+        };
+        let cfg = HbmConfig {
+            stacks: 2,
+            sms_per_stack: 2,
+            stack_bytes: 1 << 20,
+            cache: m,
+            ..HbmConfig::default()
+        };
+        let mem = HbmMemory::new(cfg).unwrap();
+        let mut c = DataCaches::new(&cfg).unwrap();
+        let mut r = Reference {
+            l1: std::vec![std::vec![Vec::new(); 2]; 4],
+            l2: std::vec![std::vec![Vec::new(); 4]; 2],
+            dirty: std::vec![HashMap::new(); 2],
+            m,
+        };
+        let base = cfg.base.as_u64();
+        let home = |line: u64, g| decode(&cfg, PhysAddr::new(line), g).unwrap().stack as usize;
+        let mut want_wb = 0u64;
+        let (mut hits1, mut hits2, mut misses) = (0, 0, 0);
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        for step in 0..20_000 {
+            let x = xorshift(&mut rng);
+            let sm = (x % 4) as u32;
+            let stack = (sm / 2) as usize;
+            let idx = (x >> 8) % 48;
+            let line = base + idx * CHUNK;
+            let g = if idx % 3 == 0 {
+                Granularity::Coarse
+            } else {
+                Granularity::Fine
+            };
+            let before = mem.traffic();
+            let mut want_sent = 0;
+            if (x >> 20) % 4 == 0 {
+                // A store of a quarter or (one time in four) all of the line.
+                let whole = (x >> 24) % 4 == 0;
+                let (at, len) = if whole {
+                    (line, CHUNK)
+                } else {
+                    (line + 32, 32)
+                };
+                let got = c.store(&mem, sm, PhysAddr::new(at), len, g).unwrap();
+                assert_eq!(got, Served::L2, "step {step}");
+                if let Some(i) = r.l1_set(sm as usize, line).iter().position(|&l| l == line) {
+                    touch(r.l1_set(sm as usize, line), i);
+                }
+                let held = r.l2_set(stack, line).iter().position(|e| e.0 == line);
+                let complete = held.is_some_and(|i| r.l2_set(stack, line)[i].1);
+                if let Some(i) = held {
+                    touch(r.l2_set(stack, line), i);
+                }
+                if !complete && (held.is_none() || whole) && r.fill(stack, line, whole) {
+                    want_wb += 1;
+                    want_sent += CHUNK;
+                }
+                r.dirty[stack].insert(line, g);
+            } else {
+                let got = c.load(&mem, sm, PhysAddr::new(line), g).unwrap();
+                let ways1 = m.l1_ways;
+                let in_l1 = r.l1_set(sm as usize, line).iter().position(|&l| l == line);
+                let want = if let Some(i) = in_l1 {
+                    touch(r.l1_set(sm as usize, line), i);
+                    hits1 += 1;
+                    Served::L1
+                } else {
+                    let held = r.l2_set(stack, line).iter().position(|e| e.0 == line);
+                    let complete = held.is_some_and(|i| r.l2_set(stack, line)[i].1);
+                    let want = if complete {
+                        touch(r.l2_set(stack, line), held.unwrap_or(0));
+                        hits2 += 1;
+                        Served::L2
+                    } else {
+                        misses += 1;
+                        want_sent += CHUNK;
+                        if r.fill(stack, line, true) {
+                            want_wb += 1;
+                            want_sent += CHUNK;
+                        }
+                        let t = if home(line, g) == stack {
+                            Traffic {
+                                local: CHUNK,
+                                ..Traffic::default()
+                            }
+                        } else {
+                            Traffic {
+                                remote: CHUNK,
+                                ..Traffic::default()
+                            }
+                        };
+                        Served::Memory(t)
+                    };
+                    let set = r.l1_set(sm as usize, line);
+                    set.insert(0, line);
+                    set.truncate(ways1);
+                    want
+                };
+                assert_eq!(got, want, "step {step}: sm {sm} line {idx}");
+            }
+            // What the step sent to memory: its miss and its victim's write-back.
+            let after = mem.traffic();
+            let sent = (after.local + after.remote) - (before.local + before.remote);
+            assert_eq!(sent, want_sent, "step {step}");
+        }
+        let s = c.stats();
+        assert_eq!((s.l1_hits, s.l2_hits, s.misses), (hits1, hits2, misses));
+        assert!(hits1 > 100 && hits2 > 100 && misses > 100, "{s:?}");
+        assert_eq!(s.writebacks, want_wb);
+        // The boundary writes back exactly the dirty lines, each to its home stack.
+        let dirty: u64 = r.dirty.iter().map(|d| d.len() as u64).sum();
+        let before = mem.traffic();
+        let t = c.flush(&mem).unwrap();
+        assert_eq!(c.stats().writebacks, want_wb + dirty);
+        assert_eq!(t.local + t.remote, dirty * CHUNK);
+        let want_local = r
+            .dirty
+            .iter()
+            .enumerate()
+            .flat_map(|(s, d)| d.iter().map(move |(&l, &g)| (s, l, g)))
+            .filter(|&(s, l, g)| home(l, g) == s)
+            .count() as u64;
+        assert_eq!(t.local, want_local * CHUNK);
+        assert_eq!(mem.traffic().local - before.local, t.local);
+        // Empty afterwards: the next load misses.
+        let again = c
+            .load(&mem, 0, PhysAddr::new(base), Granularity::Fine)
+            .unwrap();
+        assert!(matches!(again, Served::Memory(_)));
+    }
+
+    #[test]
+    fn without_caches_every_access_is_traffic_and_a_bad_geometry_is_refused() {
+        let cfg = HbmConfig {
+            cache: CacheModel::off(),
+            ..HbmConfig::default()
+        };
+        let mem = HbmMemory::new(cfg).unwrap();
+        let mut c = DataCaches::new(&cfg).unwrap();
+        let pa = PhysAddr::new(cfg.base.as_u64());
+        for _ in 0..3 {
+            assert!(matches!(
+                c.load(&mem, 0, pa, Granularity::Fine).unwrap(),
+                Served::Memory(_)
+            ));
+        }
+        assert_eq!(mem.traffic().local, 3 * CHUNK);
+        assert_eq!(c.flush(&mem).unwrap(), Traffic::default());
+        let bad = HbmConfig {
+            cache: CacheModel {
+                l2_ways: 0,
+                ..CacheModel::default()
+            },
+            ..HbmConfig::default()
+        };
+        assert_eq!(bad.validate(), Err(ConfigError::Cache));
+        assert!(DataCaches::new(&bad).is_err());
+        // Outside memory: a typed error, nothing counted.
+        let mut ok = DataCaches::new(&HbmConfig::default()).unwrap();
+        let m2 = HbmMemory::new(HbmConfig::default()).unwrap();
+        assert!(ok
+            .load(&m2, 0, PhysAddr::new(0), Granularity::Fine)
+            .is_err());
+        assert_eq!(m2.traffic(), Traffic::default());
+    }
+}
