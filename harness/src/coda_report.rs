@@ -103,6 +103,14 @@ pub struct Row {
     pub groups_coarse: u64,
     /// Result equals the CPU reference.
     pub verified: bool,
+    /// Line loads served by the SMs' L1s (near-data).
+    pub l1_hits: u64,
+    /// Line loads served by the stacks' L2s (near-data).
+    pub l2_hits: u64,
+    /// Line loads that went to memory (near-data).
+    pub line_misses: u64,
+    /// Dirty L2 lines written back (near-data).
+    pub writebacks: u64,
     /// Speedup over fine grain at each remote bandwidth of [`SWEEP`] (near-data).
     pub sweep: Vec<f64>,
 }
@@ -159,6 +167,10 @@ fn row(
         groups_fine: r.groups.0,
         groups_coarse: r.groups.1,
         verified: r.verified,
+        l1_hits: r.report.cache.l1_hits,
+        l2_hits: r.report.cache.l2_hits,
+        line_misses: r.report.cache.misses,
+        writebacks: r.report.cache.writebacks,
         sweep: if host {
             Vec::new()
         } else {
@@ -549,10 +561,10 @@ fn fig3_table(fig3: &BTreeMap<String, BTreeMap<u32, u64>>) -> String {
 }
 
 fn csv(rows: &[Row]) -> String {
-    let mut s = String::from("workload,class,config,side,speedup_vs_fgp,remote_fraction,local_bytes,remote_bytes,host_bytes,time_us,migrations,placement_fallbacks,groups_fine,groups_coarse,verified\n");
+    let mut s = String::from("workload,class,config,side,speedup_vs_fgp,remote_fraction,local_bytes,remote_bytes,host_bytes,time_us,migrations,placement_fallbacks,groups_fine,groups_coarse,verified,l1_hits,l2_hits,line_misses,writebacks\n");
     for r in rows {
         s += &format!(
-            "{},{},{},{},{:.4},{:.4},{},{},{},{:.3},{},{},{},{},{}\n",
+            "{},{},{},{},{:.4},{:.4},{},{},{},{:.3},{},{},{},{},{},{},{},{},{}\n",
             r.workload,
             r.class,
             r.config,
@@ -567,7 +579,11 @@ fn csv(rows: &[Row]) -> String {
             r.placement_fallbacks,
             r.groups_fine,
             r.groups_coarse,
-            r.verified
+            r.verified,
+            r.l1_hits,
+            r.l2_hits,
+            r.line_misses,
+            r.writebacks
         );
     }
     s
@@ -779,8 +795,15 @@ mod tests {
             "remote_bytes",
             "host_bytes",
             "verified",
+            "l1_hits",
+            "line_misses",
         ] {
             assert!(v.get(k).is_some(), "{k}");
+        }
+        // Every near-data run loaded through the caches; host runs are uncached.
+        for r in &m.rows {
+            let lines = r.l1_hits + r.l2_hits + r.line_misses;
+            assert_eq!(lines > 0, r.side == "sm", "{} {}", r.workload, r.config);
         }
         // Fine grain is its own baseline; the sweep has one point per bandwidth.
         for r in m.rows.iter().filter(|r| r.config == "fgp") {
