@@ -326,7 +326,7 @@ fn a_frame_request_takes_its_own_class_first_then_converts_the_lowest_free_group
         s.write(gpu, va, &[page as u8 | 1]).unwrap();
         s.gm.check_invariants(space).unwrap();
         let (_, pa) = s.gm.as_page_frame(space, va).unwrap().unwrap();
-        (pa.as_u64() - GPU_BASE) / PAGE_SIZE >> 2
+        ((pa.as_u64() - GPU_BASE) / PAGE_SIZE) >> 2
     };
     // A wholly free group of the request's class beats lower free groups of another.
     assert_eq!(group_of(4), 12);
