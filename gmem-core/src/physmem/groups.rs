@@ -32,7 +32,9 @@
 //! the run, so the driver's own constraint still applies. When nothing fits the
 //! request fails as any full memory does (the fault path then evicts and retries).
 //! Indices: the groups of each class with some (not all) frames free, and the wholly
-//! free groups, are kept in ordered sets, so a request does not scan every group.
+//! free groups (all of them, and by class), are kept in ordered sets, and candidates
+//! are taken one at a time, so a request that its first candidate serves costs a few
+//! ordered-set lookups, not a pass over every group.
 
 use super::{FrameState, PhysMem};
 use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT};
@@ -40,6 +42,7 @@ use crate::handle::SpaceId;
 use crate::mmu::{DeviceMemory, FrameConstraint};
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
+use core::ops::Bound::{Excluded, Unbounded};
 
 /// The largest group order (`2^18` frames = 1 GiB).
 pub const MAX_GROUP_ORDER: u32 = 18;
@@ -55,20 +58,31 @@ struct Group {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Avail(u32),
-    Empty,
+    Empty(u32),
     Full,
 }
 
 impl Group {
     fn slot(&self) -> Slot {
         if self.free == self.frames {
-            Slot::Empty
+            Slot::Empty(self.class)
         } else if self.free > 0 {
             Slot::Avail(self.class)
         } else {
             Slot::Full
         }
     }
+}
+
+/// Which kind of candidate [`PhysMem::next_group`] is passing over.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Pass {
+    /// Groups of the request's class with some frames free.
+    Avail,
+    /// Wholly free groups of the request's class.
+    EmptySame,
+    /// Wholly free groups of another class.
+    EmptyOther,
 }
 
 /// The page groups of one device's memory.
@@ -79,6 +93,9 @@ pub(crate) struct Groups {
     avail: BTreeMap<u32, BTreeSet<u64>>,
     /// Groups whose frames are all free, whatever their class.
     empty: BTreeSet<u64>,
+    /// The same groups by class, so a request finds a free group of its own class
+    /// without passing over the others.
+    empty_of: BTreeMap<u32, BTreeSet<u64>>,
     /// The class each frame (by frame index) was last allocated for.
     frame_class: Vec<u32>,
     /// Class changes so far.
@@ -111,8 +128,14 @@ impl Groups {
                     }
                 }
             }
-            Slot::Empty => {
+            Slot::Empty(c) => {
                 self.empty.remove(&g);
+                if let Some(s) = self.empty_of.get_mut(&c) {
+                    s.remove(&g);
+                    if s.is_empty() {
+                        self.empty_of.remove(&c);
+                    }
+                }
             }
             Slot::Full => {}
         }
@@ -123,8 +146,9 @@ impl Groups {
             Slot::Avail(c) => {
                 self.avail.entry(c).or_default().insert(g);
             }
-            Slot::Empty => {
+            Slot::Empty(c) => {
                 self.empty.insert(g);
+                self.empty_of.entry(c).or_default().insert(g);
             }
             Slot::Full => {}
         }
@@ -196,6 +220,7 @@ impl PhysMem {
                 groups: BTreeMap::new(),
                 avail: BTreeMap::new(),
                 empty: BTreeSet::new(),
+                empty_of: BTreeMap::new(),
                 frame_class: Vec::new(),
                 changes: 0,
             };
@@ -291,39 +316,64 @@ impl PhysMem {
         groups.changes += 1;
     }
 
-    /// Candidate frame windows `[lo, hi)` for a request of `pages` frames of `class`,
-    /// best first, with the groups of another class each would convert.
-    fn group_windows(&self, pages: u64, class: u32) -> Vec<(u64, u64)> {
+    /// The next candidate group for a request of at most one group of `class`, after
+    /// `at` (the group last tried, `None` to start): groups of the class with free
+    /// frames (but not all free), then wholly free groups of the class, then wholly
+    /// free groups of another class (which a successful request converts), each in
+    /// group order. Each step is one ordered-set lookup, so a request that the first
+    /// candidate serves costs `O(log groups)`, not a pass over every group.
+    fn next_group(&self, class: u32, at: Option<(Pass, u64)>) -> Option<(Pass, u64)> {
+        let g = self.groups.as_ref()?;
+        let (mut pass, mut after) = match at {
+            Some((p, x)) => (p, Some(x)),
+            None => (Pass::Avail, None),
+        };
+        loop {
+            let lower = after.map_or(Unbounded, Excluded);
+            let found = match pass {
+                Pass::Avail => g
+                    .avail
+                    .get(&class)
+                    .and_then(|s| s.range((lower, Unbounded)).next().copied()),
+                Pass::EmptySame => g
+                    .empty_of
+                    .get(&class)
+                    .and_then(|s| s.range((lower, Unbounded)).next().copied()),
+                Pass::EmptyOther => g
+                    .empty
+                    .range((lower, Unbounded))
+                    .find(|x| g.groups.get(x).is_some_and(|grp| grp.class != class))
+                    .copied(),
+            };
+            if let Some(x) = found {
+                return Some((pass, x));
+            }
+            pass = match pass {
+                Pass::Avail => Pass::EmptySame,
+                Pass::EmptySame => Pass::EmptyOther,
+                Pass::EmptyOther => return None,
+            };
+            after = None;
+        }
+    }
+
+    /// Candidate windows `[lo, hi)` for a request of `pages` frames of `class` longer
+    /// than one group: runs of consecutive groups, each of the class or wholly free.
+    fn multi_group_windows(&self, pages: u64, class: u32) -> Vec<(u64, u64)> {
         let Some(g) = self.groups.as_ref() else {
             return Vec::new();
         };
-        let size = 1u64 << g.order;
-        let mut out = Vec::new();
-        if pages <= size {
-            if let Some(set) = g.avail.get(&class) {
-                out.extend(set.iter().map(|&x| g.group_range(x)));
-            }
-            let (same, other): (Vec<u64>, Vec<u64>) = g
-                .empty
-                .iter()
-                .partition(|x| g.groups.get(x).is_some_and(|grp| grp.class == class));
-            out.extend(same.iter().chain(&other).map(|&x| g.group_range(x)));
-            return out;
-        }
-        // Windows of consecutive groups, each of the class or wholly free.
-        let m = pages.div_ceil(size);
+        let m = pages.div_ceil(1u64 << g.order);
         let ok = |x: u64| {
             g.groups
                 .get(&x)
                 .is_some_and(|grp| grp.class == class || grp.free == grp.frames)
         };
-        let keys: Vec<u64> = g.groups.keys().copied().collect();
-        for &start in &keys {
-            if (0..m).all(|i| ok(start + i)) {
-                out.push((start << g.order, (start + m) << g.order));
-            }
-        }
-        out
+        g.groups
+            .keys()
+            .filter(|&&start| (0..m).all(|i| ok(start + i)))
+            .map(|&start| (start << g.order, (start + m) << g.order))
+            .collect()
     }
 
     /// [`PhysMem::alloc_run`] for a memory managed in groups: the frames come from
@@ -344,19 +394,35 @@ impl PhysMem {
         if self.retired {
             return None;
         }
-        for (lo, hi) in self.group_windows(pages, class) {
-            let Some(pa) = self.constrained_alloc(pages, align_pages, limit, lo, hi) else {
-                continue;
-            };
-            let pfn = pa >> PAGE_SHIFT;
-            debug_assert!(
-                pfn >= lo && pfn + pages <= hi,
-                "run {pfn:#x}+{pages} outside window [{lo:#x}, {hi:#x})"
-            );
-            self.claim_groups(pfn, pages, class, mem);
-            return Some(self.take_run(pa, pages, space, vpn, wired));
+        let order = self.group_order()?;
+        let mut found = None;
+        if pages <= 1 << order {
+            // Lazily, best candidate first: the first usually serves the request.
+            let mut at = None;
+            while let Some((pass, x)) = self.next_group(class, at) {
+                at = Some((pass, x));
+                let (lo, hi) = (x << order, (x + 1) << order);
+                if let Some(pa) = self.constrained_alloc(pages, align_pages, limit, lo, hi) {
+                    found = Some((pa, lo, hi));
+                    break;
+                }
+            }
+        } else {
+            for (lo, hi) in self.multi_group_windows(pages, class) {
+                if let Some(pa) = self.constrained_alloc(pages, align_pages, limit, lo, hi) {
+                    found = Some((pa, lo, hi));
+                    break;
+                }
+            }
         }
-        None
+        let (pa, lo, hi) = found?;
+        let pfn = pa >> PAGE_SHIFT;
+        debug_assert!(
+            pfn >= lo && pfn + pages <= hi,
+            "run {pfn:#x}+{pages} outside window [{lo:#x}, {hi:#x})"
+        );
+        self.claim_groups(pfn, pages, class, mem);
+        Some(self.take_run(pa, pages, space, vpn, wired))
     }
 
     /// The frames `[pfn, pfn + pages)` were just taken from the arena for `class`:
@@ -466,7 +532,9 @@ impl PhysMem {
             }
             let indexed = match grp.slot() {
                 Slot::Avail(c) => g.avail.get(&c).is_some_and(|s| s.contains(x)),
-                Slot::Empty => g.empty.contains(x),
+                Slot::Empty(c) => {
+                    g.empty.contains(x) && g.empty_of.get(&c).is_some_and(|s| s.contains(x))
+                }
                 Slot::Full => true,
             };
             if !indexed {
@@ -475,7 +543,8 @@ impl PhysMem {
         }
         let indexed = g.empty.len() + g.avail.values().map(BTreeSet::len).sum::<usize>();
         let want = g.groups.values().filter(|x| x.slot() != Slot::Full).count();
-        if indexed != want {
+        let by_class = g.empty_of.values().map(BTreeSet::len).sum::<usize>();
+        if indexed != want || by_class != g.empty.len() {
             return Err("a page group is indexed twice or wrongly");
         }
         Ok(())

@@ -307,6 +307,48 @@ fn page_groups_hold_one_class_each_and_the_driver_hears_first() {
 }
 
 #[test]
+fn a_frame_request_takes_its_own_class_first_then_converts_the_lowest_free_group() {
+    let (s, gpu, space) = system(64);
+    let id = s.devices[gpu].id;
+    let mem = s.devices[gpu].memory.clone().unwrap();
+    s.gm.dev_set_page_groups(id, Some(2)).unwrap();
+    // Classes alternate every four virtual pages; group 12 (frames 48..52) is made
+    // class 1 while every group is free.
+    mem.set_frame_classes(Some(2));
+    s.gm.dev_set_group_class(id, PhysAddr::new(GPU_BASE + 48 * PAGE_SIZE), 1)
+        .unwrap();
+    let r =
+        s.gm.as_alloc(space, AllocRequest::new(16 * PAGE_SIZE))
+            .unwrap();
+    s.gm.region_set_zero_fill_block(r, PAGE_SIZE).unwrap();
+    let group_of = |page: u64| {
+        let va = VirtAddr::new(r.start.as_u64() + page * PAGE_SIZE);
+        s.write(gpu, va, &[page as u8 | 1]).unwrap();
+        s.gm.check_invariants(space).unwrap();
+        let (_, pa) = s.gm.as_page_frame(space, va).unwrap().unwrap();
+        ((pa.as_u64() - GPU_BASE) / PAGE_SIZE) >> 2
+    };
+    // A wholly free group of the request's class beats lower free groups of another.
+    assert_eq!(group_of(4), 12);
+    // A partly used group of the class comes first of all.
+    assert_eq!(group_of(5), 12);
+    // Class 0 takes the lowest free group already of class 0, with no conversion.
+    assert_eq!(group_of(0), 0);
+    assert_eq!(group_of(6), 12);
+    assert_eq!(group_of(7), 12);
+    let set = (PhysAddr::new(GPU_BASE + 48 * PAGE_SIZE), 4, 0, 1);
+    assert_eq!(mem.class_changes(), vec![set], "nothing converted so far");
+    // Group 12 is full and no other group is class 1: the lowest wholly free group of
+    // another class converts (group 0 is in use, so group 1).
+    assert_eq!(group_of(12), 1);
+    assert_eq!(
+        mem.class_changes(),
+        vec![set, (PhysAddr::new(GPU_BASE + 4 * PAGE_SIZE), 4, 0, 1)]
+    );
+    assert_eq!(group_of(1), 0);
+}
+
+#[test]
 fn eviction_moves_a_cold_run_in_one_copy() {
     let (s, gpu, space) = system(16);
     let id = s.devices[gpu].id;
