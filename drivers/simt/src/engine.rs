@@ -239,6 +239,8 @@ struct Memory {
     pages: Vec<(VirtAddr, Prot)>,
     resolved: Vec<Resolved>,
     lines: Vec<[u8; TRANSACTION as usize]>,
+    /// Physical address of each transaction of the instruction in `co`.
+    line_pa: [u64; 32],
     l2d: Option<Tlb<()>>,
     link_free: u64,
     walkers: Walkers,
@@ -312,6 +314,7 @@ pub fn run<K: Kernel>(
         pages: Vec::with_capacity(32),
         resolved: Vec::with_capacity(32),
         lines: vec![[0; TRANSACTION as usize]; 32],
+        line_pa: [0; 32],
         l2d: cache(cost.l2_data_geometry)?,
         link_free: 0,
         walkers: Walkers::new(cost.walkers),
@@ -426,7 +429,11 @@ pub fn run<K: Kernel>(
                 mem.co
                     .fill(&w.io.addr, w.io.mask, launch.page_shift)
                     .map_err(|error| SimtError::Coalesce { block, error })?;
-                let missed = held_mask(dev, u, op, &mut mem);
+                let missed = if cost.timed_walks {
+                    held_mask(dev, u, op, &mut mem)
+                } else {
+                    0
+                };
                 if missed != 0 {
                     // Stall until a walker takes the instruction.
                     mem.queue.push_back(Queued {
@@ -610,8 +617,7 @@ fn memory(
     m.pages
         .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
     let pmask = !((1u64 << page_shift) - 1);
-    let (co, lines) = (&m.co, &mut m.lines);
-    let mut line_pa = [0u64; 32];
+    let (co, lines, line_pa) = (&m.co, &mut m.lines, &mut m.line_pa);
     dev.port
         .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
             for (ti, &t) in co.transactions.iter().enumerate() {
@@ -657,6 +663,9 @@ fn memory(
     // Translation: the slowest page. A hit costs its lookups from issue; a walk holds a
     // shared walker from when the request reached the walkers (or from when the
     // instruction ran, if later); a merged request waits for the walk it merged with.
+    if !cost.timed_walks {
+        return Ok(untimed(cost, issue, m, l1d, stats, op));
+    }
     let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
     let mut ready = issue + 1;
     for (i, r) in m.resolved.iter().enumerate() {
@@ -693,12 +702,63 @@ fn memory(
     }
     let horizon = m.queue.front().map_or(issue, |q| q.issue.min(issue));
     m.walkers.prune(horizon);
+    Ok(data(cost, issue, ready, m, l1d, stats, op))
+}
+
+/// The first model's translation cost (`timed_walks` off): the slowest page, walks
+/// beyond the walker count queueing behind the instruction's own; then the data.
+fn untimed(
+    cost: &CostModel,
+    issue: u64,
+    m: &mut Memory,
+    l1d: &mut Option<Tlb<()>>,
+    stats: &mut RunStats,
+    op: Op,
+) -> u64 {
+    let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
+    for r in &m.resolved {
+        stats.translations += 1;
+        let c = match r.served {
+            Served::L1 | Served::Unknown => {
+                stats.served_l1 += u64::from(r.served == Served::L1);
+                cost.l1_tlb
+            }
+            Served::L2 => {
+                stats.served_l2 += 1;
+                cost.l1_tlb + cost.l2_tlb
+            }
+            Served::Walk { reads } => {
+                stats.walks += 1;
+                stats.walk_reads += u64::from(reads);
+                walks += 1;
+                let c = cost.l1_tlb + cost.l2_tlb + cost.walk_cache + u64::from(reads) * cost.dram;
+                worst_walk = worst_walk.max(c);
+                c
+            }
+        };
+        worst = worst.max(c);
+    }
+    let translation = worst + (walks.saturating_sub(1) / cost.walkers.max(1)) * worst_walk;
+    data(cost, issue, issue + 1 + translation, m, l1d, stats, op)
+}
+
+/// Charge the data of the instruction in `m` (issued at `issue`) once its translations
+/// are ready at `ready`; returns the cycle the warp is ready again.
+fn data(
+    cost: &CostModel,
+    issue: u64,
+    ready: u64,
+    m: &mut Memory,
+    l1d: &mut Option<Tlb<()>>,
+    stats: &mut RunStats,
+    op: Op,
+) -> u64 {
     let translation = ready - (issue + 1);
     // Data cost: the slowest transaction.
     let t0 = ready;
     let mut data = 0u64;
     let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
-    for &pa in line_pa.iter().take(m.co.transactions.len()) {
+    for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
         stats.transactions += 1;
         let l1_hit = op == Op::Load
             && l1d
@@ -737,5 +797,5 @@ fn memory(
     }
     stats.translation_cycles += translation;
     stats.data_cycles += data;
-    Ok(t0 + data)
+    t0 + data
 }

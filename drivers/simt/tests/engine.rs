@@ -217,9 +217,10 @@ fn an_observer_sees_every_transaction_with_its_unit() {
 
 #[test]
 fn requests_for_a_page_being_walked_merge_and_walkers_are_shared() {
-    let run = |walkers: u64| {
+    let run = |walkers: u64, timed: bool| {
         let mut m = machine();
         m.cost.walkers = walkers;
+        m.cost.timed_walks = timed;
         // 32 Ki threads of 4-byte words: 32 pages, each stored to by 32 warps in a row.
         let n = 32 * 1024u64;
         let r = m.upload(&vec![u32::MAX; n as usize]).unwrap();
@@ -238,7 +239,7 @@ fn requests_for_a_page_being_walked_merge_and_walkers_are_shared() {
         let pages = (r.start.as_u64() + 4 * n - 1) / 4096 - first + 1;
         (s, pages)
     };
-    let (s, pages) = run(16);
+    let (s, pages) = run(16, true);
     // Every request is exactly one of: L1 hit, shared hit, merged miss, walk.
     assert_eq!(
         s.translations,
@@ -249,7 +250,14 @@ fn requests_for_a_page_being_walked_merge_and_walkers_are_shared() {
     assert_eq!(s.walks, pages);
     assert!(s.merged > 0, "{s:?}");
     // One walker for everyone: the walks queue, the run takes longer.
-    let (one, _) = run(1);
+    let (one, _) = run(1, true);
     assert_eq!(one.walks, pages);
     assert!(one.cycles > s.cycles, "{} vs {}", one.cycles, s.cycles);
+    // Untimed: a walk's fill lands at issue, so the warps after the first hit, and each
+    // instruction has the walkers to itself (one page each: the count does not matter).
+    let (u16, _) = run(16, false);
+    let (u1, _) = run(1, false);
+    assert_eq!((u16.merged, u16.walks), (0, pages));
+    assert_eq!(u16.served_l1 + u16.served_l2 + u16.walks, u16.translations);
+    assert_eq!(u1.cycles, u16.cycles);
 }
