@@ -22,15 +22,16 @@
 //! by all units (the page walk buffer): it runs — looks its pages up, walks the missing
 //! ones, fills the TLBs, moves its bytes — when it reaches the head of the queue and a
 //! walker is free, in global time order with every other unit's instructions. So a
-//! walk's fill lands when the walk starts, not when the request was issued, and warps
+//! walk's fill lands when the instruction runs, not when it was issued, and warps
 //! whose pages hit run ahead while others wait for walkers. Each walk holds one of the
 //! [`CostModel::walkers`] walkers for its latency (the `timing` module); a request for a
 //! page whose walk is in flight waits for it and counts as a merged miss
 //! ([`RunStats::merged`]), as does a request that missed at issue and finds the page
 //! filled by another's walk when it runs. What is rebuilt rather than taken from the
-//! MESC text (which names gem5-gpu and the walkers, not their timing): the fill at walk
-//! start (the walk's end would need a second, deferred TLB update), the walker as
-//! the only queue (TLB ports are not limited), and the issue-time probe that ignores
+//! MESC text (which names gem5-gpu and the walkers, not their timing): all of an
+//! instruction's fills land when it runs, i.e. when its first walk starts (the walks'
+//! ends would need deferred TLB updates), the walkers as the only queue (TLB ports
+//! are not limited), and the issue-time probe that ignores
 //! permissions and dirty bits (a store through a clean entry walks at once, on a
 //! walker from the same pool).
 //!
