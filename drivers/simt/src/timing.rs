@@ -11,6 +11,26 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes a page address with one multiply (the keys are page-aligned addresses, not
+/// attacker-chosen; the default SipHash cost a quarter of a hit-heavy run).
+#[derive(Default)]
+pub(crate) struct PageHasher(u64);
+
+impl Hasher for PageHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (x >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// The shared walkers and the walks in flight.
 #[derive(Debug)]
@@ -18,7 +38,9 @@ pub(crate) struct Walkers {
     /// When each walker is next free, earliest first.
     free: BinaryHeap<Reverse<u64>>,
     /// Page (its first byte) → cycle its latest walk ends.
-    ends: HashMap<u64, u64>,
+    ends: HashMap<u64, u64, BuildHasherDefault<PageHasher>>,
+    /// The latest end of any walk: no walk is in flight from then on.
+    last: u64,
     /// `ends` is pruned of finished walks when it grows past this.
     prune_at: usize,
 }
@@ -30,7 +52,8 @@ impl Walkers {
     pub(crate) fn new(n: u64) -> Walkers {
         Walkers {
             free: (0..n.max(1)).map(|_| Reverse(0)).collect(),
-            ends: HashMap::new(),
+            ends: HashMap::default(),
+            last: 0,
             prune_at: PRUNE_FLOOR,
         }
     }
@@ -48,6 +71,7 @@ impl Walkers {
         self.free.push(Reverse(end));
         let e = self.ends.entry(page).or_insert(end);
         *e = (*e).max(end);
+        self.last = self.last.max(end);
         end
     }
 
@@ -62,6 +86,9 @@ impl Walkers {
 
     /// The end of `page`'s walk if it is still in flight at cycle `t`.
     pub(crate) fn in_flight(&self, page: u64, t: u64) -> Option<u64> {
+        if t >= self.last {
+            return None;
+        }
         self.ends.get(&page).copied().filter(|&e| e > t)
     }
 
