@@ -110,6 +110,14 @@ pub trait Translator: Send + Sync {
     fn gate(&self) -> Option<&AccessGate> {
         None
     }
+    /// Which of `pages` (the first 64) unit `unit`'s caches hold now, as a bit mask
+    /// (bit `i` for `pages[i]`), without moving a counter or a replacement stamp: what
+    /// a timed model asks at issue time to know which requests will walk. `None` when
+    /// the translator does not say (the default).
+    fn held(&self, unit: usize, pages: &[(VirtAddr, Prot)]) -> Option<u64> {
+        let _ = (unit, pages);
+        None
+    }
     /// [`Translator::translate_served`] for each `(va, access)` of `pages` in order,
     /// handing each answer to `each` with the page's index, and stopping as soon as
     /// `each` returns `false` (the way a faulting instruction stops). An MMU may serve
@@ -476,6 +484,21 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
 
     fn gate(&self) -> Option<&AccessGate> {
         Some(&self.gate)
+    }
+
+    fn held(&self, unit: usize, pages: &[(VirtAddr, Prot)]) -> Option<u64> {
+        let g = lock(&self.state);
+        let Some(root) = g.root else {
+            return Some(0);
+        };
+        Some(
+            pages
+                .iter()
+                .take(64)
+                .enumerate()
+                .filter(|(_, (va, _))| g.caches.holds(unit, root.0, va.as_u64()))
+                .fold(0, |m, (i, _)| m | 1 << i),
+        )
     }
 }
 

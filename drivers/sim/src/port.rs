@@ -213,6 +213,12 @@ impl Port {
         self.translator.units()
     }
 
+    /// Which of `pages` unit `unit`'s translation caches hold now (see
+    /// [`Translator::held`]); `None` when the translator does not say.
+    pub fn held(&self, unit: usize, pages: &[(VirtAddr, Prot)]) -> Option<u64> {
+        self.translator.held(unit, pages)
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> PortStats {
         self.counters.snapshot()

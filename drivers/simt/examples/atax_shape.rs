@@ -1,11 +1,15 @@
-//! Why ATAX's shared-TLB hit ratio is a step against TLB reach: ATAX's two kernels
+//! Whether ATAX's shared-TLB hit ratio is a step against TLB reach: ATAX's two kernels
 //! (`tmp = A x`, a row per thread; `y = Aᵀ tmp`, a column per thread) launched on
 //! their own at three matrix sizes, under both warp schedulers (loose round-robin,
 //! greedy-then-oldest), both block dispatchers (round-robin, greedy) and two block
 //! sizes, on the MESC geometry (16 CUs, 32-entry L1s, 512-entry shared TLB). Prints
 //! each kernel's requests, per-CU L1 hit ratio and shared-TLB hit ratio per lookup,
-//! and both kernels together. Nothing is tuned: the model and its TLBs are the ones
-//! every workload uses.
+//! and both kernels together (merged misses count as misses). Nothing is tuned: the
+//! model and its TLBs are the ones every workload uses. Untimed, the row kernel hit
+//! 0.998 at n = 512 and 0.02-0.03 from n = 1024 (each row's page came back only after
+//! n other pages); with timed walks (the engine's default) it hits 0.95-0.97 at
+//! n = 1024 and 2048 under every scheduler, dispatcher and block size here, because
+//! warps whose walks finished run ahead of those still queued for a walker.
 //!
 //! `cargo run --release -p gmem-simt --example atax_shape`
 

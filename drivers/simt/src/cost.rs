@@ -22,8 +22,10 @@
 //!
 //! ## What is charged
 //! A warp instruction issues in one cycle. A memory instruction then waits for its
-//! translations — the slowest of its pages, walks beyond the walker count queueing
-//! behind each other — and then for its data: each 128-byte transaction hits the
+//! translations — the slowest of its pages; with `timed_walks` (the default) a walk
+//! holds one of the device's shared walkers and a request for a page being walked
+//! waits for that walk (see [`crate::engine`]); without, walks beyond the walker count
+//! queue behind the instruction's own — and then for its data: each 128-byte transaction hits the
 //! unit's L1 data cache, the shared L2, or goes to DRAM, where it also occupies the
 //! shared DRAM link for `128 / bytes_per_cycle` cycles. The warp is ready again when
 //! the slowest part is done (loads and stores alike: no scoreboarding).
@@ -43,8 +45,14 @@ pub struct CostModel {
     pub walk_cache: u64,
     /// One DRAM access (a table read or a data miss).
     pub dram: u64,
-    /// Concurrent page walks.
+    /// Concurrent page walks (one pool shared by every unit when `timed_walks`).
     pub walkers: u64,
+    /// Time walks across the device (the engine's "Timed walks"): an instruction whose
+    /// pages miss waits in one walk queue for the shared walkers, fills land when its
+    /// walks start, and requests for a page being walked merge. When off, each
+    /// instruction's walks take the walkers as if no other instruction walked, and a
+    /// walk's fill lands at issue (the first model; kept to compare against).
+    pub timed_walks: bool,
     /// L1 data-cache hit.
     pub l1_data: u64,
     /// L2 data-cache hit.
@@ -69,6 +77,7 @@ impl CostModel {
             walk_cache: 10,
             dram: 400,
             walkers: 16,
+            timed_walks: true,
             l1_data: 28,
             l2_data: 193,
             dram_bytes_per_cycle: 32_000.0 / 700.0,
@@ -89,7 +98,7 @@ impl fmt::Display for CostModel {
         write!(
             f,
             "cost model: {} MHz; TLB L1 {} / shared {} / walk cache {} cycles; DRAM {} cycles, \
-             {:.1} B/cycle; {} walkers; data caches {} (L1 {}x{} lines, {} cycles; L2 {}x{} \
+             {:.1} B/cycle; {} walkers{}; data caches {} (L1 {}x{} lines, {} cycles; L2 {}x{} \
              lines, {} cycles)",
             self.clock_mhz,
             self.l1_tlb,
@@ -98,6 +107,11 @@ impl fmt::Display for CostModel {
             self.dram,
             self.dram_bytes_per_cycle,
             self.walkers,
+            if self.timed_walks {
+                " (shared, timed)"
+            } else {
+                " (per instruction, untimed)"
+            },
             if self.data_caches { "on" } else { "off" },
             self.l1_data_geometry.0,
             self.l1_data_geometry.1,

@@ -158,6 +158,32 @@ impl WarpScheduler for Gto {
         self.last = Some(i);
         Some(i)
     }
+    fn pick_ready(
+        &mut self,
+        ready: u64,
+        _ready_at: &[u64],
+        age: &[u64],
+        _now: u64,
+    ) -> Option<usize> {
+        // `pick`'s choice from the set bits only: the last warp if ready, else the
+        // oldest (the first in slot order among equal ages).
+        if let Some(l) = self.last {
+            if l < 64 && ready & (1 << l) != 0 {
+                return Some(l);
+            }
+        }
+        let (mut m, mut best) = (ready, None::<usize>);
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if best.map_or(true, |b| age[i] < age[b]) {
+                best = Some(i);
+            }
+        }
+        let i = best?;
+        self.last = Some(i);
+        Some(i)
+    }
 }
 
 #[cfg(test)]
@@ -200,7 +226,8 @@ mod tests {
         assert_eq!(gto.pick(&[DEAD], &[0], 9), None);
     }
 
-    /// Loose round-robin's pick from the ready mask against its scan of `ready_at`,
+    /// Loose round-robin's and GTO's picks from the ready mask against their scans of
+    /// `ready_at`,
     /// over pseudo-random slot states and slot counts up to 64.
     #[test]
     fn picking_from_the_ready_mask_matches_the_scan() {
@@ -208,8 +235,9 @@ mod tests {
         let (mut picked, mut none) = (0, 0);
         for n in [1usize, 2, 13, 63, 64] {
             let (mut scan, mut mask) = (LooseRoundRobin::default(), LooseRoundRobin::default());
+            let (mut gscan, mut gmask) = (Gto::default(), Gto::default());
             let mut ready = vec![0u64; n];
-            let age = vec![0u64; n];
+            let age: Vec<u64> = (0..n as u64).map(|i| (i * 7) % n as u64).collect();
             for now in 0..3_000u64 {
                 let mut bits = 0u64;
                 for (i, r) in ready.iter_mut().enumerate() {
@@ -225,6 +253,8 @@ mod tests {
                         bits |= 1 << i;
                     }
                 }
+                let g = gscan.pick(&ready, &age, now);
+                assert_eq!(gmask.pick_ready(bits, &ready, &age, now), g, "gto n {n}");
                 let want = scan.pick(&ready, &age, now);
                 assert_eq!(
                     mask.pick_ready(bits, &ready, &age, now),

@@ -15,6 +15,30 @@
 //! into the cycles the warp waits. When a block's last warp exits its slot takes the
 //! next block.
 //!
+//! ## Timed walks
+//! At issue the engine asks which of the instruction's pages the unit's TLBs hold
+//! ([`gmem_sim::Port::held`], no counter moves). When all are held the instruction
+//! runs at once. Otherwise the warp stalls and the instruction joins one queue shared
+//! by all units (the page walk buffer): it runs — looks its pages up, walks the missing
+//! ones, fills the TLBs, moves its bytes — when it reaches the head of the queue and a
+//! walker is free, in global time order with every other unit's instructions. So a
+//! walk's fill lands when the instruction runs, not when it was issued, and warps
+//! whose pages hit run ahead while others wait for walkers. Each walk holds one of the
+//! [`CostModel::walkers`] walkers for its latency (the `timing` module); a request for a
+//! page whose walk is in flight waits for it and counts as a merged miss
+//! ([`RunStats::merged`]), as does a request that missed at issue and finds the page
+//! filled by another's walk when it runs. What is rebuilt rather than taken from the
+//! MESC text (which names gem5-gpu and the walkers, not their timing): all of an
+//! instruction's fills land when it runs, i.e. when its first walk starts (the walks'
+//! ends would need deferred TLB updates), the walkers as the only queue (TLB ports
+//! are not limited), and the issue-time probe that ignores
+//! permissions and dirty bits (a store through a clean entry walks at once, on a
+//! walker from the same pool).
+//!
+//! The MMU's own counters (and a recorded stream, which replays to them exactly) see
+//! each lookup when the instruction runs: a merged request is a hit there. The engine's
+//! [`RunStats`] classify requests by issue time.
+//!
 //! Faults are not timed (the first touch of a page costs its translation as served
 //! after the retry). Everything is deterministic.
 
@@ -23,6 +47,7 @@ use crate::cost::CostModel;
 use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
+use crate::timing::Walkers;
 use gmem_core::{Gmem, PhysAddr, Prot, VirtAddr};
 use gmem_sim::{AccessError, Replacement, Resolved, Served, Tlb, TlbConfig};
 use std::cmp::Reverse;
@@ -89,6 +114,10 @@ pub struct RunStats {
     pub served_l1: u64,
     /// Requests served by the shared TLB.
     pub served_l2: u64,
+    /// Requests that missed while a walk of their page was in flight (or missed at
+    /// issue and found the page filled by another request's walk) and waited for it:
+    /// neither a hit nor a walk of their own.
+    pub merged: u64,
     /// Requests that walked.
     pub walks: u64,
     /// Table entries those walks read.
@@ -118,6 +147,7 @@ impl RunStats {
         self.translations += o.translations;
         self.served_l1 += o.served_l1;
         self.served_l2 += o.served_l2;
+        self.merged += o.merged;
         self.walks += o.walks;
         self.walk_reads += o.walk_reads;
         self.l1_data_hits += o.l1_data_hits;
@@ -151,6 +181,8 @@ struct Unit<W> {
     /// Warps left in each block slot (0 = free).
     left: Vec<u32>,
     live: usize,
+    /// Live warps waiting in the walk queue (their slots hold [`PARKED`]).
+    parked: usize,
     pinned: VecDeque<u64>,
     sched: Box<dyn WarpScheduler>,
     l1d: Option<Tlb<()>>,
@@ -189,13 +221,31 @@ pub trait AccessObserver {
     fn transaction(&mut self, unit: usize, pa: u64, store: bool, served: Served);
 }
 
+/// `ready_at` of a warp whose instruction waits in the walk queue.
+const PARKED: u64 = DEAD - 1;
+
+/// An instruction waiting for a walker.
+struct Queued {
+    unit: usize,
+    slot: usize,
+    op: Op,
+    /// Cycle it issued.
+    issue: u64,
+    /// Pages (by index) the unit's TLBs did not hold at issue.
+    missed: u64,
+}
+
 struct Memory {
     co: Coalesced,
     pages: Vec<(VirtAddr, Prot)>,
     resolved: Vec<Resolved>,
     lines: Vec<[u8; TRANSACTION as usize]>,
+    /// Physical address of each transaction of the instruction in `co`.
+    line_pa: [u64; 32],
     l2d: Option<Tlb<()>>,
     link_free: u64,
+    walkers: Walkers,
+    queue: VecDeque<Queued>,
 }
 
 /// Run `kernel` on `dev` with the options of `launch`.
@@ -246,6 +296,7 @@ pub fn run<K: Kernel>(
                 age: vec![0; slots * wpb],
                 left: vec![0; slots],
                 live: 0,
+                parked: 0,
                 pinned: VecDeque::new(),
                 sched: (launch.scheduler)(),
                 l1d: cache(cost.l1_data_geometry)?,
@@ -264,8 +315,11 @@ pub fn run<K: Kernel>(
         pages: Vec::with_capacity(32),
         resolved: Vec::with_capacity(32),
         lines: vec![[0; TRANSACTION as usize]; 32],
+        line_pa: [0; 32],
         l2d: cache(cost.l2_data_geometry)?,
         link_free: 0,
+        walkers: Walkers::new(cost.walkers),
+        queue: VecDeque::new(),
     };
     let mut stats = RunStats {
         warps_per_unit: warps_per_sm,
@@ -285,15 +339,52 @@ pub fn run<K: Kernel>(
         &mut units,
         &mut open,
         &mut *launch.dispatch,
-        kernel,
-        wpb,
+        (kernel, wpb, 0),
         &mut age,
         &mut stats,
     );
-    while let Some(u) = (0..n_units)
-        .filter(|&u| units[u].live > 0)
-        .min_by_key(|&u| units[u].now)
-    {
+    let pwb = 1 + cost.l1_tlb + cost.l2_tlb;
+    loop {
+        let next = (0..n_units)
+            .filter(|&u| units[u].live > units[u].parked)
+            .min_by_key(|&u| units[u].now);
+        // The head of the walk queue runs when it has reached the walkers and one is
+        // free, before any instruction issued later.
+        let head = mem
+            .queue
+            .front()
+            .map(|q| (q.issue + pwb).max(mem.walkers.next_free()));
+        if let Some(t) = head.filter(|&t| next.map_or(true, |u| t <= units[u].now)) {
+            let q = mem.queue.pop_front().expect("head");
+            let unit = &mut units[q.unit];
+            let w = unit.warps[q.slot].as_mut().expect("a parked warp is live");
+            let block = w.block;
+            mem.co
+                .fill(&w.io.addr, w.io.mask, launch.page_shift)
+                .map_err(|error| SimtError::Coalesce { block, error })?;
+            let ready = memory(
+                dev,
+                q.unit,
+                q.op,
+                &mut w.io,
+                (cost, launch.page_shift),
+                (q.issue, t, q.missed),
+                &mut mem,
+                &mut unit.l1d,
+                &mut stats,
+                &mut launch.observer,
+            )
+            .map_err(|error| SimtError::Access { block, error })?;
+            unit.parked -= 1;
+            unit.ready_at[q.slot] = ready;
+            if unit.masked {
+                unit.wakes.push(Reverse((ready, q.slot)));
+            }
+            continue;
+        }
+        let Some(u) = next else {
+            break;
+        };
         let unit = &mut units[u];
         let now = unit.now;
         let picked = if unit.masked {
@@ -331,28 +422,49 @@ pub fn run<K: Kernel>(
         let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
         let op = w.prog.next(&mut w.io);
         stats.instructions += 1;
-        let wait = match op {
-            Op::Compute(c) => u64::from(c),
+        let ready = match op {
+            Op::Compute(c) => now + 1 + u64::from(c),
             Op::Load | Op::Store => {
                 let block = w.block;
                 stats.memory_instructions += 1;
+                mem.co
+                    .fill(&w.io.addr, w.io.mask, launch.page_shift)
+                    .map_err(|error| SimtError::Coalesce { block, error })?;
+                let missed = if cost.timed_walks {
+                    held_mask(dev, u, op, &mut mem)
+                } else {
+                    0
+                };
+                if missed != 0 {
+                    // Stall until a walker takes the instruction.
+                    mem.queue.push_back(Queued {
+                        unit: u,
+                        slot: s,
+                        op,
+                        issue: now,
+                        missed,
+                    });
+                    unit.parked += 1;
+                    unit.ready_at[s] = PARKED;
+                    if unit.masked {
+                        unit.ready &= !(1u64 << s);
+                    }
+                    unit.now += 1;
+                    continue;
+                }
                 memory(
                     dev,
                     u,
                     op,
                     &mut w.io,
-                    launch.page_shift,
-                    cost,
-                    now,
+                    (cost, launch.page_shift),
+                    (now, now, 0),
                     &mut mem,
                     &mut unit.l1d,
                     &mut stats,
                     &mut launch.observer,
                 )
-                .map_err(|e| match e {
-                    MemError::Coalesce(error) => SimtError::Coalesce { block, error },
-                    MemError::Access(error) => SimtError::Access { block, error },
-                })?
+                .map_err(|error| SimtError::Access { block, error })?
             }
             Op::Exit => {
                 let slot = w.block_slot;
@@ -371,8 +483,7 @@ pub fn run<K: Kernel>(
                             &mut units,
                             &mut open,
                             &mut *launch.dispatch,
-                            kernel,
-                            wpb,
+                            (kernel, wpb, now),
                             &mut age,
                             &mut stats,
                         );
@@ -381,10 +492,10 @@ pub fn run<K: Kernel>(
                 continue;
             }
         };
-        unit.ready_at[s] = now + 1 + wait;
+        unit.ready_at[s] = ready;
         if unit.masked {
             unit.ready &= !(1u64 << s);
-            unit.wakes.push(Reverse((now + 1 + wait, s)));
+            unit.wakes.push(Reverse((ready, s)));
         }
         unit.now += 1;
     }
@@ -441,8 +552,7 @@ fn fill_open<K: Kernel>(
     units: &mut [Unit<K::Warp>],
     open: &mut VecDeque<u64>,
     dispatch: &mut dyn Dispatch,
-    kernel: &K,
-    wpb: usize,
+    (kernel, wpb, now): (&K, usize, u64),
     age: &mut u64,
     stats: &mut RunStats,
 ) {
@@ -457,34 +567,47 @@ fn fill_open<K: Kernel>(
         let u = if cands.contains(&u) { u } else { cands[0] };
         let b = open.pop_front().expect("not empty");
         let slot = free_slot(&units[u]).expect("candidate has room");
+        // A unit whose warps all wait for walkers kept the clock of its last issue:
+        // the block starts now, not then.
+        units[u].now = units[u].now.max(now);
         place(&mut units[u], kernel, b, slot, wpb, age, stats);
     }
 }
 
-enum MemError {
-    Coalesce(CoalesceError),
-    Access(AccessError),
+/// The pages of the coalesced instruction in `m.co` (left in `m.pages`) that unit `u`'s
+/// TLBs do not hold now, as a mask by page index; 0 when the translator does not say.
+fn held_mask(dev: Device<'_>, u: usize, op: Op, m: &mut Memory) -> u64 {
+    let access = if op == Op::Store {
+        Prot::WRITE
+    } else {
+        Prot::READ
+    };
+    m.pages.clear();
+    m.pages
+        .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
+    let n = m.pages.len().min(64);
+    let all = if n == 64 { !0 } else { (1u64 << n) - 1 };
+    dev.port.held(u, &m.pages).map_or(0, |h| all & !h)
 }
 
-/// Run one memory instruction of unit `u`; returns the cycles the warp waits.
+/// Run one memory instruction of unit `u`, coalesced in `m.co`, issued at cycle
+/// `issue` and run at cycle `run` (later when it waited for a walker) with the pages
+/// of mask `missed` not held at issue; returns the cycle the warp is ready again.
 #[allow(clippy::too_many_arguments)]
 fn memory(
     dev: Device<'_>,
     u: usize,
     op: Op,
     io: &mut WarpIo,
-    page_shift: u8,
-    cost: &CostModel,
-    now: u64,
+    (cost, page_shift): (&CostModel, u8),
+    (issue, run, missed): (u64, u64, u64),
     m: &mut Memory,
     l1d: &mut Option<Tlb<()>>,
     stats: &mut RunStats,
     observer: &mut Option<&mut (dyn AccessObserver + '_)>,
-) -> Result<u64, MemError> {
-    m.co.fill(&io.addr, io.mask, page_shift)
-        .map_err(MemError::Coalesce)?;
+) -> Result<u64, AccessError> {
     if m.co.transactions.is_empty() {
-        return Ok(0);
+        return Ok(run + 1);
     }
     let access = if op == Op::Store {
         Prot::WRITE
@@ -495,8 +618,7 @@ fn memory(
     m.pages
         .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
     let pmask = !((1u64 << page_shift) - 1);
-    let (co, lines) = (&m.co, &mut m.lines);
-    let mut line_pa = [0u64; 32];
+    let (co, lines, line_pa) = (&m.co, &mut m.lines, &mut m.line_pa);
     dev.port
         .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
             for (ti, &t) in co.transactions.iter().enumerate() {
@@ -538,9 +660,62 @@ fn memory(
                 }
             }
             Ok(())
-        })
-        .map_err(MemError::Access)?;
-    // Translation cost: the slowest page; walks beyond the walker count queue.
+        })?;
+    // Translation: the slowest page. A hit costs its lookups from issue; a walk holds a
+    // shared walker from when the request reached the walkers (or from when the
+    // instruction ran, if later); a merged request waits for the walk it merged with.
+    if !cost.timed_walks {
+        return Ok(untimed(cost, issue, m, l1d, stats, op));
+    }
+    let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
+    let mut ready = issue + 1;
+    for (i, r) in m.resolved.iter().enumerate() {
+        stats.translations += 1;
+        let page = m.co.pages[i];
+        let missed_at_issue = i < 64 && missed & (1 << i) != 0;
+        let t = match r.served {
+            Served::Walk { reads } => {
+                stats.walks += 1;
+                stats.walk_reads += u64::from(reads);
+                let latency = cost.walk_cache + u64::from(reads) * cost.dram;
+                m.walkers.walk(page, at_walkers, latency)
+            }
+            hit => match m.walkers.in_flight(page, issue) {
+                Some(end) => {
+                    stats.merged += 1;
+                    end.max(run)
+                }
+                None if missed_at_issue => {
+                    stats.merged += 1;
+                    m.walkers.last_end(page).unwrap_or(run).max(run)
+                }
+                None if hit == Served::L2 => {
+                    stats.served_l2 += 1;
+                    issue + 1 + cost.l1_tlb + cost.l2_tlb
+                }
+                None => {
+                    stats.served_l1 += u64::from(hit == Served::L1);
+                    issue + 1 + cost.l1_tlb
+                }
+            },
+        };
+        ready = ready.max(t);
+    }
+    let horizon = m.queue.front().map_or(issue, |q| q.issue.min(issue));
+    m.walkers.prune(horizon);
+    Ok(data(cost, issue, ready, m, l1d, stats, op))
+}
+
+/// The first model's translation cost (`timed_walks` off): the slowest page, walks
+/// beyond the walker count queueing behind the instruction's own; then the data.
+fn untimed(
+    cost: &CostModel,
+    issue: u64,
+    m: &mut Memory,
+    l1d: &mut Option<Tlb<()>>,
+    stats: &mut RunStats,
+    op: Op,
+) -> u64 {
     let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
     for r in &m.resolved {
         stats.translations += 1;
@@ -565,11 +740,26 @@ fn memory(
         worst = worst.max(c);
     }
     let translation = worst + (walks.saturating_sub(1) / cost.walkers.max(1)) * worst_walk;
+    data(cost, issue, issue + 1 + translation, m, l1d, stats, op)
+}
+
+/// Charge the data of the instruction in `m` (issued at `issue`) once its translations
+/// are ready at `ready`; returns the cycle the warp is ready again.
+fn data(
+    cost: &CostModel,
+    issue: u64,
+    ready: u64,
+    m: &mut Memory,
+    l1d: &mut Option<Tlb<()>>,
+    stats: &mut RunStats,
+    op: Op,
+) -> u64 {
+    let translation = ready - (issue + 1);
     // Data cost: the slowest transaction.
-    let t0 = now + 1 + translation;
+    let t0 = ready;
     let mut data = 0u64;
     let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
-    for &pa in line_pa.iter().take(m.co.transactions.len()) {
+    for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
         stats.transactions += 1;
         let l1_hit = op == Op::Load
             && l1d
@@ -608,5 +798,5 @@ fn memory(
     }
     stats.translation_cycles += translation;
     stats.data_cycles += data;
-    Ok(translation + data)
+    t0 + data
 }

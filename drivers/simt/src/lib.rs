@@ -36,4 +36,5 @@ pub mod kernel;
 pub mod machine;
 pub mod mesc;
 pub mod occupancy;
+mod timing;
 pub mod workloads;

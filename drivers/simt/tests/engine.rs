@@ -214,3 +214,50 @@ fn an_observer_sees_every_transaction_with_its_unit() {
         c.0
     );
 }
+
+#[test]
+fn requests_for_a_page_being_walked_merge_and_walkers_are_shared() {
+    let run = |walkers: u64, timed: bool| {
+        let mut m = machine();
+        m.cost.walkers = walkers;
+        m.cost.timed_walks = timed;
+        // 32 Ki threads of 4-byte words: 32 pages, each stored to by 32 warps in a row.
+        let n = 32 * 1024u64;
+        let r = m.upload(&vec![u32::MAX; n as usize]).unwrap();
+        let k = Evens {
+            n,
+            base: r.start.as_u64(),
+            tpb: 128,
+            regs: 32,
+        };
+        let s = m.launch(&k).unwrap();
+        let got = m.download(r, n as usize).unwrap();
+        for (t, &v) in got.iter().enumerate() {
+            assert_eq!(v, if t % 2 == 0 { t as u32 } else { u32::MAX });
+        }
+        let first = r.start.as_u64() / 4096;
+        let pages = (r.start.as_u64() + 4 * n - 1) / 4096 - first + 1;
+        (s, pages)
+    };
+    let (s, pages) = run(16, true);
+    // Every request is exactly one of: L1 hit, shared hit, merged miss, walk.
+    assert_eq!(
+        s.translations,
+        s.served_l1 + s.served_l2 + s.merged + s.walks
+    );
+    // The warps after a page's first wait for its walk instead of walking again: one
+    // walk per page (the 512-entry shared TLB keeps all 32).
+    assert_eq!(s.walks, pages);
+    assert!(s.merged > 0, "{s:?}");
+    // One walker for everyone: the walks queue, the run takes longer.
+    let (one, _) = run(1, true);
+    assert_eq!(one.walks, pages);
+    assert!(one.cycles > s.cycles, "{} vs {}", one.cycles, s.cycles);
+    // Untimed: a walk's fill lands at issue, so the warps after the first hit, and each
+    // instruction has the walkers to itself (one page each: the count does not matter).
+    let (u16, _) = run(16, false);
+    let (u1, _) = run(1, false);
+    assert_eq!((u16.merged, u16.walks), (0, pages));
+    assert_eq!(u16.served_l1 + u16.served_l2 + u16.walks, u16.translations);
+    assert_eq!(u1.cycles, u16.cycles);
+}
