@@ -193,6 +193,11 @@ enum Command {
         /// TLBs of 256 to 8192 entries (integrated GPU).
         #[arg(long)]
         l2_sweep: bool,
+        /// Time page walks across the device: one walk queue for the shared walkers,
+        /// fills when the walks start, requests for a page being walked merge (off by
+        /// default; README's SIMT section compares the two).
+        #[arg(long)]
+        timed_walks: bool,
     },
     /// VA→PA contiguity after a realistic churn (random faults, migrations, frees
     /// under memory pressure), with and without superpage reservations; every byte
@@ -416,6 +421,7 @@ fn run_full_report(out: &str) -> Result<Report, String> {
         gmem_simt::workloads::WORKLOADS,
         gmem_simt::workloads::Size::Full,
         false,
+        false,
     )?;
     let simt_table = simt::table(&simt_rows);
     print!("{simt_table}");
@@ -492,13 +498,20 @@ fn run_replay(
     Ok(r)
 }
 
-fn run_simt(workload: &str, quick: bool, discrete: bool, output: Output) -> ExitCode {
+fn run_simt(
+    workload: &str,
+    quick: bool,
+    discrete: bool,
+    timed_walks: bool,
+    output: Output,
+) -> ExitCode {
     let size = if quick {
         gmem_simt::workloads::Size::Quick
     } else {
         gmem_simt::workloads::Size::Full
     };
-    let rows = match simt::names(workload).and_then(|n| simt::run(&n, size, discrete)) {
+    let rows = match simt::names(workload).and_then(|n| simt::run(&n, size, discrete, timed_walks))
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("simt: {e}");
@@ -561,7 +574,8 @@ fn main() -> ExitCode {
             quick,
             discrete,
             l2_sweep: false,
-        }) => return run_simt(&workload, quick, discrete, output),
+            timed_walks,
+        }) => return run_simt(&workload, quick, discrete, timed_walks, output),
         Some(Command::Simt {
             workload,
             quick,

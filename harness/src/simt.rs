@@ -64,10 +64,18 @@ pub struct SimtRow {
     pub wall_seconds: f64,
     /// Matched the CPU reference.
     pub verified: bool,
+    /// The run timed its page walks ([`gmem_simt::cost::CostModel::timed_walks`]).
+    pub timed_walks: bool,
 }
 
-/// Run `names` at `size` on `gpu`.
-pub fn run(names: &[&str], size: Size, discrete: bool) -> Result<Vec<SimtRow>, String> {
+/// Run `names` at `size` on `gpu`, with timed page walks when `timed_walks`
+/// ([`gmem_simt::cost::CostModel::timed_walks`]).
+pub fn run(
+    names: &[&str],
+    size: Size,
+    discrete: bool,
+    timed_walks: bool,
+) -> Result<Vec<SimtRow>, String> {
     let mut rows = Vec::new();
     for &name in names {
         let pages = pages_needed(name, size);
@@ -83,6 +91,8 @@ pub fn run(names: &[&str], size: Size, discrete: bool) -> Result<Vec<SimtRow>, S
         } else {
             (SimtMachine::mesc(pages)?, "integrated")
         };
+        let mut m = m;
+        m.cost.timed_walks = timed_walks;
         let t = std::time::Instant::now();
         let o = workloads::run(&m, name, size)?;
         let wall = t.elapsed().as_secs_f64();
@@ -116,6 +126,7 @@ pub fn run(names: &[&str], size: Size, discrete: bool) -> Result<Vec<SimtRow>, S
             translation_share: s.translation_cycles as f64 / waited as f64,
             wall_seconds: wall,
             verified: o.verified,
+            timed_walks,
         });
     }
     Ok(rows)
@@ -146,7 +157,11 @@ pub fn table(rows: &[SimtRow]) -> String {
         "SIMT GPU: {MESC_UNITS} CUs, L1 TLB 32 entries fully assoc., shared TLB 512 x 16-way, \
          8 KiB walk cache, 4 KiB pages (MESC Table I)"
     );
-    let _ = writeln!(s, "{}", gmem_simt::cost::CostModel::calibrated());
+    let cost = gmem_simt::cost::CostModel {
+        timed_walks: rows.first().is_some_and(|r| r.timed_walks),
+        ..gmem_simt::cost::CostModel::calibrated()
+    };
+    let _ = writeln!(s, "{cost}");
     let _ = writeln!(
         s,
         "{:<17} {:>4} {:>10} {:>5} {:>10} {:>10} {:>6} {:>13} {:>6} {:>6} {:>7} {:>9} {:>11} {:>6} {:>7} {:>8}",

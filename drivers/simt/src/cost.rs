@@ -22,7 +22,7 @@
 //!
 //! ## What is charged
 //! A warp instruction issues in one cycle. A memory instruction then waits for its
-//! translations — the slowest of its pages; with `timed_walks` (the default) a walk
+//! translations — the slowest of its pages; with `timed_walks` (off by default) a walk
 //! holds one of the device's shared walkers and a request for a page being walked
 //! waits for that walk (see [`crate::engine`]); without, walks beyond the walker count
 //! queue behind the instruction's own — and then for its data: each 128-byte transaction hits the
@@ -51,7 +51,9 @@ pub struct CostModel {
     /// pages miss waits in one walk queue for the shared walkers, fills land when its
     /// walks start, and requests for a page being walked merge. When off, each
     /// instruction's walks take the walkers as if no other instruction walked, and a
-    /// walk's fill lands at issue (the first model; kept to compare against).
+    /// walk's fill lands at issue (the first model, and the default: the MESC
+    /// reproduction and the main job run on it; `gmem-harness simt --timed-walks`
+    /// shows what timing changes, see README's SIMT section).
     pub timed_walks: bool,
     /// L1 data-cache hit.
     pub l1_data: u64,
@@ -77,7 +79,7 @@ impl CostModel {
             walk_cache: 10,
             dram: 400,
             walkers: 16,
-            timed_walks: true,
+            timed_walks: false,
             l1_data: 28,
             l2_data: 193,
             dram_bytes_per_cycle: 32_000.0 / 700.0,
