@@ -152,7 +152,8 @@ impl SpaceState {
     }
 
     /// `region_at` for faults: the last fault's region first (one exact-key probe;
-    /// regions never overlap, so one that covers `va` is the answer), else the search.
+    /// regions never overlap, so one that covers `va` is the answer), else one search
+    /// whose answer is the result and the next hint (no second probe for the record).
     fn fault_region(&mut self, va: u64) -> Option<(u64, &super::RegionRec)> {
         let h = self.region_hint;
         if let Some(r) = self.regions.get(&h) {
@@ -160,9 +161,12 @@ impl SpaceState {
                 return Some((h, r));
             }
         }
-        let s = self.region_at(va)?.0;
+        let (&s, r) = self.regions.range(..=va).next_back()?;
+        if va - s >= r.len {
+            return None;
+        }
         self.region_hint = s;
-        self.regions.get(&s).map(|r| (s, r))
+        Some((s, r))
     }
 
     /// Map the page's frame where it is into table `t` (if not there yet) and count it.
