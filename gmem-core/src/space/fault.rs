@@ -244,6 +244,7 @@ impl SpaceState {
 
     /// The memory a placement target names for a faulting device (host memory is
     /// borrowed from the context: no reference-count round trip for it).
+    #[inline]
     pub(crate) fn target_of<'c>(
         &self,
         cx: &Ctx<'c>,
