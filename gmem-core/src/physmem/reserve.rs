@@ -323,6 +323,7 @@ impl PhysMem {
     /// Hand frames `off..off + pages` of the reservation in `slot` to their pages
     /// (`first`: the frame index of the first one, when the caller knows it and the
     /// run's indices are consecutive).
+    #[inline]
     fn claim(
         &mut self,
         slot: u32,
@@ -357,7 +358,17 @@ impl PhysMem {
                 space,
                 vpn: Vpn(block + k),
             });
-            self.set_state(i, state);
+            if self.groups.is_none() {
+                // A claimed frame is reserved, or free in a block just reserved: on no
+                // queue and not pending, so `set_state` would only link it.
+                debug_assert!(matches!(
+                    self.frames[i as usize].state,
+                    FrameState::Reserved | FrameState::Free
+                ));
+                self.push_tail(i, state);
+            } else {
+                self.set_state(i, state);
+            }
         }
     }
 
