@@ -85,6 +85,10 @@ struct Resv {
     used: u64,
     /// Creation order (smaller = older).
     age: u64,
+    /// The frame index of `base` when the block's indices are consecutive (they are
+    /// unless it straddles two registered ranges): a claim finds its frame's record
+    /// by addition, without the range search.
+    first_index: Option<u32>,
 }
 
 /// The reservations of one memory.
@@ -190,12 +194,14 @@ impl PhysMem {
         }
         let off = vpn.0 - block;
         if let Some(slot) = self.block_slot(space, block) {
-            let base = self.reservations.record(slot).base;
+            let resv = self.reservations.record(slot);
+            let (base, first_index) = (resv.base, resv.first_index);
             // One page (every 4 KiB fault): find its frame's index once, for the
             // state check and the claim.
             let first = match pages {
-                1 => self
-                    .index(base + off)
+                1 => first_index
+                    .map(|i0| i0 + off as u32)
+                    .or_else(|| self.index(base + off))
                     .filter(|&i| self.frames[i as usize].state == FrameState::Reserved),
                 _ => None,
             };
@@ -300,6 +306,7 @@ impl PhysMem {
             block,
             used: 0,
             age,
+            first_index: consecutive.then_some(i0),
         });
         let slot = match rs.free.pop() {
             Some(slot) => {
@@ -492,7 +499,11 @@ impl PhysMem {
             let resv = rs.records[slot as usize]
                 .as_ref()
                 .ok_or("reservation index names an empty slot")?;
-            if resv.base != base {
+            if resv.base != base
+                || resv
+                    .first_index
+                    .is_some_and(|i0| self.index(base) != Some(i0))
+            {
                 return Err("reservation record disagrees with its index");
             }
             if base % RESERVATION_PAGES != 0 || resv.block % RESERVATION_PAGES != 0 {
