@@ -171,11 +171,17 @@ impl LogicalPageTable {
     /// Apply `f` to the entries of `first..first + pages` in order (`f` gets each page
     /// number and its entry): one table probe per leaf, not per page. Counts are kept
     /// as [`LogicalPageTable::update`] keeps them.
+    #[inline]
     pub fn update_run(&mut self, first: Vpn, pages: u64, mut f: impl FnMut(Vpn, &mut PageEntry)) {
         if pages == 1 {
-            // One page (every 4 KiB fault, twice): no run loop.
+            // One page (every 4 KiB fault, twice): no run loop, no call.
             return self.update(first, |e| f(first, e));
         }
+        self.update_pages(first, pages, f);
+    }
+
+    /// [`LogicalPageTable::update_run`] of more than one page, leaf by leaf.
+    fn update_pages(&mut self, first: Vpn, pages: u64, mut f: impl FnMut(Vpn, &mut PageEntry)) {
         let mut v = first.0;
         let end = first.0.saturating_add(pages);
         while v < end {
