@@ -79,16 +79,17 @@ pub(crate) struct DeviceInner {
 ///
 /// Dropping the run gives its frames back, so no error path between allocation and
 /// commitment (zeroing, copying, mapping) can leak them; [`FrameRun::commit`] hands
-/// them over to the pages for good.
+/// them over to the pages for good. The run borrows its device (the caller holds it
+/// for the whole operation): no reference-count round trip per allocation.
 #[must_use = "commit the frames to their pages, or drop the run to free them"]
-pub(crate) struct FrameRun {
-    dev: Arc<DeviceInner>,
+pub(crate) struct FrameRun<'a> {
+    dev: &'a DeviceInner,
     pfn: Pfn,
     /// Frames still owned by the run (0 once committed).
     pages: u64,
 }
 
-impl FrameRun {
+impl FrameRun<'_> {
     /// The first frame.
     pub fn pfn(&self) -> Pfn {
         self.pfn
@@ -101,7 +102,7 @@ impl FrameRun {
     }
 }
 
-impl Drop for FrameRun {
+impl Drop for FrameRun<'_> {
     fn drop(&mut self) {
         if self.pages > 0 {
             let mut phys = self.dev.phys.lock();
@@ -118,14 +119,14 @@ impl DeviceInner {
     /// the memory has groups.
     #[allow(clippy::too_many_arguments)]
     pub fn alloc_frames(
-        self: &Arc<Self>,
+        &self,
         pages: u64,
         align: u64,
         space: SpaceId,
         vpn: Vpn,
         limit: Option<crate::mmu::FrameConstraint>,
         class: u32,
-    ) -> Option<FrameRun> {
+    ) -> Option<FrameRun<'_>> {
         let mut phys = self.phys.lock();
         let pfn = if phys.group_order().is_some() {
             phys.alloc_grouped(
@@ -143,7 +144,7 @@ impl DeviceInner {
         }?;
         drop(phys);
         Some(FrameRun {
-            dev: self.clone(),
+            dev: self,
             pfn,
             pages,
         })
@@ -153,20 +154,20 @@ impl DeviceInner {
     /// `space` from `vpn` (a compaction destination), from page groups of `class` when
     /// the memory has groups.
     pub fn alloc_frames_within(
-        self: &Arc<Self>,
+        &self,
         lo: u64,
         hi: u64,
         pages: u64,
         class: Option<u32>,
         space: SpaceId,
         vpn: Vpn,
-    ) -> Option<FrameRun> {
+    ) -> Option<FrameRun<'_>> {
         let pfn = self
             .phys
             .lock()
             .alloc_within(lo, hi, pages, class, space, vpn)?;
         Some(FrameRun {
-            dev: self.clone(),
+            dev: self,
             pfn,
             pages,
         })
@@ -177,13 +178,13 @@ impl DeviceInner {
     /// its offset in its block's reservation. A memory managed in page groups has no
     /// reservations: the frames come from groups of `class`.
     pub fn alloc_pages(
-        self: &Arc<Self>,
+        &self,
         pages: u64,
         space: SpaceId,
         vpn: Vpn,
         limit: Option<crate::mmu::FrameConstraint>,
         class: u32,
-    ) -> Option<FrameRun> {
+    ) -> Option<FrameRun<'_>> {
         // One lock round trip on the common path (this runs once per 4 KiB fault).
         let pfn = {
             let mut phys = self.phys.lock();
@@ -194,7 +195,7 @@ impl DeviceInner {
             phys.alloc_pages(pages, space, vpn, false, limit)?
         };
         Some(FrameRun {
-            dev: self.clone(),
+            dev: self,
             pfn,
             pages,
         })

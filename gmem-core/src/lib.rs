@@ -44,9 +44,9 @@
 
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
-// `unsafe` appears as the `FrameSource` contract (an `unsafe trait`) and in two fenced
-// places of `physmem` (linking and unlinking a frame's node on an intrusive page queue,
-// which `intrusive-collections` can only do in O(1) through raw node pointers).
+// `unsafe` appears as the `FrameSource` contract (an `unsafe trait`) and in fenced
+// hardware hints (`vmem`'s prefetch); the page queues of `physmem` are linked by frame
+// index, with no pointer to fence.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![warn(clippy::missing_errors_doc)]

@@ -17,9 +17,15 @@
 //! of 16 bytes each (8 KiB, one leaf per 2 MiB of virtual space that holds anything).
 //! Lookup is one hash probe plus an index: O(1). Leaves are freed when their last entry
 //! empties, so the table's size follows what is populated, not what is allocated.
+//!
+//! The leaves live in a slab (the hash map names a leaf by its slot) and the table
+//! remembers the leaf its last update touched: a fault reads its page's entry, fills
+//! it and sets its mapping bit, and consecutive faults mostly fall in one 2 MiB
+//! block, so all three skip the hash probe (a key compare and an index instead).
 
 use crate::addr::{Pfn, Vpn};
 use alloc::boxed::Box;
+use alloc::vec::Vec;
 use hashbrown::HashMap;
 
 /// Entries per leaf.
@@ -85,18 +91,51 @@ struct Leaf {
 }
 
 /// The logical page table of one address space.
+///
+/// Invariant: `leaves` maps each key to a slot of `slab` that holds a leaf, no two keys
+/// share a slot, the empty slots are exactly those in `free`, and `last`, when set,
+/// names a key of `leaves` with its slot.
 #[derive(Default)]
 pub(crate) struct LogicalPageTable {
-    leaves: HashMap<u64, Box<Leaf>>,
+    /// Leaf key (`vpn / 512`) → slot in `slab`.
+    leaves: HashMap<u64, u32>,
+    slab: Vec<Option<Box<Leaf>>>,
+    /// Empty slots of `slab`.
+    free: Vec<u32>,
+    /// The leaf the last update touched, `(key, slot)`.
+    last: Option<(u64, u32)>,
     populated: u64,
 }
 
 impl LogicalPageTable {
+    /// The slot of the leaf of `key`, if it exists (the memo first, then one probe).
+    #[inline]
+    fn slot(&self, key: u64) -> Option<u32> {
+        match self.last {
+            Some((k, slot)) if k == key => Some(slot),
+            _ => self.leaves.get(&key).copied(),
+        }
+    }
+
+    /// The leaf in `slot` (a slot the index or the memo named).
+    #[inline]
+    fn leaf(&self, slot: u32) -> &Leaf {
+        self.slab[slot as usize]
+            .as_deref()
+            .expect("an indexed slot holds a leaf")
+    }
+
+    /// The leaf of `key`, if it exists.
+    #[inline]
+    fn leaf_of(&self, key: u64) -> Option<&Leaf> {
+        self.slot(key).map(|s| self.leaf(s))
+    }
+
     /// The entry of `vpn` ([`PageEntry::EMPTY`] when nothing is recorded).
     #[inline]
     pub fn get(&self, vpn: Vpn) -> PageEntry {
         let vpn = vpn.0;
-        match self.leaves.get(&(vpn >> LEAF_SHIFT)) {
+        match self.leaf_of(vpn >> LEAF_SHIFT) {
             Some(leaf) => leaf.entries[(vpn as usize) & (LEAF_ENTRIES - 1)],
             None => PageEntry::EMPTY,
         }
@@ -113,7 +152,10 @@ impl LogicalPageTable {
     pub fn update<R>(&mut self, vpn: Vpn, f: impl FnOnce(&mut PageEntry) -> R) -> R {
         let key = vpn.0 >> LEAF_SHIFT;
         let idx = (vpn.0 as usize) & (LEAF_ENTRIES - 1);
-        let leaf = self.leaf_mut(key);
+        let slot = self.slot_mut(key);
+        let leaf = self.slab[slot as usize]
+            .as_deref_mut()
+            .expect("an indexed slot holds a leaf");
         let before = leaf.entries[idx];
         let r = f(&mut leaf.entries[idx]);
         let after = leaf.entries[idx];
@@ -121,7 +163,7 @@ impl LogicalPageTable {
         let emptied = leaf.used == 0;
         self.populated = self.populated.wrapping_add_signed(populated);
         if emptied {
-            self.leaves.remove(&key);
+            self.free_leaf(key, slot);
         }
         r
     }
@@ -129,14 +171,27 @@ impl LogicalPageTable {
     /// Apply `f` to the entries of `first..first + pages` in order (`f` gets each page
     /// number and its entry): one table probe per leaf, not per page. Counts are kept
     /// as [`LogicalPageTable::update`] keeps them.
+    #[inline]
     pub fn update_run(&mut self, first: Vpn, pages: u64, mut f: impl FnMut(Vpn, &mut PageEntry)) {
+        if pages == 1 {
+            // One page (every 4 KiB fault, twice): no run loop, no call.
+            return self.update(first, |e| f(first, e));
+        }
+        self.update_pages(first, pages, f);
+    }
+
+    /// [`LogicalPageTable::update_run`] of more than one page, leaf by leaf.
+    fn update_pages(&mut self, first: Vpn, pages: u64, mut f: impl FnMut(Vpn, &mut PageEntry)) {
         let mut v = first.0;
         let end = first.0.saturating_add(pages);
         while v < end {
             let key = v >> LEAF_SHIFT;
             let lo = (v as usize) & (LEAF_ENTRIES - 1);
             let n = ((LEAF_ENTRIES - lo) as u64).min(end - v) as usize;
-            let leaf = self.leaf_mut(key);
+            let slot = self.slot_mut(key);
+            let leaf = self.slab[slot as usize]
+                .as_deref_mut()
+                .expect("an indexed slot holds a leaf");
             let mut populated = 0i64;
             for (i, e) in leaf.entries[lo..lo + n].iter_mut().enumerate() {
                 let before = *e;
@@ -147,16 +202,57 @@ impl LogicalPageTable {
             let emptied = leaf.used == 0;
             self.populated = self.populated.wrapping_add_signed(populated);
             if emptied {
-                self.leaves.remove(&key);
+                self.free_leaf(key, slot);
             }
             v += n as u64;
         }
     }
 
-    /// The leaf of `key`, created empty if absent (one probe).
+    /// The slot of the leaf of `key`, created empty if absent (the memo, else one
+    /// probe); the leaf becomes the memo's.
     #[inline]
-    fn leaf_mut(&mut self, key: u64) -> &mut Leaf {
-        self.leaves.entry(key).or_insert_with(Self::new_leaf)
+    fn slot_mut(&mut self, key: u64) -> u32 {
+        if let Some((k, slot)) = self.last {
+            if k == key {
+                return slot;
+            }
+        }
+        let slot = match self.leaves.get(&key) {
+            Some(&slot) => slot,
+            None => self.insert_leaf(key),
+        };
+        self.last = Some((key, slot));
+        slot
+    }
+
+    /// A new empty leaf for `key` in a free slot (out of line: it runs once per 2 MiB
+    /// of virtual space that gets an entry).
+    #[cold]
+    #[inline(never)]
+    fn insert_leaf(&mut self, key: u64) -> u32 {
+        let leaf = Self::new_leaf();
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slab[slot as usize] = Some(leaf);
+                slot
+            }
+            None => {
+                self.slab.push(Some(leaf));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.leaves.insert(key, slot);
+        slot
+    }
+
+    /// Free the (empty) leaf of `key` in `slot`, and forget it in the memo.
+    fn free_leaf(&mut self, key: u64, slot: u32) {
+        self.leaves.remove(&key);
+        self.slab[slot as usize] = None;
+        self.free.push(slot);
+        if self.last.is_some_and(|(k, _)| k == key) {
+            self.last = None;
+        }
     }
 
     /// An empty leaf (out of line: an 8 KiB leaf's initialisation must not be inlined
@@ -210,7 +306,7 @@ impl LogicalPageTable {
         // walk the table's leaves and sort what falls in range.
         (0..leaf_count).flat_map(move |k| {
             let key = first_leaf + k;
-            let leaf = self.leaves.get(&key);
+            let leaf = self.leaf_of(key);
             let lo = if k == 0 {
                 (first as usize) & (LEAF_ENTRIES - 1)
             } else {
@@ -245,9 +341,10 @@ impl LogicalPageTable {
 
     /// Every non-empty entry of the table, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (Vpn, PageEntry)> + '_ {
-        self.leaves.iter().flat_map(|(key, leaf)| {
+        self.leaves.iter().flat_map(|(key, &slot)| {
             let base = key << LEAF_SHIFT;
-            leaf.entries
+            self.leaf(slot)
+                .entries
                 .iter()
                 .enumerate()
                 .filter(|(_, e)| !e.is_empty())
@@ -291,6 +388,32 @@ mod tests {
         assert_eq!(t.leaves(), 2);
         t.update(Vpn(9), |e| e.mapped = 0);
         assert_eq!(t.leaves(), 1);
+    }
+
+    #[test]
+    fn a_freed_leaf_leaves_the_memo_and_its_slot_serves_another_block() {
+        let mut t = LogicalPageTable::default();
+        t.set(Vpn(1), frame(10));
+        t.set(Vpn(1030), frame(20));
+        // The memo names the leaf of 1030; emptying it frees the leaf and the memo.
+        t.take(Vpn(1030));
+        assert_eq!(t.leaves(), 1);
+        assert_eq!(t.get(Vpn(1030)), PageEntry::EMPTY);
+        // A new block takes the freed slot: the old block still reads empty and the
+        // first block is untouched.
+        t.set(Vpn(4000), frame(40));
+        assert_eq!(t.slab.len(), 2, "the freed slot was reused");
+        assert_eq!(t.get(Vpn(1030)), PageEntry::EMPTY);
+        assert_eq!(t.get(Vpn(4000)).pfn, Pfn(40));
+        assert_eq!(t.get(Vpn(1)).pfn, Pfn(10));
+        // Emptying the memo's leaf through a run, then reading through the index.
+        t.update_run(Vpn(4000), 1, |_, e| *e = PageEntry::EMPTY);
+        assert_eq!(t.get(Vpn(4000)), PageEntry::EMPTY);
+        assert_eq!(
+            t.iter().map(|(v, _)| v.0).collect::<alloc::vec::Vec<_>>(),
+            [1]
+        );
+        assert_eq!(t.populated(), 1);
     }
 
     #[test]

@@ -7,19 +7,17 @@
 //!
 //! Every frame has a small record (`FrameMeta`): its state and, when in use, its
 //! reverse mapping (which address space and virtual page it backs). Frames in use sit
-//! on one of three page queues, intrusive doubly linked lists
-//! (`intrusive_collections::LinkedList`) threaded through a per-frame queue node, so
-//! that any frame leaves its queue in O(1), as a kernel's page queues allow:
+//! on one of three page queues, doubly linked lists threaded through the frame records
+//! by frame index (`prev`/`next`, as a kernel threads its page queues through its
+//! `vm_page` array), so that any frame leaves its queue in O(1) with no pointer and no
+//! atomic operation:
 //! - **active**: recently faulted in, or referenced when the eviction scan looked;
 //! - **inactive**: aged out of the active queue, the first candidates for eviction;
 //! - **wired**: pinned (caller-given or `region_map`ped), never evicted.
 //!
 //! Free frames are not on a list: they live in the arena, which the core asks for
 //! aligned contiguous runs (a linked free list could not answer "a free, 2 MiB-aligned
-//! run of 512 frames" without a scan). The queue nodes live in one boxed slice per
-//! registered range, never moved or freed while the memory exists, so a list may hold
-//! plain references to them (`UnsafeRef`); the lists are emptied before the nodes are
-//! dropped.
+//! run of 512 frames" without a scan).
 //!
 //! A frame released while a TLB may still translate to it (an asynchronous unmap not yet
 //! invalidated) is **pending**: on no queue and not in the arena until the invalidation
@@ -53,10 +51,7 @@ use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::handle::SpaceId;
 use crate::mmu::FrameConstraint;
 use crate::vmem::{Arena, ArenaConfig, Constraint, SpanError};
-use alloc::boxed::Box;
 use alloc::vec::Vec;
-use intrusive_collections::linked_list::{AtomicLink, LinkedList};
-use intrusive_collections::{intrusive_adapter, UnsafeRef};
 
 mod extents;
 mod groups;
@@ -82,37 +77,28 @@ pub enum EvictionPolicy {
     Clock,
 }
 
-/// A frame's link in its page queue. The node of frame index `i` lives at a fixed
-/// address for the life of the memory (its range's boxed slice), and `index` names it
-/// back.
-struct QueueNode {
-    link: AtomicLink,
-    index: u32,
-}
-
-intrusive_adapter!(QueueAdapter = UnsafeRef<QueueNode>: QueueNode { link: AtomicLink });
-
-/// One page queue and its length (the list keeps no count).
+/// One page queue: the frame indices of its head and tail (`NIL` when empty; the
+/// frames link each other through `FrameMeta::prev`/`next`) and its length.
+#[derive(Clone, Copy)]
 struct PageQueue {
-    list: LinkedList<QueueAdapter>,
+    head: u32,
+    tail: u32,
     len: u64,
 }
 
 impl PageQueue {
-    fn new() -> PageQueue {
-        PageQueue {
-            list: LinkedList::new(QueueAdapter::new()),
-            len: 0,
-        }
-    }
+    const EMPTY: PageQueue = PageQueue {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
 }
 
-/// The queue nodes of one registered range: frame indices `first..first + nodes.len()`
-/// are frames `base_pfn..` (chunks are kept in index order).
+/// One registered range in frame-index order: frame indices `first..` are frames
+/// `base_pfn..` (chunks are kept in index order).
 struct Chunk {
     first: u32,
     base_pfn: u64,
-    nodes: Box<[QueueNode]>,
 }
 
 /// What a frame is doing.
@@ -147,6 +133,19 @@ pub struct Owner {
 struct FrameMeta {
     owner: Option<Owner>,
     state: FrameState,
+    /// Neighbours on the frame's page queue (frame indices, `NIL` at the ends);
+    /// meaningful only while the state names a queue.
+    prev: u32,
+    next: u32,
+}
+
+impl FrameMeta {
+    const FREE: FrameMeta = FrameMeta {
+        owner: None,
+        state: FrameState::Free,
+        prev: NIL,
+        next: NIL,
+    };
 }
 
 struct Range {
@@ -214,10 +213,9 @@ pub(crate) struct PhysMem {
     arena: Arena,
     ranges: Vec<Range>,
     frames: Vec<FrameMeta>,
-    /// Active, inactive, wired. Declared before `chunks`: the lists reference the
-    /// nodes and are emptied first (see `Drop`).
+    /// Active, inactive, wired.
     queues: [PageQueue; 3],
-    /// Queue nodes, one chunk per registered range, in frame-index order.
+    /// One chunk per registered range, in frame-index order.
     chunks: Vec<Chunk>,
     pending: u64,
     /// Superpage reservations (`reserve`).
@@ -246,7 +244,7 @@ impl PhysMem {
             arena,
             ranges: Vec::new(),
             frames: Vec::new(),
-            queues: [PageQueue::new(), PageQueue::new(), PageQueue::new()],
+            queues: [PageQueue::EMPTY; 3],
             chunks: Vec::new(),
             pending: 0,
             reservations: reserve::Reservations::default(),
@@ -317,23 +315,11 @@ impl PhysMem {
                 first: first as u32,
             },
         );
-        self.frames.resize(
-            (first + pages) as usize,
-            FrameMeta {
-                owner: None,
-                state: FrameState::Free,
-            },
-        );
-        let nodes = (0..pages)
-            .map(|k| QueueNode {
-                link: AtomicLink::new(),
-                index: (first + k) as u32,
-            })
-            .collect();
+        self.frames
+            .resize((first + pages) as usize, FrameMeta::FREE);
         self.chunks.push(Chunk {
             first: first as u32,
             base_pfn,
-            nodes,
         });
         if let Some(g) = self.groups.as_mut() {
             g.add_range(first as u32, base_pfn, pages);
@@ -344,11 +330,6 @@ impl PhysMem {
     fn chunk_of(&self, index: u32) -> &Chunk {
         let pos = self.chunks.partition_point(|c| c.first <= index);
         &self.chunks[pos - 1]
-    }
-
-    fn node(&self, index: u32) -> &QueueNode {
-        let c = self.chunk_of(index);
-        &c.nodes[(index - c.first) as usize]
     }
 
     fn index(&self, pfn: u64) -> Option<u32> {
@@ -378,30 +359,41 @@ impl PhysMem {
             .and_then(|i| self.frames[i as usize].owner)
     }
 
-    #[allow(unsafe_code)]
+    /// Take frame `i` off the queue its state names (every state change goes through
+    /// `set_state`, which links and unlinks in step; `check` verifies the links).
     fn unlink(&mut self, i: u32) {
         let Some(q) = queue_of(self.frames[i as usize].state) else {
             return;
         };
-        let node: *const QueueNode = self.node(i);
-        // SAFETY: a frame whose state names queue `q` has its node linked on queue `q`
-        // (every state change goes through `set_state`, which links and unlinks in
-        // step; `check` verifies it), so `node` is an element of that list.
-        let removed = unsafe { self.queues[q].list.cursor_mut_from_ptr(node) }.remove();
-        debug_assert!(removed.is_some(), "frame {i} was on its queue");
+        let FrameMeta { prev, next, .. } = self.frames[i as usize];
+        match prev {
+            NIL => self.queues[q].head = next,
+            p => self.frames[p as usize].next = next,
+        }
+        match next {
+            NIL => self.queues[q].tail = prev,
+            n => self.frames[n as usize].prev = prev,
+        }
+        let m = &mut self.frames[i as usize];
+        m.prev = NIL;
+        m.next = NIL;
         self.queues[q].len -= 1;
     }
 
-    #[allow(unsafe_code)]
+    /// Put frame `i` (on no queue now) at the tail of the queue of `state`.
+    #[inline]
     fn push_tail(&mut self, i: u32, state: FrameState) {
         let q = queue_of(state).expect("push_tail takes a queue state");
-        self.frames[i as usize].state = state;
-        let node: *const QueueNode = self.node(i);
-        // SAFETY: the node lives in a boxed slice that is never moved or freed while
-        // any list can reach it (`Drop` empties the lists before the chunks go), and it
-        // is on no list now (`set_state` unlinked it), as `push_back` requires.
-        let node = unsafe { UnsafeRef::from_raw(node) };
-        self.queues[q].list.push_back(node);
+        let tail = self.queues[q].tail;
+        let m = &mut self.frames[i as usize];
+        m.state = state;
+        m.prev = tail;
+        m.next = NIL;
+        match tail {
+            NIL => self.queues[q].head = i,
+            t => self.frames[t as usize].next = i,
+        }
+        self.queues[q].tail = i;
         self.queues[q].len += 1;
     }
 
@@ -637,22 +629,23 @@ impl PhysMem {
     pub fn eviction_candidates(&mut self, max: usize) -> Vec<(Pfn, Owner)> {
         let in_use = self.queues[0].len + self.queues[1].len;
         while self.queues[1].len * 3 < in_use {
-            let Some(i) = self.queues[0].list.front().get().map(|n| n.index) else {
+            let i = self.queues[0].head;
+            if i == NIL {
                 break;
-            };
+            }
             self.set_state(i, FrameState::Inactive);
         }
         let mut out = Vec::new();
         for q in [1, 0] {
-            let mut c = self.queues[q].list.front();
-            while let Some(n) = c.get() {
+            let mut i = self.queues[q].head;
+            while i != NIL {
                 if out.len() >= max {
                     return out;
                 }
-                if let Some(owner) = self.frames[n.index as usize].owner {
-                    out.push((Pfn(self.pfn_of(n.index)), owner));
+                if let Some(owner) = self.frames[i as usize].owner {
+                    out.push((Pfn(self.pfn_of(i)), owner));
                 }
-                c.move_next();
+                i = self.frames[i as usize].next;
             }
         }
         out
@@ -694,33 +687,86 @@ impl PhysMem {
         }
         for (q, queue) in self.queues.iter().enumerate() {
             let mut n = 0;
-            for node in queue.list.iter() {
+            let (mut prev, mut i) = (NIL, queue.head);
+            while i != NIL {
                 let m = self
                     .frames
-                    .get(node.index as usize)
-                    .ok_or("queue node names no frame")?;
-                if queue_of(m.state) != Some(q) || !core::ptr::eq(node, self.node(node.index)) {
+                    .get(i as usize)
+                    .ok_or("queue link names no frame")?;
+                if queue_of(m.state) != Some(q) || m.prev != prev {
                     return Err("queue link or state corrupted");
                 }
                 n += 1;
                 if n > queue.len {
                     return Err("queue longer than its count");
                 }
+                (prev, i) = (i, m.next);
             }
-            if n != queue.len {
-                return Err("queue length mismatch");
+            if n != queue.len || queue.tail != prev {
+                return Err("queue length or tail mismatch");
             }
         }
         self.check_groups().and_then(|()| self.check_reservations())
     }
 }
 
-impl Drop for PhysMem {
-    fn drop(&mut self) {
-        // The lists hold references into `chunks`: unlink everything while the nodes
-        // are still alive (field order would do it too; this says it).
-        for q in &mut self.queues {
-            q.list.fast_clear();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space() -> SpaceId {
+        SpaceId {
+            index: 0,
+            generation: 1,
         }
+    }
+
+    /// The frames of queue `q` from head to tail, following the links.
+    fn order(p: &PhysMem, q: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut i = p.queues[q].head;
+        while i != NIL {
+            out.push(p.pfn_of(i));
+            i = p.frames[i as usize].next;
+        }
+        out
+    }
+
+    #[test]
+    fn queues_link_by_index_and_unlink_any_frame_in_order() {
+        let mut p = PhysMem::new();
+        p.set_reservations(false);
+        // Two registered ranges: frame indices run on across them.
+        p.register(PhysAddr::new(0x10_0000), PhysAddr::new(0x10_3000))
+            .unwrap();
+        p.register(PhysAddr::new(0x40_0000), PhysAddr::new(0x40_2000))
+            .unwrap();
+        let frames: Vec<u64> = (0..5)
+            .map(|k| p.alloc_run(1, 1, space(), Vpn(k), false, None).unwrap().0)
+            .collect();
+        assert_eq!(order(&p, 0), frames);
+        // From the middle, the head and the tail: each leaves in O(1) and the rest
+        // keep their order.
+        p.touch(Pfn(frames[2]));
+        assert_eq!(
+            order(&p, 0),
+            [frames[0], frames[1], frames[3], frames[4], frames[2]]
+        );
+        p.set_wired(Pfn(frames[0]), true);
+        p.quarantine(Pfn(frames[2]));
+        assert_eq!(order(&p, 0), [frames[1], frames[3], frames[4]]);
+        assert_eq!(order(&p, 2), [frames[0]]);
+        p.free(Pfn(frames[4]));
+        p.set_wired(Pfn(frames[0]), false);
+        assert_eq!(order(&p, 0), [frames[1], frames[3], frames[0]]);
+        assert_eq!(order(&p, 2), Vec::<u64>::new());
+        p.check().unwrap();
+        // Ageing moves the oldest active frames to the inactive queue, oldest first.
+        let c = p.eviction_candidates(8);
+        assert_eq!(c.first().map(|(f, _)| f.0), Some(frames[1]));
+        assert_eq!(c.len(), 3);
+        p.check().unwrap();
+        let counts = p.counts();
+        assert_eq!((counts.active + counts.inactive, counts.pending), (3, 1));
     }
 }

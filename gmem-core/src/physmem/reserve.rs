@@ -35,7 +35,8 @@
 //! use by exactly the page at its offset of the reservation's block in the
 //! reservation's space; the reservation's count of used frames is the number of frames
 //! that are not reserved; the reserved frames of all reservations are the memory's
-//! frames in the reserved state; the three indexes (by block, by frame, by age) agree.
+//! frames in the reserved state; the three indexes (by block, by frame, by age) agree
+//! and name exactly the live records of the slab; the memo names a live block.
 //! A live reservation's block is one allocated segment of the arena (split into frames
 //! lazily: only when the reservation is broken with frames in use).
 
@@ -45,6 +46,7 @@ use crate::handle::SpaceId;
 use crate::mmu::FrameConstraint;
 use crate::vmem::Constraint;
 use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
 
 /// Pages of one reservation: a 2 MiB block.
 pub(crate) const RESERVATION_PAGES: u64 = 512;
@@ -74,6 +76,8 @@ pub struct ReservationStats {
 /// One reservation.
 #[derive(Clone, Copy, Debug)]
 struct Resv {
+    /// First frame of the physical block.
+    base: u64,
     space: SpaceId,
     /// First page of the virtual block.
     block: u64,
@@ -81,30 +85,44 @@ struct Resv {
     used: u64,
     /// Creation order (smaller = older).
     age: u64,
+    /// The frame index of `base` when the block's indices are consecutive (they are
+    /// unless it straddles two registered ranges): a claim finds its frame's record
+    /// by addition, without the range search.
+    first_index: Option<u32>,
 }
 
 /// The reservations of one memory.
+///
+/// The records live in a slab (`records`); the three indexes name a record by its
+/// slot, so that the memo of the last block (`last`) hands a fault its record without
+/// any tree lookup.
 pub(crate) struct Reservations {
     enabled: bool,
-    /// (space, first page of the block) → first frame.
-    blocks: BTreeMap<(SpaceId, u64), u64>,
-    /// First frame → reservation.
-    by_base: BTreeMap<u64, Resv>,
-    /// Age → first frame.
-    by_age: BTreeMap<u64, u64>,
+    /// The records; `None` slots are in `free`.
+    records: Vec<Option<Resv>>,
+    /// Empty slots of `records`.
+    free: Vec<u32>,
+    /// (space, first page of the block) → slot.
+    blocks: BTreeMap<(SpaceId, u64), u32>,
+    /// First frame → slot.
+    by_base: BTreeMap<u64, u32>,
+    /// Age → slot.
+    by_age: BTreeMap<u64, u32>,
     next_age: u64,
     reserved: u64,
     stats: ReservationStats,
-    /// The last block looked up or made, `(space, block, first frame)`: consecutive
-    /// faults mostly fall in one 2 MiB block, and this spares them the tree lookup.
+    /// The last block looked up or made, `(space, block, slot)`: consecutive faults
+    /// mostly fall in one 2 MiB block, and this spares them the tree lookups.
     /// Cleared whenever a reservation goes.
-    last: Option<(SpaceId, u64, u64)>,
+    last: Option<(SpaceId, u64, u32)>,
 }
 
 impl Default for Reservations {
     fn default() -> Self {
         Reservations {
             enabled: true,
+            records: Vec::new(),
+            free: Vec::new(),
             blocks: BTreeMap::new(),
             by_base: BTreeMap::new(),
             by_age: BTreeMap::new(),
@@ -120,6 +138,19 @@ impl Reservations {
     /// Frames in the reserved state.
     pub fn reserved_frames(&self) -> u64 {
         self.reserved
+    }
+
+    /// The live record in `slot` (a slot an index or the memo named).
+    fn record(&self, slot: u32) -> &Resv {
+        self.records[slot as usize]
+            .as_ref()
+            .expect("an indexed slot holds a reservation")
+    }
+
+    fn record_mut(&mut self, slot: u32) -> &mut Resv {
+        self.records[slot as usize]
+            .as_mut()
+            .expect("an indexed slot holds a reservation")
     }
 }
 
@@ -162,25 +193,28 @@ impl PhysMem {
             return self.alloc_run(pages, align, space, vpn, wired, limit);
         }
         let off = vpn.0 - block;
-        if let Some(base) = self.block_base(space, block) {
+        if let Some(slot) = self.block_slot(space, block) {
+            let resv = self.reservations.record(slot);
+            let (base, first_index) = (resv.base, resv.first_index);
             // One page (every 4 KiB fault): find its frame's index once, for the
             // state check and the claim.
             let first = match pages {
-                1 => self
-                    .index(base + off)
+                1 => first_index
+                    .map(|i0| i0 + off as u32)
+                    .or_else(|| self.index(base + off))
                     .filter(|&i| self.frames[i as usize].state == FrameState::Reserved),
                 _ => None,
             };
             if first.is_some() || (pages > 1 && self.all_reserved(base + off, pages)) {
-                self.claim(base, off, pages, space, wired, first);
+                self.claim(slot, off, pages, space, wired, first);
                 return Some(Pfn(base + off));
             }
             self.reservations.stats.fallbacks += 1;
             return self.alloc_run(pages, align, space, vpn, wired, limit);
         }
         match self.reserve_block(space, block, off, pages) {
-            Some((base, first)) => {
-                self.claim(base, off, pages, space, wired, first);
+            Some((slot, base, first)) => {
+                self.claim(slot, off, pages, space, wired, first);
                 Some(Pfn(base + off))
             }
             None => {
@@ -193,24 +227,24 @@ impl PhysMem {
     /// The first frame of the reservation of `space`'s block holding `vpn`, if any.
     pub fn reservation_of(&self, space: SpaceId, vpn: Vpn) -> Option<Pfn> {
         let block = vpn.0 & !(RESERVATION_PAGES - 1);
-        self.reservations
-            .blocks
+        let rs = &self.reservations;
+        rs.blocks
             .get(&(space, block))
-            .map(|b| Pfn(*b))
+            .map(|&slot| Pfn(rs.record(slot).base))
     }
 
-    /// The first frame of `space`'s reservation for `block`, through the memo.
+    /// The slot of `space`'s reservation for `block`, through the memo.
     #[inline]
-    fn block_base(&mut self, space: SpaceId, block: u64) -> Option<u64> {
+    fn block_slot(&mut self, space: SpaceId, block: u64) -> Option<u32> {
         let rs = &mut self.reservations;
-        if let Some((s, b, base)) = rs.last {
+        if let Some((s, b, slot)) = rs.last {
             if s == space && b == block {
-                return Some(base);
+                return Some(slot);
             }
         }
-        let base = *rs.blocks.get(&(space, block))?;
-        rs.last = Some((space, block, base));
-        Some(base)
+        let slot = *rs.blocks.get(&(space, block))?;
+        rs.last = Some((space, block, slot));
+        Some(slot)
     }
 
     fn all_reserved(&self, pfn: u64, pages: u64) -> bool {
@@ -221,15 +255,16 @@ impl PhysMem {
     /// to hand its frames `off..off + pages` out ([`PhysMem::claim`] follows at once):
     /// those stay free until the claim makes them active, without a detour through
     /// the reserved state (a whole 2 MiB zero-fill block claims all 512). Returns the
-    /// block's first frame and, when the block's frame indices are consecutive (they
-    /// are unless it straddles two registered ranges), the index of frame `off`.
+    /// record's slot, the block's first frame and, when the block's frame indices are
+    /// consecutive (they are unless it straddles two registered ranges), the index of
+    /// frame `off`.
     fn reserve_block(
         &mut self,
         space: SpaceId,
         block: u64,
         off: u64,
         pages: u64,
-    ) -> Option<(u64, Option<u32>)> {
+    ) -> Option<(u32, u64, Option<u32>)> {
         let r = RESERVATION_PAGES;
         let mut c = Constraint::new(r << PAGE_SHIFT);
         c.align = r << PAGE_SHIFT;
@@ -265,29 +300,40 @@ impl PhysMem {
         let rs = &mut self.reservations;
         let age = rs.next_age;
         rs.next_age += 1;
-        rs.blocks.insert((space, block), base);
-        rs.last = Some((space, block, base));
-        rs.by_base.insert(
+        let record = Some(Resv {
             base,
-            Resv {
-                space,
-                block,
-                used: 0,
-                age,
-            },
-        );
-        rs.by_age.insert(age, base);
+            space,
+            block,
+            used: 0,
+            age,
+            first_index: consecutive.then_some(i0),
+        });
+        let slot = match rs.free.pop() {
+            Some(slot) => {
+                rs.records[slot as usize] = record;
+                slot
+            }
+            None => {
+                rs.records.push(record);
+                (rs.records.len() - 1) as u32
+            }
+        };
+        rs.blocks.insert((space, block), slot);
+        rs.last = Some((space, block, slot));
+        rs.by_base.insert(base, slot);
+        rs.by_age.insert(age, slot);
         rs.reserved += r;
         rs.stats.made += 1;
-        Some((base, consecutive.then_some(i0 + off as u32)))
+        Some((slot, base, consecutive.then_some(i0 + off as u32)))
     }
 
-    /// Hand frames `off..off + pages` of the reservation at `base` to their pages
+    /// Hand frames `off..off + pages` of the reservation in `slot` to their pages
     /// (`first`: the frame index of the first one, when the caller knows it and the
     /// run's indices are consecutive).
+    #[inline]
     fn claim(
         &mut self,
-        base: u64,
+        slot: u32,
         off: u64,
         pages: u64,
         space: SpaceId,
@@ -300,11 +346,8 @@ impl PhysMem {
             FrameState::Active
         };
         let rs = &mut self.reservations;
-        let resv = rs
-            .by_base
-            .get_mut(&base)
-            .expect("claimed reservation lives");
-        let block = resv.block;
+        let resv = rs.record_mut(slot);
+        let (base, block) = (resv.base, resv.block);
         resv.used += pages;
         if resv.used == RESERVATION_PAGES {
             rs.stats.filled += 1;
@@ -322,22 +365,38 @@ impl PhysMem {
                 space,
                 vpn: Vpn(block + k),
             });
-            self.set_state(i, state);
+            if self.groups.is_none() {
+                // A claimed frame is reserved, or free in a block just reserved: on no
+                // queue and not pending, so `set_state` would only link it.
+                debug_assert!(matches!(
+                    self.frames[i as usize].state,
+                    FrameState::Reserved | FrameState::Free
+                ));
+                self.push_tail(i, state);
+            } else {
+                self.set_state(i, state);
+            }
         }
     }
 
-    fn forget_reservation(&mut self, base: u64, resv: Resv) {
+    /// Remove the reservation in `slot` from the slab and every index; returns it.
+    fn forget_reservation(&mut self, slot: u32) -> Resv {
         let rs = &mut self.reservations;
+        let resv = rs.records[slot as usize]
+            .take()
+            .expect("an indexed slot holds a reservation");
+        rs.free.push(slot);
         rs.last = None;
-        rs.by_base.remove(&base);
+        rs.by_base.remove(&resv.base);
         rs.by_age.remove(&resv.age);
         rs.blocks.remove(&(resv.space, resv.block));
+        resv
     }
 
-    /// The reservation holding frame `pfn`, as its first frame.
-    pub(super) fn reservation_at(&self, pfn: u64) -> Option<u64> {
-        let (&base, _) = self.reservations.by_base.range(..=pfn).next_back()?;
-        (pfn < base + RESERVATION_PAGES).then_some(base)
+    /// The slot of the reservation holding frame `pfn`.
+    pub(super) fn reservation_at(&self, pfn: u64) -> Option<u32> {
+        let (&base, &slot) = self.reservations.by_base.range(..=pfn).next_back()?;
+        (pfn < base + RESERVATION_PAGES).then_some(slot)
     }
 
     /// A frame of index `i` (owner already cleared) is being freed: if it belongs to a
@@ -345,33 +404,29 @@ impl PhysMem {
     /// dissolved into the arena). Returns whether the reservation took it.
     pub(super) fn reservation_take_back(&mut self, i: u32) -> bool {
         let pfn = self.pfn_of(i);
-        let Some(base) = self.reservation_at(pfn) else {
+        let Some(slot) = self.reservation_at(pfn) else {
             return false;
         };
         self.set_state(i, FrameState::Reserved);
         self.reservations.reserved += 1;
-        let resv = self
-            .reservations
-            .by_base
-            .get_mut(&base)
-            .expect("found above");
+        let resv = self.reservations.record_mut(slot);
         resv.used -= 1;
         if resv.used == 0 {
-            let resv = *resv;
-            self.release_reserved(base, resv);
+            self.release_reserved(slot);
             self.reservations.stats.dissolved += 1;
         }
         true
     }
 
-    /// Return the reserved frames of the reservation at `base` to the arena and forget
+    /// Return the reserved frames of the reservation in `slot` to the arena and forget
     /// it; frames in use stay with their pages. Returns the frames returned.
     ///
     /// A live reservation's block is one allocated arena segment. With no frame in use
     /// it goes back whole; otherwise it is split into frames first, so that the frames
     /// in use become ordinary single-frame allocations.
-    fn release_reserved(&mut self, base: u64, resv: Resv) -> u64 {
-        self.forget_reservation(base, resv);
+    fn release_reserved(&mut self, slot: u32) -> u64 {
+        let resv = self.forget_reservation(slot);
+        let base = resv.base;
         let r = RESERVATION_PAGES;
         if resv.used == 0 {
             for k in 0..r {
@@ -408,15 +463,14 @@ impl PhysMem {
     /// go back to the arena. Returns whether there was one.
     pub fn break_oldest_reservation(&mut self) -> bool {
         let rs = &self.reservations;
-        let Some(&base) = rs
+        let Some(&slot) = rs
             .by_age
             .values()
-            .find(|b| rs.by_base[*b].used < RESERVATION_PAGES)
+            .find(|&&slot| rs.record(slot).used < RESERVATION_PAGES)
         else {
             return false;
         };
-        let resv = self.reservations.by_base[&base];
-        let n = self.release_reserved(base, resv);
+        let n = self.release_reserved(slot);
         self.reservations.stats.broken += 1;
         self.reservations.stats.frames_returned += n;
         true
@@ -428,13 +482,35 @@ impl PhysMem {
         if rs.by_base.len() != rs.blocks.len() || rs.by_base.len() != rs.by_age.len() {
             return Err("reservation indexes disagree in size");
         }
+        let live = rs.records.iter().filter(|r| r.is_some()).count();
+        if live != rs.by_base.len()
+            || live + rs.free.len() != rs.records.len()
+            || rs.free.iter().any(|&f| rs.records[f as usize].is_some())
+        {
+            return Err("reservation slab disagrees with its indexes");
+        }
+        if let Some((space, block, slot)) = rs.last {
+            if rs.blocks.get(&(space, block)) != Some(&slot) {
+                return Err("reservation memo names no live block");
+            }
+        }
         let mut reserved = 0;
-        for (&base, resv) in &rs.by_base {
+        for (&base, &slot) in &rs.by_base {
+            let resv = rs.records[slot as usize]
+                .as_ref()
+                .ok_or("reservation index names an empty slot")?;
+            if resv.base != base
+                || resv
+                    .first_index
+                    .is_some_and(|i0| self.index(base) != Some(i0))
+            {
+                return Err("reservation record disagrees with its index");
+            }
             if base % RESERVATION_PAGES != 0 || resv.block % RESERVATION_PAGES != 0 {
                 return Err("reservation not aligned");
             }
-            if rs.blocks.get(&(resv.space, resv.block)) != Some(&base)
-                || rs.by_age.get(&resv.age) != Some(&base)
+            if rs.blocks.get(&(resv.space, resv.block)) != Some(&slot)
+                || rs.by_age.get(&resv.age) != Some(&slot)
             {
                 return Err("reservation indexes disagree");
             }

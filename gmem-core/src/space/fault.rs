@@ -152,7 +152,8 @@ impl SpaceState {
     }
 
     /// `region_at` for faults: the last fault's region first (one exact-key probe;
-    /// regions never overlap, so one that covers `va` is the answer), else the search.
+    /// regions never overlap, so one that covers `va` is the answer), else one search
+    /// whose answer is the result and the next hint (no second probe for the record).
     fn fault_region(&mut self, va: u64) -> Option<(u64, &super::RegionRec)> {
         let h = self.region_hint;
         if let Some(r) = self.regions.get(&h) {
@@ -160,9 +161,12 @@ impl SpaceState {
                 return Some((h, r));
             }
         }
-        let s = self.region_at(va)?.0;
+        let (&s, r) = self.regions.range(..=va).next_back()?;
+        if va - s >= r.len {
+            return None;
+        }
         self.region_hint = s;
-        self.regions.get(&s).map(|r| (s, r))
+        Some((s, r))
     }
 
     /// Map the page's frame where it is into table `t` (if not there yet) and count it.
@@ -238,20 +242,26 @@ impl SpaceState {
         })
     }
 
-    /// The memory a placement target names for a faulting device.
-    pub(crate) fn target_of(
+    /// The memory a placement target names for a faulting device (host memory is
+    /// borrowed from the context: no reference-count round trip for it).
+    #[inline]
+    pub(crate) fn target_of<'c>(
         &self,
-        cx: &Ctx<'_>,
+        cx: &Ctx<'c>,
         dev: &Arc<DeviceInner>,
         target: PlacementTarget,
-    ) -> Arc<DeviceInner> {
+    ) -> TargetMemory<'c> {
+        let host = TargetMemory::Host(cx.host);
         match target {
-            PlacementTarget::Host => cx.host.clone(),
+            PlacementTarget::Host => host,
             PlacementTarget::Device(id) => match cx.device(id) {
-                Some(d) if d.has_memory() => d,
-                _ => cx.host.clone(),
+                Some(d) if d.has_memory() && !Arc::ptr_eq(&d, cx.host) => TargetMemory::Device(d),
+                _ => host,
             },
-            PlacementTarget::Faulting => own_memory(cx, dev).clone(),
+            PlacementTarget::Faulting => match own_memory(cx, dev) {
+                m if Arc::ptr_eq(m, cx.host) => host,
+                m => TargetMemory::Device(m.clone()),
+            },
         }
     }
 
@@ -339,14 +349,14 @@ impl SpaceState {
 
     /// One frame in `target` for page `vpn` (where the driver places it for `asker`),
     /// evicting to host memory if `target` is a full device memory.
-    pub(crate) fn alloc_frame(
+    pub(crate) fn alloc_frame<'d>(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        target: &Arc<DeviceInner>,
+        target: &'d Arc<DeviceInner>,
         vpn: Vpn,
         asker: Asker,
-    ) -> Result<FrameRun, MoveError> {
+    ) -> Result<FrameRun<'d>, MoveError> {
         let placement = frame_placement(target, space.id, vpn, 1, asker);
         loop {
             if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters) {
@@ -384,7 +394,7 @@ impl SpaceState {
         cx: &Ctx<'_>,
         vpn: Vpn,
         to: &Arc<DeviceInner>,
-        new: FrameRun,
+        new: FrameRun<'_>,
     ) -> Result<(), MoveError> {
         self.move_run(cx, vpn, 1, to, new)
     }
@@ -400,7 +410,7 @@ impl SpaceState {
         first: Vpn,
         pages: u64,
         to: &Arc<DeviceInner>,
-        new: FrameRun,
+        new: FrameRun<'_>,
     ) -> Result<(), MoveError> {
         let stats = cx.counters;
         let e = self.lpt.get(first);
@@ -569,6 +579,23 @@ impl SpaceState {
 
 const _: () = assert!(MAX_TABLES <= 32);
 
+/// The memory a placement target names ([`SpaceState::target_of`]): host memory,
+/// borrowed from the context, or a device's, held by a reference of its own.
+pub(crate) enum TargetMemory<'c> {
+    Host(&'c Arc<DeviceInner>),
+    Device(Arc<DeviceInner>),
+}
+
+impl core::ops::Deref for TargetMemory<'_> {
+    type Target = Arc<DeviceInner>;
+    fn deref(&self) -> &Arc<DeviceInner> {
+        match self {
+            TargetMemory::Host(h) => h,
+            TargetMemory::Device(d) => d,
+        }
+    }
+}
+
 /// Who asks for frames of some pages: what a [`FrameRequest`] carries besides the
 /// pages themselves.
 #[derive(Clone, Copy)]
@@ -614,15 +641,15 @@ pub(super) struct Placed {
 /// `pages` frames of `dev` aligned to `align` pages, placed as the driver said: a
 /// requirement is the only place, a preference is tried first and then any frame (of
 /// the fallback class, for [`FramePlacement::PreferOrClass`]); a fallback is counted.
-pub(super) fn alloc_placed(
-    dev: &Arc<DeviceInner>,
+pub(super) fn alloc_placed<'d>(
+    dev: &'d Arc<DeviceInner>,
     pages: u64,
     align: u64,
     space: SpaceId,
     vpn: Vpn,
     placed: Placed,
     stats: &Counters,
-) -> Option<FrameRun> {
+) -> Option<FrameRun<'d>> {
     // Runs up to a reservation's size (unaligned, or aligned to themselves) go through
     // the memory's superpage reservations; larger aligned blocks are one aligned run.
     let reserved = pages <= RESERVATION_PAGES && (align == 1 || align == pages);

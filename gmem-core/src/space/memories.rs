@@ -55,6 +55,7 @@ impl Memories {
     }
 
     /// The slot of `dev`, taking a free one if the space does not name it yet.
+    #[inline]
     pub fn index_of(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
         if let Some(i) = self.position(dev.id) {
             return Ok(i);

@@ -51,11 +51,18 @@ impl Segments {
 
     /// The values of every page of `[first, first + pages)` if they are the same for
     /// all of them, `None` otherwise.
+    #[inline]
     pub fn uniform(&self, region: Piece, first: Vpn, pages: u64) -> Option<Piece> {
-        let p = self.at(region, first);
         if self.pieces.is_empty() {
-            return Some(p);
+            // An unsplit space (every fault's common case): the region's values.
+            return Some(region);
         }
+        self.uniform_split(region, first, pages)
+    }
+
+    /// [`Segments::uniform`] when some region has pieces.
+    fn uniform_split(&self, region: Piece, first: Vpn, pages: u64) -> Option<Piece> {
+        let p = self.at(region, first);
         let end = first.0 + pages;
         // A piece starting inside the range, or the piece covering `first` ending
         // before `end`, changes the values.

@@ -53,6 +53,7 @@ impl SpaceState {
 
     /// Map populated pages of `[first, first+pages)` into every table in `mask` that does
     /// not have them yet, in physically contiguous runs.
+    #[inline]
     pub fn mirror(
         &mut self,
         stats: &Counters,
@@ -61,8 +62,20 @@ impl SpaceState {
         mask: u32,
     ) -> Result<(), MmuError> {
         if mask == 0 {
+            // No replicating table (every fault of a space without one): no call.
             return Ok(());
         }
+        self.mirror_into(stats, first, pages, mask)
+    }
+
+    /// [`SpaceState::mirror`] for a non-empty `mask`.
+    fn mirror_into(
+        &mut self,
+        stats: &Counters,
+        first: Vpn,
+        pages: u64,
+        mask: u32,
+    ) -> Result<(), MmuError> {
         let entries: Vec<(Vpn, PageEntry)> = self
             .lpt
             .entries_in(first, pages)

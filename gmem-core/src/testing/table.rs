@@ -114,14 +114,21 @@ impl Table {
     }
 
     /// Clear the accessed bits of `first..first + pages`; returns whether any was set.
+    /// One probe per leaf block, as [`Table::insert_run`] does, not one per page.
     pub fn take_accessed(&mut self, first: u64, pages: u64) -> bool {
         let mut any = false;
-        for v in first..first + pages {
-            let (b, k) = split(v);
+        let end = first.saturating_add(pages);
+        let mut v = first;
+        while v < end {
+            let (b, k0) = split(v);
+            let n = (LEAF_PAGES - k0 as u64).min(end - v);
             if let Some(l) = self.leaves.get_mut(&b) {
-                any |= l.accessed[k / 64] & (1 << (k % 64)) != 0;
-                l.accessed[k / 64] &= !(1 << (k % 64));
+                for k in k0..k0 + n as usize {
+                    any |= l.accessed[k / 64] & (1 << (k % 64)) != 0;
+                    l.accessed[k / 64] &= !(1 << (k % 64));
+                }
             }
+            v += n;
         }
         any
     }
@@ -140,5 +147,49 @@ impl Table {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flags::Prot;
+    use crate::handle::DeviceId;
+
+    fn pte(pfn: u64) -> Pte {
+        Pte {
+            pfn,
+            prot: Prot::READ,
+            memory: DeviceId {
+                index: 0,
+                generation: 1,
+            },
+            attrs: crate::mmu::Attrs::default(),
+        }
+    }
+
+    #[test]
+    fn take_accessed_clears_only_its_range_across_blocks() {
+        let mut t = Table::default();
+        t.insert_run(500, 30, |k| pte(1000 + k));
+        for v in [505, 511, 512, 525] {
+            t.set_accessed(v);
+        }
+        // A page with no PTE never gets an accessed bit.
+        t.set_accessed(600);
+        assert!(!t.accessed(600));
+        // [506, 520) holds 511 and 512, one on each side of the block boundary.
+        assert!(t.take_accessed(506, 14));
+        assert!(!t.accessed(511) && !t.accessed(512));
+        assert!(
+            t.accessed(505) && t.accessed(525),
+            "outside the range: kept"
+        );
+        assert!(!t.take_accessed(506, 14), "cleared by the first call");
+        // A range over blocks that hold no leaf answers false.
+        assert!(!t.take_accessed(2048, 1024));
+        assert!(t.take_accessed(0, 1 << 20));
+        assert!(!t.accessed(505) && !t.accessed(525));
+        assert_eq!(t.get(512).map(|p| p.pfn), Some(1012));
     }
 }

@@ -28,6 +28,36 @@ fn first_touch_zero_fills_maps_once_and_round_trips_bytes() {
 }
 
 #[test]
+fn faults_alternating_between_regions_find_each_and_a_gap_is_not_allocated() {
+    // The fault path remembers the last region it found: a fault elsewhere must not
+    // be served from it, and a miss must still find the right region or none.
+    let (s, space) = system();
+    let host = s.host().id;
+    let a =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    let b =
+        s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    let (lo, hi) = if a.start < b.start { (a, b) } else { (b, a) };
+    for (r, k) in [(lo, 0), (hi, 0), (lo, 1), (hi, 1)] {
+        let v = va(r.start.as_u64() + k * PAGE_SIZE);
+        let res = s.gm.dev_fault(host, v, Prot::WRITE).unwrap();
+        assert_eq!((res.kind, res.pages), (FaultKind::ZeroFill, 1));
+    }
+    assert_eq!(s.gm.stats().faults_zero_fill, 4);
+    // Back in the first region (a hint miss), then past the end of the second.
+    let again = s.gm.dev_fault(host, lo.start, Prot::READ).unwrap();
+    assert_eq!(again.kind, FaultKind::Spurious);
+    let past = va(hi.start.as_u64() + 2 * PAGE_SIZE);
+    assert_eq!(
+        s.gm.dev_fault(host, past, Prot::READ),
+        Err(FaultError::NotAllocated(past))
+    );
+    ok(&s, space);
+}
+
+#[test]
 fn fault_errors_are_typed_and_change_nothing() {
     let (mut s, space) = system();
     let host = s.host().id;
