@@ -37,11 +37,32 @@ use crate::sync::Mutex;
 /// much of a small device aperture.
 pub(super) const MAGAZINE_ROUNDS: usize = 32;
 
+/// Quanta a magazine of a large size class holds: a class of `k` quanta gets
+/// `MAGAZINE_QUANTA / k` rounds (at most [`MAGAZINE_ROUNDS`], at least one), so sizes
+/// up to 8 quanta keep 32-round magazines and a 128-quantum class keeps two rounds.
+/// With a fixed round count a CPU's two magazines of a 128-page class would hold 8192
+/// pages, and the depot 32 times that: on a space only a little larger than its live
+/// set, the caches of the rarely used large classes then hold the whole slack, the
+/// arena runs dry, and every cache is reaped and refilled (the `iova_churn`
+/// fragmenting trace reaped 459 times in 26 M allocations, and those refills were
+/// nearly all of its 63 k cache misses). kmem sizes its magazines per cache as well
+/// (small for large objects); Linux's IOVA range caches stop at 32 pages.
+pub(super) const MAGAZINE_QUANTA: u64 = 256;
+
+/// Rounds per magazine for a class of `quanta` quanta (see [`MAGAZINE_QUANTA`]).
+pub(super) fn rounds_for(quanta: u64) -> usize {
+    let r = MAGAZINE_QUANTA / quanta.max(1);
+    (r as usize).clamp(1, MAGAZINE_ROUNDS)
+}
+
 /// Full magazines the depot keeps per size class before flushing the oldest to the
-/// arena. Linux's IOVA range cache keeps 32 (`MAX_GLOBAL_MAGS`): a class whose
-/// population random-walks (frees of one size, allocations of another) reaches the
-/// arena, and its lock, about `1 / bound` as often, and every such visit moves a whole
-/// magazine through the segment layer under that lock.
+/// arena, until the arena first runs dry. Linux's IOVA range cache keeps 32
+/// (`MAX_GLOBAL_MAGS`): a class whose population random-walks (frees of one size,
+/// allocations of another) reaches the arena, and its lock, about `1 / bound` as
+/// often, and every such visit moves a whole magazine through the segment layer under
+/// that lock. Each reap on exhaustion halves the bound of every class (down to none):
+/// the caches held space the arena needed, and kept at the old bound they would grow
+/// back into it and force the next reap.
 pub(super) const DEPOT_MAX_FULL: usize = 32;
 
 /// Keeps a per-CPU lock on its own cache line.
@@ -72,6 +93,9 @@ struct Mag {
     rounds: [u64; MAGAZINE_ROUNDS],
 }
 
+// A magazine of the class holds at most `cap <= MAGAZINE_ROUNDS` rounds; the inline
+// array is sized for the largest.
+
 impl Mag {
     const EMPTY: Mag = Mag {
         len: 0,
@@ -86,9 +110,12 @@ impl Mag {
         Some(a)
     }
 
-    /// Push `addr`; false (nothing changed) when the magazine is full.
+    /// Push `addr`; false (nothing changed) when the magazine holds `cap` rounds.
     #[inline]
-    fn push(&mut self, addr: u64) -> bool {
+    fn push(&mut self, addr: u64, cap: usize) -> bool {
+        if self.len >= cap {
+            return false;
+        }
         match self.rounds.get_mut(self.len) {
             Some(slot) => {
                 *slot = addr;
@@ -117,6 +144,8 @@ impl Mag {
 /// `cur` instead of moving rounds.
 struct CpuCache {
     cur: usize,
+    /// Rounds per magazine of this class.
+    cap: usize,
     hits: u64,
     misses: u64,
     allocs: u64,
@@ -139,6 +168,20 @@ impl CpuCache {
     fn swap(&mut self) {
         self.cur ^= 1;
     }
+
+    /// Push onto the loaded magazine; false when it is full.
+    #[inline]
+    fn push(&mut self, addr: u64) -> bool {
+        let cap = self.cap;
+        self.loaded().push(addr, cap)
+    }
+
+    /// True when the previous magazine is full.
+    #[inline]
+    fn previous_full(&mut self) -> bool {
+        let cap = self.cap;
+        self.previous().len >= cap
+    }
 }
 
 /// Full and empty magazines shared by all CPUs.
@@ -146,21 +189,27 @@ struct Depot {
     full: VecDeque<Vec<u64>>,
     empty: Vec<Vec<u64>>,
     exchanges: u64,
+    /// Full magazines kept before the oldest is flushed (see [`DEPOT_MAX_FULL`]).
+    max_full: usize,
 }
 
 /// The magazine layer of one size class.
 pub(super) struct MagazineLayer {
     cpus: Vec<Padded<Mutex<CpuCache>>>,
     depot: Mutex<Depot>,
+    rounds: usize,
 }
 
 impl MagazineLayer {
-    /// Empty magazines for `ncpus` CPUs (at least one).
-    pub fn new(ncpus: usize) -> Self {
+    /// Empty magazines of `rounds` rounds (1 to [`MAGAZINE_ROUNDS`]) for `ncpus` CPUs
+    /// (at least one).
+    pub fn new(ncpus: usize, rounds: usize) -> Self {
+        let rounds = rounds.clamp(1, MAGAZINE_ROUNDS);
         let cpus = (0..ncpus.max(1))
             .map(|_| {
                 Padded(Mutex::new(CpuCache {
                     cur: 0,
+                    cap: rounds,
                     hits: 0,
                     misses: 0,
                     allocs: 0,
@@ -175,8 +224,15 @@ impl MagazineLayer {
                 full: VecDeque::new(),
                 empty: Vec::new(),
                 exchanges: 0,
+                max_full: DEPOT_MAX_FULL,
             }),
+            rounds,
         }
+    }
+
+    /// Rounds per magazine (objects an import brings in).
+    pub fn rounds(&self) -> usize {
+        self.rounds
     }
 
     #[inline]
@@ -267,7 +323,7 @@ impl MagazineLayer {
     pub fn free_mut(&mut self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
         if let Some(c) = self.cpus.get_mut(cpu) {
             let c = c.0.get_mut();
-            if c.loaded().push(addr) {
+            if c.push(addr) {
                 c.frees += 1;
                 return None;
             }
@@ -282,7 +338,7 @@ impl MagazineLayer {
         let mut g = self.cpu(cpu).lock();
         let c = &mut *g;
         c.frees += 1;
-        if c.loaded().push(addr) {
+        if c.push(addr) {
             return None;
         }
         self.put_full(c, addr)
@@ -296,7 +352,7 @@ impl MagazineLayer {
         c.allocs += 1;
         let mut spill: Option<Vec<u64>> = None;
         for addr in rounds {
-            if c.loaded().push(addr) {
+            if c.push(addr) {
                 continue;
             }
             if let Some(m) = self.put_full(c, addr) {
@@ -315,14 +371,13 @@ impl MagazineLayer {
     fn put_full(&self, c: &mut CpuCache, addr: u64) -> Option<Vec<u64>> {
         if c.previous().len == 0 {
             c.swap();
-            c.loaded().push(addr);
+            c.push(addr);
             return None;
         }
+        debug_assert!(c.previous_full(), "the previous magazine is full or empty");
         let mut d = self.depot.lock();
-        let mut full = d
-            .empty
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(MAGAZINE_ROUNDS));
+        let rounds = c.cap;
+        let mut full = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(rounds));
         // The full previous magazine goes to the depot; the (full) loaded one becomes
         // the previous, and the emptied one is loaded.
         full.extend_from_slice(c.previous().rounds());
@@ -330,8 +385,8 @@ impl MagazineLayer {
         c.swap();
         d.full.push_back(full);
         d.exchanges += 1;
-        c.loaded().push(addr);
-        if d.full.len() > DEPOT_MAX_FULL {
+        c.push(addr);
+        if d.full.len() > d.max_full {
             d.full.pop_front()
         } else {
             None
@@ -339,8 +394,9 @@ impl MagazineLayer {
     }
 
     /// Take every round (both magazines of every CPU and the depot's full magazines)
-    /// into `out`, and drop the depot's empty magazines.
-    pub fn drain(&self, out: &mut Vec<u64>) {
+    /// into `out`, and drop the depot's empty magazines. With `shrink` (a reap because
+    /// the arena ran dry) the depot's bound on full magazines halves.
+    pub fn drain(&self, out: &mut Vec<u64>, shrink: bool) {
         for c in &self.cpus {
             let mut c = c.0.lock();
             for m in &mut c.mags {
@@ -353,6 +409,9 @@ impl MagazineLayer {
             out.extend(m);
         }
         d.empty.clear();
+        if shrink {
+            d.max_full /= 2;
+        }
     }
 
     /// A consistent count: every CPU lock (ascending) and then the depot lock are held
@@ -384,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_miss_on_an_empty_layer_then_hits_after_frees_in_lifo_order() {
-        let l = MagazineLayer::new(2);
+        let l = MagazineLayer::new(2, M);
         assert_eq!(l.alloc(0), None);
         assert!(l.free(0, 1).is_none());
         assert!(l.free(0, 2).is_none());
@@ -396,7 +455,7 @@ mod tests {
 
     #[test]
     fn two_full_magazines_are_kept_per_cpu_before_the_depot_is_used() {
-        let l = MagazineLayer::new(1);
+        let l = MagazineLayer::new(1, M);
         for a in 0..(2 * M) as u64 {
             assert!(l.free(0, a).is_none());
         }
@@ -408,7 +467,7 @@ mod tests {
 
     #[test]
     fn a_cpu_gets_a_full_magazine_from_the_depot_that_another_cpu_filled() {
-        let l = MagazineLayer::new(2);
+        let l = MagazineLayer::new(2, M);
         for a in 0..(2 * M + 1) as u64 {
             l.free(0, a);
         }
@@ -424,7 +483,7 @@ mod tests {
 
     #[test]
     fn the_depot_flushes_its_oldest_full_magazine_beyond_its_bound() {
-        let l = MagazineLayer::new(1);
+        let l = MagazineLayer::new(1, M);
         let mut flushed = Vec::new();
         let n = (2 + DEPOT_MAX_FULL) * M + 1;
         for a in 0..n as u64 {
@@ -438,12 +497,12 @@ mod tests {
 
     #[test]
     fn drain_takes_every_round_and_leaves_the_layer_empty() {
-        let l = MagazineLayer::new(3);
+        let l = MagazineLayer::new(3, M);
         for a in 0..200u64 {
             l.free((a % 3) as usize, a);
         }
         let mut out = Vec::new();
-        l.drain(&mut out);
+        l.drain(&mut out, false);
         out.sort_unstable();
         assert_eq!(out, (0..200).collect::<Vec<_>>());
         assert_eq!(l.counts().objects, 0);
@@ -451,8 +510,59 @@ mod tests {
     }
 
     #[test]
+    fn rounds_scale_down_with_the_class_size_from_32_to_one() {
+        assert_eq!(rounds_for(1), M);
+        assert_eq!(rounds_for(8), M);
+        assert_eq!(rounds_for(16), 16);
+        assert_eq!(rounds_for(128), 2);
+        assert_eq!(rounds_for(MAGAZINE_QUANTA), 1);
+        assert_eq!(rounds_for(4 * MAGAZINE_QUANTA), 1);
+    }
+
+    #[test]
+    fn a_two_round_class_trades_with_the_depot_after_four_frees() {
+        let l = MagazineLayer::new(1, 2);
+        assert_eq!(l.rounds(), 2);
+        for a in 0..4u64 {
+            assert!(l.free(0, a).is_none());
+        }
+        assert_eq!(l.counts().exchanges, 0, "loaded and previous hold two each");
+        assert!(l.free(0, 4).is_none());
+        let n = l.counts();
+        assert_eq!((n.exchanges, n.objects), (1, 5));
+        // LIFO through the CPU's magazines, then the depot's.
+        let got: Vec<u64> = (0..5).filter_map(|_| l.alloc(0)).collect();
+        assert_eq!(got, [4, 3, 2, 1, 0]);
+        assert_eq!(l.alloc(0), None);
+    }
+
+    #[test]
+    fn a_shrinking_drain_halves_the_depot_bound() {
+        let l = MagazineLayer::new(1, M);
+        let mut out = Vec::new();
+        l.drain(&mut out, true);
+        let mut flushed = Vec::new();
+        let n = (2 + DEPOT_MAX_FULL / 2) * M + 1;
+        for a in 0..n as u64 {
+            if let Some(m) = l.free(0, a) {
+                flushed.extend(m);
+            }
+        }
+        assert_eq!(flushed, (0..M as u64).collect::<Vec<_>>());
+        // A plain drain (a caller's reap) leaves the bound alone.
+        l.drain(&mut out, false);
+        let mut again = Vec::new();
+        for a in 0..n as u64 {
+            if let Some(m) = l.free(0, a) {
+                again.extend(m);
+            }
+        }
+        assert_eq!(again.len(), M);
+    }
+
+    #[test]
     fn fill_loads_an_import_and_spills_what_does_not_fit() {
-        let l = MagazineLayer::new(1);
+        let l = MagazineLayer::new(1, M);
         assert!(l.fill(0, (0..M as u64).collect()).is_none());
         assert_eq!(l.counts().objects, M as u64);
         assert_eq!(l.counts().allocs, 1);

@@ -93,7 +93,9 @@
 //! imports a batch of segments under one arena lock; a cache that overflows returns
 //! the excess. When the arena itself runs out of space, every cache is reaped (all
 //! cached objects returned and coalesced) and the allocation retried once before it
-//! fails with [`AllocError::NoSpace`]. Cached segments are allocated as far as the
+//! fails with [`AllocError::NoSpace`]. Such a reap is counted ([`ArenaStats::reaps`])
+//! and halves every depot's bound on full magazines: caches that held space the arena
+//! needed would otherwise grow back into it and force the next reap. Cached segments are allocated as far as the
 //! segment layer is concerned ([`ArenaStats::cached`] counts them apart from what
 //! callers hold). With `check_frees`, each cache remembers the objects it handed out,
 //! so a double free of a cached size is a typed error; without it, frees of cached
@@ -101,8 +103,9 @@
 //!
 //! **7. Magazines and the depot.** With `magazines`, a cache is per-CPU
 //! (module `magazine`): each CPU has a *loaded* and a *previous* magazine (stacks of up to
-//! 32 objects) under its own lock, so the common alloc/free is a pop/push under a lock
-//! no other CPU takes. An alloc pops the loaded magazine; if it is empty and the
+//! 32 objects; a class of `k > 8` quanta gets `256 / k` rounds, at least one, so what a
+//! magazine holds is bounded in bytes as well) under its own lock, so the common
+//! alloc/free is a pop/push under a lock no other CPU takes. An alloc pops the loaded magazine; if it is empty and the
 //! previous is full, the two swap; if both are empty, the CPU trades its empty
 //! magazine for a full one at the shared *depot*; if the depot has none, the CPU
 //! imports a magazine's worth of objects from the arena. A free is the mirror image
@@ -216,6 +219,7 @@ pub struct Arena {
     fail_every: AtomicU32,
     attempts: AtomicU64,
     failures: AtomicU64,
+    reaps: AtomicU64,
 }
 
 impl fmt::Debug for Arena {
@@ -264,6 +268,7 @@ impl Arena {
             fail_every: AtomicU32::new(0),
             attempts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            reaps: AtomicU64::new(0),
         })
     }
 
@@ -481,6 +486,7 @@ impl Arena {
             allocs: s.allocs,
             frees: s.frees,
             failures: self.failures.load(Ordering::Relaxed),
+            reaps: self.reaps.load(Ordering::Relaxed),
             ..ArenaStats::default()
         };
         for class in self.caches.classes() {
@@ -557,7 +563,7 @@ impl Arena {
                     return Ok(addr);
                 }
             }
-            if self.reap_count() == 0 {
+            if self.reap_on_exhaustion() == 0 {
                 return Err(AllocError::NoSpace { size: p.size });
             }
         }
@@ -583,7 +589,7 @@ impl Arena {
             self.segments
                 .lock()
                 .import(class.size(), class.import_count(), &mut batch);
-            if !batch.is_empty() || self.reap_count() == 0 {
+            if !batch.is_empty() || self.reap_on_exhaustion() == 0 {
                 break;
             }
         }
@@ -609,14 +615,30 @@ impl Arena {
         }
     }
 
+    /// The reap of an allocation that found the segment layer full: counted in
+    /// [`ArenaStats::reaps`] when it returned anything.
+    fn reap_on_exhaustion(&self) -> usize {
+        let n = self.reap_caches(true);
+        if n != 0 {
+            self.reaps.fetch_add(1, Ordering::Relaxed);
+        }
+        n
+    }
+
     /// Reap every cache; returns the number of objects returned.
     fn reap_count(&self) -> usize {
+        self.reap_caches(false)
+    }
+
+    /// Reap every cache (with `shrink`, halving every depot's bound: the arena ran
+    /// dry); returns the number of objects returned.
+    fn reap_caches(&self, shrink: bool) -> usize {
         if self.caches.is_empty() {
             return 0;
         }
         let mut objs = Vec::new();
         for class in self.caches.classes() {
-            class.drain(&mut objs);
+            class.drain(&mut objs, shrink);
         }
         self.release(&objs);
         objs.len()

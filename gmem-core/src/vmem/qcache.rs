@@ -17,7 +17,7 @@ use alloc::vec::Vec;
 
 use hashbrown::HashSet;
 
-use super::magazine::{CacheCounts, MagazineLayer, Padded, MAGAZINE_ROUNDS};
+use super::magazine::{rounds_for, CacheCounts, MagazineLayer, Padded};
 use crate::sync::Mutex;
 
 /// Objects a stack-mode class imports per miss.
@@ -46,9 +46,10 @@ pub(super) struct SizeClass {
 }
 
 impl SizeClass {
-    fn new(size: u64, magazines: bool, check_frees: bool, ncpus: usize) -> Self {
+    /// The cache of objects of `size` bytes, `quanta` quanta each.
+    fn new(size: u64, quanta: u64, magazines: bool, check_frees: bool, ncpus: usize) -> Self {
         let store = if magazines {
-            Store::Magazines(MagazineLayer::new(ncpus))
+            Store::Magazines(MagazineLayer::new(ncpus, rounds_for(quanta)))
         } else {
             Store::Stack(Padded(Mutex::new(Stack {
                 objs: Vec::new(),
@@ -70,9 +71,9 @@ impl SizeClass {
 
     /// Objects to import from the arena on a miss.
     pub fn import_count(&self) -> usize {
-        match self.store {
+        match &self.store {
             Store::Stack(_) => STACK_IMPORT,
-            Store::Magazines(_) => MAGAZINE_ROUNDS,
+            Store::Magazines(m) => m.rounds(),
         }
     }
 
@@ -148,10 +149,11 @@ impl SizeClass {
         (s.objs.len() > STACK_LIMIT).then(|| s.objs.drain(..STACK_LIMIT / 2).collect())
     }
 
-    /// Take every cached object into `out`.
-    pub fn drain(&self, out: &mut Vec<u64>) {
+    /// Take every cached object into `out`; with `shrink` (the arena ran dry) a
+    /// magazine class halves its depot's bound.
+    pub fn drain(&self, out: &mut Vec<u64>, shrink: bool) {
         match &self.store {
-            Store::Magazines(m) => m.drain(out),
+            Store::Magazines(m) => m.drain(out, shrink),
             Store::Stack(s) => out.append(&mut s.0.lock().objs),
         }
     }
@@ -209,7 +211,7 @@ impl QuantumCaches {
         Self {
             quantum_shift: quantum.trailing_zeros(),
             classes: (1..=n)
-                .map(|k| SizeClass::new(k * quantum, magazines, check_frees, ncpus))
+                .map(|k| SizeClass::new(k * quantum, k, magazines, check_frees, ncpus))
                 .collect(),
         }
     }
@@ -257,7 +259,7 @@ mod tests {
 
     #[test]
     fn a_stack_class_is_lifo_and_flushes_its_older_half_past_the_limit() {
-        let c = SizeClass::new(0x1000, false, false, 1);
+        let c = SizeClass::new(0x1000, 1, false, false, 1);
         assert_eq!(c.alloc(0), None);
         let mut flushed = Vec::new();
         for a in 0..=STACK_LIMIT as u64 {
@@ -276,12 +278,12 @@ mod tests {
 
     #[test]
     fn tracking_accepts_each_handed_out_object_once() {
-        let checked = SizeClass::new(0x1000, true, true, 1);
+        let checked = SizeClass::new(0x1000, 1, true, true, 1);
         checked.track(0x5000);
         assert!(checked.untrack(0x5000));
         assert!(!checked.untrack(0x5000));
         assert!(!checked.untrack(0x6000));
-        let trusted = SizeClass::new(0x1000, true, false, 1);
+        let trusted = SizeClass::new(0x1000, 1, true, false, 1);
         assert!(trusted.untrack(0x6000));
     }
 }

@@ -27,6 +27,9 @@ pub struct ArenaStats {
     pub cache_misses: u64,
     /// Magazines traded between a CPU and a depot.
     pub depot_exchanges: u64,
+    /// Reaps on exhaustion: an allocation found the segment layer out of space and
+    /// returned every cached object to it before retrying.
+    pub reaps: u64,
     /// Segments (free, allocated and cached), span markers excluded.
     pub segments: u64,
     /// Free segments.

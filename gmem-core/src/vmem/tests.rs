@@ -652,3 +652,31 @@ fn exclusive_allocations_honour_failure_injection() {
     assert!(a.alloc_mut(Q).is_ok());
     assert_eq!(a.stats().failures, 1);
 }
+
+#[test]
+fn a_reap_on_exhaustion_is_counted_and_a_callers_reap_is_not() {
+    let a = arena(config(2, true, false), 64 * Q);
+    let ones: Vec<u64> = (0..64).map(|_| a.alloc(Q).unwrap()).collect();
+    for &x in &ones {
+        a.free(x, Q).unwrap();
+    }
+    // Every quantum sits in the 1-quantum class's magazines: a 2-quantum allocation
+    // finds the segment layer empty, reaps, and succeeds.
+    assert_eq!(balanced(&a).cached, 64 * Q);
+    assert_eq!(balanced(&a).reaps, 0);
+    let two = a.alloc(2 * Q).unwrap();
+    let s = balanced(&a);
+    assert_eq!(s.reaps, 1);
+    a.free(two, 2 * Q).unwrap();
+    a.reap();
+    assert_eq!(
+        balanced(&a).reaps,
+        1,
+        "a caller's reap is not an exhaustion"
+    );
+    // A request that no reap can serve: the caches are empty, nothing is counted.
+    let _held: Vec<u64> = (0..64).map(|_| a.alloc(Q).unwrap()).collect();
+    a.reap();
+    assert!(a.alloc(2 * Q).is_err());
+    assert_eq!(balanced(&a).reaps, 1);
+}
