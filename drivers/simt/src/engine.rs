@@ -577,6 +577,15 @@ fn fill_open<K: Kernel>(
 /// The pages of the coalesced instruction in `m.co` (left in `m.pages`) that unit `u`'s
 /// TLBs do not hold now, as a mask by page index; 0 when the translator does not say.
 fn held_mask(dev: Device<'_>, u: usize, op: Op, m: &mut Memory) -> u64 {
+    fill_pages(op, m);
+    let n = m.pages.len().min(64);
+    let all = if n == 64 { !0 } else { (1u64 << n) - 1 };
+    dev.port.held(u, &m.pages).map_or(0, |h| all & !h)
+}
+
+/// Fill `m.pages` with the coalesced instruction's pages (`m.co`), each with the access
+/// `op` makes.
+fn fill_pages(op: Op, m: &mut Memory) {
     let access = if op == Op::Store {
         Prot::WRITE
     } else {
@@ -585,9 +594,6 @@ fn held_mask(dev: Device<'_>, u: usize, op: Op, m: &mut Memory) -> u64 {
     m.pages.clear();
     m.pages
         .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
-    let n = m.pages.len().min(64);
-    let all = if n == 64 { !0 } else { (1u64 << n) - 1 };
-    dev.port.held(u, &m.pages).map_or(0, |h| all & !h)
 }
 
 /// Run one memory instruction of unit `u`, coalesced in `m.co`, issued at cycle
@@ -609,14 +615,7 @@ fn memory(
     if m.co.transactions.is_empty() {
         return Ok(run + 1);
     }
-    let access = if op == Op::Store {
-        Prot::WRITE
-    } else {
-        Prot::READ
-    };
-    m.pages.clear();
-    m.pages
-        .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
+    fill_pages(op, m);
     let pmask = !((1u64 << page_shift) - 1);
     let (co, lines, line_pa) = (&m.co, &mut m.lines, &mut m.line_pa);
     dev.port
