@@ -337,6 +337,6 @@ impl Gmem {
             Some(s) if st.is_alive() => s,
             _ => return Err(FaultError::NotActive(id)),
         };
-        st.fault(&self.context(), &space, slot, va, access)
+        st.fault(&self.context(), &space, &dev, slot, va, access)
     }
 }

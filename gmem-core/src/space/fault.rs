@@ -23,11 +23,14 @@ use crate::sync::Arc;
 const MOVE_RUN_MAX: u64 = 512;
 
 impl SpaceState {
-    /// Serve a fault of the device in attachment `slot`.
-    pub(crate) fn fault(
+    /// Serve a fault of `dev`, the device in attachment `slot` (the caller's reference
+    /// keeps it alive for the whole fault, so the path borrows it instead of cloning
+    /// the attachment's).
+    pub(crate) fn fault<'c>(
         &mut self,
-        cx: &Ctx<'_>,
+        cx: &Ctx<'c>,
         space: &SpaceInner,
+        dev: &'c Arc<DeviceInner>,
         slot: usize,
         va: VirtAddr,
         access: Prot,
@@ -64,11 +67,13 @@ impl SpaceState {
         let att = self.attached[slot]
             .as_ref()
             .expect("faulting device is attached");
+        debug_assert!(
+            Arc::ptr_eq(&att.dev, dev),
+            "slot {slot} is not the faulter's"
+        );
         let t = att.table;
-        // Only the device's id and page sizes are needed past here, and the target
-        // memory: one reference-count round trip per fault, not two.
-        let (dev_id, dev_sizes) = (att.dev.id, att.dev.page_sizes);
-        let target = self.target_of(cx, &att.dev, placement.target);
+        let (dev_id, dev_sizes) = (dev.id, dev.page_sizes);
+        let target = self.target_of(cx, dev, placement.target);
 
         if !e.is_populated() {
             if explicit {
@@ -105,9 +110,7 @@ impl SpaceState {
         let here = self.memories.get(e.mem).clone();
         // A mapping is remote when the frame is not in the faulter's own memory (its
         // local memory, or host memory for a device without one).
-        let own = self.attached[slot]
-            .as_ref()
-            .map_or(cx.host.id, |att| own_memory(cx, &att.dev).id);
+        let own = own_memory(cx, dev).id;
         let remote = here.id != own;
         let mine = e.mapped & (1 << t) != 0;
         if SpaceState::is_wired(&e) {
@@ -243,25 +246,23 @@ impl SpaceState {
     }
 
     /// The memory a placement target names for a faulting device (host memory is
-    /// borrowed from the context: no reference-count round trip for it).
+    /// borrowed from the context and the faulter's own from the caller: no
+    /// reference-count round trip for either).
     #[inline]
     pub(crate) fn target_of<'c>(
         &self,
         cx: &Ctx<'c>,
-        dev: &Arc<DeviceInner>,
+        dev: &'c Arc<DeviceInner>,
         target: PlacementTarget,
     ) -> TargetMemory<'c> {
-        let host = TargetMemory::Host(cx.host);
+        let host = TargetMemory::Borrowed(cx.host);
         match target {
             PlacementTarget::Host => host,
             PlacementTarget::Device(id) => match cx.device(id) {
                 Some(d) if d.has_memory() && !Arc::ptr_eq(&d, cx.host) => TargetMemory::Device(d),
                 _ => host,
             },
-            PlacementTarget::Faulting => match own_memory(cx, dev) {
-                m if Arc::ptr_eq(m, cx.host) => host,
-                m => TargetMemory::Device(m.clone()),
-            },
+            PlacementTarget::Faulting => TargetMemory::Borrowed(own_memory(cx, dev)),
         }
     }
 
@@ -579,10 +580,11 @@ impl SpaceState {
 
 const _: () = assert!(MAX_TABLES <= 32);
 
-/// The memory a placement target names ([`SpaceState::target_of`]): host memory,
-/// borrowed from the context, or a device's, held by a reference of its own.
+/// The memory a placement target names ([`SpaceState::target_of`]): host memory or
+/// the faulting device's own, borrowed from whoever keeps it alive (the context, the
+/// caller of the fault), or another device's, held by a reference of its own.
 pub(crate) enum TargetMemory<'c> {
-    Host(&'c Arc<DeviceInner>),
+    Borrowed(&'c Arc<DeviceInner>),
     Device(Arc<DeviceInner>),
 }
 
@@ -590,7 +592,7 @@ impl core::ops::Deref for TargetMemory<'_> {
     type Target = Arc<DeviceInner>;
     fn deref(&self) -> &Arc<DeviceInner> {
         match self {
-            TargetMemory::Host(h) => h,
+            TargetMemory::Borrowed(b) => b,
             TargetMemory::Device(d) => d,
         }
     }
@@ -702,7 +704,7 @@ pub(super) fn copy_run(
 
 /// The memory that is `dev`'s own: its local memory, or host memory for a device
 /// without one (no reference-count traffic: the fault path asks this per fault).
-fn own_memory<'a>(cx: &'a Ctx<'_>, dev: &'a Arc<DeviceInner>) -> &'a Arc<DeviceInner> {
+fn own_memory<'c>(cx: &Ctx<'c>, dev: &'c Arc<DeviceInner>) -> &'c Arc<DeviceInner> {
     if dev.has_memory() {
         dev
     } else {

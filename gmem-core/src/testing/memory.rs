@@ -4,7 +4,7 @@
 
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::mmu::{DeviceMemory, FramePlacement, FrameRequest, MemError};
-use crate::sync::Mutex;
+use crate::sync::{AtomicU32, Mutex, Ordering};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
@@ -12,18 +12,27 @@ use hashbrown::HashMap;
 /// Sparse byte-holding memory: absent pages read as zeros.
 #[derive(Default)]
 pub struct TestMemory {
-    pages: Mutex<HashMap<u64, Box<[u8; PAGE_SIZE as usize]>>>,
+    /// The bytes and the counts of what was done to them, under one lock: a `zero`
+    /// (once per fault) takes one lock, not two.
+    store: Mutex<Store>,
     /// `[base, end)` of addresses this memory answers for (`None` = any).
     bounds: Option<(u64, u64)>,
-    counts: Mutex<MemCounts>,
     placement: Mutex<FramePlacement>,
     requests: Mutex<Vec<FrameRequest>>,
     /// Do not keep the frame requests (benchmarks: the log grows without bound).
     skip_requests: bool,
-    /// Page-group classes: `Some(n)` answers class `(va / 16 KiB) % n`.
-    classes: Mutex<Option<u32>>,
+    /// Page-group classes: `n > 0` answers class `(va / 16 KiB) % n`, `0` class 0 for
+    /// all. An atomic read, not a lock, on every allocation's `frame_class`.
+    classes: AtomicU32,
     /// Every page-group class change the core announced: `(base, frames, from, to)`.
     class_changes: Mutex<Vec<(PhysAddr, u64, u32, u32)>>,
+}
+
+/// A [`TestMemory`]'s pages and counts.
+#[derive(Default)]
+struct Store {
+    pages: HashMap<u64, Box<[u8; PAGE_SIZE as usize]>>,
+    counts: MemCounts,
 }
 
 /// What a [`TestMemory`] was asked to do.
@@ -70,14 +79,14 @@ impl TestMemory {
     /// Answer frame requests with page-group class `(va / 16 KiB) % n` (`None` or
     /// `Some(0)`: class 0 for all).
     pub fn set_frame_classes(&self, n: Option<u32>) {
-        *self.classes.lock() = n.filter(|&n| n > 0);
+        self.classes.store(n.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// The class [`DeviceMemory::frame_class`] answers for `va`.
     pub fn class_of(&self, va: VirtAddr) -> u32 {
-        match *self.classes.lock() {
-            Some(n) => ((va.as_u64() >> (PAGE_SHIFT + 2)) % u64::from(n)) as u32,
-            None => 0,
+        match self.classes.load(Ordering::Relaxed) {
+            0 => 0,
+            n => ((va.as_u64() >> (PAGE_SHIFT + 2)) % u64::from(n)) as u32,
         }
     }
 
@@ -88,7 +97,7 @@ impl TestMemory {
 
     /// What it was asked to do.
     pub fn counts(&self) -> MemCounts {
-        *self.counts.lock()
+        self.store.lock().counts
     }
 
     fn check(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
@@ -120,12 +129,13 @@ impl DeviceMemory for TestMemory {
         dst: PhysAddr,
         len: u64,
     ) -> Result<(), MemError> {
-        self.counts.lock().copies += 1;
+        self.store.lock().counts.copies += 1;
         crate::mmu::bounce_copy(self, src, to, dst, len)
     }
     fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
         self.check(pa, len)?;
-        let mut pages = self.pages.lock();
+        let mut store = self.store.lock();
+        let pages = &mut store.pages;
         TestMemory::each_page(pa, len, |pfn, off, n, _| {
             if n == PAGE_SIZE as usize {
                 pages.remove(&pfn);
@@ -133,31 +143,33 @@ impl DeviceMemory for TestMemory {
                 p[off..off + n].fill(0);
             }
         });
-        self.counts.lock().zeroed += len;
+        store.counts.zeroed += len;
         Ok(())
     }
     fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError> {
         self.check(pa, buf.len() as u64)?;
-        let pages = self.pages.lock();
+        let mut store = self.store.lock();
+        let pages = &store.pages;
         TestMemory::each_page(pa, buf.len() as u64, |pfn, off, n, at| {
             match pages.get(&pfn) {
                 Some(p) => buf[at..at + n].copy_from_slice(&p[off..off + n]),
                 None => buf[at..at + n].fill(0),
             }
         });
-        self.counts.lock().read += buf.len() as u64;
+        store.counts.read += buf.len() as u64;
         Ok(())
     }
     fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError> {
         self.check(pa, buf.len() as u64)?;
-        let mut pages = self.pages.lock();
+        let mut store = self.store.lock();
+        let pages = &mut store.pages;
         TestMemory::each_page(pa, buf.len() as u64, |pfn, off, n, at| {
             let p = pages
                 .entry(pfn)
                 .or_insert_with(|| Box::new([0; PAGE_SIZE as usize]));
             p[off..off + n].copy_from_slice(&buf[at..at + n]);
         });
-        self.counts.lock().written += buf.len() as u64;
+        store.counts.written += buf.len() as u64;
         Ok(())
     }
     fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
