@@ -39,6 +39,14 @@
 //! 65 536), `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator, and
 //! `GMEM_BENCH_STATS=1` to print our arena's counters (cache hits, misses, depot
 //! exchanges) after each of its runs.
+//!
+//! `GMEM_BENCH_REPLAY=<live>:<pairs>` skips criterion: it fills an uncached
+//! instant-fit arena with the scaling curve's churn trace at `<live>` live ranges,
+//! replays `<pairs>` pairs and prints their wall time per pair (the fill excluded),
+//! the failures and the free segments. It is a
+//! deterministic driver for a cache simulator: run it under
+//! `valgrind --tool=cachegrind` with `<pairs>` = 0 and = N, and the difference of the
+//! miss counts over N is the misses per pair, the fill excluded.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
@@ -662,7 +670,41 @@ fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
     out
 }
 
+/// The `GMEM_BENCH_REPLAY` driver (see the module header); false when unset.
+fn replay_only() -> bool {
+    let Ok(v) = std::env::var("GMEM_BENCH_REPLAY") else {
+        return false;
+    };
+    let parsed = v
+        .split_once(':')
+        .and_then(|(l, p)| Some((l.parse::<usize>().ok()?, p.parse::<u64>().ok()?)));
+    let Some((live, pairs)) = parsed.filter(|&(l, _)| l > 0) else {
+        eprintln!("GMEM_BENCH_REPLAY wants <live>:<pairs>, got {v:?}");
+        std::process::exit(2);
+    };
+    let t = churn_trace(live, 0x5ca1e ^ live as u64);
+    let mut failures = 0;
+    let (mut a, mut slots) = filled(
+        &|| Ours(Arc::new(arena(t.space, Variant::Instant, 1))),
+        &t,
+        &mut failures,
+    );
+    let mut pos = 0;
+    let start = Instant::now();
+    failures += replay(&mut a, &mut slots, &t, &mut pos, pairs);
+    let ns = start.elapsed().as_nanos() as f64 / pairs.max(1) as f64;
+    println!(
+        "replay: {live} live, {pairs} pairs, {ns:.1} ns/pair (fill excluded), {failures} \
+         failures, {} free segments",
+        fmt_count(a.fragments())
+    );
+    true
+}
+
 fn main() {
+    if replay_only() {
+        return;
+    }
     let mut c = Criterion::default().configure_from_args();
     let live: usize = std::env::var("GMEM_BENCH_LIVE")
         .ok()
