@@ -339,11 +339,14 @@ impl PhysMem {
                     .empty_of
                     .get(&class)
                     .and_then(|s| s.range((lower, Unbounded)).next().copied()),
+                // The lowest next group over the other classes' sets: one lookup per
+                // class (a handful), never a walk past this class's free groups.
                 Pass::EmptyOther => g
-                    .empty
-                    .range((lower, Unbounded))
-                    .find(|x| g.groups.get(x).is_some_and(|grp| grp.class != class))
-                    .copied(),
+                    .empty_of
+                    .iter()
+                    .filter(|&(&c, _)| c != class)
+                    .filter_map(|(_, s)| s.range((lower, Unbounded)).next().copied())
+                    .min(),
             };
             if let Some(x) = found {
                 return Some((pass, x));
