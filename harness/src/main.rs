@@ -195,7 +195,7 @@ enum Command {
         l2_sweep: bool,
         /// Time page walks across the device: one walk queue for the shared walkers,
         /// fills when the walks start, requests for a page being walked merge (off by
-        /// default; README's SIMT section compares the two).
+        /// default; harness/results/simt.md compares the two).
         #[arg(long)]
         timed_walks: bool,
     },

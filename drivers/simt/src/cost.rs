@@ -53,7 +53,7 @@ pub struct CostModel {
     /// instruction's walks take the walkers as if no other instruction walked, and a
     /// walk's fill lands at issue (the first model, and the default: the MESC
     /// reproduction and the main job run on it; `gmem-harness simt --timed-walks`
-    /// shows what timing changes, see README's SIMT section).
+    /// shows what timing changes, see harness/results/simt.md).
     pub timed_walks: bool,
     /// L1 data-cache hit.
     pub l1_data: u64,
