@@ -27,19 +27,23 @@ pub const BUGS: &[(&str, &str)] = &[
     ("destroy_table_during_unlocked_edit", "unlocked"),
 ];
 
-fn loom_test(step: &str, rustflags: &str, target_dir: &str) -> Result<(), String> {
-    eprintln!("\n== {step}: RUSTFLAGS='{rustflags}' cargo test -p gmem-loom-tests --release");
+/// Run the loom tests under `rustflags`: every model (`models` empty) or only the
+/// named ones (`--test <model>` each, so a broken variant builds and runs just the
+/// models that must catch it).
+fn loom_test(step: &str, rustflags: &str, target_dir: &str, models: &[&str]) -> Result<(), String> {
+    let mut args = vec!["test", "-p", "gmem-loom-tests", "--release"];
+    for m in models {
+        args.extend(["--test", m]);
+    }
+    eprintln!(
+        "\n== {step}: RUSTFLAGS='{rustflags}' cargo {}",
+        args.join(" ")
+    );
+    args.extend(["--", "--nocapture"]);
     let start = Instant::now();
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let status = Command::new(env!("CARGO"))
-        .args([
-            "test",
-            "-p",
-            "gmem-loom-tests",
-            "--release",
-            "--",
-            "--nocapture",
-        ])
+        .args(&args)
         .current_dir(root)
         .env("RUSTFLAGS", rustflags)
         .env("CARGO_TARGET_DIR", format!("{root}/{target_dir}"))
@@ -55,13 +59,49 @@ fn loom_test(step: &str, rustflags: &str, target_dir: &str) -> Result<(), String
 
 /// Run the models, then each broken variant expecting its model to fail.
 pub fn loom() -> Result<(), String> {
-    loom_test("loom models", "--cfg gmem_loom", "target/loom")?;
+    loom_test("loom models", "--cfg gmem_loom", "target/loom", &[])?;
     for (bug, models) in BUGS {
+        let names: Vec<&str> = models.split(", ").collect();
         loom_test(
             &format!("loom broken variant {bug} (caught by: {models})"),
             &format!("--cfg gmem_loom --cfg gmem_loom_bug=\"{bug}\""),
             &format!("target/loom-{bug}"),
+            &names,
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BUGS;
+
+    /// A broken variant runs only the models named beside it, so each name must be a
+    /// test target of `loom-tests` (a typo would make `cargo test --test` fail, not
+    /// silently run nothing — this catches it before CI does).
+    #[test]
+    fn every_catching_model_is_a_loom_test_target() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../loom-tests/tests");
+        for (bug, models) in BUGS {
+            for m in models.split(", ") {
+                let file = format!("{dir}/{m}.rs");
+                assert!(
+                    std::path::Path::new(&file).is_file(),
+                    "{bug}: no loom model {file}"
+                );
+            }
+        }
+    }
+
+    /// Every broken variant is declared in the workspace's `check-cfg` list.
+    #[test]
+    fn every_broken_variant_is_a_declared_cfg_value() {
+        let manifest = include_str!("../../Cargo.toml");
+        for (bug, _) in BUGS {
+            assert!(
+                manifest.contains(&format!("\"{bug}\"")),
+                "{bug} not in check-cfg"
+            );
+        }
+    }
 }
