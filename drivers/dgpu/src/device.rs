@@ -175,7 +175,8 @@ impl<C: TranslationCaches> Dgpu<C> {
     ///
     /// # Errors
     /// - [`DgpuError::AlreadyCreated`]: this GPU was already created (in `gm` or in
-    ///   another instance); nothing is changed.
+    ///   another instance); nothing is changed. (Of two `create` calls racing on one
+    ///   GPU, the loser gets it after `gm` created a second device, which stays.)
     /// - [`DgpuError::Device`]: `gm` refused the device (its MMU does not map 4 KiB
     ///   pages: [`DeviceError::No4KPages`]; nothing is changed), or refused video memory
     ///   ([`DeviceError::Register`], e.g. a range overlapping memory already
