@@ -561,6 +561,12 @@ pub struct RunResult {
 
 /// The machine every run gets (fresh each time): 512 MiB of host memory, 512 MiB of
 /// video memory.
+///
+/// # Errors
+/// [`Machine::new`]'s: an [`AdsmError`] when the CPU, the GPU, the space or an
+/// attachment is refused. The sizes are fixed and valid, so this fails only if the
+/// core or a driver changes what it accepts (every run and test would then fail here
+/// first).
 pub fn machine() -> Result<Machine, AdsmError> {
     Machine::new(MachineConfig::new(512 << 20, 512 << 20))
 }
@@ -568,7 +574,8 @@ pub fn machine() -> Result<Machine, AdsmError> {
 /// Run `w` under `v` on a fresh [`machine`].
 ///
 /// # Errors
-/// The first runtime error.
+/// [`machine`]'s error, [`Adsm::new`]'s (an ADSM variant with a bad protocol
+/// parameter), or the first [`AdsmError`] the workload met while running.
 pub fn run_one(
     w: Workload,
     v: Variant,
