@@ -100,6 +100,11 @@ fn row(r: &RunResult, headline: bool) -> Row {
 
 /// Every run: per workload the baseline, batch, lazy, rolling (default), then the
 /// block-size and rolling-size sweeps (the default point is not run twice).
+///
+/// # Errors
+/// The first run that failed, as `<workload> under <variant>: <error>` with the
+/// runtime's [`gmem_adsm::machine::AdsmError`] (see [`run_one`]). A run whose result
+/// differs from the CPU-only reference is not an error: its row is not verified.
 pub fn runs(sizes: &Sizes, model: TimeModel, progress: bool) -> Result<Vec<Row>, String> {
     let Protocol::Rolling {
         block: dblock,

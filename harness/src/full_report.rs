@@ -99,6 +99,12 @@ pub struct FullReport {
 
 /// Run everything; write `runs.{csv,json}`, `report.md` and the reproductions into
 /// `dir`.
+///
+/// # Errors
+/// The first workload run that failed (as [`workloads::vectoradd`]), the first Table 4
+/// run that failed ([`reproduce::table4`]), or the path and I/O error of the first
+/// directory or file that could not be written. Results that differ from the CPU-only
+/// reference are not errors: the rows say so.
 pub fn run(dir: &Path, progress: &indicatif::ProgressBar) -> Result<FullReport, String> {
     let mut rows = Vec::new();
     for (name, accel, percent) in configurations() {

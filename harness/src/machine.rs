@@ -97,12 +97,22 @@ pub struct Machine {
 impl Machine {
     /// A machine with `host_pages` of host memory for the core and the given
     /// accelerator; its address space is `[4 GiB, 512 GiB)`.
+    ///
+    /// # Errors
+    /// As [`Machine::with_space`].
     pub fn new(host_pages: u64, accel: Accel) -> Result<Machine, String> {
         Machine::with_space(host_pages, accel, 1 << 32, 1 << 39)
     }
 
     /// The same with the address space `[begin, end)` (the discrete GPU translates
     /// 39-bit addresses).
+    ///
+    /// # Errors
+    /// A message naming the part that was refused: the host CPU (`host_pages` zero,
+    /// or more frames than the core indexes per device), the space (`[begin, end)`
+    /// empty or not page aligned), an attachment the core refused, the accelerator's
+    /// build or creation, or an accelerator attached in another mode than asked for
+    /// (the core found no table to share).
     pub fn with_space(
         host_pages: u64,
         accel: Accel,
@@ -191,6 +201,10 @@ impl Machine {
     }
 
     /// A region of `bytes` (rounded up to pages).
+    ///
+    /// # Errors
+    /// The core's allocation error as text: no free range of that size is left in the
+    /// space.
     pub fn alloc(&self, bytes: u64) -> Result<Region, String> {
         let size = bytes.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
         self.gm
@@ -199,6 +213,9 @@ impl Machine {
     }
 
     /// Free a region.
+    ///
+    /// # Errors
+    /// The core's error as text for a stale region (freed before); nothing changes.
     pub fn free(&self, r: Region) -> Result<(), String> {
         self.gm
             .region_dealloc(r, MapFlags::empty(), None)
@@ -223,6 +240,12 @@ impl Machine {
 
     /// Load bytes at `va` through a device (GPU accesses spread over its compute units
     /// by page).
+    ///
+    /// # Errors
+    /// A message naming the device, the address and the port's error: an empty access,
+    /// a fault the core could not serve (an address in no region, an access the region
+    /// does not permit, memory exhausted), or a fault that kept recurring. The pages
+    /// before the failing one have been read.
     pub fn load(&self, on: On, va: u64, buf: &mut [u8]) -> Result<(), String> {
         let r = match on {
             On::Cpu => self.cpu.load(&self.gm, VirtAddr::new(va), buf),
@@ -234,6 +257,9 @@ impl Machine {
     }
 
     /// Store bytes at `va` through a device.
+    ///
+    /// # Errors
+    /// As [`Machine::load`]; the pages before the failing one have been written.
     pub fn store(&self, on: On, va: u64, data: &[u8]) -> Result<(), String> {
         let r = match on {
             On::Cpu => self.cpu.store(&self.gm, VirtAddr::new(va), data),
@@ -245,6 +271,9 @@ impl Machine {
     }
 
     /// Load `n` f32s at element `index` of `r`.
+    ///
+    /// # Errors
+    /// As [`Machine::load`] (`n` zero is an empty access).
     pub fn load_f32(&self, on: On, r: Region, index: u64, n: usize) -> Result<Vec<f32>, String> {
         let mut bytes = vec![0u8; n * 4];
         self.load(on, r.start.as_u64() + index * 4, &mut bytes)?;
@@ -255,12 +284,18 @@ impl Machine {
     }
 
     /// Store f32s at element `index` of `r`.
+    ///
+    /// # Errors
+    /// As [`Machine::store`] (no value is an empty access).
     pub fn store_f32(&self, on: On, r: Region, index: u64, values: &[f32]) -> Result<(), String> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.store(on, r.start.as_u64() + index * 4, &bytes)
     }
 
     /// Load `n` u32s at element `index` of `r`.
+    ///
+    /// # Errors
+    /// As [`Machine::load`] (`n` zero is an empty access).
     pub fn load_u32(&self, on: On, r: Region, index: u64, n: usize) -> Result<Vec<u32>, String> {
         let mut bytes = vec![0u8; n * 4];
         self.load(on, r.start.as_u64() + index * 4, &mut bytes)?;
@@ -271,6 +306,9 @@ impl Machine {
     }
 
     /// Store u32s at element `index` of `r`.
+    ///
+    /// # Errors
+    /// As [`Machine::store`] (no value is an empty access).
     pub fn store_u32(&self, on: On, r: Region, index: u64, values: &[u32]) -> Result<(), String> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.store(on, r.start.as_u64() + index * 4, &bytes)
@@ -295,6 +333,9 @@ impl Machine {
     }
 
     /// Check the core's invariants.
+    ///
+    /// # Errors
+    /// The first violated invariant of the space the core reports, as text.
     pub fn check(&self) -> Result<(), String> {
         self.gm
             .check_invariants(self.space)

@@ -54,6 +54,9 @@ fn pattern_byte(addr: u64, stamp: u64) -> u8 {
 impl Replayer {
     /// A replayer whose accelerator has `gpu_pages` pages of local memory and whose host
     /// has `host_pages`.
+    ///
+    /// # Errors
+    /// As [`Machine::with_space`] (a machine whose space is the replay's 39-bit one).
     pub fn new(gpu_pages: u64, host_pages: u64) -> Result<Replayer, String> {
         let m = Machine::with_space(
             host_pages,
@@ -152,6 +155,15 @@ impl Replayer {
     }
 
     /// Replay one event.
+    ///
+    /// # Errors
+    /// A message naming what went wrong: an `alloc` of a region already allocated, an
+    /// event naming a region never allocated (or freed), an access past its region's
+    /// end or (lackey) outside the 39-bit space, a KPI call the core refused (no free
+    /// range, a bad alignment, a protection or policy it rejects), an access that
+    /// failed ([`Machine::load`]), or a load that read a byte other than the CPU-only
+    /// reference model holds. A store that failed part-way has written its earlier
+    /// pages (the reference model is then not updated).
     pub fn step(&mut self, ev: &Event) -> Result<(), String> {
         self.counts.events += 1;
         let gm = self.m.gm();
@@ -260,6 +272,9 @@ impl Replayer {
     }
 
     /// Check the core's invariants.
+    ///
+    /// # Errors
+    /// As [`Machine::check`].
     pub fn check(&self) -> Result<(), String> {
         self.m.check()
     }

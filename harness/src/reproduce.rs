@@ -37,6 +37,11 @@ pub const PAPER: [(f64, f64, f64, f64); 2] =
 const MIB: f64 = (1 << 20) as f64;
 
 /// Run Table 4 with a network of `inputs` input units, `steps` training steps.
+///
+/// # Errors
+/// As [`workloads::backprop`] for the first device-memory size that failed. Weights
+/// that differ from the CPU-only reference are not an error: the row says
+/// [`Table4Row::verified`] `false`.
 pub fn table4(inputs: u64, steps: u32) -> Result<(u64, Vec<Table4Row>), String> {
     let mut rows = Vec::new();
     let mut ws = 0;
@@ -61,6 +66,10 @@ pub fn table4(inputs: u64, steps: u32) -> Result<(u64, Vec<Table4Row>), String> 
 }
 
 /// Write the rows as CSV, JSON and an SVG bar chart into `dir`; returns the paths.
+///
+/// # Errors
+/// The path and error of the first directory or file that could not be created or
+/// written (the chart's rendering included); the files before it stay written.
 pub fn write_table4(
     dir: &Path,
     working_set: u64,

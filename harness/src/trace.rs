@@ -119,6 +119,11 @@ pub enum Format {
 }
 
 /// Parse a number: decimal or `0x` hex, optional K/M/G suffix.
+///
+/// # Errors
+/// A message quoting `s` when its digits (after the suffix is removed) are not a
+/// decimal or `0x` hex `u64` (an empty string, `0x` alone, a sign or a stray
+/// character), or when the suffix's multiple overflows 64 bits.
 pub fn number(s: &str) -> Result<u64, String> {
     let (digits, mult) = match s.as_bytes().last() {
         Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
@@ -168,6 +173,14 @@ fn arity(words: &[&str], min: usize, max: usize, usage: &str) -> Result<(), Stri
 }
 
 /// Parse one line of the gmem format (`None` for blank and comment lines).
+///
+/// # Errors
+/// A message saying what is wrong with the line: an unknown event word, too few or
+/// too many words (quoting the event's usage), a size, offset, length or alignment
+/// that [`number`] rejects, a zero-byte region or access, a region name with
+/// characters other than letters, digits, `_`, `-` and `.`, a device other than `cpu`
+/// or `gpu`, or an access kind, policy mode or protection not among those listed in
+/// the [module documentation](self).
 pub fn parse_gmem_line(line: &str) -> Result<Option<Event>, String> {
     let line = line.split('#').next().unwrap_or("").trim();
     if line.is_empty() {
@@ -277,6 +290,12 @@ pub fn parse_gmem_line(line: &str) -> Result<Option<Event>, String> {
 }
 
 /// Parse one line of lackey output (`None` for lines that carry no data access).
+///
+/// # Errors
+/// A message quoting the line when it does not start with a space or `I` (and is no
+/// `==` banner or blank line), its access kind is not `L`, `S` or `M`, it has no
+/// `addr,size` pair, the address is not hex or the size not decimal, or the access is
+/// empty or runs past the end of the address space.
 pub fn parse_lackey_line(line: &str, on: Dev) -> Result<Option<Event>, String> {
     if line.starts_with("==") || line.trim().is_empty() {
         return Ok(None);

@@ -78,6 +78,12 @@ pub fn device_pages(working_set: u64, percent: u64) -> u64 {
 }
 
 /// VectorAdd over `elements` u32s.
+///
+/// # Errors
+/// The first machine error as text: building the machine ([`Machine::new`]), an
+/// allocation, a load or store that failed ([`Machine::load`]), or a core invariant
+/// violated at the end ([`Machine::check`]). A result that differs from the CPU-only
+/// reference is not an error: it is counted in [`Outcome::mismatches`].
 pub fn vectoradd(elements: u64, accel_of: impl Fn(u64) -> Accel) -> Result<Outcome, String> {
     let bytes = elements * 4;
     let working_set = 3 * bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
@@ -182,6 +188,12 @@ fn update_row(w1: &mut [f32], dw1: &mut [f32], x_i: f32, delta_h: &[f32; HIDDEN 
 }
 
 /// Back-propagation with `inputs` input units for `steps` training steps.
+///
+/// # Errors
+/// The first machine error as text: building the machine ([`Machine::new`]), an
+/// allocation, a load or store that failed ([`Machine::load`]), or a core invariant
+/// violated at the end ([`Machine::check`]). A result that differs from the CPU-only
+/// reference is not an error: it is counted in [`Outcome::mismatches`].
 pub fn backprop(
     inputs: u64,
     steps: u32,
@@ -288,6 +300,12 @@ pub fn backprop(
 }
 
 /// ATAX on an `n` x `n` matrix.
+///
+/// # Errors
+/// The first machine error as text: building the machine ([`Machine::new`]), an
+/// allocation, a load or store that failed ([`Machine::load`]), or a core invariant
+/// violated at the end ([`Machine::check`]). A result that differs from the CPU-only
+/// reference is not an error: it is counted in [`Outcome::mismatches`].
 pub fn atax(n: u64, accel_of: impl Fn(u64) -> Accel) -> Result<Outcome, String> {
     let page = |b: u64| b.div_ceil(PAGE_SIZE) * PAGE_SIZE;
     let working_set = page(n * n * 4) + 3 * page(n * 4);

@@ -115,6 +115,16 @@ pub struct Dgpu<C: TranslationCaches = TlbHierarchy> {
 
 impl Dgpu {
     /// Build the GPU's video memory, tables and MMU; `map` is the machine's memory map.
+    ///
+    /// # Errors
+    /// - [`DgpuError::Memory`] with [`BoundsError::BadRange`]: `vram_base` or
+    ///   `vram_bytes` is not page aligned, `vram_bytes` is zero, the range overflows,
+    ///   or `table_frames` is zero.
+    /// - [`DgpuError::NoMemoryLeft`]: the table pool takes all of video memory.
+    /// - [`DgpuError::Tlb`]: [`DgpuConfig::tlbs`] has no compute unit or a TLB with no
+    ///   entry or more than 2^20 of them.
+    ///
+    /// Nothing outside the new value is touched, so a failure changes no state.
     pub fn new(map: Arc<MemoryMap>, config: DgpuConfig) -> Result<Dgpu, DgpuError> {
         Dgpu::with_caches(map, config, |_| {
             TlbHierarchy::new(config.tlbs).map_err(DgpuError::Tlb)
@@ -127,7 +137,9 @@ impl<C: TranslationCaches> Dgpu<C> {
     /// (a cache organisation under study; [`DgpuConfig::tlbs`] is not used).
     ///
     /// # Errors
-    /// As [`Dgpu::new`] (as an `E`), or what `caches` returned.
+    /// [`DgpuError::Memory`] or [`DgpuError::NoMemoryLeft`] as [`Dgpu::new`] (converted
+    /// into `E`), or whatever error `caches` returned. Nothing outside the new value is
+    /// touched, so a failure changes no state.
     pub fn with_caches<E: From<DgpuError>>(
         map: Arc<MemoryMap>,
         config: DgpuConfig,
@@ -160,6 +172,21 @@ impl<C: TranslationCaches> Dgpu<C> {
     }
 
     /// Create the device in `gm` and register its video memory.
+    ///
+    /// # Errors
+    /// - [`DgpuError::AlreadyCreated`]: this GPU was already created (in `gm` or in
+    ///   another instance); nothing is changed. (Of two `create` calls racing on one
+    ///   GPU, the loser gets it after `gm` created a second device, which stays.)
+    /// - [`DgpuError::Device`]: `gm` refused the device (its MMU does not map 4 KiB
+    ///   pages: [`DeviceError::No4KPages`]; nothing is changed), or refused video memory
+    ///   ([`DeviceError::Register`], e.g. a range overlapping memory already
+    ///   registered).
+    /// - [`DgpuError::Map`]: the machine's memory map already holds memory overlapping
+    ///   video memory ([`MapError::Overlaps`]).
+    ///
+    /// A failure after `gm` accepted the device (the last two cases) leaves the device
+    /// created in `gm` and bound to this GPU, without its memory: destroy it with
+    /// `Gmem::dev_destroy`; this GPU cannot be created again.
     pub fn create(&self, gm: &Gmem, name: &str) -> Result<DeviceId, DgpuError> {
         if let Some(id) = self.port.id() {
             return Err(DgpuError::AlreadyCreated(id));
@@ -234,6 +261,12 @@ impl<C: TranslationCaches> Dgpu<C> {
     }
 
     /// Run `kernel` over `grid`; work-group `g` runs on CU `g % compute units`.
+    ///
+    /// # Errors
+    /// A [`LaunchError`] naming the first work-item whose `kernel` returned an
+    /// [`AccessError`] (e.g. [`AccessError::NotCreated`] before [`Dgpu::create`], or a
+    /// fault the core could not serve); the launch stops there, and the loads, stores
+    /// and faults of the items before it have taken effect.
     pub fn launch<K>(&self, gm: &Gmem, grid: Grid, kernel: K) -> Result<LaunchStats, LaunchError>
     where
         K: FnMut(&WorkItem<'_>) -> Result<(), AccessError>,

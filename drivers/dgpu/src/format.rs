@@ -87,7 +87,11 @@ impl GpuCodec {
     }
 
     /// Learn the core's id of this GPU: runs placed in that device's memory get the
-    /// local aperture. Fails with the id already known.
+    /// local aperture.
+    ///
+    /// # Errors
+    /// The id already learnt, when this codec was bound before (the first binding
+    /// stays).
     pub fn bind(&self, me: DeviceId) -> Result<(), DeviceId> {
         self.me.set(me).map_err(|_| *self.me.get().expect("set"))
     }

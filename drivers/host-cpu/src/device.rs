@@ -100,6 +100,16 @@ pub struct HostCpu {
 
 impl HostCpu {
     /// Build host memory, the machine's x86 tables and the CPU's MMU.
+    ///
+    /// # Errors
+    /// - [`HostCpuError::Memory`] with [`BoundsError::BadRange`]: `memory_base` or
+    ///   `memory_bytes` is not page aligned, `memory_bytes` is zero, the range
+    ///   overflows, or `table_frames` is zero.
+    /// - [`HostCpuError::NoMemoryLeft`]: the table pool takes all of host memory.
+    /// - [`HostCpuError::Tlb`]: [`HostCpuConfig::tlbs`] has no core or a TLB with no
+    ///   entry or more than 2^20 of them.
+    ///
+    /// Nothing outside the new value is touched, so a failure changes no state.
     pub fn new(config: HostCpuConfig) -> Result<HostCpu, HostCpuError> {
         let memory = Arc::new(
             SimMemory::new("host", config.memory_base, config.memory_bytes)
@@ -141,6 +151,21 @@ impl HostCpu {
 
     /// Bind to the instance created from [`HostCpu::device_desc`]: register host memory
     /// (but the table pool) with the core and in the memory map.
+    ///
+    /// # Errors
+    /// - [`HostCpuError::AlreadyRegistered`]: this CPU was registered before (with
+    ///   `gm` or another instance); nothing is changed.
+    /// - [`HostCpuError::Map`]: the memory map already holds memory of `gm`'s host
+    ///   device or memory overlapping host memory (the map is this CPU's own, so only
+    ///   when a caller added such memory to [`HostCpu::memory_map`] before).
+    /// - [`HostCpuError::Device`]: `gm` refused host memory:
+    ///   [`DeviceError::NoMemoryInterface`] if `gm`'s host device was not created from
+    ///   [`HostCpu::device_desc`] and has no data mover, [`DeviceError::Register`] if
+    ///   it overlaps memory registered with that device before or holds more frames
+    ///   than the core indexes per device.
+    ///
+    /// Once the first check passes the CPU is bound to `gm`: after a later failure this
+    /// `HostCpu` cannot be registered again.
     pub fn register(&self, gm: &Gmem) -> Result<DeviceId, HostCpuError> {
         let id = gm.host();
         self.port
@@ -157,6 +182,12 @@ impl HostCpu {
     }
 
     /// A new GMEM instance on a uniprocessor platform whose CPU device is this CPU.
+    ///
+    /// # Errors
+    /// The errors of [`HostCpu::new`] for a bad `config`; [`HostCpuError::Device`]
+    /// with [`DeviceError::No4KPages`] if the core refuses the CPU's MMU;
+    /// [`HostCpu::register`]'s errors (with a fresh instance and map, only
+    /// [`DeviceError::Register`] with more frames than the core indexes per device).
     pub fn boot(config: HostCpuConfig) -> Result<(Gmem, HostCpu), HostCpuError> {
         let cpu = HostCpu::new(config)?;
         let gm = Gmem::new(Arc::new(SingleCpu), cpu.device_desc()).map_err(HostCpuError::Device)?;
@@ -204,21 +235,54 @@ impl HostCpu {
     }
 
     /// Load `buf.len()` bytes at `va` on core 0.
+    ///
+    /// # Errors
+    /// - [`AccessError::BadAccess`]: the access is empty or wraps the address space.
+    /// - [`AccessError::NotCreated`]: before [`HostCpu::register`].
+    /// - [`AccessError::Fault`]: the core could not serve a fault (address not
+    ///   allocated, access not permitted, out of memory, ...), with its
+    ///   [`gmem_core::FaultError`].
+    /// - [`AccessError::Livelock`]: the core kept answering "retry" past the port's
+    ///   fault bound.
+    /// - [`AccessError::NoMemory`]: a leaf names a frame no memory of the map holds.
+    ///
+    /// The access goes page by page: when it fails, the pages before the failing one
+    /// have been read into `buf`.
     pub fn load(&self, gm: &Gmem, va: VirtAddr, buf: &mut [u8]) -> Result<(), AccessError> {
         self.port.load(gm, 0, va, buf)
     }
 
     /// Store `data` at `va` on core 0.
+    ///
+    /// # Errors
+    /// - [`AccessError::BadAccess`]: the access is empty or wraps the address space.
+    /// - [`AccessError::NotCreated`]: before [`HostCpu::register`].
+    /// - [`AccessError::Fault`]: the core could not serve a fault (address not
+    ///   allocated, access not permitted, out of memory, ...), with its
+    ///   [`gmem_core::FaultError`].
+    /// - [`AccessError::Livelock`]: the core kept answering "retry" past the port's
+    ///   fault bound.
+    /// - [`AccessError::NoMemory`]: a leaf names a frame no memory of the map holds.
+    ///
+    /// The access goes page by page: when it fails, the pages before the failing one
+    /// have been written.
     pub fn store(&self, gm: &Gmem, va: VirtAddr, data: &[u8]) -> Result<(), AccessError> {
         self.port.store(gm, 0, va, data)
     }
 
     /// Load a `u32` at `va` on core 0.
+    ///
+    /// # Errors
+    /// As [`HostCpu::load`] (4 bytes).
     pub fn load_u32(&self, gm: &Gmem, va: VirtAddr) -> Result<u32, AccessError> {
         self.port.load_u32(gm, 0, va)
     }
 
     /// Store a `u32` at `va` on core 0.
+    ///
+    /// # Errors
+    /// As [`HostCpu::store`] (4 bytes; across a page boundary the first page may be
+    /// written when the second fails).
     pub fn store_u32(&self, gm: &Gmem, va: VirtAddr, v: u32) -> Result<(), AccessError> {
         self.port.store_u32(gm, 0, va, v)
     }

@@ -47,6 +47,10 @@ pub struct Igpu {
 impl Igpu {
     /// A GPU with `compute_units` CUs walking the machine's x86 `tables`, resolving
     /// physical addresses through `map` (both from the host CPU).
+    ///
+    /// # Errors
+    /// [`IgpuError::Tlb`]: [`TlbConfigError::NoUnits`] for zero `compute_units`
+    /// (the TLB sizes of [`igpu_tlbs`] are valid). Nothing is changed on failure.
     pub fn new(
         tables: Arc<X86Tables>,
         map: Arc<MemoryMap>,
@@ -56,6 +60,10 @@ impl Igpu {
     }
 
     /// The same with translation caches of geometry `tlbs`.
+    ///
+    /// # Errors
+    /// [`IgpuError::Tlb`]: `tlbs` has no compute unit, or a TLB with zero sets or ways
+    /// or more than 2^20 entries. Nothing is changed on failure.
     pub fn with_tlbs(
         tables: Arc<X86Tables>,
         map: Arc<MemoryMap>,
@@ -67,6 +75,14 @@ impl Igpu {
     }
 
     /// Create the device in `gm` (faultable, no local memory).
+    ///
+    /// # Errors
+    /// - [`IgpuError::AlreadyCreated`]: this GPU was already created (in `gm` or in
+    ///   another instance); nothing is changed. (Of two `create` calls racing on one
+    ///   GPU, the loser gets it after `gm` created a second device, which stays.)
+    /// - [`IgpuError::Device`]: `gm` refused the device; nothing is changed. The core
+    ///   refuses only an MMU without 4 KiB pages ([`DeviceError::No4KPages`]), which
+    ///   an MMU walking x86-64 tables never is.
     pub fn create(&self, gm: &Gmem, name: &str) -> Result<DeviceId, IgpuError> {
         if let Some(id) = self.port.id() {
             return Err(IgpuError::AlreadyCreated(id));
@@ -108,6 +124,12 @@ impl Igpu {
     }
 
     /// Run `kernel` over `grid`; work-group `g` runs on CU `g % compute units`.
+    ///
+    /// # Errors
+    /// A [`LaunchError`] naming the first work-item whose `kernel` returned an
+    /// [`AccessError`] (e.g. [`AccessError::NotCreated`] before [`Igpu::create`], or a
+    /// fault the core could not serve); the launch stops there, and the loads, stores
+    /// and faults of the items before it have taken effect.
     pub fn launch<K>(&self, gm: &Gmem, grid: Grid, kernel: K) -> Result<LaunchStats, LaunchError>
     where
         K: FnMut(&WorkItem<'_>) -> Result<(), AccessError>,

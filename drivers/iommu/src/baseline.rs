@@ -81,6 +81,9 @@ pub struct TreeIova {
 
 impl TreeIova {
     /// An allocator over `[start, end)` (page aligned, non-empty).
+    ///
+    /// # Errors
+    /// [`IovaError::BadRange`] when `start >= end` or either is not page aligned.
     pub fn new(start: u64, end: u64) -> Result<TreeIova, IovaError> {
         if start >= end || start % PAGE_SIZE != 0 || end % PAGE_SIZE != 0 {
             return Err(IovaError::BadRange { start, end });
@@ -122,6 +125,12 @@ impl TreeIova {
     }
 
     /// Allocate `pages` pages; returns the first address.
+    ///
+    /// # Errors
+    /// [`IovaError::NoSpace`] when `pages` is zero or larger than the whole range, or
+    /// when no gap of `pages` pages is free (then counted in
+    /// [`TreeIovaStats::failed`]). No range is allocated then; only the search
+    /// counters move.
     pub fn alloc(&mut self, pages: u64) -> Result<u64, IovaError> {
         let no = IovaError::NoSpace { pages };
         let size = pages
@@ -144,6 +153,10 @@ impl TreeIova {
     }
 
     /// Free the allocation starting at `iova`; returns its size in pages.
+    ///
+    /// # Errors
+    /// [`IovaError::NotAllocated`] when no live allocation starts at `iova` (a double
+    /// free, or an address inside an allocation); nothing changes.
     pub fn free(&mut self, iova: u64) -> Result<u64, IovaError> {
         let end = self
             .ranges
@@ -189,6 +202,15 @@ pub struct GiantLockDomain {
 impl GiantLockDomain {
     /// A domain over IOVAs `[start, end)` on `iommu`'s hardware; buffers are frames of
     /// device `memory`'s memory (the host's).
+    ///
+    /// # Errors
+    /// - [`IommuError::Space`] with [`gmem_core::SpaceError::BadRange`]: `start >= end`
+    ///   or either is not page aligned.
+    /// - [`IommuError::Tlb`]: the IOMMU's context caches were refused (see
+    ///   [`Iommu::context`]).
+    /// - [`IommuError::OutOfTableMemory`]: no free table frame for the domain's root.
+    ///
+    /// Nothing stays allocated on failure.
     pub fn new(
         iommu: &Iommu,
         start: VirtAddr,
@@ -227,6 +249,16 @@ impl GiantLockDomain {
     }
 
     /// Map `frames` for DMA with `prot`; returns the IOVA.
+    ///
+    /// # Errors
+    /// - [`LegacyError::Empty`]: `frames` is empty.
+    /// - [`LegacyError::Iova`]: no free IOVA gap of `frames.len()` pages
+    ///   ([`IovaError::NoSpace`]).
+    /// - [`LegacyError::Mmu`]: a table edit failed: no table memory left
+    ///   ([`MmuError::OutOfTableMemory`]), or a frame or IOVA the x86-64 format cannot
+    ///   encode ([`MmuError::Unsupported`]);
+    ///   the pages mapped before it are unmapped and the range goes back to the
+    ///   allocator.
     pub fn map(&self, frames: &[PhysAddr], prot: Prot) -> Result<VirtAddr, LegacyError> {
         if frames.is_empty() {
             return Err(LegacyError::Empty);
@@ -256,6 +288,10 @@ impl GiantLockDomain {
     }
 
     /// Unmap the buffer at `iova`, invalidate the IOTLB, and free the range (strict).
+    ///
+    /// # Errors
+    /// [`LegacyError::Iova`] with [`IovaError::NotAllocated`] when no buffer mapped by
+    /// [`GiantLockDomain::map`] starts at `iova`; nothing changes.
     pub fn unmap(&self, iova: VirtAddr) -> Result<(), LegacyError> {
         let mmu = self.port.mmu();
         let mut tree = self.lock.lock();

@@ -161,6 +161,11 @@ pub type CachesFn = Arc<
 
 impl Iommu {
     /// An IOMMU whose devices reach memory through `map` (the machine's memory map).
+    ///
+    /// # Errors
+    /// [`IommuError::Tables`] with [`TableMemoryError::BadRange`]: `table_base` is not
+    /// page aligned, `table_frames` is zero or above [`crate::memory::MAX_FRAMES`], or
+    /// the range overflows.
     pub fn new(config: IommuConfig, map: Arc<MemoryMap>) -> Result<Iommu, IommuError> {
         let tables = IoTables::new(config.discipline, config.table_base, config.table_frames)
             .map_err(IommuError::Tables)?;
@@ -177,7 +182,8 @@ impl Iommu {
     ///
     /// # Errors
     /// [`IommuError::MescNeedsLocked`] unless `config.discipline` is
-    /// [`Discipline::Locked`]; the table memory's range is invalid.
+    /// [`Discipline::Locked`]; [`IommuError::Tables`] for an invalid table memory
+    /// range (as [`Iommu::new`]).
     pub fn with_mesc(
         config: IommuConfig,
         map: Arc<MemoryMap>,
@@ -217,6 +223,11 @@ impl Iommu {
     }
 
     /// A fresh device context (IOTLB slice and walker).
+    ///
+    /// # Errors
+    /// [`IommuError::Tlb`] with the error the caches function of [`Iommu::with_mesc`]
+    /// returned. The default IOTLB geometry ([`crate::mmu::iotlb`], at least one queue)
+    /// is always accepted, so an IOMMU from [`Iommu::new`] never fails here.
     pub fn context(&self) -> Result<Arc<IommuMmu>, IommuError> {
         if let Some(f) = &self.caches {
             let caches = IoCaches::Plugged(
@@ -238,6 +249,12 @@ impl Iommu {
     }
 
     /// Create a DMA device behind this IOMMU in `gm` (it cannot fault).
+    ///
+    /// # Errors
+    /// [`IommuError::Tlb`] as [`Iommu::context`]; [`IommuError::Device`] if `gm`
+    /// refuses the device (only an MMU without 4 KiB pages,
+    /// [`DeviceError::No4KPages`], which an x86-64 context never is). Nothing is
+    /// created on failure.
     pub fn create_device(&self, gm: &Gmem, name: &str) -> Result<DmaDevice, IommuError> {
         let mmu = self.context()?;
         let id = gm
@@ -356,6 +373,17 @@ impl DmaPort {
     }
 
     /// The device writes `data` at I/O virtual address `va` from queue `queue`.
+    ///
+    /// # Errors
+    /// - [`DmaError::BadAccess`]: `data` is empty or the access wraps the address
+    ///   space.
+    /// - [`DmaError::Fault`]: the IOMMU refused a piece's translation (the context has
+    ///   no active table, nothing is mapped there, or the mapping does not permit
+    ///   writes); counted in [`DmaStats::faults`].
+    /// - [`DmaError::NoMemory`]: a translation points where no memory of the map is.
+    ///
+    /// The pieces (4 KiB pages) before the failing one have been written, as on
+    /// hardware.
     pub fn write(&self, queue: usize, va: VirtAddr, data: &[u8]) -> Result<(), DmaError> {
         add(&self.counters.writes, 1);
         self.pieces(queue, va, data.len(), Prot::WRITE, |m, pa, r| {
@@ -366,6 +394,10 @@ impl DmaPort {
     }
 
     /// The device reads `buf.len()` bytes at `va` from queue `queue`.
+    ///
+    /// # Errors
+    /// As [`DmaPort::write`], a fault being a refused read; the pieces before the
+    /// failing one have been read into `buf`.
     pub fn read(&self, queue: usize, va: VirtAddr, buf: &mut [u8]) -> Result<(), DmaError> {
         add(&self.counters.reads, 1);
         let len = buf.len();
@@ -406,6 +438,15 @@ impl DmaDevice {
 
     /// The device's IOVA space `[begin, end)` from the core, allocated with `policy`
     /// (e.g. `CACHED`: per-CPU magazines), the device attached and active in it.
+    ///
+    /// # Errors
+    /// - [`IommuError::Space`]: `gm` refused the space (`[begin, end)` empty,
+    ///   unaligned or overflowing, or a policy naming two fits).
+    /// - [`IommuError::Attach`]: `gm` refused to attach or activate the device (it was
+    ///   destroyed, [`AttachError::UnknownDevice`], or the table memory has no frame
+    ///   for its table, [`AttachError::Mmu`]); the space is destroyed again.
+    ///
+    /// Nothing stays created on failure.
     pub fn create_space(
         &self,
         gm: &Gmem,
@@ -427,6 +468,13 @@ impl DmaDevice {
     /// does not manage) for DMA with `prot`: an IOVA range from the space's arena, the
     /// mapping installed in the device's table before this returns. On error nothing
     /// stays allocated.
+    ///
+    /// # Errors
+    /// - [`BusDmaError::Alloc`]: no IOVA range: a stale `space`, an empty `frames`
+    ///   (size zero), or no free range of that size in the space's arena.
+    /// - [`BusDmaError::Map`]: `gm` refused the mapping (an unknown `memory` device, an
+    ///   empty `prot`, a frame not page aligned or inside memory the core manages, or
+    ///   a table edit that failed); the IOVA range is freed again.
     pub fn map_buffer(
         &self,
         gm: &Gmem,
@@ -450,6 +498,10 @@ impl DmaDevice {
     /// invalidated before this returns. Asynchronous (`MapFlags::ASYNC`): the entries are
     /// cleared now, the invalidation is coalesced with the space's queued ones, and
     /// `callback` runs once it completed — only then may the buffer be reused.
+    ///
+    /// # Errors
+    /// [`RegionError`] when `region` does not resolve: already unmapped (a double
+    /// unmap) or its space destroyed. Nothing changes and `callback` is dropped unrun.
     pub fn unmap_buffer(
         &self,
         gm: &Gmem,
@@ -461,11 +513,17 @@ impl DmaDevice {
     }
 
     /// The device writes `data` at `va` from queue `queue`.
+    ///
+    /// # Errors
+    /// As [`DmaPort::write`].
     pub fn write(&self, queue: usize, va: VirtAddr, data: &[u8]) -> Result<(), DmaError> {
         self.port.write(queue, va, data)
     }
 
     /// The device reads `buf.len()` bytes at `va` from queue `queue`.
+    ///
+    /// # Errors
+    /// As [`DmaPort::read`].
     pub fn read(&self, queue: usize, va: VirtAddr, buf: &mut [u8]) -> Result<(), DmaError> {
         self.port.read(queue, va, buf)
     }

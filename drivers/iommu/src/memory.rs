@@ -129,6 +129,10 @@ impl fmt::Debug for TableMemory {
 
 impl TableMemory {
     /// `frames` zeroed frames from physical address `base`.
+    ///
+    /// # Errors
+    /// [`TableMemoryError::BadRange`] when `base` is not page aligned, `frames` is zero
+    /// or above [`MAX_FRAMES`], or the range overflows.
     pub fn new(base: PhysAddr, frames: u64) -> Result<TableMemory, TableMemoryError> {
         let bad = TableMemoryError::BadRange {
             base: base.as_u64(),

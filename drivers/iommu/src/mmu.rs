@@ -198,6 +198,10 @@ pub struct IommuMmu {
 impl IommuMmu {
     /// A context walking `tables` with caches `caches` and invalidations that take
     /// `latency`.
+    ///
+    /// # Errors
+    /// A [`TlbConfigError`] when `caches` has no queue (unit) or a TLB with zero sets or
+    /// ways or more than 2^20 entries.
     pub fn new(
         tables: Arc<IoTables>,
         caches: HierarchyConfig,

@@ -133,6 +133,21 @@ pub struct Vm {
 impl Vm {
     /// A VM in `gm` whose EPT tables live in `memory` (host memory) and whose guest
     /// accesses reach memory through `map`.
+    ///
+    /// # Errors
+    /// - [`KvmError::Tables`]: the EPT pool is not page aligned, has no frame, or does
+    ///   not lie inside `memory`.
+    /// - [`KvmError::Tlb`]: [`VmConfig::tlbs`] has no vCPU, or a TLB with zero sets or
+    ///   ways or more than 2^20 entries.
+    /// - [`KvmError::Device`]: `gm` refused the guest CPU (only an MMU without 4 KiB
+    ///   pages, which the EPT walker never is).
+    /// - [`KvmError::Space`]: `gm` refused `[0, guest_phys_limit)` (zero or not page
+    ///   aligned).
+    /// - [`KvmError::Attach`]: `gm` could not attach the guest CPU (no EPT pool frame
+    ///   for its root: [`AttachError::Mmu`]).
+    ///
+    /// What was created in `gm` before the failing step (the vCPU, the space) is
+    /// destroyed again.
     pub fn new(
         gm: &Gmem,
         memory: Arc<SimMemory>,
@@ -232,6 +247,17 @@ impl Vm {
 
     /// Attach a pass-through DMA device behind `iommu` to the guest-physical space. It
     /// cannot fault, so every slot is wired (populated and mapped in its table now).
+    ///
+    /// # Errors
+    /// - [`KvmError::PassthroughAttached`]: the VM has one already; nothing changes.
+    /// - [`KvmError::Iommu`]: `iommu` could not make the device (see
+    ///   [`Iommu::create_device`]); nothing changes.
+    /// - [`KvmError::Attach`]: `gm` could not attach it to the guest-physical space
+    ///   (e.g. no IOMMU table memory for its table); the device is destroyed again.
+    /// - [`KvmError::Wire`]: wiring a slot failed (host memory exhausted, or an IOMMU
+    ///   table edit failed). The device stays attached as the VM's pass-through
+    ///   device and the slots before the failing one stay wired; the failing slot has
+    ///   no page left wired by the call.
     pub fn attach_passthrough(
         &mut self,
         gm: &Gmem,
@@ -256,6 +282,14 @@ impl Vm {
 
     /// Add `bytes` of guest memory at guest-physical `gpa` (`gm_as_alloc`), wired if a
     /// pass-through device is attached. On error nothing was added.
+    ///
+    /// # Errors
+    /// - [`KvmError::SlotUnavailable`] with the core's [`AllocError`]: `gpa + bytes`
+    ///   overflows, `bytes` is zero, `gpa` or `bytes` is not page aligned, or
+    ///   `[gpa, gpa + bytes)` is not free below the guest-physical limit.
+    /// - [`KvmError::Wire`]: a pass-through device is attached and wiring the slot
+    ///   failed (host memory exhausted, or an IOMMU table edit failed); the slot is
+    ///   removed again.
     pub fn grow(&mut self, gm: &Gmem, gpa: u64, bytes: u64) -> Result<Region, KvmError> {
         let unavailable = |error| KvmError::SlotUnavailable {
             gpa,
@@ -291,6 +325,11 @@ impl Vm {
     /// Remove the slot at `gpa` (`gm_region_dealloc`): when this returns neither the
     /// guest CPU nor the pass-through device translates any of its pages, and its host
     /// frames are free.
+    ///
+    /// # Errors
+    /// - [`KvmError::NoSlot`]: no slot starts at `gpa`; nothing changes.
+    /// - [`KvmError::Region`]: the core no longer knows the slot's region (its space
+    ///   was destroyed behind the VM's back); the slot is kept.
     pub fn shrink(&mut self, gm: &Gmem, gpa: u64) -> Result<(), KvmError> {
         let region = *self.slots.get(&gpa).ok_or(KvmError::NoSlot { gpa })?;
         gm.region_dealloc(region, MapFlags::empty(), None)
@@ -301,6 +340,16 @@ impl Vm {
     }
 
     /// The guest (vCPU `vcpu`) reads `buf.len()` bytes at guest-physical `gpa`.
+    ///
+    /// # Errors
+    /// - [`AccessError::BadAccess`]: `buf` is empty or the access wraps.
+    /// - [`AccessError::Fault`]: the core could not serve an EPT violation (no slot
+    ///   holds `gpa`, or out of host memory), with its [`gmem_core::FaultError`].
+    /// - [`AccessError::Livelock`]: the violation kept recurring past the port's bound.
+    /// - [`AccessError::NoMemory`]: an EPT leaf names a frame no memory of the map holds.
+    ///
+    /// The access goes page by page: when it fails, the pages before the failing one
+    /// have been read into `buf`.
     pub fn guest_read(
         &self,
         gm: &Gmem,
@@ -312,6 +361,10 @@ impl Vm {
     }
 
     /// The guest (vCPU `vcpu`) writes `data` at guest-physical `gpa`.
+    ///
+    /// # Errors
+    /// As [`Vm::guest_read`]; when it fails, the pages before the failing one have been
+    /// written.
     pub fn guest_write(
         &self,
         gm: &Gmem,
@@ -323,6 +376,12 @@ impl Vm {
     }
 
     /// The pass-through device reads `buf.len()` bytes at guest-physical `gpa`.
+    ///
+    /// # Errors
+    /// [`DmaError::Fault`] with [`Miss::Inactive`] when no pass-through device is
+    /// attached; otherwise [`gmem_iommu::DmaPort::read`]'s errors (a gpa in no slot is
+    /// a [`DmaError::Fault`] with [`Miss::NotPresent`]). The pages before a failing
+    /// one have been read into `buf`.
     pub fn dma_read(&self, queue: usize, gpa: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         match &self.passthrough {
             Some(d) => d.read(queue, VirtAddr::new(gpa), buf),
@@ -331,6 +390,11 @@ impl Vm {
     }
 
     /// The pass-through device writes `data` at guest-physical `gpa`.
+    ///
+    /// # Errors
+    /// As [`Vm::dma_read`] (a write the mapping does not permit is a
+    /// [`DmaError::Fault`] with [`Miss::Protection`]); the pages before a failing one
+    /// have been written.
     pub fn dma_write(&self, queue: usize, gpa: u64, data: &[u8]) -> Result<(), DmaError> {
         match &self.passthrough {
             Some(d) => d.write(queue, VirtAddr::new(gpa), data),

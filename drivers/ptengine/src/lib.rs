@@ -99,6 +99,7 @@
 
 #![no_std]
 #![warn(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 #![forbid(unsafe_code)]
 
 extern crate alloc;

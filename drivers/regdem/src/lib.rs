@@ -27,6 +27,7 @@
 //! on-chip memory at compile time, not its address spaces.
 
 #![deny(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 pub mod compact;
 pub mod demote;

@@ -24,6 +24,7 @@
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 extern crate alloc;
 #[cfg(test)]

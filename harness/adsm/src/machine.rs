@@ -123,7 +123,9 @@ impl Machine {
     /// Build the machine.
     ///
     /// # Errors
-    /// [`AdsmError`] when a part cannot be built, created or attached.
+    /// [`AdsmError::Host`] or [`AdsmError::Gpu`] when a size is rejected (not page
+    /// aligned, or too small for the page-table pool), [`AdsmError::Space`] or
+    /// [`AdsmError::Attach`] when the core refuses the shared space or an attachment.
     pub fn new(config: MachineConfig) -> Result<Machine, AdsmError> {
         let host = HostCpuConfig {
             memory_bytes: config.host_bytes,
@@ -155,7 +157,9 @@ impl Machine {
     /// happened).
     ///
     /// # Errors
-    /// The launch's error, as [`AdsmError`].
+    /// [`AdsmError::Launch`] naming the first work-item whose access failed (e.g. an
+    /// address the GPU, which cannot fault, has no mapping for); the items before it
+    /// ran.
     pub fn launch(
         &self,
         tl: &mut Timeline,

@@ -170,7 +170,8 @@ fn same(a: &[f32], b: &[f32]) -> bool {
 /// allocations. Returns whether the result matched the CPU-only reference bit for bit.
 ///
 /// # Errors
-/// The first runtime error.
+/// The first [`AdsmError`] a call of `p` returned (allocation, access, transfer or
+/// kernel); the workload stops there.
 pub fn run(w: Workload, p: &mut dyn Program, s: &Sizes) -> Result<bool, AdsmError> {
     match w {
         Workload::VecAdd => vecadd(p, s.vec_elems),
@@ -185,7 +186,8 @@ pub fn run(w: Workload, p: &mut dyn Program, s: &Sizes) -> Result<bool, AdsmErro
 /// Vector add of `n` elements.
 ///
 /// # Errors
-/// The first runtime error.
+/// The first [`AdsmError`] a call of `p` returned (allocation, access, transfer or
+/// kernel); the workload stops there.
 pub fn vecadd(p: &mut dyn Program, n: u64) -> Result<bool, AdsmError> {
     let (a, b, c) = (p.alloc(n * 4)?, p.alloc(n * 4)?, p.alloc(n * 4)?);
     p.begin();
@@ -232,7 +234,8 @@ fn sweep(src: &[f32], from: usize, n: usize, lo: usize, hi: usize) -> Vec<f32> {
 /// `iters` Jacobi sweeps over `n` points, one call each.
 ///
 /// # Errors
-/// The first runtime error.
+/// The first [`AdsmError`] a call of `p` returned (allocation, access, transfer or
+/// kernel); the workload stops there.
 pub fn stencil(p: &mut dyn Program, n: u64, iters: u32) -> Result<bool, AdsmError> {
     let (u, v) = (p.alloc(n * 4)?, p.alloc(n * 4)?);
     p.begin();
@@ -277,7 +280,8 @@ fn sigmoid(x: f32) -> f32 {
 /// One training step of an `inputs` × 16 layer (weights column-major, per hidden unit).
 ///
 /// # Errors
-/// The first runtime error.
+/// The first [`AdsmError`] a call of `p` returned (allocation, access, transfer or
+/// kernel); the workload stops there.
 pub fn backprop(p: &mut dyn Program, inputs: u64) -> Result<bool, AdsmError> {
     let x = p.alloc(inputs * 4)?;
     let wt = p.alloc(inputs * HIDDEN * 4)?;
@@ -378,7 +382,8 @@ fn page_sum(page: &[u8]) -> u64 {
 /// each page; the CPU reads the sums.
 ///
 /// # Errors
-/// The first runtime error.
+/// The first [`AdsmError`] a call of `p` returned (allocation, access, transfer or
+/// kernel); the workload stops there.
 pub fn ingest(p: &mut dyn Program, bytes: u64) -> Result<bool, AdsmError> {
     let pages = bytes.div_ceil(PAGE_SIZE);
     let input = p.alloc(pages * PAGE_SIZE)?;
@@ -421,7 +426,8 @@ fn hash(seed: u64, i: u64) -> u32 {
 /// (1% of the pages).
 ///
 /// # Errors
-/// The first runtime error.
+/// The first [`AdsmError`] a call of `p` returned (allocation, access, transfer or
+/// kernel); the workload stops there.
 pub fn sparse(p: &mut dyn Program, bytes: u64) -> Result<bool, AdsmError> {
     let pages = bytes.div_ceil(PAGE_SIZE);
     let param = p.alloc(8)?;
@@ -460,7 +466,8 @@ pub fn sparse(p: &mut dyn Program, bytes: u64) -> Result<bool, AdsmError> {
 /// `y = Aᵀ (A x)` for an `m` × `n` matrix: two calls.
 ///
 /// # Errors
-/// The first runtime error.
+/// The first [`AdsmError`] a call of `p` returned (allocation, access, transfer or
+/// kernel); the workload stops there.
 pub fn atax(p: &mut dyn Program, m: u64, n: u64) -> Result<bool, AdsmError> {
     let a = p.alloc(m * n * 4)?;
     let x = p.alloc(n * 4)?;
@@ -561,6 +568,12 @@ pub struct RunResult {
 
 /// The machine every run gets (fresh each time): 512 MiB of host memory, 512 MiB of
 /// video memory.
+///
+/// # Errors
+/// [`Machine::new`]'s: an [`AdsmError`] when the CPU, the GPU, the space or an
+/// attachment is refused. The sizes are fixed and valid, so this fails only if the
+/// core or a driver changes what it accepts (every run and test would then fail here
+/// first).
 pub fn machine() -> Result<Machine, AdsmError> {
     Machine::new(MachineConfig::new(512 << 20, 512 << 20))
 }
@@ -568,7 +581,8 @@ pub fn machine() -> Result<Machine, AdsmError> {
 /// Run `w` under `v` on a fresh [`machine`].
 ///
 /// # Errors
-/// The first runtime error.
+/// [`machine`]'s error, [`Adsm::new`]'s (an ADSM variant with a bad protocol
+/// parameter), or the first [`AdsmError`] the workload met while running.
 pub fn run_one(
     w: Workload,
     v: Variant,

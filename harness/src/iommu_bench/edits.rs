@@ -102,6 +102,10 @@ fn edits_alone(
 }
 
 /// Every discipline alone on 1 and 2 threads, median of `reps`.
+///
+/// # Errors
+/// The first failure as text: the table memory or its root could not be made, a map
+/// or unmap was refused (e.g. out of table memory), or an editor thread panicked.
 pub fn edits_table(pairs: u64, reps: usize, memory: DeviceId) -> Result<Vec<EditRow>, String> {
     let mut rows: Vec<EditRow> = Vec::new();
     for t in THREADS {

@@ -633,6 +633,13 @@ fn pps(m: &Measured) -> f64 {
 
 /// Run every variant on 1 and 2 threads; returns the rows and any verification
 /// problems.
+///
+/// # Errors
+/// A message when `packets` or `reps` is zero, or from the first run that failed:
+/// building the host, the IOMMU or a device's space, a buffer map or unmap the driver
+/// refused, no buffer coming back from its unmap, or a queue thread that panicked. A
+/// DMA that faulted or a packet that landed wrong is not an error: it is counted and
+/// returned among the verification problems.
 pub fn table3(p: &Params) -> Result<(Vec<Row>, Vec<String>), String> {
     if p.packets == 0 || p.reps == 0 {
         return Err("--packets must be positive".into());

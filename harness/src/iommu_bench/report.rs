@@ -18,6 +18,10 @@ pub const PAPER: [(&str, [f64; 6]); 4] = [
 ];
 
 /// Write the rows as CSV, JSON and an SVG chart into `dir`; returns the paths.
+///
+/// # Errors
+/// The path and I/O error of the first directory or file that could not be created
+/// or written; the files before it stay written.
 pub fn write(
     dir: &Path,
     p: &Params,
@@ -115,6 +119,10 @@ fn plot(path: &Path, p: &Params, rows: &[Row]) -> Result<(), Box<dyn std::error:
 }
 
 /// `gmem-harness reproduce iommu`: measure, print, write `out/iommu.{csv,json,svg}`.
+///
+/// # Errors
+/// As [`table3`] (a zero `packets`, or a failed run), building the host for the
+/// table-edit runs, [`edits_table`], then [`write()`].
 pub fn run(inval_ns: u64, packets: u64, out: &str) -> Result<Report, String> {
     let p = Params {
         inval_ns,

@@ -172,6 +172,13 @@ const PROBE_SENTINEL: u64 = 0xdead_beef_dead_beef;
 
 /// Load the u64 at `va`, letting the core serve a fault; a fault the core refuses
 /// comes back as its typed error instead of stopping the kernel.
+///
+/// # Errors
+/// The core's [`FaultError`] when `dev_fault` refused the page fault the load took
+/// ([`FaultError::NotAllocated`] for an address in no region,
+/// [`FaultError::ProtectionViolation`] for a region that does not permit reads,
+/// [`FaultError::OutOfMemory`] when no frame is free, ...); the trap handler then
+/// skipped the load.
 pub fn probe_read(va: VirtAddr) -> Result<u64, FaultError> {
     *PROBE.lock() = Probe::Armed;
     let mut v = PROBE_SENTINEL;
