@@ -174,19 +174,17 @@ impl<C: TranslationCaches> Dgpu<C> {
     /// Create the device in `gm` and register its video memory.
     ///
     /// # Errors
+    /// Each error leaves everything as it was: a device `gm` accepted is destroyed
+    /// again, and the memory map forgets the video memory.
     /// - [`DgpuError::AlreadyCreated`]: this GPU was already created (in `gm` or in
-    ///   another instance); nothing is changed. (Of two `create` calls racing on one
-    ///   GPU, the loser gets it after `gm` created a second device, which stays.)
+    ///   another instance), or its tables' codec was bound to another device.
     /// - [`DgpuError::Device`]: `gm` refused the device (its MMU does not map 4 KiB
-    ///   pages: [`DeviceError::No4KPages`]; nothing is changed), or refused video memory
+    ///   pages: [`DeviceError::No4KPages`]) or its video memory
     ///   ([`DeviceError::Register`], e.g. a range overlapping memory already
     ///   registered).
     /// - [`DgpuError::Map`]: the machine's memory map already holds memory overlapping
-    ///   video memory ([`MapError::Overlaps`]).
-    ///
-    /// A failure after `gm` accepted the device (the last two cases) leaves the device
-    /// created in `gm` and bound to this GPU, without its memory: destroy it with
-    /// `Gmem::dev_destroy`; this GPU cannot be created again.
+    ///   video memory ([`MapError::Overlaps`]) — which is also what the loser of two
+    ///   `create` calls racing on one GPU gets: the map decides the race.
     pub fn create(&self, gm: &Gmem, name: &str) -> Result<DeviceId, DgpuError> {
         if let Some(id) = self.port.id() {
             return Err(DgpuError::AlreadyCreated(id));
@@ -204,18 +202,34 @@ impl<C: TranslationCaches> Dgpu<C> {
                 data: None,
             })
             .map_err(DgpuError::Device)?;
-        self.port.bind(id).map_err(DgpuError::AlreadyCreated)?;
-        self.tables
-            .codec()
-            .bind(id)
-            .map_err(DgpuError::AlreadyCreated)?;
-        self.port
-            .memory_map()
-            .add(id, self.vram.clone())
-            .map_err(DgpuError::Map)?;
+        // Every step that can fail comes before the GPU is bound, so each failure can
+        // be undone: the map entry, then the device (its memory is all free).
+        let undo = |mapped: bool| {
+            if mapped {
+                self.port.memory_map().remove(id);
+            }
+            let _ = gm.dev_destroy(id);
+        };
+        if let Err(e) = self.port.memory_map().add(id, self.vram.clone()) {
+            undo(false);
+            return Err(DgpuError::Map(e));
+        }
         let first = self.config.vram_base.as_u64() + self.config.table_frames * PAGE_SIZE;
-        gm.dev_register_physmem(id, PhysAddr::new(first), self.vram.end())
-            .map_err(DgpuError::Device)?;
+        if let Err(e) = gm.dev_register_physmem(id, PhysAddr::new(first), self.vram.end()) {
+            undo(true);
+            return Err(DgpuError::Device(e));
+        }
+        if let Err(other) = self.tables.codec().bind(id) {
+            undo(true);
+            return Err(DgpuError::AlreadyCreated(other));
+        }
+        // The map entry made this call the only `create` still running on this GPU,
+        // so the port is free (unless bound by hand through `port()`, outside
+        // `create`: then the codec keeps this id).
+        if let Err(other) = self.port.bind(id) {
+            undo(true);
+            return Err(DgpuError::AlreadyCreated(other));
+        }
         Ok(id)
     }
 

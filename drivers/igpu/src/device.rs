@@ -79,7 +79,7 @@ impl Igpu {
     /// # Errors
     /// - [`IgpuError::AlreadyCreated`]: this GPU was already created (in `gm` or in
     ///   another instance); nothing is changed. (Of two `create` calls racing on one
-    ///   GPU, the loser gets it after `gm` created a second device, which stays.)
+    ///   GPU, the loser gets it after destroying the device it had made in `gm`.)
     /// - [`IgpuError::Device`]: `gm` refused the device; nothing is changed. The core
     ///   refuses only an MMU without 4 KiB pages ([`DeviceError::No4KPages`]), which
     ///   an MMU walking x86-64 tables never is.
@@ -96,7 +96,11 @@ impl Igpu {
                 data: None,
             })
             .map_err(IgpuError::Device)?;
-        self.port.bind(id).map_err(IgpuError::AlreadyCreated)?;
+        if let Err(winner) = self.port.bind(id) {
+            // Another `create` on this GPU won the race: the device made here goes.
+            let _ = gm.dev_destroy(id);
+            return Err(IgpuError::AlreadyCreated(winner));
+        }
         Ok(id)
     }
 
