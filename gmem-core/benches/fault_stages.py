@@ -20,7 +20,15 @@ A function inlined into its caller counts as its caller's: read the stages as "c
 reached from here", not as exact source functions. Instruction counts, not time; the
 bench's printed ns/fault is the timing.
 
-Usage: python3 gmem-core/benches/fault_stages.py [bench-binary]
+With --atomics it counts instead the atomic read-modify-writes a fault executes
+(x86-64 `lock`-prefixed instructions and `xchg` with memory, which the CPU locks
+implicitly): callgrind runs with --toggle-collect on dev_fault and --dump-instr=yes,
+each such instruction of `objdump -d` is looked up in the per-instruction counts, and
+the script prints how many times per fault each one ran, with the function it is in.
+Callgrind weighs an atomic like any instruction; on hardware each costs about 20 cycles
+uncontended, more when its line bounces between CPUs.
+
+Usage: python3 gmem-core/benches/fault_stages.py [--atomics] [bench-binary]
 (default: the newest target/release/deps/fault-*; build it with
 `cargo bench -p gmem-core --bench fault --no-run`).
 """
@@ -99,8 +107,74 @@ def split(funcs, name, inherited, memo, depth=0):
     return out
 
 
+ATOMIC = re.compile(r"lock\b|xchg\b.*\(")
+DIS = re.compile(r"\s*([0-9a-f]+):\s+(.*)")
+
+
+def instr_counts(out):
+    """{object: {address: executions}} from a --dump-instr=yes --compress-pos=no
+    --compress-strings=no callgrind file (each instruction's Ir is its executions), and
+    {(object, address): function}."""
+    counts, fn_of = {}, {}
+    ob = fn = None
+    skip = False
+    with open(out) as f:
+        for line in f:
+            if line.startswith("ob="):
+                ob = line[3:].strip()
+            elif line.startswith("fn="):
+                fn = line[3:].strip()
+            elif line.startswith("calls="):
+                skip = True  # the next cost line is the call's inclusive cost
+            elif line.startswith("0x"):
+                if skip:
+                    skip = False
+                    continue
+                addr, _line, ir = line.split()[:3]
+                a = int(addr, 16)
+                obj = counts.setdefault(ob, {})
+                obj[a] = obj.get(a, 0) + int(ir)
+                fn_of[(ob, a)] = fn
+    return counts, fn_of
+
+
+def atomics(binary, batches):
+    """Print the atomic read-modify-writes per fault, by instruction."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "cg.out")
+        env = dict(os.environ, GMEM_FAULT_PROFILE=str(batches))
+        run = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--dump-instr=yes", "--compress-pos=no",
+             "--compress-strings=no", "--toggle-collect=*Gmem*dev_fault*",
+             f"--callgrind-out-file={out}", binary],
+            env=env, capture_output=True, text=True, check=True)
+        faults = int(re.search(r"profile: (\d+) faults", run.stdout).group(1))
+        counts, fn_of = instr_counts(out)
+    total, rows = 0, []
+    for obj, by_addr in counts.items():
+        dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj],
+                             capture_output=True, text=True, check=True).stdout
+        for line in dis.splitlines():
+            m = DIS.match(line)
+            if not m or not ATOMIC.match(m.group(2)):
+                continue
+            a = int(m.group(1), 16)
+            n = by_addr.get(a, 0)
+            if n:
+                total += n
+                rows.append((n, m.group(2).split("#")[0].strip(), fn_of[(obj, a)]))
+    print(f"{binary}: {faults} first-touch 4 KiB faults under callgrind")
+    for n, ins, fn in sorted(rows, key=lambda r: -r[0]):
+        if n / faults >= 0.01:
+            print(f"  {n / faults:5.2f}  {ins:<34} {fn}")
+    print(f"  atomic read-modify-writes per fault: {total / faults:.2f}")
+
+
 def main():
-    binary = sys.argv[1] if len(sys.argv) > 1 else None
+    args = sys.argv[1:]
+    count_atomics = "--atomics" in args
+    args = [a for a in args if a != "--atomics"]
+    binary = args[0] if args else None
     if binary is None:
         found = sorted(glob.glob("target/release/deps/fault-*"), key=os.path.getmtime)
         found = [f for f in found if os.access(f, os.X_OK) and not f.endswith(".d")]
@@ -108,6 +182,9 @@ def main():
             sys.exit("no fault bench binary: cargo bench -p gmem-core --bench fault --no-run")
         binary = found[-1]
     batches = 2
+    if count_atomics:
+        atomics(binary, batches)
+        return
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "cg.out")
         env = dict(os.environ, GMEM_FAULT_PROFILE=str(batches))

@@ -153,9 +153,7 @@ impl LogicalPageTable {
         let key = vpn.0 >> LEAF_SHIFT;
         let idx = (vpn.0 as usize) & (LEAF_ENTRIES - 1);
         let slot = self.slot_mut(key);
-        let leaf = self.slab[slot as usize]
-            .as_deref_mut()
-            .expect("an indexed slot holds a leaf");
+        let leaf = self.leaf_mut(slot);
         let before = leaf.entries[idx];
         let r = f(&mut leaf.entries[idx]);
         let after = leaf.entries[idx];
@@ -189,9 +187,7 @@ impl LogicalPageTable {
             let lo = (v as usize) & (LEAF_ENTRIES - 1);
             let n = ((LEAF_ENTRIES - lo) as u64).min(end - v) as usize;
             let slot = self.slot_mut(key);
-            let leaf = self.slab[slot as usize]
-                .as_deref_mut()
-                .expect("an indexed slot holds a leaf");
+            let leaf = self.leaf_mut(slot);
             let mut populated = 0i64;
             for (i, e) in leaf.entries[lo..lo + n].iter_mut().enumerate() {
                 let before = *e;
@@ -223,6 +219,15 @@ impl LogicalPageTable {
         };
         self.last = Some((key, slot));
         slot
+    }
+
+    /// The leaf in `slot`, a slot `slot_mut` returned (the invariant: an indexed slot
+    /// holds a leaf).
+    #[inline]
+    fn leaf_mut(&mut self, slot: u32) -> &mut Leaf {
+        self.slab[slot as usize]
+            .as_deref_mut()
+            .expect("an indexed slot holds a leaf")
     }
 
     /// A new empty leaf for `key` in a free slot (out of line: it runs once per 2 MiB

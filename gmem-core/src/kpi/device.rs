@@ -323,7 +323,16 @@ impl Gmem {
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        let dev = self.device(id).ok_or(FaultError::UnknownDevice(id))?;
+        // The host device lives as long as the instance (`Gmem` holds it, `dev_destroy`
+        // refuses it): a host fault borrows it, without the registry's read lock and
+        // the reference-count round trip a lookup costs (4 atomic read-modify-writes).
+        let looked_up;
+        let dev = if id == self.host.id {
+            &self.host
+        } else {
+            looked_up = self.device(id).ok_or(FaultError::UnknownDevice(id))?;
+            &looked_up
+        };
         if !dev.faultable() {
             return Err(FaultError::NotFaultable(id));
         }
@@ -337,6 +346,6 @@ impl Gmem {
             Some(s) if st.is_alive() => s,
             _ => return Err(FaultError::NotActive(id)),
         };
-        st.fault(&self.context(), &space, &dev, slot, va, access)
+        st.fault(&self.context(), &space, dev, slot, va, access)
     }
 }

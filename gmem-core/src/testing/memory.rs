@@ -4,13 +4,12 @@
 
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::mmu::{DeviceMemory, FramePlacement, FrameRequest, MemError};
-use crate::sync::{AtomicU32, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, Mutex, Ordering};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
 
 /// Sparse byte-holding memory: absent pages read as zeros.
-#[derive(Default)]
 pub struct TestMemory {
     /// The bytes and the counts of what was done to them, under one lock: a `zero`
     /// (once per fault) takes one lock, not two.
@@ -18,6 +17,9 @@ pub struct TestMemory {
     /// `[base, end)` of addresses this memory answers for (`None` = any).
     bounds: Option<(u64, u64)>,
     placement: Mutex<FramePlacement>,
+    /// Whether `placement` is [`FramePlacement::Any`] (the default): then a frame
+    /// request, once per allocation, reads this flag instead of taking the lock.
+    placement_any: AtomicBool,
     requests: Mutex<Vec<FrameRequest>>,
     /// Do not keep the frame requests (benchmarks: the log grows without bound).
     skip_requests: bool,
@@ -26,6 +28,21 @@ pub struct TestMemory {
     classes: AtomicU32,
     /// Every page-group class change the core announced: `(base, frames, from, to)`.
     class_changes: Mutex<Vec<(PhysAddr, u64, u32, u32)>>,
+}
+
+impl Default for TestMemory {
+    fn default() -> Self {
+        TestMemory {
+            store: Mutex::default(),
+            bounds: None,
+            placement: Mutex::new(FramePlacement::Any),
+            placement_any: AtomicBool::new(true),
+            requests: Mutex::default(),
+            skip_requests: false,
+            classes: AtomicU32::new(0),
+            class_changes: Mutex::default(),
+        }
+    }
 }
 
 /// A [`TestMemory`]'s pages and counts.
@@ -68,7 +85,10 @@ impl TestMemory {
 
     /// Answer every frame request with `placement`.
     pub fn set_frame_placement(&self, placement: FramePlacement) {
-        *self.placement.lock() = placement;
+        let mut p = self.placement.lock();
+        *p = placement;
+        self.placement_any
+            .store(placement == FramePlacement::Any, Ordering::Release);
     }
 
     /// The frame requests asked of this memory since the last call, in order.
@@ -175,6 +195,9 @@ impl DeviceMemory for TestMemory {
     fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
         if !self.skip_requests {
             self.requests.lock().push(*request);
+        }
+        if self.placement_any.load(Ordering::Acquire) {
+            return FramePlacement::Any;
         }
         *self.placement.lock()
     }

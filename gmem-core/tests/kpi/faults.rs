@@ -102,6 +102,14 @@ fn fault_errors_are_typed_and_change_nothing() {
         s.gm.dev_fault(idle_id, r.start, Prot::READ),
         Err(FaultError::UnknownDevice(idle_id))
     );
+    // The host's slot under another generation is no host: a host fault borrows the
+    // host only for its exact handle, any other goes through the registry.
+    let stale_host = gmem_core::DeviceId::from_raw(host.index(), u32::MAX);
+    assert_eq!(
+        s.gm.dev_fault(stale_host, r.start, Prot::READ),
+        Err(FaultError::UnknownDevice(stale_host))
+    );
+    assert_eq!(s.gm.dev_frames(host).unwrap().active, 0);
 }
 
 #[test]
