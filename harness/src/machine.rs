@@ -109,7 +109,7 @@ impl Machine {
     ///
     /// # Errors
     /// A message naming the part that was refused: the host CPU (`host_pages` zero,
-    /// or more frames than the core indexes per device), the space (`[begin, end)`
+    /// too many to address, or more frames than the core indexes per device), the space (`[begin, end)`
     /// empty or not page aligned), an attachment the core refused, the accelerator's
     /// build or creation, or an accelerator attached in another mode than asked for
     /// (the core found no table to share).
@@ -120,8 +120,12 @@ impl Machine {
         end: u64,
     ) -> Result<Machine, String> {
         let defaults = HostCpuConfig::default();
+        let memory_bytes = host_pages
+            .checked_add(defaults.table_frames)
+            .and_then(|p| p.checked_mul(PAGE_SIZE))
+            .ok_or_else(|| format!("host CPU: {host_pages} pages do not fit the address width"))?;
         let config = HostCpuConfig {
-            memory_bytes: (host_pages + defaults.table_frames) * PAGE_SIZE,
+            memory_bytes,
             ..defaults
         };
         let (gm, cpu) = HostCpu::boot(config).map_err(|e| e.to_string())?;
@@ -204,9 +208,13 @@ impl Machine {
     ///
     /// # Errors
     /// The core's allocation error as text: no free range of that size is left in the
-    /// space.
+    /// space (or `bytes` does not round up to whole pages within 64 bits).
     pub fn alloc(&self, bytes: u64) -> Result<Region, String> {
-        let size = bytes.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let size = bytes
+            .max(1)
+            .div_ceil(PAGE_SIZE)
+            .checked_mul(PAGE_SIZE)
+            .ok_or_else(|| format!("{bytes} bytes do not fit the address width"))?;
         self.gm
             .as_alloc(self.space, AllocRequest::new(size))
             .map_err(|e| e.to_string())
@@ -273,10 +281,14 @@ impl Machine {
     /// Load `n` f32s at element `index` of `r`.
     ///
     /// # Errors
-    /// As [`Machine::load`] (`n` zero is an empty access).
+    /// As [`Machine::load`] (`n` zero is an empty access); an element offset or
+    /// length beyond 64 bits is refused before any access.
     pub fn load_f32(&self, on: On, r: Region, index: u64, n: usize) -> Result<Vec<f32>, String> {
-        let mut bytes = vec![0u8; n * 4];
-        self.load(on, r.start.as_u64() + index * 4, &mut bytes)?;
+        let len = n
+            .checked_mul(4)
+            .ok_or_else(|| format!("{n} elements do not fit the address width"))?;
+        let mut bytes = vec![0u8; len];
+        self.load(on, element(r, index)?, &mut bytes)?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -286,19 +298,24 @@ impl Machine {
     /// Store f32s at element `index` of `r`.
     ///
     /// # Errors
-    /// As [`Machine::store`] (no value is an empty access).
+    /// As [`Machine::store`] (no value is an empty access); an element offset beyond
+    /// 64 bits is refused before any access.
     pub fn store_f32(&self, on: On, r: Region, index: u64, values: &[f32]) -> Result<(), String> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.store(on, r.start.as_u64() + index * 4, &bytes)
+        self.store(on, element(r, index)?, &bytes)
     }
 
     /// Load `n` u32s at element `index` of `r`.
     ///
     /// # Errors
-    /// As [`Machine::load`] (`n` zero is an empty access).
+    /// As [`Machine::load`] (`n` zero is an empty access); an element offset or
+    /// length beyond 64 bits is refused before any access.
     pub fn load_u32(&self, on: On, r: Region, index: u64, n: usize) -> Result<Vec<u32>, String> {
-        let mut bytes = vec![0u8; n * 4];
-        self.load(on, r.start.as_u64() + index * 4, &mut bytes)?;
+        let len = n
+            .checked_mul(4)
+            .ok_or_else(|| format!("{n} elements do not fit the address width"))?;
+        let mut bytes = vec![0u8; len];
+        self.load(on, element(r, index)?, &mut bytes)?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -308,10 +325,11 @@ impl Machine {
     /// Store u32s at element `index` of `r`.
     ///
     /// # Errors
-    /// As [`Machine::store`] (no value is an empty access).
+    /// As [`Machine::store`] (no value is an empty access); an element offset beyond
+    /// 64 bits is refused before any access.
     pub fn store_u32(&self, on: On, r: Region, index: u64, values: &[u32]) -> Result<(), String> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.store(on, r.start.as_u64() + index * 4, &bytes)
+        self.store(on, element(r, index)?, &bytes)
     }
 
     /// Bytes of data pages zero-filled in the accelerator's local memory (by its copy
@@ -346,4 +364,31 @@ impl Machine {
 /// The compute unit that accesses `va`: pages are spread round-robin over the units.
 fn unit(va: u64) -> usize {
     ((va / PAGE_SIZE) % COMPUTE_UNITS as u64) as usize
+}
+
+/// The address of 4-byte element `index` of `r`, or a message if it overflows (a
+/// huge index then fails like any address outside the space, without a panic).
+fn element(r: Region, index: u64) -> Result<u64, String> {
+    index
+        .checked_mul(4)
+        .and_then(|o| r.start.as_u64().checked_add(o))
+        .ok_or_else(|| format!("element {index} of {r:?} is beyond the address width"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_indexes_beyond_64_bits_are_errors_not_panics() {
+        assert!(Machine::new(u64::MAX, Accel::IntegratedCoherent).is_err());
+        let m = Machine::new(64, Accel::IntegratedCoherent).unwrap();
+        assert!(m.alloc(u64::MAX).is_err());
+        let r = m.alloc(PAGE_SIZE).unwrap();
+        m.store_u32(On::Cpu, r, 0, &[7]).unwrap();
+        assert!(m.load_u32(On::Cpu, r, u64::MAX, 1).is_err());
+        assert!(m.store_f32(On::Gpu, r, u64::MAX / 2, &[1.0]).is_err());
+        assert!(m.load_f32(On::Cpu, r, 0, usize::MAX).is_err());
+        assert_eq!(m.load_u32(On::Cpu, r, 0, 1).unwrap(), vec![7]);
+    }
 }

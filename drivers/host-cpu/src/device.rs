@@ -164,20 +164,30 @@ impl HostCpu {
     ///   it overlaps memory registered with that device before or holds more frames
     ///   than the core indexes per device.
     ///
-    /// Once the first check passes the CPU is bound to `gm`: after a later failure this
-    /// `HostCpu` cannot be registered again.
+    /// After a failure nothing is kept: the CPU is bound to `gm` only once every step
+    /// succeeded (the map entry of a later failure is removed again), so it can be
+    /// registered after the cause is gone. Of two calls racing on one CPU, the map
+    /// entry decides: the loser gets [`HostCpuError::Map`].
     pub fn register(&self, gm: &Gmem) -> Result<DeviceId, HostCpuError> {
+        if let Some(id) = self.port.id() {
+            return Err(HostCpuError::AlreadyRegistered(id));
+        }
         let id = gm.host();
-        self.port
-            .bind(id)
-            .map_err(HostCpuError::AlreadyRegistered)?;
-        self.port
-            .memory_map()
-            .add(id, self.memory.clone())
+        let map = self.port.memory_map();
+        map.add(id, self.memory.clone())
             .map_err(HostCpuError::Map)?;
         let first = self.config.memory_base.as_u64() + self.config.table_frames * PAGE_SIZE;
-        gm.dev_register_physmem(id, PhysAddr::new(first), self.memory.end())
-            .map_err(HostCpuError::Device)?;
+        if let Err(e) = gm.dev_register_physmem(id, PhysAddr::new(first), self.memory.end()) {
+            map.remove(id);
+            return Err(HostCpuError::Device(e));
+        }
+        // The map entry made this the only `register` still running on this CPU, so
+        // the port is free unless it was bound by hand through `port()`; then the
+        // registered memory stays with `gm`'s host (the core cannot take it back).
+        if let Err(other) = self.port.bind(id) {
+            map.remove(id);
+            return Err(HostCpuError::AlreadyRegistered(other));
+        }
         Ok(id)
     }
 

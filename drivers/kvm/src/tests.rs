@@ -181,6 +181,29 @@ fn memory_grown_before_the_device_attached_is_wired_and_mapped_when_it_attaches(
 }
 
 #[test]
+fn a_passthrough_attach_that_cannot_wire_every_slot_leaves_no_device_and_nothing_wired() {
+    let h = host();
+    let mut vm = vm(&h);
+    let io = iommu(&h);
+    // Two 40 MiB slots in 62 MiB of managed host memory: the first wires, the second
+    // cannot.
+    vm.grow(&h.gm, 0, 40 << 20).unwrap();
+    vm.grow(&h.gm, 64 << 20, 40 << 20).unwrap();
+    let err = vm.attach_passthrough(&h.gm, &io, "nic").unwrap_err();
+    assert!(matches!(err, KvmError::Wire(_)), "{err:?}");
+    assert!(vm.passthrough().is_none());
+    assert_eq!(h.gm.dev_frames(h.gm.host()).unwrap().wired, 0);
+    h.gm.check_invariants(vm.space()).unwrap();
+    // With the second slot gone the same attach succeeds, and wires what is left.
+    vm.shrink(&h.gm, 64 << 20).unwrap();
+    vm.attach_passthrough(&h.gm, &io, "nic").unwrap();
+    assert_eq!(
+        h.gm.dev_frames(h.gm.host()).unwrap().wired,
+        (40 << 20) / PAGE_SIZE
+    );
+}
+
+#[test]
 fn slots_that_overlap_or_leave_the_space_are_refused_and_change_nothing() {
     let h = host();
     let mut vm = vm(&h);

@@ -255,9 +255,9 @@ impl Vm {
     /// - [`KvmError::Attach`]: `gm` could not attach it to the guest-physical space
     ///   (e.g. no IOMMU table memory for its table); the device is destroyed again.
     /// - [`KvmError::Wire`]: wiring a slot failed (host memory exhausted, or an IOMMU
-    ///   table edit failed). The device stays attached as the VM's pass-through
-    ///   device and the slots before the failing one stay wired; the failing slot has
-    ///   no page left wired by the call.
+    ///   table edit failed). The slots wired before it are unwired again and the device
+    ///   is detached and destroyed: the VM has no pass-through device, as before (the
+    ///   guest pages wiring populated stay populated, with the bytes they had).
     pub fn attach_passthrough(
         &mut self,
         gm: &Gmem,
@@ -273,10 +273,20 @@ impl Vm {
             return Err(KvmError::Attach(e));
         }
         let id = dev.id();
-        self.passthrough = Some(dev);
-        for region in self.slots.values() {
-            gm.region_wire(*region).map_err(KvmError::Wire)?;
+        let slots: Vec<Region> = self.slots.values().copied().collect();
+        for (i, region) in slots.iter().enumerate() {
+            if let Err(e) = gm.region_wire(*region) {
+                // Undo: the slots wired so far are unwired, the device leaves the
+                // space and is destroyed (its mappings go with its table).
+                for r in &slots[..i] {
+                    let _ = gm.region_unwire(*r);
+                }
+                let _ = gm.dev_detach(id, self.space);
+                let _ = gm.dev_destroy(id);
+                return Err(KvmError::Wire(e));
+            }
         }
+        self.passthrough = Some(dev);
         Ok(id)
     }
 
