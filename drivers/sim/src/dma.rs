@@ -90,6 +90,10 @@ impl DmaEngine {
 
     /// Copy `len` bytes between `other` at `other_pa` and the device memory at
     /// `device_pa`, in `direction`. Both ranges are checked before a byte moves.
+    ///
+    /// # Errors
+    /// [`BoundsError::OutOfRange`] if either range is not inside its memory; nothing is
+    /// copied or counted.
     pub fn copy(
         &self,
         direction: Direction,

@@ -58,34 +58,58 @@ pub struct WorkItem<'a> {
 
 impl WorkItem<'_> {
     /// Load `buf.len()` bytes at `va`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn load(&self, va: VirtAddr, buf: &mut [u8]) -> Result<(), AccessError> {
         self.port.load(self.gm, self.unit, va, buf)
     }
     /// Store `data` at `va`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn store(&self, va: VirtAddr, data: &[u8]) -> Result<(), AccessError> {
         self.port.store(self.gm, self.unit, va, data)
     }
     /// Load a `u32`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn load_u32(&self, va: VirtAddr) -> Result<u32, AccessError> {
         self.port.load_u32(self.gm, self.unit, va)
     }
     /// Store a `u32`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn store_u32(&self, va: VirtAddr, v: u32) -> Result<(), AccessError> {
         self.port.store_u32(self.gm, self.unit, va, v)
     }
     /// Load an `f32`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn load_f32(&self, va: VirtAddr) -> Result<f32, AccessError> {
         self.port.load_f32(self.gm, self.unit, va)
     }
     /// Store an `f32`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn store_f32(&self, va: VirtAddr, v: f32) -> Result<(), AccessError> {
         self.port.store_f32(self.gm, self.unit, va, v)
     }
     /// Load a `u64`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn load_u64(&self, va: VirtAddr) -> Result<u64, AccessError> {
         self.port.load_u64(self.gm, self.unit, va)
     }
     /// Store a `u64`.
+    ///
+    /// # Errors
+    /// As [`Port::load`] / [`Port::store`] for this item's compute unit.
     pub fn store_u64(&self, va: VirtAddr, v: u64) -> Result<(), AccessError> {
         self.port.store_u64(self.gm, self.unit, va, v)
     }
@@ -142,6 +166,11 @@ fn delta(a: PortStats, b: PortStats) -> PortStats {
 
 impl Port {
     /// Run `kernel` once per work-item of `grid` on this device.
+    ///
+    /// # Errors
+    /// [`LaunchError`] naming the first work-item whose kernel returned an
+    /// [`AccessError`]; the launch stops there, and the items before it (and that
+    /// item's accesses before the failing one) have run.
     pub fn launch<K>(
         &self,
         gm: &Gmem,

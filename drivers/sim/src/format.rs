@@ -52,14 +52,25 @@ pub trait TableFormat: Send + Sync + 'static {
     /// Page sizes the format reports to the core.
     fn page_sizes(&self) -> PageSizes;
     /// A new empty table.
+    ///
+    /// # Errors
+    /// [`MmuError`] as the format reports it, e.g. no frame left for the root table.
     fn create(&self) -> Result<PageTableRoot, MmuError>;
     /// Free a table and everything below it.
     fn destroy(&self, root: PageTableRoot);
     /// Install a run; on error nothing of it stays mapped.
+    ///
+    /// # Errors
+    /// [`MmuError`] as the format reports it: no frame for a table page, a page size
+    /// the format cannot map, an address or frame outside its reach.
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError>;
     /// Clear every leaf in `range`, retiring tables left empty.
     fn unmap(&self, root: PageTableRoot, range: VaRange);
     /// Rewrite the permissions of every leaf in `range`.
+    ///
+    /// # Errors
+    /// [`MmuError`] as the format reports it (e.g. no frame to split a large leaf the
+    /// range cuts).
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError>;
     /// Read and clear the accessed bits of the leaves in `range` (see
     /// [`gmem_core::Mmu::test_and_clear_accessed`]); `None` (the default) for a format

@@ -41,6 +41,10 @@ pub struct FramePool {
 
 impl FramePool {
     /// A pool of `frames` frames from `base` in `memory`; the range must lie inside it.
+    ///
+    /// # Errors
+    /// [`BoundsError::BadRange`] if `base` is not page aligned, `frames` is zero or the
+    /// range overflows; [`BoundsError::OutOfRange`] if it is not inside `memory`.
     pub fn new(
         memory: Arc<SimMemory>,
         base: PhysAddr,

@@ -43,6 +43,11 @@ impl MemoryMap {
     }
 
     /// Add `memory` as device `id`'s.
+    ///
+    /// # Errors
+    /// [`MapError::AlreadyRegistered`] if `id` has a memory in the map already,
+    /// [`MapError::Overlaps`] (naming the other device) if `memory`'s range overlaps
+    /// one in the map; the map is unchanged.
     pub fn add(&self, id: DeviceId, memory: Arc<SimMemory>) -> Result<(), MapError> {
         let mut e = lock(&self.entries);
         for (d, m) in e.iter() {
