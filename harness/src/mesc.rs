@@ -125,6 +125,13 @@ pub struct Row {
     pub subregion_hits: u64,
     /// Modelled cycles.
     pub cycles: u64,
+    /// Share of 128-byte transactions served by a CU's L1 data cache (JSON only).
+    pub l1_data_hit: f64,
+    /// Share of transactions served by the shared L2 data cache (JSON only).
+    pub l2_data_hit: f64,
+    /// Of the cycles warps waited on memory instructions, the share spent on
+    /// translation (JSON only).
+    pub translation_share: f64,
     /// THP's cycles over this design's (same workload and memory; NaN on the discrete
     /// GPU, whose format has no large leaves).
     pub perf_vs_thp: f64,
@@ -354,6 +361,12 @@ fn run_one(
         msc_hit: ratio(ds.msc_hits, ds.msc_hits + ds.msc_misses),
         subregion_hits: ds.subregion_hits,
         cycles: o.stats.cycles,
+        l1_data_hit: ratio(o.stats.l1_data_hits, o.stats.transactions),
+        l2_data_hit: ratio(o.stats.l2_data_hits, o.stats.transactions),
+        translation_share: ratio(
+            o.stats.translation_cycles,
+            o.stats.translation_cycles + o.stats.data_cycles,
+        ),
         perf_vs_thp: 0.0,
         energy_pj: energy,
         energy_vs_base: 0.0,

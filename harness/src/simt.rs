@@ -79,7 +79,7 @@ pub fn run(
     let mut rows = Vec::new();
     for &name in names {
         let pages = pages_needed(name, size);
-        let (m, gpu) = if discrete {
+        let (mut m, gpu) = if discrete {
             let m = SimtMachine::new(
                 pages + 1024,
                 GpuKind::Discrete {
@@ -91,7 +91,6 @@ pub fn run(
         } else {
             (SimtMachine::mesc(pages)?, "integrated")
         };
-        let mut m = m;
         m.cost.timed_walks = timed_walks;
         let t = std::time::Instant::now();
         let o = workloads::run(&m, name, size)?;

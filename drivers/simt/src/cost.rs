@@ -28,7 +28,9 @@
 //! queue behind the instruction's own — and then for its data: each 128-byte transaction hits the
 //! unit's L1 data cache, the shared L2, or goes to DRAM, where it also occupies the
 //! shared DRAM link for `128 / bytes_per_cycle` cycles. The warp is ready again when
-//! the slowest part is done (loads and stores alike: no scoreboarding).
+//! the slowest part is done — for a store or a blocking load; a non-blocking load
+//! ([`crate::kernel::Op::LoadTo`]) lets its warp issue on, and its data time is when
+//! the warp's next [`crate::kernel::Op::Wait`] is satisfied (the scoreboard).
 
 use std::fmt;
 

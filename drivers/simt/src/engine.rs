@@ -15,6 +15,15 @@
 //! into the cycles the warp waits. When a block's last warp exits its slot takes the
 //! next block.
 //!
+//! ## Scoreboard
+//! A blocking instruction ([`Op::Load`], [`Op::Store`]) makes its warp wait for it.
+//! An [`Op::LoadTo`] does not: its bytes move (at issue, or when it leaves the walk
+//! queue) into the named register, the warp issues on, and its [`Op::Wait`] takes no
+//! issue slot and stalls the warp until the latest of its loads has its data (or, if
+//! some still wait for a walker, until they have run). Each warp keeps the registers
+//! loaded since its last wait, so a register loaded twice, or a warp exiting with
+//! loads it never waited for, is a [`SimtError::Register`].
+//!
 //! ## Timed walks
 //! At issue the engine asks which of the instruction's pages the unit's TLBs hold
 //! ([`gmem_sim::Port::held`], no counter moves). When all are held the instruction
@@ -42,14 +51,14 @@
 //! Faults are not timed (the first touch of a page costs its translation as served
 //! after the retry). Everything is deterministic.
 
-use crate::coalesce::{CoalesceError, Coalesced, TRANSACTION};
+use crate::access::{fill_pages, held_mask, memory, Lanes, Memory, When};
+use crate::coalesce::{CoalesceError, LANES};
 use crate::cost::CostModel;
 use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
-use crate::kernel::{Kernel, Op, WarpIo, WarpProgram};
+use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
-use crate::timing::Walkers;
-use gmem_core::{Gmem, PhysAddr, Prot, VirtAddr};
-use gmem_sim::{AccessError, Replacement, Resolved, Served, Tlb, TlbConfig};
+use gmem_core::Gmem;
+use gmem_sim::{AccessError, Replacement, Served, Tlb, TlbConfig};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
@@ -77,6 +86,15 @@ pub enum SimtError {
     Geometry,
     /// The device has no compute unit.
     NoUnits,
+    /// A warp loaded into a register it had already loaded since its last
+    /// [`Op::Wait`], or into one beyond [`LOAD_REGS`], or exited with loads it never
+    /// waited for (a program error; the warp's earlier instructions stay done).
+    Register {
+        /// The block.
+        block: u64,
+        /// The register (`None`: exited with loads outstanding).
+        reg: Option<u8>,
+    },
 }
 
 impl fmt::Display for SimtError {
@@ -87,6 +105,19 @@ impl fmt::Display for SimtError {
             SimtError::Access { block, error } => write!(f, "block {block}: {error}"),
             SimtError::Geometry => write!(f, "bad data-cache geometry"),
             SimtError::NoUnits => write!(f, "the device has no compute unit"),
+            SimtError::Register {
+                block,
+                reg: Some(r),
+            } => write!(
+                f,
+                "block {block}: register {r} loaded twice or out of range"
+            ),
+            SimtError::Register { block, reg: None } => {
+                write!(
+                    f,
+                    "block {block}: a warp exited with loads it did not wait for"
+                )
+            }
         }
     }
 }
@@ -163,6 +194,14 @@ struct Warp<W> {
     io: WarpIo,
     block: u64,
     block_slot: usize,
+    /// The scoreboard: registers loaded since the last [`Op::Wait`] (bit `r`).
+    loaded: u32,
+    /// The cycle the latest of those loads that has run has its data.
+    data_at: u64,
+    /// Those loads still waiting in the walk queue.
+    queued: u32,
+    /// Parked at an [`Op::Wait`] until its queued loads run.
+    waiting: bool,
 }
 
 struct Unit<W> {
@@ -233,19 +272,10 @@ struct Queued {
     issue: u64,
     /// Pages (by index) the unit's TLBs did not hold at issue.
     missed: u64,
-}
-
-struct Memory {
-    co: Coalesced,
-    pages: Vec<(VirtAddr, Prot)>,
-    resolved: Vec<Resolved>,
-    lines: Vec<[u8; TRANSACTION as usize]>,
-    /// Physical address of each transaction of the instruction in `co`.
-    line_pa: [u64; 32],
-    l2d: Option<Tlb<()>>,
-    link_free: u64,
-    walkers: Walkers,
-    queue: VecDeque<Queued>,
+    /// Lane addresses and mask of an [`Op::LoadTo`] (its warp has issued on since and
+    /// its `io` holds other operands); unused for a blocking instruction.
+    addr: [u64; LANES],
+    mask: u32,
 }
 
 /// Run `kernel` on `dev` with the options of `launch`.
@@ -310,17 +340,8 @@ pub fn run<K: Kernel>(
             None => open.push_back(b),
         }
     }
-    let mut mem = Memory {
-        co: Coalesced::default(),
-        pages: Vec::with_capacity(32),
-        resolved: Vec::with_capacity(32),
-        lines: vec![[0; TRANSACTION as usize]; 32],
-        line_pa: [0; 32],
-        l2d: cache(cost.l2_data_geometry)?,
-        link_free: 0,
-        walkers: Walkers::new(cost.walkers),
-        queue: VecDeque::new(),
-    };
+    let mut mem = Memory::new(cache(cost.l2_data_geometry)?, cost.walkers);
+    let mut queue: VecDeque<Queued> = VecDeque::new();
     let mut stats = RunStats {
         warps_per_unit: warps_per_sm,
         ..RunStats::default()
@@ -350,35 +371,67 @@ pub fn run<K: Kernel>(
             .min_by_key(|&u| units[u].now);
         // The head of the walk queue runs when it has reached the walkers and one is
         // free, before any instruction issued later.
-        let head = mem
-            .queue
+        let head = queue
             .front()
             .map(|q| (q.issue + pwb).max(mem.walkers.next_free()));
         if let Some(t) = head.filter(|&t| next.map_or(true, |u| t <= units[u].now)) {
-            let q = mem.queue.pop_front().expect("head");
+            let q = queue.pop_front().expect("head");
+            let horizon = queue.front().map_or(q.issue, |h| h.issue);
             let unit = &mut units[q.unit];
-            let w = unit.warps[q.slot].as_mut().expect("a parked warp is live");
+            let w = unit.warps[q.slot].as_mut().expect("a queued warp is live");
             let block = w.block;
+            let (addr, mask) = match q.op {
+                Op::LoadTo(_) => (&q.addr, q.mask),
+                _ => (&w.io.addr, w.io.mask),
+            };
             mem.co
-                .fill(&w.io.addr, w.io.mask, launch.page_shift)
+                .fill(addr, mask, launch.page_shift)
                 .map_err(|error| SimtError::Coalesce { block, error })?;
+            fill_pages(q.op, &mut mem);
+            let value = match q.op {
+                Op::LoadTo(r) => &mut w.io.regs[usize::from(r)],
+                _ => &mut w.io.value,
+            };
             let ready = memory(
                 dev,
                 q.unit,
-                q.op,
-                &mut w.io,
+                Lanes {
+                    addr,
+                    mask,
+                    value,
+                    store: q.op == Op::Store,
+                },
                 (cost, launch.page_shift),
-                (q.issue, t, q.missed),
+                When {
+                    issue: q.issue,
+                    run: t,
+                    missed: q.missed,
+                    horizon,
+                },
                 &mut mem,
                 &mut unit.l1d,
                 &mut stats,
                 &mut launch.observer,
             )
             .map_err(|error| SimtError::Access { block, error })?;
-            unit.parked -= 1;
-            unit.ready_at[q.slot] = ready;
-            if unit.masked {
-                unit.wakes.push(Reverse((ready, q.slot)));
+            let wake = if let Op::LoadTo(_) = q.op {
+                // A load the warp issued past: it is ready when its data is and the
+                // warp has reached its wait.
+                w.queued -= 1;
+                w.data_at = w.data_at.max(ready);
+                (w.queued == 0 && w.waiting).then(|| {
+                    w.waiting = false;
+                    w.data_at
+                })
+            } else {
+                Some(ready)
+            };
+            if let Some(ready) = wake {
+                unit.parked -= 1;
+                unit.ready_at[q.slot] = ready;
+                if unit.masked {
+                    unit.wakes.push(Reverse((ready, q.slot)));
+                }
             }
             continue;
         }
@@ -420,53 +473,131 @@ pub fn run<K: Kernel>(
             continue;
         };
         let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
-        let op = w.prog.next(&mut w.io);
+        // A wait whose loads all have their data by now costs nothing: the program
+        // goes on to its next instruction in the same issue slot.
+        let op = loop {
+            let op = w.prog.next(&mut w.io);
+            if op != Op::Wait {
+                break Some(op);
+            }
+            w.loaded = 0;
+            if w.queued > 0 || w.data_at > now {
+                break None;
+            }
+        };
+        let Some(op) = op else {
+            // Stall at the first use of a loaded register (the scoreboard).
+            if w.queued > 0 {
+                w.waiting = true;
+                unit.parked += 1;
+                unit.ready_at[s] = PARKED;
+                if unit.masked {
+                    unit.ready &= !(1u64 << s);
+                }
+            } else {
+                unit.ready_at[s] = w.data_at;
+                if unit.masked {
+                    unit.ready &= !(1u64 << s);
+                    unit.wakes.push(Reverse((w.data_at, s)));
+                }
+            }
+            continue;
+        };
         stats.instructions += 1;
         let ready = match op {
             Op::Compute(c) => now + 1 + u64::from(c),
-            Op::Load | Op::Store => {
+            Op::Wait => unreachable!("waits are taken above"),
+            Op::Load | Op::Store | Op::LoadTo(_) => {
                 let block = w.block;
                 stats.memory_instructions += 1;
+                if let Op::LoadTo(r) = op {
+                    if usize::from(r) >= LOAD_REGS || w.loaded & (1 << r) != 0 {
+                        return Err(SimtError::Register {
+                            block,
+                            reg: Some(r),
+                        });
+                    }
+                    w.loaded |= 1 << r;
+                }
                 mem.co
                     .fill(&w.io.addr, w.io.mask, launch.page_shift)
                     .map_err(|error| SimtError::Coalesce { block, error })?;
+                fill_pages(op, &mut mem);
                 let missed = if cost.timed_walks {
-                    held_mask(dev, u, op, &mut mem)
+                    held_mask(dev, u, &mem)
                 } else {
                     0
                 };
                 if missed != 0 {
-                    // Stall until a walker takes the instruction.
-                    mem.queue.push_back(Queued {
+                    // The instruction waits for a walker; a blocking one stalls its
+                    // warp until then, a non-blocking load lets it issue on.
+                    queue.push_back(Queued {
                         unit: u,
                         slot: s,
                         op,
                         issue: now,
                         missed,
+                        addr: w.io.addr,
+                        mask: w.io.mask,
                     });
-                    unit.parked += 1;
-                    unit.ready_at[s] = PARKED;
-                    if unit.masked {
-                        unit.ready &= !(1u64 << s);
-                    }
                     unit.now += 1;
+                    if let Op::LoadTo(_) = op {
+                        w.queued += 1;
+                        unit.ready_at[s] = now + 1;
+                        if unit.masked {
+                            unit.ready &= !(1u64 << s);
+                            unit.wakes.push(Reverse((now + 1, s)));
+                        }
+                    } else {
+                        unit.parked += 1;
+                        unit.ready_at[s] = PARKED;
+                        if unit.masked {
+                            unit.ready &= !(1u64 << s);
+                        }
+                    }
                     continue;
                 }
-                memory(
+                let (io, store) = (&mut w.io, op == Op::Store);
+                let value = match op {
+                    Op::LoadTo(r) => &mut io.regs[usize::from(r)],
+                    _ => &mut io.value,
+                };
+                let ready = memory(
                     dev,
                     u,
-                    op,
-                    &mut w.io,
+                    Lanes {
+                        addr: &io.addr,
+                        mask: io.mask,
+                        value,
+                        store,
+                    },
                     (cost, launch.page_shift),
-                    (now, now, 0),
+                    When {
+                        issue: now,
+                        run: now,
+                        missed: 0,
+                        horizon: queue.front().map_or(now, |q| q.issue),
+                    },
                     &mut mem,
                     &mut unit.l1d,
                     &mut stats,
                     &mut launch.observer,
                 )
-                .map_err(|error| SimtError::Access { block, error })?
+                .map_err(|error| SimtError::Access { block, error })?;
+                if let Op::LoadTo(_) = op {
+                    w.data_at = w.data_at.max(ready);
+                    now + 1
+                } else {
+                    ready
+                }
             }
             Op::Exit => {
+                if w.loaded != 0 {
+                    return Err(SimtError::Register {
+                        block: w.block,
+                        reg: None,
+                    });
+                }
                 let slot = w.block_slot;
                 // The slot keeps the finished program for reuse; DEAD keeps it out of
                 // the schedulers.
@@ -525,6 +656,8 @@ fn place<K: Kernel>(
                 old.io.mask = 0;
                 old.block = block;
                 old.block_slot = slot;
+                old.loaded = 0;
+                old.data_at = 0;
             }
             None => {
                 unit.warps[i] = Some(Warp {
@@ -532,6 +665,10 @@ fn place<K: Kernel>(
                     io: WarpIo::default(),
                     block,
                     block_slot: slot,
+                    loaded: 0,
+                    data_at: 0,
+                    queued: 0,
+                    waiting: false,
                 })
             }
         }
@@ -572,230 +709,4 @@ fn fill_open<K: Kernel>(
         units[u].now = units[u].now.max(now);
         place(&mut units[u], kernel, b, slot, wpb, age, stats);
     }
-}
-
-/// The pages of the coalesced instruction in `m.co` (left in `m.pages`) that unit `u`'s
-/// TLBs do not hold now, as a mask by page index; 0 when the translator does not say.
-fn held_mask(dev: Device<'_>, u: usize, op: Op, m: &mut Memory) -> u64 {
-    fill_pages(op, m);
-    let n = m.pages.len().min(64);
-    let all = if n == 64 { !0 } else { (1u64 << n) - 1 };
-    dev.port.held(u, &m.pages).map_or(0, |h| all & !h)
-}
-
-/// Fill `m.pages` with the coalesced instruction's pages (`m.co`), each with the access
-/// `op` makes.
-fn fill_pages(op: Op, m: &mut Memory) {
-    let access = if op == Op::Store {
-        Prot::WRITE
-    } else {
-        Prot::READ
-    };
-    m.pages.clear();
-    m.pages
-        .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
-}
-
-/// Run one memory instruction of unit `u`, coalesced in `m.co`, issued at cycle
-/// `issue` and run at cycle `run` (later when it waited for a walker) with the pages
-/// of mask `missed` not held at issue; returns the cycle the warp is ready again.
-#[allow(clippy::too_many_arguments)]
-fn memory(
-    dev: Device<'_>,
-    u: usize,
-    op: Op,
-    io: &mut WarpIo,
-    (cost, page_shift): (&CostModel, u8),
-    (issue, run, missed): (u64, u64, u64),
-    m: &mut Memory,
-    l1d: &mut Option<Tlb<()>>,
-    stats: &mut RunStats,
-    observer: &mut Option<&mut (dyn AccessObserver + '_)>,
-) -> Result<u64, AccessError> {
-    if m.co.transactions.is_empty() {
-        return Ok(run + 1);
-    }
-    fill_pages(op, m);
-    let pmask = !((1u64 << page_shift) - 1);
-    let (co, lines, line_pa) = (&m.co, &mut m.lines, &mut m.line_pa);
-    dev.port
-        .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
-            for (ti, &t) in co.transactions.iter().enumerate() {
-                let pi = co
-                    .pages
-                    .binary_search(&(t & pmask))
-                    .expect("pages come from the transactions");
-                let pa = PhysAddr::new(res[pi].pa.as_u64() + (t - (t & pmask)));
-                line_pa[ti] = pa.as_u64();
-                if let Some(o) = observer.as_mut() {
-                    o.transaction(u, pa.as_u64(), op == Op::Store, res[pi].served);
-                }
-                res[pi]
-                    .memory
-                    .read(pa, &mut lines[ti])
-                    .map_err(AccessError::Bounds)?;
-            }
-            for l in 0..32 {
-                if io.mask & (1 << l) == 0 {
-                    continue;
-                }
-                let a = io.addr[l];
-                let ti = co.transaction_of(a).expect("lane coalesced");
-                let off = (a % TRANSACTION) as usize;
-                let word = &mut lines[ti][off..off + 4];
-                if op == Op::Store {
-                    word.copy_from_slice(&io.value[l].to_le_bytes());
-                } else {
-                    io.value[l] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-                }
-            }
-            if op == Op::Store {
-                for (ti, &t) in co.transactions.iter().enumerate() {
-                    let pi = co.pages.binary_search(&(t & pmask)).expect("coalesced");
-                    res[pi]
-                        .memory
-                        .write(PhysAddr::new(line_pa[ti]), &lines[ti])
-                        .map_err(AccessError::Bounds)?;
-                }
-            }
-            Ok(())
-        })?;
-    // Translation: the slowest page. A hit costs its lookups from issue; a walk holds a
-    // shared walker from when the request reached the walkers (or from when the
-    // instruction ran, if later); a merged request waits for the walk it merged with.
-    if !cost.timed_walks {
-        return Ok(untimed(cost, issue, m, l1d, stats, op));
-    }
-    let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
-    let mut ready = issue + 1;
-    for (i, r) in m.resolved.iter().enumerate() {
-        stats.translations += 1;
-        let page = m.co.pages[i];
-        let missed_at_issue = i < 64 && missed & (1 << i) != 0;
-        let t = match r.served {
-            Served::Walk { reads } => {
-                stats.walks += 1;
-                stats.walk_reads += u64::from(reads);
-                let latency = cost.walk_cache + u64::from(reads) * cost.dram;
-                m.walkers.walk(page, at_walkers, latency)
-            }
-            hit => match m.walkers.in_flight(page, issue) {
-                Some(end) => {
-                    stats.merged += 1;
-                    end.max(run)
-                }
-                None if missed_at_issue => {
-                    stats.merged += 1;
-                    m.walkers.last_end(page).unwrap_or(run).max(run)
-                }
-                None if hit == Served::L2 => {
-                    stats.served_l2 += 1;
-                    issue + 1 + cost.l1_tlb + cost.l2_tlb
-                }
-                None => {
-                    stats.served_l1 += u64::from(hit == Served::L1);
-                    issue + 1 + cost.l1_tlb
-                }
-            },
-        };
-        ready = ready.max(t);
-    }
-    let horizon = m.queue.front().map_or(issue, |q| q.issue.min(issue));
-    m.walkers.prune(horizon);
-    Ok(data(cost, issue, ready, m, l1d, stats, op))
-}
-
-/// The first model's translation cost (`timed_walks` off): the slowest page, walks
-/// beyond the walker count queueing behind the instruction's own; then the data.
-fn untimed(
-    cost: &CostModel,
-    issue: u64,
-    m: &mut Memory,
-    l1d: &mut Option<Tlb<()>>,
-    stats: &mut RunStats,
-    op: Op,
-) -> u64 {
-    let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
-    for r in &m.resolved {
-        stats.translations += 1;
-        let c = match r.served {
-            Served::L1 | Served::Unknown => {
-                stats.served_l1 += u64::from(r.served == Served::L1);
-                cost.l1_tlb
-            }
-            Served::L2 => {
-                stats.served_l2 += 1;
-                cost.l1_tlb + cost.l2_tlb
-            }
-            Served::Walk { reads } => {
-                stats.walks += 1;
-                stats.walk_reads += u64::from(reads);
-                walks += 1;
-                let c = cost.l1_tlb + cost.l2_tlb + cost.walk_cache + u64::from(reads) * cost.dram;
-                worst_walk = worst_walk.max(c);
-                c
-            }
-        };
-        worst = worst.max(c);
-    }
-    let translation = worst + (walks.saturating_sub(1) / cost.walkers.max(1)) * worst_walk;
-    data(cost, issue, issue + 1 + translation, m, l1d, stats, op)
-}
-
-/// Charge the data of the instruction in `m` (issued at `issue`) once its translations
-/// are ready at `ready`; returns the cycle the warp is ready again.
-fn data(
-    cost: &CostModel,
-    issue: u64,
-    ready: u64,
-    m: &mut Memory,
-    l1d: &mut Option<Tlb<()>>,
-    stats: &mut RunStats,
-    op: Op,
-) -> u64 {
-    let translation = ready - (issue + 1);
-    // Data cost: the slowest transaction.
-    let t0 = ready;
-    let mut data = 0u64;
-    let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
-    for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
-        stats.transactions += 1;
-        let l1_hit = op == Op::Load
-            && l1d
-                .as_mut()
-                .is_some_and(|c| c.lookup_at(0, pa, 7).is_some());
-        let c = if l1_hit {
-            stats.l1_data_hits += 1;
-            cost.l1_data
-        } else if m
-            .l2d
-            .as_mut()
-            .is_some_and(|c| c.lookup_at(0, pa, 7).is_some())
-        {
-            stats.l2_data_hits += 1;
-            if op == Op::Load {
-                if let Some(c) = l1d.as_mut() {
-                    c.insert(0, pa, 7, ());
-                }
-            }
-            cost.l2_data
-        } else {
-            stats.dram_transactions += 1;
-            let start = t0.max(m.link_free);
-            m.link_free = start + link;
-            if let Some(c) = m.l2d.as_mut() {
-                c.insert(0, pa, 7, ());
-            }
-            if op == Op::Load {
-                if let Some(c) = l1d.as_mut() {
-                    c.insert(0, pa, 7, ());
-                }
-            }
-            (m.link_free - t0) + cost.dram
-        };
-        data = data.max(c);
-    }
-    stats.translation_cycles += translation;
-    stats.data_cycles += data;
-    t0 + data
 }

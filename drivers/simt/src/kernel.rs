@@ -9,15 +9,40 @@
 //! can branch on loaded data (BFS, PageRank). Divergence is the active mask: lanes a
 //! branch excludes sit out the instruction, and a warp whose lanes take different
 //! paths runs both, one after the other, as hardware does.
+//!
+//! ## Scoreboarding
+//! [`Op::Load`] blocks the warp until its data arrives: the form for a load whose
+//! value the very next instruction needs, e.g. to form an address (BFS, PageRank). A
+//! GPU does not otherwise wait at a load: the warp issues on and stalls only at the
+//! first instruction that reads the loaded register (GPGPU-Sim's scoreboard, which the
+//! MESC paper's gem5-gpu uses). [`Op::LoadTo`] is that load: it names one of
+//! [`LOAD_REGS`] registers, the warp goes on issuing, and [`Op::Wait`] marks the first
+//! use — the warp stalls there until every load since the previous wait has its data;
+//! the values are then in [`WarpIo::regs`]. Values are exact whatever the timing: the
+//! engine moves a load's bytes before the warp passes its wait. Each register is
+//! loaded at most once between two waits, and a warp waits before it exits (else
+//! [`crate::engine::SimtError::Register`]).
 
 use crate::coalesce::LANES;
 use crate::occupancy::KernelResources;
 
+/// Registers an [`Op::LoadTo`] may name: 16 of the 32 registers a thread of the
+/// workloads is given for occupancy (the rest hold addresses, indices and
+/// accumulators).
+pub const LOAD_REGS: usize = 16;
+
 /// What a warp does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Load 4 bytes at each active lane's `io.addr` into `io.value`.
+    /// Load 4 bytes at each active lane's `io.addr` into `io.value`; the warp waits
+    /// for the data before its next instruction.
     Load,
+    /// Load 4 bytes at each active lane's `io.addr` into register `io.regs[r]` without
+    /// waiting: the warp issues on until its next [`Op::Wait`].
+    LoadTo(u8),
+    /// Stall until every [`Op::LoadTo`] since the previous wait has its data (the first
+    /// use of a loaded register). Not an instruction: it takes no issue slot.
+    Wait,
     /// Store each active lane's `io.value` at its `io.addr`.
     Store,
     /// Arithmetic for this many cycles (no memory access).
@@ -35,6 +60,9 @@ pub struct WarpIo {
     pub value: [u32; LANES],
     /// Active lanes (bit `i` = lane `i`).
     pub mask: u32,
+    /// The registers [`Op::LoadTo`] fills, each a value per lane (valid after the
+    /// [`Op::Wait`] that follows the load).
+    pub regs: [[u32; LANES]; LOAD_REGS],
 }
 
 impl Default for WarpIo {
@@ -43,6 +71,7 @@ impl Default for WarpIo {
             addr: [0; LANES],
             value: [0; LANES],
             mask: 0,
+            regs: [[0; LANES]; LOAD_REGS],
         }
     }
 }
@@ -91,7 +120,8 @@ impl WarpIo {
 
 /// The program of one warp.
 pub trait WarpProgram {
-    /// The next instruction; `io.value` holds the last load's values.
+    /// The next instruction; `io.value` holds the last [`Op::Load`]'s values, and
+    /// after an [`Op::Wait`] `io.regs` holds the registers loaded before it.
     fn next(&mut self, io: &mut WarpIo) -> Op;
 }
 

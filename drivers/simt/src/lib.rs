@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod access;
 pub mod caches;
 pub mod coalesce;
 pub mod cost;

@@ -87,6 +87,17 @@ fn replaying_a_recorded_stream_gives_the_live_counters() {
 }
 
 #[test]
+fn replay_equals_live_with_timed_walks_and_scoreboarded_loads() {
+    // Timed walks: non-blocking loads leave the walk queue out of issue order with the
+    // warp's other instructions; the stream is recorded as the MMU sees it.
+    for name in ["atax", "bfs-rmat"] {
+        let mut m = SimtMachine::mesc(pages_needed(name, Size::Quick)).unwrap();
+        m.cost.timed_walks = true;
+        check_replay(&m, name);
+    }
+}
+
+#[test]
 fn every_cached_translation_equals_a_fresh_walk_after_runs_and_migrations() {
     let p = pages_needed("bfs-uniform", Size::Quick) + 1024;
     // Video memory for about half the data: the core evicts while the GPU runs.

@@ -4,7 +4,9 @@
 //!
 //! Both are data-dependent: a lane's next address comes from a value it loaded (its
 //! edge range, then each neighbour), lanes of a warp have different degrees so the
-//! warp runs until its longest lane is done with the others masked off.
+//! warp runs until its longest lane is done with the others masked off. Those loads
+//! block ([`Op::Load`]); the two ends of a node's edge range do not depend on each
+//! other, so both issue before either is used ([`Op::LoadTo`], then [`Op::Wait`]).
 
 use super::spec::{Spec, SpecKernel, MAX_OPS};
 use super::{max_rel_error, Outcome, Size};
@@ -149,6 +151,7 @@ enum Step {
     Level,
     Begin,
     End,
+    EndsWait,
     Ends,
     Edge,
     Target,
@@ -289,25 +292,25 @@ impl WarpProgram for GatherWarp {
                         continue;
                     }
                     self.step = Step::End;
-                    return Op::Load;
+                    return Op::LoadTo(0);
                 }
                 Step::End => {
-                    for l in 0..32 {
-                        if io.active(l) {
-                            self.beg[l] = io.value[l];
-                        }
-                    }
                     let live = self.live;
                     io.lanes(|l| {
                         (live & (1 << l) != 0).then_some(g.row + 4 * (base + l as u64 + 1))
                     });
+                    self.step = Step::EndsWait;
+                    return Op::LoadTo(1);
+                }
+                Step::EndsWait => {
                     self.step = Step::Ends;
-                    return Op::Load;
+                    return Op::Wait;
                 }
                 Step::Ends => {
                     for l in 0..32 {
-                        if io.active(l) {
-                            self.end[l] = io.value[l];
+                        if self.live & (1 << l) != 0 {
+                            self.beg[l] = io.regs[0][l];
+                            self.end[l] = io.regs[1][l];
                         }
                     }
                     self.step = Step::Edge;

@@ -2,13 +2,27 @@
 //! iterations, each loading a few operands and folding them into four accumulators,
 //! then stores one result. ATAX, BICG, MVT, GESUMMV, 2DCONV, vector add, SGEMM and
 //! hotspot are all of this shape (the Polybench-GPU and Rodinia CUDA versions).
+//!
+//! ## Unrolled as a compiler does
+//! A warp runs its iterations [`UNROLL`] at a time, as the code nvcc emits for these
+//! loops: it issues the operand loads of the whole batch ([`Op::LoadTo`], none of
+//! them waits), then waits once ([`Op::Wait`], the first use of a loaded value) and
+//! folds the batch. The factor is 4 for every workload: 4 is the factor nvcc applies
+//! by default to a loop whose trip count is not a compile-time constant (Polybench's
+//! and Rodinia's loops over `n`) — recalled, not checked against NVIDIA's text. Only
+//! the register budget cuts it: a batch loads at most [`LOAD_REGS`] values, so a step
+//! of 6 operands runs 2 at a time and one of 9 (2DCONV) one at a time (its 9 loads
+//! still issue before their use). Never chosen per design or per workload.
 
-use crate::kernel::{Kernel, Op, WarpIo, WarpProgram};
+use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::occupancy::KernelResources;
 use std::sync::Arc;
 
 /// Most operands one step loads.
 pub const MAX_OPS: usize = 9;
+
+/// Iterations a warp loads before it uses them (see the module documentation).
+pub const UNROLL: u64 = 4;
 
 /// A thread-per-output kernel.
 pub trait Spec: Send + Sync + 'static {
@@ -59,6 +73,7 @@ impl<S: Spec> SpecKernel<S> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Load,
+    Fold,
     Store,
     Done,
 }
@@ -68,12 +83,16 @@ pub struct SpecWarp<S> {
     spec: Arc<S>,
     base: u64,
     active: u32,
+    /// First iteration of the batch.
     k: u64,
-    op: usize,
-    pending: Option<usize>,
+    /// Iterations in the batch.
+    batch: u64,
+    /// Next register of the batch to load (iteration `j`, operand `op` is `j·ops + op`).
+    reg: usize,
+    /// Lanes each register was loaded for (the others read 0).
+    loaded: [u32; LOAD_REGS],
     phase: Phase,
     acc: [[f32; 4]; 32],
-    vals: [[f32; MAX_OPS]; 32],
 }
 
 impl<S: Spec> Kernel for SpecKernel<S> {
@@ -96,11 +115,11 @@ impl<S: Spec> Kernel for SpecKernel<S> {
             base: 0,
             active: 0,
             k: 0,
-            op: 0,
-            pending: None,
+            batch: 0,
+            reg: 0,
+            loaded: [0; LOAD_REGS],
             phase: Phase::Done,
             acc: [[0.0; 4]; 32],
-            vals: [[0.0; MAX_OPS]; 32],
         };
         self.rewarp(&mut w, block, warp);
         w
@@ -120,73 +139,74 @@ impl<S: Spec> Kernel for SpecKernel<S> {
         w.base = base;
         w.active = active;
         w.k = 0;
-        w.op = 0;
-        w.pending = None;
+        w.batch = 0;
+        w.reg = 0;
         w.phase = if active == 0 {
             Phase::Done
         } else {
             Phase::Load
         };
-        // `vals` needs no reset: every active lane's operand is written before a fold
-        // reads it.
         w.acc = [[0.0; 4]; 32];
     }
 }
 
 impl<S: Spec> WarpProgram for SpecWarp<S> {
     fn next(&mut self, io: &mut WarpIo) -> Op {
-        if let Some(op) = self.pending.take() {
-            let mut m = io.mask;
-            while m != 0 {
-                let l = m.trailing_zeros() as usize;
-                m &= m - 1;
-                self.vals[l][op] = io.f32(l);
-            }
-            // An active thread that skipped this operand reads 0.
-            let mut z = self.active & !io.mask;
-            while z != 0 {
-                let l = z.trailing_zeros() as usize;
-                z &= z - 1;
-                self.vals[l][op] = 0.0;
-            }
-        }
+        let ops = self.spec.operands();
         loop {
             match self.phase {
                 Phase::Load => {
-                    if self.k == self.spec.steps() {
-                        self.phase = Phase::Store;
+                    if self.reg == 0 {
+                        if self.k == self.spec.steps() {
+                            self.phase = Phase::Store;
+                            continue;
+                        }
+                        let fit = (LOAD_REGS / ops.max(1)).max(1) as u64;
+                        self.batch = UNROLL.min(fit).min(self.spec.steps() - self.k);
+                    }
+                    if self.reg < self.batch as usize * ops {
+                        let r = self.reg;
+                        self.reg += 1;
+                        let (spec, base, active) = (&self.spec, self.base, self.active);
+                        let k = self.k + (r / ops) as u64;
+                        let lanes = io.lanes_of(active, |l| spec.addr(base + l as u64, k, r % ops));
+                        self.loaded[r] = io.mask;
+                        if lanes {
+                            return Op::LoadTo(r as u8);
+                        }
                         continue;
                     }
-                    if self.op < self.spec.operands() {
-                        let op = self.op;
-                        self.op += 1;
-                        let (spec, base, k, active) = (&self.spec, self.base, self.k, self.active);
-                        if io.lanes_of(active, |l| spec.addr(base + l as u64, k, op)) {
-                            self.pending = Some(op);
-                            return Op::Load;
-                        }
-                        let mut z = active;
-                        while z != 0 {
-                            let l = z.trailing_zeros() as usize;
-                            z &= z - 1;
-                            self.vals[l][op] = 0.0;
-                        }
-                        continue;
+                    self.phase = Phase::Fold;
+                    if self.loaded[..self.reg].iter().any(|&m| m != 0) {
+                        return Op::Wait;
                     }
+                }
+                Phase::Fold => {
                     let mut m = self.active;
                     while m != 0 {
                         let l = m.trailing_zeros() as usize;
                         m &= m - 1;
-                        self.spec.fold(
-                            self.base + l as u64,
-                            self.k,
-                            &mut self.acc[l],
-                            &self.vals[l],
-                        );
+                        for j in 0..self.batch as usize {
+                            let mut v = [0f32; MAX_OPS];
+                            for (op, x) in v.iter_mut().enumerate().take(ops) {
+                                let r = j * ops + op;
+                                if self.loaded[r] & (1 << l) != 0 {
+                                    *x = f32::from_bits(io.regs[r][l]);
+                                }
+                            }
+                            self.spec.fold(
+                                self.base + l as u64,
+                                self.k + j as u64,
+                                &mut self.acc[l],
+                                &v,
+                            );
+                        }
                     }
-                    self.k += 1;
-                    self.op = 0;
-                    return Op::Compute(self.spec.cycles());
+                    let cycles = self.spec.cycles() * self.batch as u32;
+                    self.k += self.batch;
+                    self.reg = 0;
+                    self.phase = Phase::Load;
+                    return Op::Compute(cycles);
                 }
                 Phase::Store => {
                     let (spec, base, active) = (&self.spec, self.base, self.active);

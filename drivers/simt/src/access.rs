@@ -1,0 +1,311 @@
+//! One memory instruction of the SIMT engine: its bytes moved through the device's
+//! port and what its translations and data cost.
+//!
+//! [`Memory`] holds the state the engine's memory instructions share: the coalescing
+//! scratch, the instruction's page list, the shared L2 data cache and DRAM link, and
+//! the device's page-table walkers ([`crate::timing`]). [`memory`] runs one coalesced
+//! instruction (loads fill the lane values given, stores write them) and returns the
+//! cycle its data is ready, charged by the [`CostModel`] as the engine's module
+//! documentation describes.
+
+use crate::coalesce::{Coalesced, LANES, TRANSACTION};
+use crate::cost::CostModel;
+use crate::engine::{Device, RunStats};
+use crate::kernel::Op;
+use crate::timing::Walkers;
+use gmem_core::{PhysAddr, Prot, VirtAddr};
+use gmem_sim::{AccessError, Resolved, Served, Tlb};
+
+use crate::engine::AccessObserver;
+
+/// The state memory instructions share.
+pub(crate) struct Memory {
+    /// The current instruction, coalesced.
+    pub(crate) co: Coalesced,
+    /// Its pages, each with the access it makes (see [`fill_pages`]).
+    pub(crate) pages: Vec<(VirtAddr, Prot)>,
+    resolved: Vec<Resolved>,
+    lines: Vec<[u8; TRANSACTION as usize]>,
+    /// Physical address of each transaction of the instruction in `co`.
+    line_pa: [u64; 32],
+    l2d: Option<Tlb<()>>,
+    link_free: u64,
+    /// The device's page-table walkers.
+    pub(crate) walkers: Walkers,
+}
+
+impl Memory {
+    /// Fresh state with the shared L2 data cache `l2d` and `walkers` walkers.
+    pub(crate) fn new(l2d: Option<Tlb<()>>, walkers: u64) -> Memory {
+        Memory {
+            co: Coalesced::default(),
+            pages: Vec::with_capacity(32),
+            resolved: Vec::with_capacity(32),
+            lines: vec![[0; TRANSACTION as usize]; 32],
+            line_pa: [0; 32],
+            l2d,
+            link_free: 0,
+            walkers: Walkers::new(walkers),
+        }
+    }
+}
+
+/// The pages in `m.pages` (filled by [`fill_pages`]) that unit `u`'s TLBs do not hold
+/// now, as a mask by page index; 0 when the translator does not say.
+pub(crate) fn held_mask(dev: Device<'_>, u: usize, m: &Memory) -> u64 {
+    let n = m.pages.len().min(64);
+    let all = if n == 64 { !0 } else { (1u64 << n) - 1 };
+    dev.port.held(u, &m.pages).map_or(0, |h| all & !h)
+}
+
+/// Fill `m.pages` with the coalesced instruction's pages (`m.co`), each with the access
+/// `op` makes. Built once per run of an instruction: the issue-time probe
+/// ([`held_mask`]) and the translation ([`memory`]) share it.
+pub(crate) fn fill_pages(op: Op, m: &mut Memory) {
+    let access = if op == Op::Store {
+        Prot::WRITE
+    } else {
+        Prot::READ
+    };
+    m.pages.clear();
+    m.pages
+        .extend(m.co.pages.iter().map(|&p| (VirtAddr::new(p), access)));
+}
+
+/// The lanes of one memory instruction.
+pub(crate) struct Lanes<'a> {
+    /// Lane addresses.
+    pub(crate) addr: &'a [u64; LANES],
+    /// Active lanes.
+    pub(crate) mask: u32,
+    /// Store values in, load values out.
+    pub(crate) value: &'a mut [u32; LANES],
+    /// A store (else a load).
+    pub(crate) store: bool,
+}
+
+/// When an instruction issued and ran, and what it found at issue.
+#[derive(Clone, Copy)]
+pub(crate) struct When {
+    /// Cycle it issued.
+    pub(crate) issue: u64,
+    /// Cycle it ran (later than `issue` when it waited for a walker).
+    pub(crate) run: u64,
+    /// Pages (by index in `m.pages`) its unit's TLBs did not hold at issue.
+    pub(crate) missed: u64,
+    /// No instruction still to run issued before this cycle (walks that ended by then
+    /// may be forgotten).
+    pub(crate) horizon: u64,
+}
+
+/// Run one memory instruction of unit `u`, coalesced in `m.co` with its pages in
+/// `m.pages` ([`fill_pages`]), at the times of `when`; returns the cycle its data is
+/// ready (for a load, the cycle its values may be used).
+///
+/// # Errors
+/// The port's [`AccessError`] (fault not served, bounds, ...); nothing of the
+/// instruction's timing is charged then.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn memory(
+    dev: Device<'_>,
+    u: usize,
+    io: Lanes<'_>,
+    (cost, page_shift): (&CostModel, u8),
+    when: When,
+    m: &mut Memory,
+    l1d: &mut Option<Tlb<()>>,
+    stats: &mut RunStats,
+    observer: &mut Option<&mut (dyn AccessObserver + '_)>,
+) -> Result<u64, AccessError> {
+    let When {
+        issue,
+        run,
+        missed,
+        horizon,
+    } = when;
+    let op = if io.store { Op::Store } else { Op::Load };
+    if m.co.transactions.is_empty() {
+        return Ok(run + 1);
+    }
+    let pmask = !((1u64 << page_shift) - 1);
+    let (co, lines, line_pa) = (&m.co, &mut m.lines, &mut m.line_pa);
+    dev.port
+        .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
+            for (ti, &t) in co.transactions.iter().enumerate() {
+                let pi = co
+                    .pages
+                    .binary_search(&(t & pmask))
+                    .expect("pages come from the transactions");
+                let pa = PhysAddr::new(res[pi].pa.as_u64() + (t - (t & pmask)));
+                line_pa[ti] = pa.as_u64();
+                if let Some(o) = observer.as_mut() {
+                    o.transaction(u, pa.as_u64(), op == Op::Store, res[pi].served);
+                }
+                res[pi]
+                    .memory
+                    .read(pa, &mut lines[ti])
+                    .map_err(AccessError::Bounds)?;
+            }
+            for l in 0..32 {
+                if io.mask & (1 << l) == 0 {
+                    continue;
+                }
+                let a = io.addr[l];
+                let ti = co.transaction_of(a).expect("lane coalesced");
+                let off = (a % TRANSACTION) as usize;
+                let word = &mut lines[ti][off..off + 4];
+                if op == Op::Store {
+                    word.copy_from_slice(&io.value[l].to_le_bytes());
+                } else {
+                    io.value[l] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                }
+            }
+            if op == Op::Store {
+                for (ti, &t) in co.transactions.iter().enumerate() {
+                    let pi = co.pages.binary_search(&(t & pmask)).expect("coalesced");
+                    res[pi]
+                        .memory
+                        .write(PhysAddr::new(line_pa[ti]), &lines[ti])
+                        .map_err(AccessError::Bounds)?;
+                }
+            }
+            Ok(())
+        })?;
+    // Translation: the slowest page. A hit costs its lookups from issue; a walk holds a
+    // shared walker from when the request reached the walkers (or from when the
+    // instruction ran, if later); a merged request waits for the walk it merged with.
+    if !cost.timed_walks {
+        return Ok(untimed(cost, issue, m, l1d, stats, op));
+    }
+    let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
+    let mut ready = issue + 1;
+    for (i, r) in m.resolved.iter().enumerate() {
+        stats.translations += 1;
+        let page = m.co.pages[i];
+        let missed_at_issue = i < 64 && missed & (1 << i) != 0;
+        let t = match r.served {
+            Served::Walk { reads } => {
+                stats.walks += 1;
+                stats.walk_reads += u64::from(reads);
+                let latency = cost.walk_cache + u64::from(reads) * cost.dram;
+                m.walkers.walk(page, at_walkers, latency)
+            }
+            hit => match m.walkers.in_flight(page, issue) {
+                Some(end) => {
+                    stats.merged += 1;
+                    end.max(run)
+                }
+                None if missed_at_issue => {
+                    stats.merged += 1;
+                    m.walkers.last_end(page).unwrap_or(run).max(run)
+                }
+                None if hit == Served::L2 => {
+                    stats.served_l2 += 1;
+                    issue + 1 + cost.l1_tlb + cost.l2_tlb
+                }
+                None => {
+                    stats.served_l1 += u64::from(hit == Served::L1);
+                    issue + 1 + cost.l1_tlb
+                }
+            },
+        };
+        ready = ready.max(t);
+    }
+    m.walkers.prune(horizon.min(issue));
+    Ok(data(cost, issue, ready, m, l1d, stats, op))
+}
+
+/// The first model's translation cost (`timed_walks` off): the slowest page, walks
+/// beyond the walker count queueing behind the instruction's own; then the data.
+fn untimed(
+    cost: &CostModel,
+    issue: u64,
+    m: &mut Memory,
+    l1d: &mut Option<Tlb<()>>,
+    stats: &mut RunStats,
+    op: Op,
+) -> u64 {
+    let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
+    for r in &m.resolved {
+        stats.translations += 1;
+        let c = match r.served {
+            Served::L1 | Served::Unknown => {
+                stats.served_l1 += u64::from(r.served == Served::L1);
+                cost.l1_tlb
+            }
+            Served::L2 => {
+                stats.served_l2 += 1;
+                cost.l1_tlb + cost.l2_tlb
+            }
+            Served::Walk { reads } => {
+                stats.walks += 1;
+                stats.walk_reads += u64::from(reads);
+                walks += 1;
+                let c = cost.l1_tlb + cost.l2_tlb + cost.walk_cache + u64::from(reads) * cost.dram;
+                worst_walk = worst_walk.max(c);
+                c
+            }
+        };
+        worst = worst.max(c);
+    }
+    let translation = worst + (walks.saturating_sub(1) / cost.walkers.max(1)) * worst_walk;
+    data(cost, issue, issue + 1 + translation, m, l1d, stats, op)
+}
+
+/// Charge the data of the instruction in `m` (issued at `issue`) once its translations
+/// are ready at `ready`; returns the cycle the warp is ready again.
+fn data(
+    cost: &CostModel,
+    issue: u64,
+    ready: u64,
+    m: &mut Memory,
+    l1d: &mut Option<Tlb<()>>,
+    stats: &mut RunStats,
+    op: Op,
+) -> u64 {
+    let translation = ready - (issue + 1);
+    // Data cost: the slowest transaction.
+    let t0 = ready;
+    let mut data = 0u64;
+    let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
+    for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
+        stats.transactions += 1;
+        let l1_hit = op == Op::Load
+            && l1d
+                .as_mut()
+                .is_some_and(|c| c.lookup_at(0, pa, 7).is_some());
+        let c = if l1_hit {
+            stats.l1_data_hits += 1;
+            cost.l1_data
+        } else if m
+            .l2d
+            .as_mut()
+            .is_some_and(|c| c.lookup_at(0, pa, 7).is_some())
+        {
+            stats.l2_data_hits += 1;
+            if op == Op::Load {
+                if let Some(c) = l1d.as_mut() {
+                    c.insert(0, pa, 7, ());
+                }
+            }
+            cost.l2_data
+        } else {
+            stats.dram_transactions += 1;
+            let start = t0.max(m.link_free);
+            m.link_free = start + link;
+            if let Some(c) = m.l2d.as_mut() {
+                c.insert(0, pa, 7, ());
+            }
+            if op == Op::Load {
+                if let Some(c) = l1d.as_mut() {
+                    c.insert(0, pa, 7, ());
+                }
+            }
+            (m.link_free - t0) + cost.dram
+        };
+        data = data.max(c);
+    }
+    stats.translation_cycles += translation;
+    stats.data_cycles += data;
+    t0 + data
+}
