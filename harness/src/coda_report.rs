@@ -693,6 +693,8 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
             "sm_issue_per_cycle": cfg.sm.issue_per_cycle,
             "sm_warp_threads": cfg.sm.warp_threads,
             "sm_warps": cfg.sm.warps,
+            "sm_l1_mshrs": cfg.sm.mshrs,
+            "sm_in_flight": cfg.sm.in_flight(),
             "local_latency_ns": cfg.sm.local_latency_ns,
             "remote_hop_ns": cfg.sm.remote_hop_ns,
             "data_caches": cfg.cache.enabled,

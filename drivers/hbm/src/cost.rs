@@ -12,8 +12,9 @@
 //!   `max(max_s local_s / local, remote / remote_bw)`.
 //! - **near-data kernels, SM bound:** each SM issues the warp instructions of the
 //!   blocks it ran (`thread ops / warp threads / issue rate / clock`), and waits on its
-//!   memory accesses with one in flight per resident warp
-//!   (`(l1_hits · L1 + l2_hits · L2 + local_tx · L + remote_tx · (L + hop)) / warps`,
+//!   memory accesses with [`crate::config::SmModel::in_flight`] of them in flight
+//!   (`min(L1 MSHRs, warps)`, Little's law:
+//!   `(l1_hits · L1 + l2_hits · L2 + local_tx · L + remote_tx · (L + hop)) / in_flight`,
 //!   a store counting as an L2 access: write-backs are posted, so they load the
 //!   bandwidth bound, not an SM's wait); the SM takes the larger of the two. Thread operations are the executor's counts of what the kernel did: one
 //!   per word loaded or stored, plus the arithmetic the kernel reports at the point
@@ -49,7 +50,7 @@ pub struct SmLoad {
 }
 
 /// The time in ns one SM needs for `load`: the larger of its issue time and its
-/// memory time with one transaction in flight per warp.
+/// memory time with [`crate::config::SmModel::in_flight`] line requests in flight.
 pub fn sm_bound_ns(cfg: &HbmConfig, load: &SmLoad) -> f64 {
     let m = &cfg.sm;
     let issue =
@@ -59,7 +60,7 @@ pub fn sm_bound_ns(cfg: &HbmConfig, load: &SmLoad) -> f64 {
         + load.remote as f64 / chunk * (m.local_latency_ns + m.remote_hop_ns)
         + load.l1_hits as f64 * cfg.cache.l1_hit_ns
         + load.l2_hits as f64 * cfg.cache.l2_hit_ns)
-        / f64::from(m.warps.max(1));
+        / f64::from(m.in_flight());
     issue.max(latency)
 }
 
@@ -141,8 +142,15 @@ mod tests {
     fn an_sm_waits_on_its_slowest_of_issue_and_latency_and_remote_costs_a_hop() {
         let cfg = HbmConfig::default();
         let m = cfg.sm;
-        let w = f64::from(m.warps);
-        // 48 local transactions: one round trip of the local latency.
+        let w = f64::from(m.in_flight());
+        // 32 MSHRs bind before 48 warps do.
+        assert_eq!(m.in_flight(), 32);
+        let few_warps = HbmConfig {
+            sm: crate::config::SmModel { warps: 8, ..m },
+            ..cfg
+        };
+        assert_eq!(few_warps.sm.in_flight(), 8);
+        // 48 local transactions: 48 / 32 round trips of the local latency.
         let local = SmLoad {
             local: 48 * CHUNK,
             ..SmLoad::default()
@@ -162,7 +170,11 @@ mod tests {
         // The kernel takes the slower of the bandwidth and the SM bound.
         let by = [Traffic::default(); 4];
         assert!((sm_time_ns(&cfg, &by, &[alu, local]) - sm_bound_ns(&cfg, &alu)).abs() < 1e-9);
-        // 48 L1 hits wait one L1 latency, 48 L2 hits one L2 latency: both below memory.
+        // Fewer warps than MSHRs: the warps bind, four times longer here.
+        let slow = sm_bound_ns(&few_warps, &local);
+        assert!((slow - 4.0 * sm_bound_ns(&cfg, &local)).abs() < 1e-6);
+        // 48 L1 hits wait 48 / 32 L1 latencies, 48 L2 hits as many L2 latencies: both
+        // below memory.
         let l1 = SmLoad {
             l1_hits: 48,
             ..SmLoad::default()
