@@ -17,8 +17,9 @@
 //!   `(l1_hits · L1 + l2_hits · L2 + local_tx · L + remote_tx · (L + hop)) / in_flight`,
 //!   a store counting as an L2 access: write-backs are posted, so they load the
 //!   bandwidth bound, not an SM's wait); the SM takes the larger of the two. Thread operations are the executor's counts of what the kernel did: one
-//!   per word loaded or stored, plus the arithmetic the kernel reports at the point
-//!   it computes ([`crate::exec::Ctx::alu`]).
+//!   per word loaded or stored, plus the arithmetic instructions the kernel reports at
+//!   the point it computes them (a multiply-add is one, [`crate::exec::Ctx::alu`]) and
+//!   its threads' reads of words the block holds on chip ([`crate::exec::Ctx::reads`]).
 //! - a kernel takes the larger of the two bounds. A stack that got more thread blocks
 //!   (affinity without work stealing) takes longer, which the per-stack and per-SM
 //!   maxima keep.

@@ -190,9 +190,20 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Report `n` thread-level arithmetic operations the block just did (the cost
-    /// model's issue time counts them with the words loaded and stored).
+    /// Report `n` thread-level arithmetic instructions the block just did (the cost
+    /// model's issue time counts them with the words loaded and stored). A
+    /// multiply-add is one instruction (Fermi's FFMA), as on the hardware.
     pub fn alu(&mut self, n: u64) {
+        self.load.thread_ops += n;
+    }
+
+    /// Report `n` thread-level reads of words the block already loaded and holds on
+    /// chip (a tile in shared memory, a broadcast operand): each is a load
+    /// instruction a thread issues, without a memory transaction. The words loaded
+    /// from memory count once each, when loaded; a kernel whose threads read every
+    /// word of a tile (SGEMM's row and column, a stencil's neighbours, k-means'
+    /// centroids) reports those reads here so the issue time sees them.
+    pub fn reads(&mut self, n: u64) {
         self.load.thread_ops += n;
     }
 
