@@ -113,6 +113,10 @@ pub struct Row {
     pub writebacks: u64,
     /// Speedup over fine grain at each remote bandwidth of [`SWEEP`] (near-data).
     pub sweep: Vec<f64>,
+    /// Modelled time by the bound that set each launch, µs, in the order of
+    /// `gmem_hbm::cost::Bound::ALL` (local net, remote net, SM issue, SM memory;
+    /// near-data).
+    pub time_by_bound_us: [f64; 4],
 }
 
 /// A checked claim.
@@ -182,6 +186,7 @@ fn row(
                 })
                 .collect()
         },
+        time_by_bound_us: r.report.time_by_bound(cfg).map(|t| t / 1e3),
     }
 }
 
@@ -399,6 +404,16 @@ pub fn claims(rows: &[Row]) -> Vec<Claim> {
         })
         .map(|r| format!("{}/{}", r.workload, r.config))
         .collect();
+    // §6.5 states an average: "FGP-Only outperforms the CGP-Only by 1.48x" (Fig. 13,
+    // host-side execution). The claim checks that statement — fine grain ahead of
+    // coarse grain on the geomean over the workloads — not the stricter "no placement
+    // beats fine grain on any workload", which the paper does not make; the
+    // workloads where fine grain loses are still named in the detail.
+    let host_fgp_over_cgp = geomean(
+        rows.iter()
+            .filter(|r| r.side == "host" && r.config == Config::Cgp.name())
+            .map(|r| 1.0 / r.speedup_vs_fgp),
+    );
     let aff = geomean_speedup(rows, Config::FgpAffinity.name());
     vec![
         Claim {
@@ -432,13 +447,16 @@ pub fn claims(rows: &[Row]) -> Vec<Claim> {
             pass: worst_graph >= 1.0 - 1e-9 && uni >= rmat,
         },
         Claim {
-            claim: "on the host, fine grain wins (no placement beats it)".into(),
-            detail: if host_losses.is_empty() {
-                "fine grain fastest for every workload on the host".into()
-            } else {
-                format!("beaten by {}", host_losses.join(", "))
-            },
-            pass: host_losses.is_empty(),
+            claim: "on the host, fine grain beats coarse grain on average (§6.5: FGP-Only 1.48x over CGP-Only)".into(),
+            detail: format!(
+                "fgp {host_fgp_over_cgp:.2}x over cgp (geomean); {}",
+                if host_losses.is_empty() {
+                    "fine grain fastest for every workload".into()
+                } else {
+                    format!("per workload, fine grain is beaten by {}", host_losses.join(", "))
+                }
+            ),
+            pass: host_fgp_over_cgp > 1.0,
         },
         Claim {
             claim: "placement matters, not scheduling alone: CODA beats fine grain + affinity".into(),
@@ -736,6 +754,7 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
             print!("{}", no_caches_table(&m.rows, &off));
             println!("\nremote-bandwidth sweep (CODA speedup over fgp, same traffic re-priced):");
             print!("{}", sweep_table(&m.rows));
+            print!("{}", crate::coda_bounds::bounds_table(&m.rows));
             println!("\nhost-side execution (speedup vs fgp on the host):");
             print!("{}", table(&m.rows, "host"));
             println!("\nFig. 3 (fine grain): pages by the number of thread blocks of one launch touching them:");

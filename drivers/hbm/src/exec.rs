@@ -25,7 +25,7 @@
 //! touches it ([`HbmMachine::migrate_page`]).
 
 use crate::config::HbmConfig;
-use crate::cost::{delta, host_window_ns, sm_time_ns, total, SmLoad};
+use crate::cost::{binding, delta, host_window_ns, sm_time_ns, total, Bound, SmLoad};
 use crate::dcache::{CacheStats, DataCaches, Served};
 use crate::decode::Granularity;
 use crate::machine::{HbmMachine, MachineError};
@@ -359,6 +359,22 @@ impl ExecReport {
             .zip(&self.sm_loads)
             .map(|(l, s)| sm_time_ns(cfg, l, s))
             .sum()
+    }
+}
+
+impl ExecReport {
+    /// The modelled time under `cfg` split by the bound that set each launch's time,
+    /// ns, in [`Bound::ALL`] order (host-side runs: all zero).
+    pub fn time_by_bound(&self, cfg: &HbmConfig) -> [f64; 4] {
+        let mut by = [0.0; 4];
+        if self.host_ns > 0.0 {
+            return by;
+        }
+        for (l, s) in self.launches.iter().zip(&self.sm_loads) {
+            let (b, t): (Bound, f64) = binding(cfg, l, s);
+            by[b.index()] += t;
+        }
+        by
     }
 }
 
