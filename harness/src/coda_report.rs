@@ -695,12 +695,15 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
     let t0 = std::time::Instant::now();
     let size = if quick { Size::Quick } else { Size::Full };
     let m = measure(&cfg, size, output == Output::Table)?;
+    let tiles = crate::coda_bounds::tiles(&cfg, size)?;
     if output == Output::Table {
         eprintln!("coda: the same fine-grain and CODA runs with the data caches off ...");
     }
     let off = measure_no_caches(&cfg, size)?;
     let claims = claims(&m.rows);
-    let verified = m.rows.iter().all(|r| r.verified) && off.iter().all(|a| a.verified);
+    let verified = m.rows.iter().all(|r| r.verified)
+        && off.iter().all(|a| a.verified)
+        && tiles.iter().all(|t| t.verified);
     let doc = serde_json::json!({
         "experiment": "coda",
         "quick": quick,
@@ -736,6 +739,7 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
         "rows": m.rows,
         "no_caches": off,
         "fig3": m.fig3,
+        "hotspot_tiles": tiles,
         "claims": claims,
         "verified": verified,
     });
@@ -760,6 +764,7 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
             println!("\nremote-bandwidth sweep (CODA speedup over fgp, same traffic re-priced):");
             print!("{}", sweep_table(&m.rows));
             print!("{}", crate::coda_bounds::bounds_table(&m.rows));
+            print!("{}", crate::coda_bounds::tiles_table(&tiles));
             println!("\nhost-side execution (speedup vs fgp on the host):");
             print!("{}", table(&m.rows, "host"));
             println!("\nFig. 3 (fine grain): pages by the number of thread blocks of one launch touching them:");

@@ -127,7 +127,7 @@ impl Rng {
     }
 }
 
-fn data(n: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn data(n: usize, seed: u64) -> Vec<f32> {
     let mut r = Rng(seed);
     (0..n).map(|_| r.f32()).collect()
 }
@@ -306,7 +306,7 @@ pub struct Hotspot {
 }
 
 impl Hotspot {
-    fn step(&self, t: &[f32], p: &[f32], r0: usize, r1: usize, lo: usize) -> Vec<f32> {
+    pub(crate) fn step(&self, t: &[f32], p: &[f32], r0: usize, r1: usize, lo: usize) -> Vec<f32> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
         let at = |r: usize, c: usize| t[(r - lo) * cols + c];
         let mut out = Vec::with_capacity((r1 - r0) * cols);
