@@ -3,6 +3,7 @@
 
 mod adsm_report;
 mod aging;
+mod coda_bounds;
 mod coda_report;
 mod contiguity;
 mod full_report;

@@ -143,6 +143,25 @@ fn the_sm_model_prices_what_each_sm_really_did() {
 }
 
 #[test]
+fn sgemm_issues_its_loads_its_multiply_adds_and_its_tile_reads() {
+    let n = 64u64;
+    let r = run(
+        &cfg(),
+        &Sgemm { n },
+        Config::Coda,
+        false,
+        &Inputs::default(),
+    )
+    .unwrap();
+    let ops: u64 = r.report.sm_loads[0].iter().map(|l| l.thread_ops).sum();
+    // Per block of ROWS_PER_BLOCK rows: its rows of A and all of B loaded, its rows
+    // of C stored, one multiply-add per (row, column, k) and two tile reads for it.
+    let k = ROWS_PER_BLOCK;
+    let per_block = k * n + n * n + k * n + 3 * k * n * n;
+    assert_eq!(ops, n / k * per_block);
+}
+
+#[test]
 fn flipping_a_pages_granularity_bit_without_moving_its_data_fails_verification() {
     let c = cfg();
     let w = VecAdd { n: 8192 };

@@ -122,8 +122,26 @@ impl fmt::Display for CacheModel {
 }
 
 /// A near-data SM as the cost model sees it: it issues warp instructions at a fixed
-/// rate and keeps at most one memory transaction (128-byte chunk) in flight per
-/// resident warp, so its memory-level parallelism is `warps` transactions.
+/// rate, and its memory-level parallelism — the 128-byte line requests it can have in
+/// flight at once — is bounded by what bounds it on real hardware:
+/// - the L1's miss-status holding registers: a line request that leaves the L1 (to the
+///   L2 or memory) holds one MSHR until its data returns, so at most `mshrs` are in
+///   flight (later requests to a line already in flight merge into its MSHR; the data
+///   cache model counts those as L1 hits);
+/// - the warps' own dependence: a warp stops at the first use of a load it issued,
+///   so it has at least one request in flight while it waits, and `warps` resident
+///   warps hold at least `warps` requests (more if they issue several independent
+///   loads before the first use, up to the MSHRs).
+///
+/// So the outstanding requests of an SM are [`SmModel::in_flight`] =
+/// `min(mshrs, warps)`; every kernel of the experiment issues at least one load before
+/// its first use, so that is a floor every kernel meets, and with Fermi's 48 warps and
+/// 32 MSHRs the MSHRs bind for all of them. By Little's law an SM's memory throughput
+/// is then at most `in_flight × 128 B / latency`, the latency being that of the path
+/// the request takes (local, remote = local + hop, L2, L1). Queueing on a saturated
+/// network is the other bound the cost model takes: when the demand exceeds a
+/// network's bandwidth the queue grows until the latency makes Little's law meet that
+/// bandwidth, which is the bandwidth bound `bytes / bandwidth` ([`crate::cost`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SmModel {
     /// SM clock, GHz.
@@ -132,8 +150,11 @@ pub struct SmModel {
     pub issue_per_cycle: f64,
     /// Threads of a warp (thread-level operations per warp instruction).
     pub warp_threads: u32,
-    /// Resident warps, each with one transaction in flight.
+    /// Resident warps (each waits at the first use of its load: at least one request
+    /// in flight while it waits).
     pub warps: u32,
+    /// Miss-status holding registers of the SM's L1: line requests in flight past it.
+    pub mshrs: u32,
     /// Latency of a transaction to the SM's own stack, ns.
     pub local_latency_ns: f64,
     /// Latency a remote transaction adds (the network hop between stacks), ns.
@@ -142,7 +163,10 @@ pub struct SmModel {
 
 impl Default for SmModel {
     /// A Fermi SM (GPGPU-Sim's GTX 480 configuration: 1536 resident threads = 48
-    /// warps; 32 lanes at the 1401 MHz shader clock = one warp instruction per cycle).
+    /// warps; 32 lanes at the 1401 MHz shader clock = one warp instruction per cycle;
+    /// L1 data cache `-gpgpu_cache:dl1 32:128:4,L:L:m:N,A:32:8,16:0,32` — 32 MSHRs of
+    /// up to 8 merged requests each. That option string is quoted from memory of the
+    /// GPGPU-Sim distribution, not re-checked).
     /// Local latency 440 cycles at 1.4 GHz ≈ 314 ns, the global-memory latency Wong et
     /// al. measured on a GT200 (ISPASS 2010, "Demystifying GPU microarchitecture
     /// through microbenchmarking"); CODA's text gives no latency for its HBM stacks.
@@ -157,6 +181,7 @@ impl Default for SmModel {
             issue_per_cycle: 1.0,
             warp_threads: 32,
             warps: 48,
+            mshrs: 32,
             local_latency_ns: 314.0,
             remote_hop_ns: REMOTE_HOP_NS,
         }
@@ -168,17 +193,29 @@ impl Default for SmModel {
 /// Calibration (once, all other parameters fixed), CODA's geomean over fine grain at
 /// 256 GB/s remote: full size 80 ns → 1.08x, 100 ns → 1.09x, 150 ns → 1.14x; quick
 /// size 0 ns → 0.99x, 600 ns → 1.43x. 80 ns (~112 cycles at 1.4 GHz) was taken.
+/// That was with one request in flight per warp (48); with the MSHR bound (32 in
+/// flight, [`SmModel::in_flight`]) the full run gives 1.07x at 256 GB/s with the same
+/// 80 ns, close enough that it was not re-calibrated.
 pub const REMOTE_HOP_NS: f64 = 80.0;
+
+impl SmModel {
+    /// Line requests one SM keeps in flight: `min(mshrs, warps)`, at least 1.
+    pub fn in_flight(&self) -> u32 {
+        self.mshrs.min(self.warps).max(1)
+    }
+}
 
 impl fmt::Display for SmModel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "SM {} GHz, {} warp instr/cycle, {} threads/warp, {} warps in flight, local latency {} ns, remote hop +{} ns (calibrated)",
+            "SM {} GHz, {} warp instr/cycle, {} threads/warp, {} warps, {} L1 MSHRs ({} line requests in flight), local latency {} ns, remote hop +{} ns (calibrated)",
             self.ghz,
             self.issue_per_cycle,
             self.warp_threads,
             self.warps,
+            self.mshrs,
+            self.in_flight(),
             self.local_latency_ns,
             self.remote_hop_ns
         )

@@ -12,12 +12,14 @@
 //!   `max(max_s local_s / local, remote / remote_bw)`.
 //! - **near-data kernels, SM bound:** each SM issues the warp instructions of the
 //!   blocks it ran (`thread ops / warp threads / issue rate / clock`), and waits on its
-//!   memory accesses with one in flight per resident warp
-//!   (`(l1_hits · L1 + l2_hits · L2 + local_tx · L + remote_tx · (L + hop)) / warps`,
+//!   memory accesses with [`crate::config::SmModel::in_flight`] of them in flight
+//!   (`min(L1 MSHRs, warps)`, Little's law:
+//!   `(l1_hits · L1 + l2_hits · L2 + local_tx · L + remote_tx · (L + hop)) / in_flight`,
 //!   a store counting as an L2 access: write-backs are posted, so they load the
 //!   bandwidth bound, not an SM's wait); the SM takes the larger of the two. Thread operations are the executor's counts of what the kernel did: one
-//!   per word loaded or stored, plus the arithmetic the kernel reports at the point
-//!   it computes ([`crate::exec::Ctx::alu`]).
+//!   per word loaded or stored, plus the arithmetic instructions the kernel reports at
+//!   the point it computes them (a multiply-add is one, [`crate::exec::Ctx::alu`]) and
+//!   its threads' reads of words the block holds on chip ([`crate::exec::Ctx::reads`]).
 //! - a kernel takes the larger of the two bounds. A stack that got more thread blocks
 //!   (affinity without work stealing) takes longer, which the per-stack and per-SM
 //!   maxima keep.
@@ -49,18 +51,26 @@ pub struct SmLoad {
 }
 
 /// The time in ns one SM needs for `load`: the larger of its issue time and its
-/// memory time with one transaction in flight per warp.
+/// memory time with [`crate::config::SmModel::in_flight`] line requests in flight.
 pub fn sm_bound_ns(cfg: &HbmConfig, load: &SmLoad) -> f64 {
+    issue_ns(cfg, load).max(memory_ns(cfg, load))
+}
+
+/// An SM's issue time for `load`, ns.
+fn issue_ns(cfg: &HbmConfig, load: &SmLoad) -> f64 {
     let m = &cfg.sm;
-    let issue =
-        load.thread_ops as f64 / f64::from(m.warp_threads.max(1)) / (m.issue_per_cycle * m.ghz);
+    load.thread_ops as f64 / f64::from(m.warp_threads.max(1)) / (m.issue_per_cycle * m.ghz)
+}
+
+/// An SM's memory time for `load` with its requests in flight, ns.
+fn memory_ns(cfg: &HbmConfig, load: &SmLoad) -> f64 {
+    let m = &cfg.sm;
     let chunk = CHUNK as f64;
-    let latency = (load.local as f64 / chunk * m.local_latency_ns
+    (load.local as f64 / chunk * m.local_latency_ns
         + load.remote as f64 / chunk * (m.local_latency_ns + m.remote_hop_ns)
         + load.l1_hits as f64 * cfg.cache.l1_hit_ns
         + load.l2_hits as f64 * cfg.cache.l2_hit_ns)
-        / f64::from(m.warps.max(1));
-    issue.max(latency)
+        / f64::from(m.in_flight())
 }
 
 /// The time in ns of a near-data launch: the larger of its bandwidth bound
@@ -69,6 +79,68 @@ pub fn sm_time_ns(cfg: &HbmConfig, by_stack: &[Traffic], sms: &[SmLoad]) -> f64 
     sms.iter()
         .map(|l| sm_bound_ns(cfg, l))
         .fold(bandwidth_ns(cfg, by_stack), f64::max)
+}
+
+/// What set a near-data launch's time: the larger of its bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// The busiest stack's local bandwidth.
+    LocalNet,
+    /// The remote network's bandwidth.
+    RemoteNet,
+    /// The slowest SM's instruction issue.
+    SmIssue,
+    /// The slowest SM's memory latency over its requests in flight (Little's law).
+    SmMemory,
+}
+
+impl Bound {
+    /// Every bound, in [`Bound::index`] order.
+    pub const ALL: [Bound; 4] = [
+        Bound::LocalNet,
+        Bound::RemoteNet,
+        Bound::SmIssue,
+        Bound::SmMemory,
+    ];
+
+    /// Its index in [`Bound::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bound::LocalNet => "local-net",
+            Bound::RemoteNet => "remote-net",
+            Bound::SmIssue => "sm-issue",
+            Bound::SmMemory => "sm-memory",
+        }
+    }
+}
+
+/// The bound that sets a near-data launch's time and that time in ns (the same time
+/// as [`sm_time_ns`]; ties go to the first of [`Bound::ALL`]).
+pub fn binding(cfg: &HbmConfig, by_stack: &[Traffic], sms: &[SmLoad]) -> (Bound, f64) {
+    let local = by_stack
+        .iter()
+        .map(|t| t.local as f64 / cfg.local_gbps)
+        .fold(0.0, f64::max);
+    let remote = by_stack.iter().map(|t| t.remote).sum::<u64>() as f64 / cfg.remote_gbps;
+    let (mut issue, mut memory) = (0.0f64, 0.0f64);
+    for l in sms {
+        let i = issue_ns(cfg, l);
+        issue = issue.max(i);
+        memory = memory.max(memory_ns(cfg, l));
+    }
+    let candidates = [local, remote, issue, memory];
+    let mut best = (Bound::LocalNet, local);
+    for (b, t) in Bound::ALL.into_iter().zip(candidates) {
+        if t > best.1 {
+            best = (b, t);
+        }
+    }
+    best
 }
 
 /// The bandwidth bound in ns of a near-data phase whose traffic by stack (SM traffic
@@ -141,8 +213,15 @@ mod tests {
     fn an_sm_waits_on_its_slowest_of_issue_and_latency_and_remote_costs_a_hop() {
         let cfg = HbmConfig::default();
         let m = cfg.sm;
-        let w = f64::from(m.warps);
-        // 48 local transactions: one round trip of the local latency.
+        let w = f64::from(m.in_flight());
+        // 32 MSHRs bind before 48 warps do.
+        assert_eq!(m.in_flight(), 32);
+        let few_warps = HbmConfig {
+            sm: crate::config::SmModel { warps: 8, ..m },
+            ..cfg
+        };
+        assert_eq!(few_warps.sm.in_flight(), 8);
+        // 48 local transactions: 48 / 32 round trips of the local latency.
         let local = SmLoad {
             local: 48 * CHUNK,
             ..SmLoad::default()
@@ -162,7 +241,21 @@ mod tests {
         // The kernel takes the slower of the bandwidth and the SM bound.
         let by = [Traffic::default(); 4];
         assert!((sm_time_ns(&cfg, &by, &[alu, local]) - sm_bound_ns(&cfg, &alu)).abs() < 1e-9);
-        // 48 L1 hits wait one L1 latency, 48 L2 hits one L2 latency: both below memory.
+        // ... and says which bound that was.
+        let (b, t) = binding(&cfg, &by, &[alu, local]);
+        assert_eq!(b, Bound::SmIssue);
+        assert!((t - sm_time_ns(&cfg, &by, &[alu, local])).abs() < 1e-9);
+        assert_eq!(binding(&cfg, &by, &[local]).0, Bound::SmMemory);
+        let far = [Traffic {
+            remote: 1 << 20,
+            ..Traffic::default()
+        }; 4];
+        assert_eq!(binding(&cfg, &far, &[alu, local]).0, Bound::RemoteNet);
+        // Fewer warps than MSHRs: the warps bind, four times longer here.
+        let slow = sm_bound_ns(&few_warps, &local);
+        assert!((slow - 4.0 * sm_bound_ns(&cfg, &local)).abs() < 1e-6);
+        // 48 L1 hits wait 48 / 32 L1 latencies, 48 L2 hits as many L2 latencies: both
+        // below memory.
         let l1 = SmLoad {
             l1_hits: 48,
             ..SmLoad::default()

@@ -25,7 +25,7 @@
 //! touches it ([`HbmMachine::migrate_page`]).
 
 use crate::config::HbmConfig;
-use crate::cost::{delta, host_window_ns, sm_time_ns, total, SmLoad};
+use crate::cost::{binding, delta, host_window_ns, sm_time_ns, total, Bound, SmLoad};
 use crate::dcache::{CacheStats, DataCaches, Served};
 use crate::decode::Granularity;
 use crate::machine::{HbmMachine, MachineError};
@@ -190,9 +190,20 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Report `n` thread-level arithmetic operations the block just did (the cost
-    /// model's issue time counts them with the words loaded and stored).
+    /// Report `n` thread-level arithmetic instructions the block just did (the cost
+    /// model's issue time counts them with the words loaded and stored). A
+    /// multiply-add is one instruction (Fermi's FFMA), as on the hardware.
     pub fn alu(&mut self, n: u64) {
+        self.load.thread_ops += n;
+    }
+
+    /// Report `n` thread-level reads of words the block already loaded and holds on
+    /// chip (a tile in shared memory, a broadcast operand): each is a load
+    /// instruction a thread issues, without a memory transaction. The words loaded
+    /// from memory count once each, when loaded; a kernel whose threads read every
+    /// word of a tile (SGEMM's row and column, a stencil's neighbours, k-means'
+    /// centroids) reports those reads here so the issue time sees them.
+    pub fn reads(&mut self, n: u64) {
         self.load.thread_ops += n;
     }
 
@@ -348,6 +359,22 @@ impl ExecReport {
             .zip(&self.sm_loads)
             .map(|(l, s)| sm_time_ns(cfg, l, s))
             .sum()
+    }
+}
+
+impl ExecReport {
+    /// The modelled time under `cfg` split by the bound that set each launch's time,
+    /// ns, in [`Bound::ALL`] order (host-side runs: all zero).
+    pub fn time_by_bound(&self, cfg: &HbmConfig) -> [f64; 4] {
+        let mut by = [0.0; 4];
+        if self.host_ns > 0.0 {
+            return by;
+        }
+        for (l, s) in self.launches.iter().zip(&self.sm_loads) {
+            let (b, t): (Bound, f64) = binding(cfg, l, s);
+            by[b.index()] += t;
+        }
+        by
     }
 }
 

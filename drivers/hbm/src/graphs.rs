@@ -237,7 +237,7 @@ impl Workload for GraphWork {
                             for u in nbrs {
                                 s += c.load_f32(base[3] + u64::from(u) * 4)?;
                             }
-                            c.alu(deg as u64 + 2); // an add per edge, the damping
+                            c.alu(deg as u64 + 1); // an add per edge, a multiply-add
                             out.push(damped + DAMPING * s);
                         }
                         c.store_f32s(base[4] + v0 * 4, &out)

@@ -51,6 +51,7 @@ pub mod dcache;
 pub mod decode;
 pub mod exec;
 pub mod graphs;
+pub mod hotspot2d;
 pub mod machine;
 pub mod memory;
 pub mod mmu;

@@ -127,7 +127,7 @@ impl Rng {
     }
 }
 
-fn data(n: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn data(n: usize, seed: u64) -> Vec<f32> {
     let mut r = Rng(seed);
     (0..n).map(|_| r.f32()).collect()
 }
@@ -185,7 +185,7 @@ impl Workload for VecAdd {
             let a = c.load_f32s(base[0] + i * 4, k)?;
             let b = c.load_f32s(base[1] + i * 4, k)?;
             let s: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-            c.alu(k as u64);
+            c.alu(k as u64); // one FADD per element
             c.store_f32s(base[2] + i * 4, &s)
         })
     }
@@ -269,9 +269,11 @@ impl Workload for KMeans {
             let pts = c.load_f32s(base[0] + i * FEATURES * 4, (k * FEATURES) as usize)?;
             let cent = c.load_f32s(base[1], (CLUSTERS * FEATURES) as usize)?;
             let out: Vec<u32> = pts.chunks_exact(f).map(|p| nearest(p, &cent)).collect();
-            // Per point and centroid: a subtract, a multiply and an add per feature,
-            // one compare.
-            c.alu(k * CLUSTERS * (3 * FEATURES + 1));
+            // Per point and centroid (`nearest`): a subtract and a multiply-add per
+            // feature, one compare; each thread reads every centroid's features
+            // from the block's copy.
+            c.alu(k * CLUSTERS * (2 * FEATURES + 1));
+            c.reads(k * CLUSTERS * FEATURES);
             c.store_u32s(base[2] + i * 4, &out)
         })
     }
@@ -304,7 +306,7 @@ pub struct Hotspot {
 }
 
 impl Hotspot {
-    fn step(&self, t: &[f32], p: &[f32], r0: usize, r1: usize, lo: usize) -> Vec<f32> {
+    pub(crate) fn step(&self, t: &[f32], p: &[f32], r0: usize, r1: usize, lo: usize) -> Vec<f32> {
         let (rows, cols) = (self.rows as usize, self.cols as usize);
         let at = |r: usize, c: usize| t[(r - lo) * cols + c];
         let mut out = Vec::with_capacity((r1 - r0) * cols);
@@ -374,8 +376,10 @@ impl Workload for Hotspot {
                 let t = c.load_f32s(from + lo * cols * 4, ((hi - lo) * cols) as usize)?;
                 let p = c.load_f32s(base[1] + r0 * cols * 4, ((r1 - r0) * cols) as usize)?;
                 let out = self.step(&t, &p, r0 as usize, r1 as usize, lo as usize);
-                // Nine floating-point operations per cell (`step`).
-                c.alu(out.len() as u64 * 9);
+                // Per cell (`step`): three adds of the neighbours, three multiply-adds
+                // (`- 4 me`, `me + 0.1 x`, `+ 0.05 p`); five reads of the tile.
+                c.alu(out.len() as u64 * 6);
+                c.reads(out.len() as u64 * 5);
                 c.store_f32s(to + r0 * cols * 4, &out)
             })?;
         }
@@ -459,7 +463,10 @@ impl Workload for Sgemm {
             let k = ROWS_PER_BLOCK.min(n - r0);
             let a = c.load_f32s(base[0] + r0 * n * 4, (k * n) as usize)?;
             let b = c.load_f32s(base[1], (n * n) as usize)?;
-            c.alu(2 * k * n * n);
+            // Per output: n multiply-adds, reading n of its A row and n of B's column
+            // from the block's tiles.
+            c.alu(k * n * n);
+            c.reads(2 * k * n * n);
             c.store_f32s(base[2] + r0 * n * 4, &matmul_rows(&a, &b, n as usize))
         })
     }
@@ -542,7 +549,9 @@ impl Workload for Atax {
                 .chunks_exact(n as usize)
                 .map(|r| r.iter().zip(&xv).map(|(p, q)| p * q).sum())
                 .collect();
-            c.alu(2 * k * n);
+            // Per row: n multiply-adds, each thread reading all of x.
+            c.alu(k * n);
+            c.reads(k * n);
             c.store_f32s(base[2] + r0 * 4, &t)
         })?;
         x.launch(blocks, |c| {
@@ -556,7 +565,9 @@ impl Workload for Atax {
                     *yj += a * t;
                 }
             }
-            c.alu(2 * k as u64 * n);
+            // Per column: n multiply-adds, each thread reading all of tmp.
+            c.alu(k as u64 * n);
+            c.reads(k as u64 * n);
             c.store_f32s(base[3] + c0 * 4, &y)
         })
     }
@@ -649,7 +660,9 @@ impl Workload for Backprop {
             let k = THREADS.min(n - i);
             let input = c.load_f32s(base[0] + i * 4, k as usize)?;
             let w = c.load_f32s(base[1] + i * HIDDEN * 4, (k * HIDDEN) as usize)?;
-            c.alu(2 * k * HIDDEN);
+            // `partials`: a multiply-add per weight, each input read once per unit.
+            c.alu(k * HIDDEN);
+            c.reads(k * HIDDEN);
             c.store_f32s(base[2] + c.block() * HIDDEN * 4, &partials(&input, &w))
         })?;
         // The host reduces the partial sums (its own work, not a near-data kernel).
@@ -669,7 +682,10 @@ impl Workload for Backprop {
             let input = c.load_f32s(base[0] + i * 4, k as usize)?;
             let mut w = c.load_f32s(base[1] + i * HIDDEN * 4, (k * HIDDEN) as usize)?;
             adjust(&mut w, &input, &d);
-            c.alu(3 * k * HIDDEN);
+            // `adjust`: a multiply and a multiply-add per weight, reading the unit's
+            // delta and the row's input.
+            c.alu(2 * k * HIDDEN);
+            c.reads(2 * k * HIDDEN);
             c.store_f32s(base[1] + i * HIDDEN * 4, &w)
         })
     }

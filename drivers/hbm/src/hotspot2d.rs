@@ -1,0 +1,200 @@
+//! Hotspot with square 2D tiles, as Rodinia's hotspot decomposes its grid (the CODA
+//! paper's HS is Rodinia's): block `b` is tile `(b / tiles_per_row, b mod
+//! tiles_per_row)` of `tile × tile` cells and reads a one-cell halo around it. Each
+//! 4 KiB page of a grid row is then read by every tile along that row. The CODA
+//! paper's Fig. 3 reports that most HS pages are touched by almost all thread blocks.
+//! [`crate::workloads::Hotspot`] splits the grid by whole rows instead, so a page is
+//! touched by two to four blocks there. Kept beside it to show what the decomposition
+//! does to CODA's gain (the class-order question); not in the main workload list.
+//!
+//! The same stencil and inputs as [`crate::workloads::Hotspot`]: the result is checked
+//! against its whole-grid CPU step, bit for bit.
+
+use crate::exec::Exec;
+use crate::machine::{HbmMachine, MachineError};
+use crate::memory::Requester;
+use crate::placement::AffineIndex;
+use crate::workloads::{data, Class, Descriptor, Hotspot, Object, Workload};
+use std::string::String;
+use std::vec::Vec;
+
+/// Hotspot on `rows × cols` in `tile × tile` blocks, `steps` steps.
+pub struct Hotspot2d {
+    /// Rows.
+    pub rows: u64,
+    /// Columns.
+    pub cols: u64,
+    /// Tile side in cells (at least 1 is used).
+    pub tile: u64,
+    /// Steps (ping-pong between two grids).
+    pub steps: u32,
+}
+
+const HOST: Requester = Requester::Host;
+
+impl Hotspot2d {
+    fn tiles_per_row(&self) -> u64 {
+        self.cols.div_ceil(self.tile.max(1))
+    }
+
+    fn reference(&self) -> Hotspot {
+        Hotspot {
+            rows: self.rows,
+            cols: self.cols,
+            rows_per_block: self.rows,
+            steps: self.steps,
+        }
+    }
+}
+
+/// One cell of the stencil, the expression of [`Hotspot`]'s step.
+fn cell(me: f32, n: f32, s: f32, w: f32, e: f32, p: f32) -> f32 {
+    me + 0.1 * (n + s + w + e - 4.0 * me) + 0.05 * p
+}
+
+impl Workload for Hotspot2d {
+    fn name(&self) -> String {
+        "hotspot-2d".into()
+    }
+    fn class(&self) -> Class {
+        Class::CoreExclusive
+    }
+    fn objects(&self) -> Vec<Object> {
+        let bytes = self.rows * self.cols * 4;
+        let t = self.tile.max(1);
+        // What the compiler pass sees of `temp[(by·T + ty)·cols + bx·T + tx]` when
+        // consecutive blocks differ in `bx`: a block stride of T elements, T + 2 rows
+        // of `cols` elements per block. Consecutive blocks' footprints overlap by more
+        // than a page, so the placement keeps the grid fine grain (shared data).
+        let grid = Descriptor::Affine(
+            AffineIndex {
+                block_coeff: t as i64,
+                thread_coeff: 1,
+                loop_coeff: self.cols as i64,
+                loop_len: t + 2,
+                elem_bytes: 4,
+            },
+            t * t,
+        );
+        let own = Descriptor::Affine(
+            AffineIndex {
+                block_coeff: t as i64,
+                thread_coeff: 1,
+                loop_coeff: self.cols as i64,
+                loop_len: t,
+                elem_bytes: 4,
+            },
+            t * t,
+        );
+        [("temp", grid), ("power", own), ("temp2", grid)]
+            .map(|(name, descriptor)| Object {
+                name,
+                bytes,
+                descriptor,
+            })
+            .to_vec()
+    }
+    fn init(&self, m: &HbmMachine, base: &[u64]) -> Result<(), MachineError> {
+        let n = (self.rows * self.cols) as usize;
+        m.store_f32s(HOST, base[0], &data(n, 5))?;
+        m.store_f32s(HOST, base[1], &data(n, 6))
+    }
+    fn run(&self, x: &mut Exec<'_>, base: &[u64]) -> Result<(), MachineError> {
+        let (rows, cols, t) = (self.rows, self.cols, self.tile.max(1));
+        let gx = self.tiles_per_row();
+        let blocks = rows.div_ceil(t) * gx;
+        for step in 0..self.steps {
+            let (from, to) = if step % 2 == 0 {
+                (base[0], base[2])
+            } else {
+                (base[2], base[0])
+            };
+            x.launch(blocks, |c| {
+                let (by, bx) = (c.block() / gx, c.block() % gx);
+                let (r0, c0) = (by * t, bx * t);
+                let (r1, c1) = ((r0 + t).min(rows), (c0 + t).min(cols));
+                let (lo, hi) = (r0.saturating_sub(1), (r1 + 1).min(rows));
+                let (cl, ch) = (c0.saturating_sub(1), (c1 + 1).min(cols));
+                let width = (ch - cl) as usize;
+                let mut tile = Vec::with_capacity((hi - lo) as usize * width);
+                for r in lo..hi {
+                    tile.extend(c.load_f32s(from + (r * cols + cl) * 4, width)?);
+                }
+                let at = |r: u64, col: u64| tile[(r - lo) as usize * width + (col - cl) as usize];
+                let mut cells = 0u64;
+                for r in r0..r1 {
+                    let p = c.load_f32s(base[1] + (r * cols + c0) * 4, (c1 - c0) as usize)?;
+                    let mut out = Vec::with_capacity(p.len());
+                    for (col, &pv) in (c0..c1).zip(&p) {
+                        let me = at(r, col);
+                        let n = if r > 0 { at(r - 1, col) } else { me };
+                        let s = if r + 1 < rows { at(r + 1, col) } else { me };
+                        let w = if col > 0 { at(r, col - 1) } else { me };
+                        let e = if col + 1 < cols { at(r, col + 1) } else { me };
+                        out.push(cell(me, n, s, w, e, pv));
+                    }
+                    cells += out.len() as u64;
+                    c.store_f32s(to + (r * cols + c0) * 4, &out)?;
+                }
+                // As `Hotspot`: three adds, three multiply-adds, five tile reads a cell.
+                c.alu(cells * 6);
+                c.reads(cells * 5);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+    fn verify(&self, m: &HbmMachine, base: &[u64]) -> Result<bool, MachineError> {
+        let n = (self.rows * self.cols) as usize;
+        let h = self.reference();
+        let mut t = data(n, 5);
+        let p = data(n, 6);
+        for _ in 0..self.steps {
+            t = h.step(&t, &p, 0, self.rows as usize, 0);
+        }
+        let at = if self.steps % 2 == 1 {
+            base[2]
+        } else {
+            base[0]
+        };
+        Ok(m.load_f32s(HOST, at, n)? == t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coda::{run, Config, Inputs};
+    use crate::config::HbmConfig;
+
+    #[test]
+    fn tiles_verify_stay_fine_grain_and_each_page_is_read_by_a_row_of_tiles() {
+        let cfg = HbmConfig {
+            stack_bytes: 4 << 20,
+            ..HbmConfig::default()
+        };
+        let w = Hotspot2d {
+            rows: 64,
+            cols: 256,
+            tile: 16,
+            steps: 2,
+        };
+        for k in [Config::Fgp, Config::Coda] {
+            let r = run(&cfg, &w, k, false, &Inputs::default()).unwrap();
+            assert!(r.verified, "{k:?}");
+            // A page holds 4 grid rows; 16 tiles across, so at least 16 blocks each.
+            let few: u64 = r
+                .report
+                .blocks_per_page
+                .iter()
+                .filter(|&(&b, _)| b < 16)
+                .map(|(_, n)| n)
+                .sum();
+            assert_eq!(few, 0, "{:?}", r.report.blocks_per_page);
+            if k == Config::Coda {
+                // The descriptor says shared: CODA keeps the grid fine grain.
+                assert_eq!(r.groups.1, 0);
+            }
+        }
+    }
+}
