@@ -6,9 +6,8 @@
 //! two; one bound by its SMs under both gains little.
 //!
 //! Also the hotspot decomposition ablation ([`tiles`]): the same grid split by whole
-//! rows (the experiment's hotspot until stop 21) and by Rodinia's 2D tiles
-//! (`gmem_hbm::hotspot2d`, the experiment's hotspot since), under fine grain, fine
-//! grain + affinity and CODA.
+//! rows (the experiment's hotspot) and by Rodinia's 2D tiles
+//! (`gmem_hbm::hotspot2d`), under fine grain, fine grain + affinity and CODA.
 
 use crate::coda_report::{Row, Size};
 use gmem_hbm::coda::{run, Config, Inputs};
@@ -85,7 +84,7 @@ pub fn tiles(cfg: &HbmConfig, size: Size) -> Result<Vec<TileRow>, String> {
 /// The ablation's table.
 pub fn tiles_table(rows: &[TileRow]) -> String {
     let mut s = String::from(
-        "\nhotspot decomposition (same grid; hotspot = split by rows, hotspot-2d = Rodinia's 16x16 tiles, the experiment's):\n",
+        "\nhotspot decomposition (same grid; rows = the experiment's, 2d = Rodinia's 16x16 tiles):\n",
     );
     s += &format!(
         "{:<12} {:<12} {:>8} {:>7} {:>14} {:>5}\n",

@@ -15,7 +15,6 @@ use crate::plot::{write_svg, BarChart, BarSeries, PALETTE};
 use crate::report::{Output, Report};
 use gmem_hbm::coda::{profiles, run, Config, Inputs, RunResult};
 use gmem_hbm::graphs::{Algo, GraphKind, GraphWork};
-use gmem_hbm::hotspot2d::Hotspot2d;
 use gmem_hbm::workloads::*;
 use gmem_hbm::HbmConfig;
 use std::collections::BTreeMap;
@@ -49,17 +48,10 @@ pub fn workloads(size: Size) -> Vec<Box<dyn Workload>> {
     vec![
         Box::new(VecAdd { n: big(1 << 18) }),
         Box::new(KMeans { n: big(1 << 16) }),
-        // Rodinia's decomposition (16 x 16 tiles with halos), whose pages most blocks
-        // read, as the paper's Fig. 3 reports for HS. Until stop 21 the grid was split
-        // by whole rows (2-4 blocks per page), which CODA localises almost entirely; that
-        // split is kept as an ablation (`coda_bounds::tiles`, JSON `hotspot_tiles`). The
-        // switch was made after the class-order claim had failed on the row split: both
-        // figures are printed, and the reason for the switch is fidelity to Rodinia's
-        // kernel and to Fig. 3, not the claim.
-        Box::new(Hotspot2d {
+        Box::new(Hotspot {
             rows: big(256),
             cols: 256,
-            tile: 16,
+            rows_per_block: 2,
             steps: 2,
         }),
         Box::new(Sgemm { n: mat(128) }),

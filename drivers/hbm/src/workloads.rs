@@ -6,7 +6,7 @@
 //! | class | workloads |
 //! |---|---|
 //! | block-exclusive | vector add, k-means |
-//! | core-exclusive | hotspot: Rodinia's 16 × 16 tiles with halos ([`crate::hotspot2d`]); the row split ([`Hotspot`]) is an ablation |
+//! | core-exclusive | hotspot (row tiles with one-row halos) |
 //! | sharing | SGEMM, ATAX, back-propagation |
 //! | graph | BFS and PageRank on uniform and R-MAT graphs ([`crate::graphs`]) |
 //!
