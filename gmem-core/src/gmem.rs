@@ -110,9 +110,15 @@ impl Gmem {
         &self.platform
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters: the global ones plus every live space's.
     pub fn stats(&self) -> Stats {
-        self.counters.snapshot()
+        // Under the registry's read lock: `as_destroy` folds a space's counters into
+        // the global ones and unregisters it under the write lock, so every space's
+        // counts are summed exactly once (see `crate::stats`).
+        let spaces = self.spaces.read();
+        let mut s = self.counters.snapshot();
+        spaces.for_each(|space| space.counters.add_to_snapshot(&mut s));
+        s
     }
 
     pub(crate) fn device(&self, id: DeviceId) -> Option<Arc<DeviceInner>> {

@@ -131,6 +131,14 @@ impl<T> Slots<T> {
         self.slots.iter().filter_map(|(_, v)| v.clone()).collect()
     }
 
+    /// Call `f` on every live value, in slot order.
+    pub fn for_each(&self, mut f: impl FnMut(&T)) {
+        self.slots
+            .iter()
+            .filter_map(|(_, v)| v.as_ref())
+            .for_each(&mut f);
+    }
+
     /// The `(index, generation)` of every live value.
     pub fn keys(&self) -> Vec<(u32, u32)> {
         self.slots

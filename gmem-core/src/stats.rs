@@ -4,6 +4,27 @@
 //! Counters over logs: every subsystem counts what it did, and a caller reads a
 //! consistent-enough snapshot with [`crate::Gmem::stats`]. Counters are relaxed atomics:
 //! each is exact, the snapshot as a whole is not a single instant.
+//!
+//! ## Two homes for a counter
+//! Most counters are global (`Counters`, one set per `Gmem`, bumped with an atomic
+//! add). The counters the fault path bumps while it holds a space's lock live instead
+//! in that space's block (`SpaceCounters`), bumped with a plain load and store: the
+//! lock makes its holder the block's only writer, so no locked read-modify-write is
+//! needed (on x86-64 a relaxed atomic load or store is a plain `mov`), and faults in
+//! different spaces no longer share (and bounce) one global cache line. A block's
+//! fields are atomics only so that `stats` may read them without the space lock.
+//!
+//! `Gmem::stats` returns the global counters plus every live space's block, summed
+//! under the space registry's read lock. `as_destroy` folds a space's block into the
+//! global counters and removes the space from the registry in one hold of the
+//! registry's write lock: a snapshot therefore sees the space either registered with
+//! its counts in its block, or gone with its counts in the global counters — never
+//! both, never neither. The fold reads the block's final values: it runs after
+//! `destroy` marked the space dead under its lock (whose release orders every earlier
+//! bump before the fold's loads), and a dead space is never bumped again (the calls
+//! that reach its state refuse it; the bump sites assert it in debug builds). The
+//! loom model `stats` (in `loom-tests/`) checks this against a broken variant that
+//! folds after releasing the registry.
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -102,5 +123,59 @@ impl Counters {
     #[inline]
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+macro_rules! space_counters {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// One space's counters: those the fault path bumps under the space's lock (see
+        /// the module documentation). Only the holder of the space lock writes them.
+        #[derive(Default)]
+        pub(crate) struct SpaceCounters {
+            $( $(#[$doc])* pub $name: AtomicU64, )*
+        }
+
+        impl SpaceCounters {
+            /// Add this block's counts to the snapshot `s`.
+            pub fn add_to_snapshot(&self, s: &mut Stats) {
+                $( s.$name = s.$name.wrapping_add(self.$name.load(Ordering::Relaxed)); )*
+            }
+
+            /// Add this block's counts to the global counters `global` (the space is
+            /// being unregistered; see the module documentation).
+            pub fn fold_into(&self, global: &Counters) {
+                $( Counters::add(&global.$name, self.$name.load(Ordering::Relaxed)); )*
+            }
+        }
+    };
+}
+
+space_counters! {
+    /// [`Stats::faults_zero_fill`] of this space.
+    faults_zero_fill,
+    /// [`Stats::faults_migrate`] of this space.
+    faults_migrate,
+    /// [`Stats::faults_remote`] of this space.
+    faults_remote,
+    /// [`Stats::faults_map_existing`] of this space.
+    faults_map_existing,
+    /// [`Stats::faults_spurious`] of this space.
+    faults_spurious,
+    /// [`Stats::pages_zeroed`] of this space (the fault path's and `prepare_page`'s).
+    pages_zeroed,
+    /// [`Stats::mmu_maps`] issued under the space lock (an unlocked edit counts its
+    /// maps globally).
+    mmu_maps,
+}
+
+impl SpaceCounters {
+    /// Add `n` to `counter` of a space's block. The caller holds the space's lock, so
+    /// it is the block's only writer: a plain load and store, no locked add.
+    #[inline]
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
     }
 }

@@ -25,6 +25,7 @@ pub const BUGS: &[(&str, &str)] = &[
     ("attach_binds_after_unlock", "attach"),
     ("strict_release_before_invalidation", "strict"),
     ("destroy_table_during_unlocked_edit", "unlocked"),
+    ("stats_fold_after_unregister", "stats"),
 ];
 
 /// Run the loom tests under `rustflags`: every model (`models` empty) or only the

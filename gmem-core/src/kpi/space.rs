@@ -92,7 +92,29 @@ impl Gmem {
     pub fn as_destroy(&self, id: SpaceId) -> Result<(), SpaceError> {
         let space = self.space(id).ok_or(SpaceError::UnknownSpace(id))?;
         space.lock().destroy(&self.counters, &space.arena, id);
-        self.spaces.write().remove(id.index, id.generation);
+        // Fold the space's counters into the global ones and unregister it in one
+        // hold of the registry's write lock, so that `stats` sees them in exactly one
+        // place (see `crate::stats`). The space is dead: nothing counts in its block
+        // any more, and the lock just released orders every earlier count before
+        // this read. Only the destroyer that removes the space folds (a racing double
+        // destroy does not).
+        #[cfg(not(gmem_loom_bug = "stats_fold_after_unregister"))]
+        {
+            let mut spaces = self.spaces.write();
+            if spaces.remove(id.index, id.generation).is_some() {
+                space.counters.fold_into(&self.counters);
+            }
+        }
+        // Deliberately broken (loom model `stats` must catch it): the space leaves the
+        // registry before its counts reach the global counters, so a snapshot in
+        // between misses them.
+        #[cfg(gmem_loom_bug = "stats_fold_after_unregister")]
+        {
+            let removed = self.spaces.write().remove(id.index, id.generation);
+            if removed.is_some() {
+                space.counters.fold_into(&self.counters);
+            }
+        }
         Ok(())
     }
 

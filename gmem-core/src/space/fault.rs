@@ -16,7 +16,7 @@ use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
 use crate::mmu::{Attrs, FramePlacement, FrameRequest};
 use crate::physmem::RESERVATION_PAGES;
-use crate::stats::Counters;
+use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
 
 /// The longest run a migration moves in one call (2 MiB).
@@ -188,12 +188,13 @@ impl SpaceState {
             self.map_for_fault(stats, t, vpn, e, piece)?;
         }
         self.memories.get(e.mem).phys.lock().touch(e.pfn);
+        let local = self.local();
         let (counter, kind) = if remote {
-            (&stats.faults_remote, FaultKind::Remote)
+            (&local.faults_remote, FaultKind::Remote)
         } else {
-            (&stats.faults_map_existing, FaultKind::MappedExisting)
+            (&local.faults_map_existing, FaultKind::MappedExisting)
         };
-        Counters::add(counter, 1);
+        SpaceCounters::add(counter, 1);
         Ok(FaultResolution { kind, pages: 1 })
     }
 
@@ -217,7 +218,7 @@ impl SpaceState {
         self.migrate_page(cx, space, vpn, target, asker)?;
         let n = self.lpt.get(vpn);
         self.map_for_fault(cx.counters, t, vpn, n, piece)?;
-        Counters::add(&cx.counters.faults_migrate, 1);
+        SpaceCounters::add(&self.local().faults_migrate, 1);
         Ok(FaultResolution {
             kind: FaultKind::Migrated,
             pages: 1,
@@ -238,7 +239,7 @@ impl SpaceState {
             },
         }];
         self.invalidate(stats, &runs);
-        Counters::add(&stats.faults_spurious, 1);
+        SpaceCounters::add(&self.local().faults_spurious, 1);
         Ok(FaultResolution {
             kind: FaultKind::Spurious,
             pages: 0,
@@ -331,8 +332,9 @@ impl SpaceState {
             return Err(e.into());
         }
         run.commit();
-        Counters::add(&stats.pages_zeroed, pages);
-        Counters::add(&stats.faults_zero_fill, 1);
+        let local = self.local();
+        SpaceCounters::add(&local.pages_zeroed, pages);
+        SpaceCounters::add(&local.faults_zero_fill, 1);
         Ok(FaultResolution {
             kind: FaultKind::ZeroFill,
             pages,
@@ -509,7 +511,7 @@ impl SpaceState {
             return Err(e.into());
         }
         run.commit();
-        Counters::add(&cx.counters.pages_zeroed, 1);
+        SpaceCounters::add(&self.local().pages_zeroed, 1);
         Ok(())
     }
 

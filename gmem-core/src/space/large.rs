@@ -50,7 +50,7 @@ use crate::gmem::Ctx;
 use crate::lpt::{PageEntry, EXTERNAL, PENDING, WIRED};
 use crate::mmu::{MapRun, MmuError, PageTableRoot};
 use crate::physmem::RESERVATION_PAGES;
-use crate::stats::Counters;
+use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -227,7 +227,7 @@ impl SpaceState {
                 attrs: piece.attrs,
             };
             table.mmu.map(table.root, &run)?;
-            Counters::add(&stats.mmu_maps, 1);
+            SpaceCounters::add(&self.local().mmu_maps, 1);
             return Ok(());
         }
         let (mmu, root) = (table.mmu.clone(), table.root);
@@ -260,7 +260,7 @@ impl SpaceState {
                 self.invalidate(stats, &done);
                 return Err(e);
             }
-            Counters::add(&stats.mmu_maps, 1);
+            SpaceCounters::add(&self.local().mmu_maps, 1);
         }
         for p in pieces.iter().filter(|p| p.size != PageSize::Size4K) {
             let n = p.size.base_pages();

@@ -40,7 +40,7 @@ use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{Attrs, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
 use crate::queue::{Callback, Discard, MmuQueue, TableUnmap};
-use crate::stats::Counters;
+use crate::stats::{Counters, SpaceCounters};
 use crate::sync::{Arc, Mutex, MutexGuard, Rank};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
@@ -239,6 +239,9 @@ pub(crate) struct SpaceInner {
     pub range: VaRange,
     pub policy: AllocPolicy,
     pub arena: Arena,
+    /// The counters bumped under the lock (shared with the state, which bumps them;
+    /// read here by `Gmem::stats` and folded by `as_destroy`, see [`crate::stats`]).
+    pub counters: Arc<SpaceCounters>,
     state: Mutex<SpaceState>,
 }
 
@@ -250,12 +253,14 @@ impl SpaceInner {
         arena: Arena,
         host: Arc<DeviceInner>,
     ) -> SpaceInner {
+        let counters = Arc::new(SpaceCounters::default());
         SpaceInner {
             id,
             range,
             policy,
             arena,
-            state: Mutex::ranked(SpaceState::new(host), Rank::SpaceState),
+            counters: counters.clone(),
+            state: Mutex::ranked(SpaceState::new(host, counters), Rank::SpaceState),
         }
     }
 
@@ -343,10 +348,13 @@ pub(crate) struct SpaceState {
     unlocked_edits: u32,
     /// Tables detached while such edits ran, destroyed when the last one ends.
     doomed: Vec<unlocked::Doomed>,
+    /// The space's counter block (`SpaceInner::counters`), bumped through
+    /// [`SpaceState::local`].
+    tally: Arc<SpaceCounters>,
 }
 
 impl SpaceState {
-    fn new(host: Arc<DeviceInner>) -> SpaceState {
+    fn new(host: Arc<DeviceInner>, tally: Arc<SpaceCounters>) -> SpaceState {
         SpaceState {
             alive: true,
             regions: BTreeMap::new(),
@@ -365,7 +373,17 @@ impl SpaceState {
             attach_epoch: 0,
             unlocked_edits: 0,
             doomed: Vec::new(),
+            tally,
         }
+    }
+
+    /// The space's counter block, for a bump with [`SpaceCounters::add`] (the caller
+    /// holds the lock: it is the only writer). A dead space's block has been folded
+    /// into the global counters, so nothing may count in it any more.
+    #[inline]
+    pub(crate) fn local(&self) -> &SpaceCounters {
+        debug_assert!(self.alive, "counting in a destroyed space's folded block");
+        &self.tally
     }
 
     /// Whether the space is alive (not destroyed).

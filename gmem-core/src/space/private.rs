@@ -26,7 +26,7 @@ use crate::gmem::Ctx;
 use crate::kpi::region::Checked;
 use crate::lpt::WIRED;
 use crate::mmu::MapRun;
-use crate::stats::Counters;
+use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -162,7 +162,7 @@ impl SpaceState {
                     result = Err(MoveError::Mmu(e));
                     break;
                 }
-                Counters::add(&stats.mmu_maps, 1);
+                SpaceCounters::add(&self.local().mmu_maps, 1);
             }
             let pfn = run.commit();
             dev.phys.lock().set_wired(pfn, true);

@@ -322,3 +322,44 @@ fn region_migrate_and_prefetch_move_pages_before_any_fault() {
     );
     ok(&s, space);
 }
+
+#[test]
+fn stats_sum_every_space_and_keep_a_destroyed_space_s_counts_once() {
+    // The fault path counts in its space's block; `stats` adds every live space's
+    // block to the global counters and `as_destroy` folds a space's block into them.
+    let (s, one) = system();
+    let a =
+        s.gm.as_alloc(one, AllocRequest::new(2 * PAGE_SIZE))
+            .unwrap();
+    s.write(0, a.start, &pattern(1, 2 * PAGE_SIZE as usize))
+        .unwrap();
+    let two =
+        s.gm.as_create(va(3 << 30), va(4 << 30), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_attach(two, s.host().id, MmuMode::Coherent, Activation::Switch)
+        .unwrap();
+    let b = s.gm.as_alloc(two, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.write(0, b.start, b"b").unwrap();
+    let all = s.gm.stats();
+    assert_eq!(
+        (all.faults_zero_fill, all.pages_zeroed, all.mmu_maps),
+        (3, 3, 3)
+    );
+    s.gm.as_destroy(one).unwrap();
+    let st = s.gm.stats();
+    assert_eq!(
+        (st.faults_zero_fill, st.pages_zeroed, st.mmu_maps),
+        (3, 3, 3)
+    );
+    assert_eq!(
+        s.gm.as_destroy(one),
+        Err(SpaceError::UnknownSpace(one)),
+        "a double destroy"
+    );
+    s.gm.as_destroy(two).unwrap();
+    let st = s.gm.stats();
+    assert_eq!(
+        (st.faults_zero_fill, st.pages_zeroed, st.mmu_maps),
+        (3, 3, 3)
+    );
+}
