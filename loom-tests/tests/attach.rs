@@ -26,12 +26,7 @@ use gmem_core::*;
 const PREEMPTIONS: usize = 3;
 
 fn space(s: &TestSystem) -> SpaceId {
-    s.gm.as_create(
-        VirtAddr::new(1 << 30),
-        VirtAddr::new((1 << 30) + 4 * PAGE_SIZE),
-        AllocPolicy::FIRST_FIT,
-    )
-    .unwrap()
+    common::space(s, 4 * PAGE_SIZE, &[])
 }
 
 #[test]

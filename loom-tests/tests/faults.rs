@@ -39,22 +39,7 @@ fn two_devices_faulting_on_one_page_leave_one_owner_and_the_bytes() {
         let mut s = TestSystem::new(4);
         let d1 = s.add_device(7, DevCaps::FAULTABLE, 0x8000_0000, 2);
         let d2 = s.add_device(8, DevCaps::FAULTABLE, 0x9000_0000, 2);
-        let space =
-            s.gm.as_create(
-                VirtAddr::new(1 << 30),
-                VirtAddr::new((1 << 30) + 4 * PAGE_SIZE),
-                AllocPolicy::FIRST_FIT,
-            )
-            .unwrap();
-        for d in [0, d1, d2] {
-            s.gm.as_attach(
-                space,
-                s.devices[d].id,
-                MmuMode::Coherent,
-                Activation::Switch,
-            )
-            .unwrap();
-        }
+        let space = common::space(&s, 4 * PAGE_SIZE, &[0, d1, d2]);
         let gone = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         s.write(d1, gone.start, b"s").unwrap();
         s.gm.region_dealloc(gone, MapFlags::ASYNC, None).unwrap();

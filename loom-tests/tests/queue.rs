@@ -64,15 +64,7 @@ fn callback(
 fn queued_unmaps_complete_once_after_their_invalidation_with_two_synchronizers() {
     common::model("queue", PREEMPTIONS, || {
         let s = TestSystem::new(4);
-        let space =
-            s.gm.as_create(
-                VirtAddr::new(1 << 30),
-                VirtAddr::new((1 << 30) + 4 * PAGE_SIZE),
-                AllocPolicy::FIRST_FIT,
-            )
-            .unwrap();
-        s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-            .unwrap();
+        let space = common::space(&s, 4 * PAGE_SIZE, &[0]);
         let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         let b = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         s.write(0, a.start, b"a").unwrap();
@@ -140,15 +132,7 @@ fn synchronize_returns_only_after_callbacks_run_by_a_concurrent_drainer() {
     use loom::sync::atomic::AtomicBool;
     common::model("queue-synchronize", PREEMPTIONS, || {
         let s = TestSystem::new(4);
-        let space =
-            s.gm.as_create(
-                VirtAddr::new(1 << 30),
-                VirtAddr::new((1 << 30) + 4 * PAGE_SIZE),
-                AllocPolicy::FIRST_FIT,
-            )
-            .unwrap();
-        s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-            .unwrap();
+        let space = common::space(&s, 4 * PAGE_SIZE, &[0]);
         let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         let s = Arc::new(s);
         let done = Arc::new(AtomicUsize::new(0));

@@ -33,22 +33,7 @@ fn two_devices_faulting_into_one_reserved_block_share_its_reservation() {
         let mut s = TestSystem::new(4);
         let d1 = s.add_device(7, DevCaps::FAULTABLE, 0x8000_0000, 1024);
         let d2 = s.add_device(8, DevCaps::FAULTABLE, 0, 0);
-        let space =
-            s.gm.as_create(
-                VirtAddr::new(1 << 30),
-                VirtAddr::new((1 << 30) + 2 * BLOCK),
-                AllocPolicy::FIRST_FIT,
-            )
-            .unwrap();
-        for d in [0, d1, d2] {
-            s.gm.as_attach(
-                space,
-                s.devices[d].id,
-                MmuMode::Coherent,
-                Activation::Switch,
-            )
-            .unwrap();
-        }
+        let space = common::space(&s, 2 * BLOCK, &[0, d1, d2]);
         let mut req = AllocRequest::new(2 * PAGE_SIZE);
         req.align = BLOCK;
         let r = s.gm.as_alloc(space, req).unwrap();

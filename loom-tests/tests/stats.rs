@@ -47,20 +47,7 @@ fn block(s: &Stats) -> [u64; 7] {
 fn a_snapshot_racing_a_destroy_counts_the_space_once() {
     common::model("stats", PREEMPTIONS, || {
         let s = TestSystem::new(4);
-        let space =
-            s.gm.as_create(
-                VirtAddr::new(1 << 30),
-                VirtAddr::new((1 << 30) + 4 * PAGE_SIZE),
-                AllocPolicy::FIRST_FIT,
-            )
-            .unwrap();
-        s.gm.as_attach(
-            space,
-            s.devices[0].id,
-            MmuMode::Coherent,
-            Activation::Switch,
-        )
-        .unwrap();
+        let space = common::space(&s, 4 * PAGE_SIZE, &[0]);
         let r =
             s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
                 .unwrap();

@@ -36,15 +36,7 @@ const PREEMPTIONS: usize = 3;
 fn a_strict_dealloc_invalidating_unlocked_frees_nothing_before_its_invalidation() {
     common::model("strict dealloc vs alloc", PREEMPTIONS, || {
         let s = TestSystem::new(1);
-        let space =
-            s.gm.as_create(
-                VirtAddr::new(1 << 30),
-                VirtAddr::new((1 << 30) + PAGE_SIZE),
-                AllocPolicy::FIRST_FIT,
-            )
-            .unwrap();
-        s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-            .unwrap();
+        let space = common::space(&s, PAGE_SIZE, &[0]);
         let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         s.write(0, a.start, b"a").unwrap();
         let root = s.host().mmu.active_root().unwrap();

@@ -30,15 +30,7 @@ const FRAME: u64 = 0x7000_0000;
 
 fn setup() -> (TestSystem, SpaceId, usize) {
     let mut s = TestSystem::new(2);
-    let space =
-        s.gm.as_create(
-            VirtAddr::new(1 << 30),
-            VirtAddr::new((1 << 30) + 4 * PAGE_SIZE),
-            AllocPolicy::FIRST_FIT,
-        )
-        .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = common::space(&s, 4 * PAGE_SIZE, &[0]);
     s.concurrent_edits = true;
     let io = s.add_device(9, DevCaps::empty(), 0, 0);
     s.gm.as_attach(

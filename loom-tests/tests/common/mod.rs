@@ -1,5 +1,6 @@
-//! What the models share: the loom builder with a stated preemption bound, and a
-//! checker of the recorded MMU event log for DESIGN invariant 3.
+//! What the models share: the loom builder with a stated preemption bound, the small
+//! address space their setups make, and a checker of the recorded MMU event log for
+//! DESIGN invariant 3.
 
 #![allow(dead_code)]
 
@@ -7,8 +8,8 @@ use std::collections::{HashMap, HashSet};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gmem_core::testing::{MmuEvent, TestMmu};
-use gmem_core::{PageTableRoot, VirtAddr, PAGE_SIZE};
+use gmem_core::testing::{MmuEvent, TestMmu, TestSystem};
+use gmem_core::{Activation, AllocPolicy, MmuMode, PageTableRoot, SpaceId, VirtAddr, PAGE_SIZE};
 
 /// A loom builder exploring every interleaving with at most `preemptions` preemptions
 /// (`LOOM_MAX_PREEMPTIONS` in the environment overrides it).
@@ -107,4 +108,27 @@ pub fn check_reuse_after_invalidation(events: &[MmuEvent]) {
             _ => {}
         }
     }
+}
+
+/// A first-fit address space of `bytes` at 1 GiB, attached coherently (and switched to)
+/// on each of `s`'s devices `devices` (indexes into `s.devices`; 0 is the host).
+pub fn space(s: &TestSystem, bytes: u64, devices: &[usize]) -> SpaceId {
+    let begin = 1 << 30;
+    let space =
+        s.gm.as_create(
+            VirtAddr::new(begin),
+            VirtAddr::new(begin + bytes),
+            AllocPolicy::FIRST_FIT,
+        )
+        .unwrap();
+    for &d in devices {
+        s.gm.as_attach(
+            space,
+            s.devices[d].id,
+            MmuMode::Coherent,
+            Activation::Switch,
+        )
+        .unwrap();
+    }
+    space
 }
