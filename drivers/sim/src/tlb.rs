@@ -212,6 +212,14 @@ fn any_eq(fps: &[u32], f: u32) -> bool {
     fps.iter().fold(0u32, |acc, &x| acc | u32::from(x == f)) != 0
 }
 
+/// Bit `j` set where `c[j] == f` (`c` at most 32 long).
+#[inline(always)]
+fn match_mask(c: &[u32], f: u32) -> u32 {
+    c.iter()
+        .enumerate()
+        .fold(0u32, |m, (j, &x)| m | (u32::from(x == f) << j))
+}
+
 impl<V: Copy> Tlb<V> {
     /// An empty TLB.
     pub fn new(config: TlbConfig) -> Result<Tlb<V>, TlbConfigError> {
@@ -305,11 +313,21 @@ impl<V: Copy> Tlb<V> {
         if !any_eq(fps, f) {
             return None;
         }
-        fps.iter()
-            .enumerate()
-            .filter(|&(_, &x)| x == f)
-            .map(|(i, _)| r.start + i)
-            .find(|&i| self.keys[i] == k && self.asids[i] == asid)
+        // A match: find it eight ways at a time, a bit mask per chunk and its set bits
+        // in order (no per-way branch).
+        let mut base = r.start;
+        for c in fps.chunks(8) {
+            let mut m = match_mask(c, f);
+            while m != 0 {
+                let i = base + m.trailing_zeros() as usize;
+                if self.keys[i] == k && self.asids[i] == asid {
+                    return Some(i);
+                }
+                m &= m - 1;
+            }
+            base += c.len();
+        }
+        None
     }
 
     /// Put `e` in slot `i` (or empty it); returns the previous entry's `(asid, tag,
@@ -414,7 +432,8 @@ impl<V: Copy> Tlb<V> {
         if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
             // One page size (the common case): no list to build.
             let s = self.shifts.trailing_zeros().min(63) as u8;
-            return self.lookup_slot(asid, va, &[s]).map(|(_, i)| i);
+            let hit = self.find(asid, va, s);
+            return self.count_hit(hit);
         }
         let (mut buf, mut n) = ([0u8; 64], 0);
         for s in self.shift_list() {
@@ -446,15 +465,22 @@ impl<V: Copy> Tlb<V> {
         let hit = shifts
             .iter()
             .find_map(|&s| self.find(asid, va, s).map(|i| (s, i)));
+        let i = self.count_hit(hit.map(|(_, i)| i))?;
+        Some((hit?.0, i))
+    }
+
+    /// Count a lookup's hit or miss and refresh a hit slot for LRU.
+    #[inline(always)]
+    fn count_hit(&mut self, hit: Option<usize>) -> Option<usize> {
         match hit {
-            Some((s, i)) => {
+            Some(i) => {
                 self.stats.hits += 1;
                 if self.config.policy == Replacement::Lru && self.newer[i] != NIL {
                     let set = self.slot_set(i);
                     self.unlink(set, i);
                     self.push_front(set, i);
                 }
-                Some((s, i))
+                Some(i)
             }
             None => {
                 self.stats.misses += 1;
@@ -497,6 +523,16 @@ impl<V: Copy> Tlb<V> {
     ) -> Option<(u64, u64)> {
         debug_assert!(!self.holds(asid, va), "insert_missing of a present key");
         self.insert_inner(asid, va, shift, value, false)
+    }
+
+    /// [`Tlb::insert`] of a key known absent at this `shift` (a page-walk-cache level
+    /// the caller just probed and missed): skips the search for an entry to overwrite.
+    pub(crate) fn insert_absent(&mut self, asid: u64, va: u64, shift: u8, value: V) {
+        debug_assert!(
+            self.find(asid, va, shift.min(63)).is_none(),
+            "insert_absent of a present key"
+        );
+        self.insert_inner(asid, va, shift, value, false);
     }
 
     #[inline]
