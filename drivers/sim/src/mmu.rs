@@ -329,10 +329,12 @@ fn replay_walk<C: TranslationCaches>(
         if let Some((s, _)) = pwc.lookup_deepest(root, va, &shifts[..n]) {
             start = (u32::from(s) - 12) / 9 - 1;
         }
-        // The walk descends through the tables below levels start..=end+1.
+        // The walk descends through the tables below levels start..=end+1. Those
+        // levels are at or below `start`: `lookup_deepest` probed each before the hit
+        // (or all, on a miss) and found nothing, so no search for an entry to overwrite.
         let mut l = start;
         while l > end {
-            pwc.insert(root, va, gmem_ptengine::level_shift(l), 0);
+            pwc.insert_absent(root, va, gmem_ptengine::level_shift(l), 0);
             l -= 1;
         }
     }

@@ -341,7 +341,13 @@ pub fn walk_cached<C: PteCodec, M: TableMemory>(
     }
     let w = engine.walk(table, level, v, access, |l, t| {
         if let Some(c) = cache.as_deref_mut() {
-            c.insert(root.0, v, level_shift(l), t);
+            // The walk descends from `level` down: every level up to 8 it reports was
+            // probed above and missed (or lies below the hit), so no search is needed.
+            if l <= 8 {
+                c.insert_absent(root.0, v, level_shift(l), t);
+            } else {
+                c.insert(root.0, v, level_shift(l), t);
+            }
         }
     });
     Walk {

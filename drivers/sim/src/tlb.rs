@@ -128,14 +128,6 @@ impl TlbStats {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Entry<V> {
-    asid: u64,
-    tag: u64,
-    shift: u8,
-    value: V,
-}
-
 fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
     let s = (tag as u128) << shift;
     let e = s + (1u128 << shift);
@@ -210,6 +202,14 @@ fn fingerprint(key: u64, asid: u64) -> u32 {
 #[inline]
 fn any_eq(fps: &[u32], f: u32) -> bool {
     fps.iter().fold(0u32, |acc, &x| acc | u32::from(x == f)) != 0
+}
+
+/// Bit `j` set where `c[j] == f` (`c` at most 32 long).
+#[inline(always)]
+fn match_mask(c: &[u32], f: u32) -> u32 {
+    c.iter()
+        .enumerate()
+        .fold(0u32, |m, (j, &x)| m | (u32::from(x == f) << j))
 }
 
 impl<V: Copy> Tlb<V> {
@@ -305,57 +305,80 @@ impl<V: Copy> Tlb<V> {
         if !any_eq(fps, f) {
             return None;
         }
-        fps.iter()
-            .enumerate()
-            .filter(|&(_, &x)| x == f)
-            .map(|(i, _)| r.start + i)
-            .find(|&i| self.keys[i] == k && self.asids[i] == asid)
+        // A match: find it eight ways at a time, a bit mask per chunk and its set bits
+        // in order (no per-way branch).
+        let mut base = r.start;
+        for c in fps.chunks(8) {
+            let mut m = match_mask(c, f);
+            while m != 0 {
+                let i = base + m.trailing_zeros() as usize;
+                if self.keys[i] == k && self.asids[i] == asid {
+                    return Some(i);
+                }
+                m &= m - 1;
+            }
+            base += c.len();
+        }
+        None
     }
 
-    /// Put `e` in slot `i` (or empty it); returns the previous entry's `(asid, tag,
-    /// shift)` if the slot was valid.
-    fn put(&mut self, i: usize, e: Option<Entry<V>>) -> Option<(u64, u64, u8)> {
-        let old = (self.keys[i] != INVALID)
-            .then(|| (self.asids[i], self.tags[i], (self.keys[i] & 63) as u8));
-        let set = self.slot_set(i);
-        match e {
-            Some(e) => {
-                if old.is_none() {
-                    if self.valid == 0 {
-                        self.asid0 = e.asid;
-                        self.mixed = false;
-                    }
-                    self.valid += 1;
-                    self.filled[set] += 1;
-                } else {
-                    self.unlink(set, i);
-                }
-                // A fill is the most recent use.
+    /// Fill slot `i` of set `set` with a valid entry; returns the previous entry's
+    /// `(asid, tag, shift)` if the slot was valid. The entry becomes its set's most
+    /// recent.
+    #[inline(always)]
+    fn occupy(
+        &mut self,
+        set: usize,
+        i: usize,
+        asid: u64,
+        tag: u64,
+        shift: u8,
+        value: V,
+    ) -> Option<(u64, u64, u8)> {
+        let k_old = self.keys[i];
+        let old = if k_old != INVALID {
+            let old = (self.asids[i], self.tags[i], (k_old & 63) as u8);
+            if self.head[set] != i as u32 {
+                self.unlink(set, i);
                 self.push_front(set, i);
-                if e.asid != self.asid0 {
-                    self.mixed = true;
-                }
-                self.keys[i] = key(e.tag, e.shift);
-                self.fps[i] = fingerprint(self.keys[i], e.asid);
-                self.asids[i] = e.asid;
-                self.tags[i] = e.tag;
-                self.values[i] = Some(e.value);
             }
-            None => {
-                if old.is_some() {
-                    self.unlink(set, i);
-                    self.valid -= 1;
-                    self.filled[set] -= 1;
-                    if self.valid == 0 {
-                        self.mixed = false;
-                    }
-                }
-                self.keys[i] = INVALID;
-                self.fps[i] = 0;
-                self.values[i] = None;
+            Some(old)
+        } else {
+            if self.valid == 0 {
+                self.asid0 = asid;
+                self.mixed = false;
+            }
+            self.valid += 1;
+            self.filled[set] += 1;
+            self.push_front(set, i);
+            None
+        };
+        if asid != self.asid0 {
+            self.mixed = true;
+        }
+        let k = key(tag, shift);
+        self.keys[i] = k;
+        self.fps[i] = fingerprint(k, asid);
+        self.asids[i] = asid;
+        self.tags[i] = tag;
+        self.values[i] = Some(value);
+        old
+    }
+
+    /// Empty slot `i` (nothing happens if it is empty).
+    fn vacate(&mut self, i: usize) {
+        if self.keys[i] != INVALID {
+            let set = self.slot_set(i);
+            self.unlink(set, i);
+            self.valid -= 1;
+            self.filled[set] -= 1;
+            if self.valid == 0 {
+                self.mixed = false;
             }
         }
-        old
+        self.keys[i] = INVALID;
+        self.fps[i] = 0;
+        self.values[i] = None;
     }
 
     /// Take valid slot `i` out of its set's recency list.
@@ -414,7 +437,8 @@ impl<V: Copy> Tlb<V> {
         if self.shifts & (self.shifts.wrapping_sub(1)) == 0 {
             // One page size (the common case): no list to build.
             let s = self.shifts.trailing_zeros().min(63) as u8;
-            return self.lookup_slot(asid, va, &[s]).map(|(_, i)| i);
+            let hit = self.find(asid, va, s);
+            return self.count_hit(hit);
         }
         let (mut buf, mut n) = ([0u8; 64], 0);
         for s in self.shift_list() {
@@ -446,15 +470,22 @@ impl<V: Copy> Tlb<V> {
         let hit = shifts
             .iter()
             .find_map(|&s| self.find(asid, va, s).map(|i| (s, i)));
+        let i = self.count_hit(hit.map(|(_, i)| i))?;
+        Some((hit?.0, i))
+    }
+
+    /// Count a lookup's hit or miss and refresh a hit slot for LRU.
+    #[inline(always)]
+    fn count_hit(&mut self, hit: Option<usize>) -> Option<usize> {
         match hit {
-            Some((s, i)) => {
+            Some(i) => {
                 self.stats.hits += 1;
                 if self.config.policy == Replacement::Lru && self.newer[i] != NIL {
                     let set = self.slot_set(i);
                     self.unlink(set, i);
                     self.push_front(set, i);
                 }
-                Some((s, i))
+                Some(i)
             }
             None => {
                 self.stats.misses += 1;
@@ -499,6 +530,16 @@ impl<V: Copy> Tlb<V> {
         self.insert_inner(asid, va, shift, value, false)
     }
 
+    /// [`Tlb::insert`] of a key known absent at this `shift` (a page-walk-cache level
+    /// the caller just probed and missed): skips the search for an entry to overwrite.
+    pub(crate) fn insert_absent(&mut self, asid: u64, va: u64, shift: u8, value: V) {
+        debug_assert!(
+            self.find(asid, va, shift.min(63)).is_none(),
+            "insert_absent of a present key"
+        );
+        self.insert_inner(asid, va, shift, value, false);
+    }
+
     #[inline]
     fn insert_inner(
         &mut self,
@@ -512,15 +553,10 @@ impl<V: Copy> Tlb<V> {
         self.shifts |= 1 << shift;
         self.stats.fills += 1;
         let tag = va >> shift;
-        let entry = Entry {
-            asid,
-            tag,
-            shift,
-            value,
-        };
         if search {
             if let Some(i) = self.find(asid, va, shift) {
-                self.put(i, Some(entry));
+                let set = self.slot_set(i);
+                self.occupy(set, i, asid, tag, shift, value);
                 return None;
             }
         }
@@ -528,7 +564,7 @@ impl<V: Copy> Tlb<V> {
         let set = self.slot_set(range.start);
         if self.filled[set] < self.config.ways as u32 {
             if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
-                self.put(range.start + i, Some(entry));
+                self.occupy(set, range.start + i, asid, tag, shift, value);
                 return None;
             }
         }
@@ -539,7 +575,9 @@ impl<V: Copy> Tlb<V> {
             // The set is full: its least recent entry (the list's tail).
             Replacement::Lru | Replacement::Fifo => self.tail[set] as usize,
         };
-        let (old_asid, old_tag, old_shift) = self.put(victim, Some(entry)).expect("full set");
+        let (old_asid, old_tag, old_shift) = self
+            .occupy(set, victim, asid, tag, shift, value)
+            .expect("full set");
         self.stats.evictions += 1;
         Some((old_asid, old_tag << old_shift))
     }
@@ -557,7 +595,7 @@ impl<V: Copy> Tlb<V> {
             }
         }
         for &i in &hits[..n] {
-            self.put(i, None);
+            self.vacate(i);
         }
         self.stats.invalidated += n as u64;
         n as u64
@@ -589,7 +627,7 @@ impl<V: Copy> Tlb<V> {
                     let last = start.saturating_add(len - 1) >> sh;
                     for tag in first..=last {
                         if let Some(i) = self.find(asid, tag << sh, sh) {
-                            self.put(i, None);
+                            self.vacate(i);
                             dropped += 1;
                         }
                     }
@@ -604,7 +642,7 @@ impl<V: Copy> Tlb<V> {
                         .iter()
                         .any(|&(s, l)| l > 0 && overlaps(self.tags[i], (k & 63) as u8, s, l))
                 {
-                    self.put(i, None);
+                    self.vacate(i);
                     dropped += 1;
                 }
             }
@@ -620,7 +658,7 @@ impl<V: Copy> Tlb<V> {
         if self.valid > 0 && (self.mixed || self.asid0 == asid) {
             for i in 0..self.keys.len() {
                 if self.keys[i] != INVALID && self.asids[i] == asid {
-                    self.put(i, None);
+                    self.vacate(i);
                     dropped += 1;
                 }
             }
