@@ -156,6 +156,11 @@ pub struct TlbHierarchy {
 
 impl TlbHierarchy {
     /// Empty caches of the given geometry.
+    ///
+    /// # Errors
+    /// [`TlbConfigError::NoUnits`] for zero compute units; [`TlbConfigError::Empty`] or
+    /// [`TlbConfigError::TooLarge`] for a level with zero sets or ways or more than
+    /// 2^20 entries.
     pub fn new(config: HierarchyConfig) -> Result<TlbHierarchy, TlbConfigError> {
         if config.units == 0 {
             return Err(TlbConfigError::NoUnits);

@@ -161,6 +161,10 @@ impl fmt::Debug for SimMemory {
 impl SimMemory {
     /// A memory named `name` answering for `[base, base + size)`; base and size must be
     /// page aligned and the size non-zero.
+    ///
+    /// # Errors
+    /// [`BoundsError::BadRange`] for an unaligned base or size, a zero size, or a range
+    /// that overflows.
     pub fn new(name: &str, base: PhysAddr, size: u64) -> Result<SimMemory, BoundsError> {
         let bad = BoundsError::BadRange {
             base: base.as_u64(),
@@ -253,6 +257,10 @@ impl SimMemory {
     }
 
     /// Read `buf.len()` bytes from `pa`.
+    ///
+    /// # Errors
+    /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
+    /// read.
     pub fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), BoundsError> {
         self.check(pa, buf.len() as u64)?;
         let mut g = lock(&self.inner);
@@ -267,6 +275,10 @@ impl SimMemory {
     }
 
     /// Write `buf` at `pa`.
+    ///
+    /// # Errors
+    /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
+    /// written.
     pub fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), BoundsError> {
         self.check(pa, buf.len() as u64)?;
         let mut g = lock(&self.inner);
@@ -279,6 +291,10 @@ impl SimMemory {
     }
 
     /// Fill `len` bytes from `pa` with zeros; whole pages give their storage back.
+    ///
+    /// # Errors
+    /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
+    /// zeroed.
     pub fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), BoundsError> {
         self.check(pa, len)?;
         let mut g = lock(&self.inner);
@@ -298,6 +314,10 @@ impl SimMemory {
     /// two copies in opposite directions cannot deadlock), whole pages are copied
     /// page to page, and a source page that holds no storage (zeros) clears the
     /// destination page's storage instead of copying zeros.
+    ///
+    /// # Errors
+    /// [`BoundsError::OutOfRange`] if the source range is not inside this memory or the
+    /// destination range not inside `to`; both are checked before a byte moves.
     pub fn copy_to(
         &self,
         src: PhysAddr,
@@ -364,6 +384,10 @@ impl SimMemory {
     }
 
     /// Read the little-endian 64-bit entry at `pa` (8-byte aligned).
+    ///
+    /// # Errors
+    /// [`BoundsError::Unaligned`] if `pa` is not 8-byte aligned,
+    /// [`BoundsError::OutOfRange`] if the entry is not inside this memory.
     pub fn read_u64(&self, pa: PhysAddr) -> Result<u64, BoundsError> {
         if !pa.is_aligned(8) {
             return Err(BoundsError::Unaligned { pa });
@@ -375,6 +399,11 @@ impl SimMemory {
 
     /// Write the little-endian 64-bit entry at `pa` (8-byte aligned): one store, so a
     /// walker sees the old or the new entry.
+    ///
+    /// # Errors
+    /// [`BoundsError::Unaligned`] if `pa` is not 8-byte aligned,
+    /// [`BoundsError::OutOfRange`] if the entry is not inside this memory; nothing is
+    /// written.
     pub fn write_u64(&self, pa: PhysAddr, value: u64) -> Result<(), BoundsError> {
         if !pa.is_aligned(8) {
             return Err(BoundsError::Unaligned { pa });

@@ -93,6 +93,11 @@ impl AccessGate {
 /// What a device does for each access: translate an address for a unit.
 pub trait Translator: Send + Sync {
     /// Translate `va` for `access` by compute unit `unit`.
+    ///
+    /// # Errors
+    /// The [`Miss`] the device reports to the core's fault path: [`Miss::Inactive`]
+    /// with no active table, [`Miss::NotPresent`] with no valid leaf,
+    /// [`Miss::Protection`] with a leaf that does not permit `access`.
     fn translate(&self, unit: usize, va: VirtAddr, access: Prot) -> Result<Leaf, Miss>;
     /// Number of compute units.
     fn units(&self) -> usize;
@@ -380,6 +385,9 @@ pub struct SimMmu<F: TableFormat, C: TranslationCaches = TlbHierarchy> {
 
 impl<F: TableFormat> SimMmu<F> {
     /// An MMU walking `format`'s tables with caches of geometry `config`.
+    ///
+    /// # Errors
+    /// As [`TlbHierarchy::new`] for a bad geometry.
     pub fn new(format: Arc<F>, config: HierarchyConfig) -> Result<SimMmu<F>, TlbConfigError> {
         Ok(SimMmu::with_caches(format, TlbHierarchy::new(config)?))
     }

@@ -193,7 +193,10 @@ impl Port {
         self.max_faults
     }
 
-    /// Bind the device id the core gave the device. Fails with the id already bound.
+    /// Bind the device id the core gave the device.
+    ///
+    /// # Errors
+    /// The id already bound, if the port was bound before (binding is once).
     pub fn bind(&self, id: DeviceId) -> Result<(), DeviceId> {
         self.id.set(id).map_err(|_| *self.id.get().expect("set"))
     }
@@ -397,6 +400,14 @@ impl Port {
     }
 
     /// Load `buf.len()` bytes at `va` by compute unit `unit`.
+    ///
+    /// # Errors
+    /// [`AccessError::NotCreated`] before [`Port::bind`]; [`AccessError::BadAccess`]
+    /// for an empty access or one that wraps; [`AccessError::Fault`] when the core
+    /// could not serve a miss (not allocated, protection, out of memory, ...);
+    /// [`AccessError::Livelock`] when a page kept missing after the core's answers;
+    /// [`AccessError::NoMemory`] or [`AccessError::Bounds`] when a leaf points where
+    /// no memory answers. The pages before the failing one have been read.
     pub fn load(
         &self,
         gm: &Gmem,
@@ -419,6 +430,9 @@ impl Port {
     }
 
     /// Store `data` at `va` by compute unit `unit`.
+    ///
+    /// # Errors
+    /// As [`Port::load`]; the pages before the failing one have been written.
     pub fn store(
         &self,
         gm: &Gmem,
@@ -445,6 +459,9 @@ macro_rules! typed_access {
         impl Port {
             $(
                 #[doc = concat!("Load a little-endian `", stringify!($t), "` at `va`.")]
+                ///
+                /// # Errors
+                /// As [`Port::load`].
                 pub fn $load(&self, gm: &Gmem, unit: usize, va: VirtAddr) -> Result<$t, AccessError> {
                     let mut b = [0u8; std::mem::size_of::<$t>()];
                     self.load(gm, unit, va, &mut b)?;
@@ -452,6 +469,9 @@ macro_rules! typed_access {
                 }
 
                 #[doc = concat!("Store a little-endian `", stringify!($t), "` at `va`.")]
+                ///
+                /// # Errors
+                /// As [`Port::store`].
                 pub fn $store(&self, gm: &Gmem, unit: usize, va: VirtAddr, v: $t) -> Result<(), AccessError> {
                     self.store(gm, unit, va, &v.to_le_bytes())
                 }

@@ -214,6 +214,10 @@ fn match_mask(c: &[u32], f: u32) -> u32 {
 
 impl<V: Copy> Tlb<V> {
     /// An empty TLB.
+    ///
+    /// # Errors
+    /// [`TlbConfigError::Empty`] for zero sets or ways, [`TlbConfigError::TooLarge`] for
+    /// more than 2^20 entries.
     pub fn new(config: TlbConfig) -> Result<Tlb<V>, TlbConfigError> {
         if config.sets == 0 || config.ways == 0 {
             return Err(TlbConfigError::Empty);
