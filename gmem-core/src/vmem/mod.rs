@@ -168,7 +168,7 @@ pub use stats::ArenaStats;
 
 use allocator::SegmentAllocator;
 use constraint::Placement;
-use qcache::{QuantumCaches, SizeClass};
+use qcache::{Class, QuantumCaches};
 use seglist::Kind;
 
 use crate::platform::Platform;
@@ -341,9 +341,9 @@ impl Arena {
         if fit != FitPolicy::NextFit && Placement::check_size(size, self.config.quantum).is_ok() {
             let cpu = self.cpu();
             let injecting = self.fail_every.load(Ordering::Relaxed) != 0;
-            if let (Some(class), false) = (self.caches.class_of_mut(size), injecting) {
+            if let (Some(mut class), false) = (self.caches.class_of_mut(size), injecting) {
                 if let Some(addr) = class.alloc_mut(cpu) {
-                    class.track(addr);
+                    class.shared().track(addr);
                     return Ok(addr);
                 }
                 // The miss is counted; import as `cache_alloc` does after one.
@@ -372,8 +372,8 @@ impl Arena {
             return Err(FreeError::Unaligned { addr, size });
         }
         let cpu = self.cpu();
-        if let Some(class) = self.caches.class_of_mut(size) {
-            if class.untrack(addr) {
+        if let Some(mut class) = self.caches.class_of_mut(size) {
+            if class.shared().untrack(addr) {
                 if let Some(flush) = class.free_mut(cpu, addr) {
                     self.release(&flush);
                 }
@@ -572,7 +572,7 @@ impl Arena {
     /// Allocate from a quantum cache; on a miss import a batch (reaping and retrying
     /// once if the arena is full).
     #[inline]
-    fn cache_alloc(&self, class: &SizeClass) -> Result<u64, AllocError> {
+    fn cache_alloc(&self, class: Class<'_>) -> Result<u64, AllocError> {
         let cpu = self.cpu();
         if let Some(addr) = class.alloc(cpu) {
             class.track(addr);
@@ -583,7 +583,7 @@ impl Arena {
 
     /// After a cache miss on `cpu`: import a batch into `class` and hand out one of
     /// it (reaping and retrying once if the arena is full).
-    fn cache_import(&self, class: &SizeClass, cpu: usize) -> Result<u64, AllocError> {
+    fn cache_import(&self, class: Class<'_>, cpu: usize) -> Result<u64, AllocError> {
         let mut batch = Vec::with_capacity(class.import_count());
         loop {
             self.segments
