@@ -114,7 +114,10 @@
 //! local; the depot balances CPUs that mostly allocate against CPUs that mostly free.
 //! A CPU's two magazines hold their rounds inline in its cache record and the swap
 //! flips an index, so a hit is a lock, a pop or push in lines the CPU already owns,
-//! and an unlock: no pointer is followed and no rounds move. The depot keeps its
+//! and an unlock: no pointer is followed and no rounds move. The records of every
+//! class sit in one CPU-major array reached from the caches' base pointer, with the
+//! lock, fill levels and counters in one header line, so a hit touches two lines of
+//! its class (header, round) and no per-class descriptor; the depots live apart. The depot keeps its
 //! magazines as vectors and an exchange copies one magazine's rounds (at most once per
 //! 32 operations in one direction).
 //!
