@@ -47,6 +47,10 @@
 //! deterministic driver for a cache simulator: run it under
 //! `valgrind --tool=cachegrind` with `<pairs>` = 0 and = N, and the difference of the
 //! miss counts over N is the misses per pair, the fill excluded.
+//! `GMEM_BENCH_REPLAY=<live>:<pairs>:<trace>:<arena>` replays one of the three traces
+//! (`churn`, `fragmenting`, `iommu`, with the table's seeds) on `instant` (uncached),
+//! `cached` (shared, `alloc`/`free`) or `mut` (cached, `alloc_mut`/`free_mut`), so
+//! the cached rows can be counted the same way.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
@@ -675,30 +679,59 @@ fn replay_only() -> bool {
     let Ok(v) = std::env::var("GMEM_BENCH_REPLAY") else {
         return false;
     };
-    let parsed = v
-        .split_once(':')
-        .and_then(|(l, p)| Some((l.parse::<usize>().ok()?, p.parse::<u64>().ok()?)));
-    let Some((live, pairs)) = parsed.filter(|&(l, _)| l > 0) else {
-        eprintln!("GMEM_BENCH_REPLAY wants <live>:<pairs>, got {v:?}");
+    let mut parts = v.split(':');
+    let parsed = (|| {
+        let live = parts.next()?.parse::<usize>().ok().filter(|&l| l > 0)?;
+        let pairs = parts.next()?.parse::<u64>().ok()?;
+        let t = match parts.next() {
+            None => churn_trace(live, 0x5ca1e ^ live as u64),
+            Some("churn") => churn_trace(live, 0x10_7a_c4_u64 ^ 0x9e37_79b9_7f4a_7c15),
+            Some("fragmenting") => fragmenting_trace(live, 0xf4a9_3e11),
+            Some("iommu") => iommu_trace(live, 0x10_3300),
+            Some(_) => return None,
+        };
+        let arena = parts.next().unwrap_or("instant");
+        parts.next().is_none().then_some((live, pairs, t, arena))
+    })();
+    let Some((live, pairs, t, kind)) = parsed else {
+        eprintln!("GMEM_BENCH_REPLAY wants <live>:<pairs>[:<trace>:<arena>], got {v:?}");
         std::process::exit(2);
     };
-    let t = churn_trace(live, 0x5ca1e ^ live as u64);
-    let mut failures = 0;
-    let (mut a, mut slots) = filled(
-        &|| Ours(Arc::new(arena(t.space, Variant::Instant, 1))),
-        &t,
-        &mut failures,
-    );
-    let mut pos = 0;
-    let start = Instant::now();
-    failures += replay(&mut a, &mut slots, &t, &mut pos, pairs);
-    let ns = start.elapsed().as_nanos() as f64 / pairs.max(1) as f64;
+    let (ns, failures, fragments) = match kind {
+        "instant" => replay_timed(
+            || Ours(Arc::new(arena(t.space, Variant::Instant, 1))),
+            &t,
+            pairs,
+        ),
+        "cached" => replay_timed(
+            || Ours(Arc::new(arena(t.space, Variant::Cached, 1))),
+            &t,
+            pairs,
+        ),
+        "mut" => replay_timed(|| OursMut(arena(t.space, Variant::Cached, 1)), &t, pairs),
+        _ => {
+            eprintln!("GMEM_BENCH_REPLAY: arena is instant, cached or mut, got {kind:?}");
+            std::process::exit(2);
+        }
+    };
     println!(
-        "replay: {live} live, {pairs} pairs, {ns:.1} ns/pair (fill excluded), {failures} \
-         failures, {} free segments",
-        fmt_count(a.fragments())
+        "replay: {} {kind}, {live} live, {pairs} pairs, {ns:.1} ns/pair (fill excluded), \
+         {failures} failures, {} free segments",
+        t.name,
+        fmt_count(fragments)
     );
     true
+}
+
+/// Fill, then replay `pairs` pairs of `t`: (ns per pair, failures, free segments).
+fn replay_timed<A: Iova>(make: impl Fn() -> A, t: &Trace, pairs: u64) -> (f64, u64, Option<u64>) {
+    let mut failures = 0;
+    let (mut a, mut slots) = filled(&make, t, &mut failures);
+    let mut pos = 0;
+    let start = Instant::now();
+    failures += replay(&mut a, &mut slots, t, &mut pos, pairs);
+    let ns = start.elapsed().as_nanos() as f64 / pairs.max(1) as f64;
+    (ns, failures, a.fragments())
 }
 
 fn main() {

@@ -10,9 +10,10 @@
 //! operations in one direction, and the loaded/previous swap guarantees that a CPU
 //! oscillating around a magazine boundary never thrashes the depot.
 //!
-//! A CPU's two magazines keep their rounds inline in its cache record (`mags[cur]` is
-//! the loaded one, `mags[cur ^ 1]` the previous one, and the swap flips `cur`), so a
-//! hit follows no pointer; the refill and trade paths are out of line (`#[cold]`).
+//! A CPU's two magazines keep their rounds inline in its cache record (magazine `cur`
+//! is the loaded one, `cur ^ 1` the previous one, and the swap flips `cur`), behind
+//! a header with both fill levels and the counters, so a hit follows no pointer and
+//! touches the header's line and the round's; the refill and trade paths are out of line (`#[cold]`).
 //! The depot stores magazines as vectors, and an exchange copies one magazine's rounds.
 //! Through an exclusive borrow (`alloc_mut`, `free_mut`) a hit takes no lock at all.
 //!
@@ -86,40 +87,83 @@ pub(super) struct CacheCounts {
     pub frees: u64,
 }
 
-/// A magazine held by a CPU: its rounds inline, so a pop or a push touches the CPU's
-/// own cache lines and follows no pointer.
-struct Mag {
-    len: usize,
-    rounds: [u64; MAGAZINE_ROUNDS],
+/// One CPU's pair of magazines and its counters. The *loaded* magazine is number
+/// `cur`, the *previous* one `cur ^ 1`: the swap of section 3.1 flips `cur` instead of
+/// moving rounds.
+///
+/// Layout: everything a hit reads or writes besides the round itself (the two fill
+/// levels, `cur`, `cap`, the hit and free counters) sits in a 48-byte header in front
+/// of the rounds, so that with the lock word it shares one cache line and a hit
+/// touches two lines of the class, the header and the round's (`repr(C)` keeps the
+/// order). With the levels stored beside their rounds, a hit touched four: the lock,
+/// `cur` and the counters behind the rounds, the level and the round. On the
+/// `iova_churn` fragmenting trace, whose 128 classes are each used about one
+/// operation in a hundred, those lines are cold more often than not.
+#[repr(C)]
+pub(super) struct CpuCache {
+    /// Rounds held by magazine 0 and by magazine 1.
+    lens: [u32; 2],
+    /// Which magazine is loaded (0 or 1).
+    cur: u32,
+    /// Rounds per magazine of this class (at most [`MAGAZINE_ROUNDS`]).
+    cap: u32,
+    hits: u64,
+    misses: u64,
+    /// Served misses (the allocation after an import); allocations are this plus hits.
+    filled: u64,
+    frees: u64,
+    /// The rounds of magazine 0 and of magazine 1; a magazine of the class holds at
+    /// most `cap` of its `MAGAZINE_ROUNDS` slots.
+    rounds: [[u64; MAGAZINE_ROUNDS]; 2],
 }
 
-// A magazine of the class holds at most `cap <= MAGAZINE_ROUNDS` rounds; the inline
-// array is sized for the largest.
+impl CpuCache {
+    /// Two empty magazines of `cap` rounds (clamped to 1..=[`MAGAZINE_ROUNDS`]).
+    pub(super) fn new(cap: usize) -> Self {
+        Self {
+            lens: [0; 2],
+            cur: 0,
+            cap: cap.clamp(1, MAGAZINE_ROUNDS) as u32,
+            hits: 0,
+            misses: 0,
+            filled: 0,
+            frees: 0,
+            rounds: [[0; MAGAZINE_ROUNDS]; 2],
+        }
+    }
 
-impl Mag {
-    const EMPTY: Mag = Mag {
-        len: 0,
-        rounds: [0; MAGAZINE_ROUNDS],
-    };
+    #[inline(always)]
+    fn loaded_index(&self) -> usize {
+        (self.cur & 1) as usize
+    }
 
-    #[inline]
+    #[inline(always)]
+    fn previous_index(&self) -> usize {
+        self.loaded_index() ^ 1
+    }
+
+    /// Pop the loaded magazine's top round; `None` when it is empty.
+    #[inline(always)]
     fn pop(&mut self) -> Option<u64> {
-        let n = self.len.checked_sub(1)?;
-        let a = *self.rounds.get(n)?;
-        self.len = n;
+        let m = self.loaded_index();
+        let n = self.lens[m].checked_sub(1)?;
+        let a = *self.rounds[m].get(n as usize)?;
+        self.lens[m] = n;
         Some(a)
     }
 
-    /// Push `addr`; false (nothing changed) when the magazine holds `cap` rounds.
-    #[inline]
-    fn push(&mut self, addr: u64, cap: usize) -> bool {
-        if self.len >= cap {
+    /// Push onto the loaded magazine; false (nothing changed) when it holds `cap`.
+    #[inline(always)]
+    fn push(&mut self, addr: u64) -> bool {
+        let m = self.loaded_index();
+        let n = self.lens[m];
+        if n >= self.cap {
             return false;
         }
-        match self.rounds.get_mut(self.len) {
+        match self.rounds[m].get_mut(n as usize) {
             Some(slot) => {
                 *slot = addr;
-                self.len += 1;
+                self.lens[m] = n + 1;
                 true
             }
             None => false,
@@ -127,60 +171,53 @@ impl Mag {
     }
 
     #[inline]
-    fn rounds(&self) -> &[u64] {
-        &self.rounds[..self.len]
-    }
-
-    /// Load the rounds of a full magazine from the depot (at most `MAGAZINE_ROUNDS`).
-    fn load(&mut self, from: &[u64]) {
-        let n = from.len().min(MAGAZINE_ROUNDS);
-        self.rounds[..n].copy_from_slice(&from[..n]);
-        self.len = n;
-    }
-}
-
-/// One CPU's pair of magazines and its counters. The *loaded* magazine is
-/// `mags[cur]`, the *previous* one `mags[cur ^ 1]`: the swap of section 3.1 flips
-/// `cur` instead of moving rounds.
-struct CpuCache {
-    cur: usize,
-    /// Rounds per magazine of this class.
-    cap: usize,
-    hits: u64,
-    misses: u64,
-    allocs: u64,
-    frees: u64,
-    mags: [Mag; 2],
-}
-
-impl CpuCache {
-    #[inline]
-    fn loaded(&mut self) -> &mut Mag {
-        &mut self.mags[self.cur & 1]
-    }
-
-    #[inline]
-    fn previous(&mut self) -> &mut Mag {
-        &mut self.mags[(self.cur & 1) ^ 1]
-    }
-
-    #[inline]
     fn swap(&mut self) {
         self.cur ^= 1;
     }
 
-    /// Push onto the loaded magazine; false when it is full.
+    /// Rounds in the previous magazine.
     #[inline]
-    fn push(&mut self, addr: u64) -> bool {
-        let cap = self.cap;
-        self.loaded().push(addr, cap)
+    fn previous_len(&self) -> u32 {
+        self.lens[self.previous_index()]
     }
 
     /// True when the previous magazine is full.
     #[inline]
-    fn previous_full(&mut self) -> bool {
-        let cap = self.cap;
-        self.previous().len >= cap
+    fn previous_full(&self) -> bool {
+        self.previous_len() >= self.cap
+    }
+
+    /// The previous magazine's rounds.
+    fn previous_rounds(&self) -> &[u64] {
+        let m = self.previous_index();
+        &self.rounds[m][..self.lens[m] as usize]
+    }
+
+    /// Empty the previous magazine.
+    fn clear_previous(&mut self) {
+        let m = self.previous_index();
+        self.lens[m] = 0;
+    }
+
+    /// Load the rounds of a full magazine from the depot into the (empty) loaded one.
+    fn load(&mut self, from: &[u64]) {
+        let m = self.loaded_index();
+        let n = from.len().min(MAGAZINE_ROUNDS);
+        self.rounds[m][..n].copy_from_slice(&from[..n]);
+        self.lens[m] = n as u32;
+    }
+
+    /// Move every round of both magazines into `out`.
+    fn drain_into(&mut self, out: &mut Vec<u64>) {
+        for m in 0..2 {
+            out.extend_from_slice(&self.rounds[m][..self.lens[m] as usize]);
+            self.lens[m] = 0;
+        }
+    }
+
+    /// Rounds held by both magazines.
+    fn held(&self) -> u64 {
+        u64::from(self.lens[0]) + u64::from(self.lens[1])
     }
 }
 
@@ -193,33 +230,25 @@ struct Depot {
     max_full: usize,
 }
 
-/// The magazine layer of one size class.
+/// The shared part of one size class's magazine layer: its depot and magazine size.
+///
+/// The per-CPU caches are not in here: the arena keeps every class's [`CpuCache`]s in
+/// one CPU-major array (module `qcache`) and passes the caller's to each operation,
+/// so a hit reaches its CPU's cache record through a pointer every class shares and
+/// does not first load a per-class descriptor (one dependent cache line less; Bonwick
+/// & Adams and illumos likewise index the per-CPU caches from the cache itself). The
+/// operations taking a `&Mutex<CpuCache>` must always be given the same class's
+/// caches (the arena's indexing guarantees it).
 pub(super) struct MagazineLayer {
-    cpus: Vec<Padded<Mutex<CpuCache>>>,
     depot: Mutex<Depot>,
     rounds: usize,
 }
 
 impl MagazineLayer {
-    /// Empty magazines of `rounds` rounds (1 to [`MAGAZINE_ROUNDS`]) for `ncpus` CPUs
-    /// (at least one).
-    pub fn new(ncpus: usize, rounds: usize) -> Self {
+    /// A layer whose magazines hold `rounds` rounds (1 to [`MAGAZINE_ROUNDS`]).
+    pub fn new(rounds: usize) -> Self {
         let rounds = rounds.clamp(1, MAGAZINE_ROUNDS);
-        let cpus = (0..ncpus.max(1))
-            .map(|_| {
-                Padded(Mutex::new(CpuCache {
-                    cur: 0,
-                    cap: rounds,
-                    hits: 0,
-                    misses: 0,
-                    allocs: 0,
-                    frees: 0,
-                    mags: [Mag::EMPTY, Mag::EMPTY],
-                }))
-            })
-            .collect();
         Self {
-            cpus,
             depot: Mutex::new(Depot {
                 full: VecDeque::new(),
                 empty: Vec::new(),
@@ -235,25 +264,17 @@ impl MagazineLayer {
         self.rounds
     }
 
-    #[inline]
-    fn cpu(&self, cpu: usize) -> &Mutex<CpuCache> {
-        // The arena passes `cpu < ncpus`; an out-of-range id shares CPU 0's magazines
-        // (correct, only slower) instead of paying a division on every operation.
-        &self.cpus.get(cpu).unwrap_or(&self.cpus[0]).0
-    }
-
-    /// Pop a round for CPU `cpu`: loaded, then previous, then a full magazine from the
-    /// depot. `None` (a miss) when all are empty.
-    #[inline]
-    pub fn alloc(&self, cpu: usize) -> Option<u64> {
-        let mut g = self.cpu(cpu).lock();
+    /// Pop a round from the CPU cache `cpu`: loaded, then previous, then a full
+    /// magazine from the depot. `None` (a miss) when all are empty.
+    #[inline(always)]
+    pub fn alloc(&self, cpu: &Mutex<CpuCache>) -> Option<u64> {
+        let mut g = cpu.lock();
         let c = &mut *g;
-        let addr = match c.loaded().pop() {
+        let addr = match c.pop() {
             Some(a) => a,
             None => self.alloc_refill(c)?,
         };
         c.hits += 1;
-        c.allocs += 1;
         Some(addr)
     }
 
@@ -262,9 +283,9 @@ impl MagazineLayer {
     /// miss, counted) when the depot has no full magazine either.
     #[cold]
     fn alloc_refill(&self, c: &mut CpuCache) -> Option<u64> {
-        if c.previous().len != 0 {
+        if c.previous_len() != 0 {
             c.swap();
-            return c.loaded().pop();
+            return c.pop();
         }
         #[cfg(gmem_loom_bug = "magazine_depot_race")]
         {
@@ -275,12 +296,12 @@ impl MagazineLayer {
             if let Some(full) = peeked {
                 let mut d = self.depot.lock();
                 let mut taken = d.full.pop_back().unwrap_or_default();
-                c.loaded().load(&full);
+                c.load(&full);
                 taken.clear();
                 d.empty.push(taken);
                 d.exchanges += 1;
                 drop(d);
-                return c.loaded().pop();
+                return c.pop();
             }
         }
         let mut d = self.depot.lock();
@@ -288,12 +309,12 @@ impl MagazineLayer {
             Some(mut full) => {
                 // Both CPU magazines are empty: the full one is loaded and its
                 // storage joins the depot's empties.
-                c.loaded().load(&full);
+                c.load(&full);
                 full.clear();
                 d.empty.push(full);
                 d.exchanges += 1;
                 drop(d);
-                c.loaded().pop()
+                c.pop()
             }
             None => {
                 c.misses += 1;
@@ -304,38 +325,45 @@ impl MagazineLayer {
 
     /// [`Self::alloc`] through an exclusive borrow: the loaded magazine is popped
     /// without taking the CPU's lock; anything else takes the locked path.
-    #[inline]
-    pub fn alloc_mut(&mut self, cpu: usize) -> Option<u64> {
-        if let Some(c) = self.cpus.get_mut(cpu) {
-            let c = c.0.get_mut();
-            if let Some(a) = c.loaded().pop() {
-                c.hits += 1;
-                c.allocs += 1;
-                return Some(a);
-            }
+    #[inline(always)]
+    pub fn alloc_mut(&self, cpu: &mut Mutex<CpuCache>) -> Option<u64> {
+        let c = cpu.get_mut();
+        if let Some(a) = c.pop() {
+            c.hits += 1;
+            return Some(a);
         }
+        self.alloc_locked(cpu)
+    }
+
+    /// [`Self::alloc`] kept out of line, for the exclusive path's rare fallback.
+    #[inline(never)]
+    fn alloc_locked(&self, cpu: &Mutex<CpuCache>) -> Option<u64> {
         self.alloc(cpu)
     }
 
     /// [`Self::free`] through an exclusive borrow: a push into a loaded magazine with
     /// room takes no lock; anything else takes the locked path.
-    #[inline]
-    pub fn free_mut(&mut self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
-        if let Some(c) = self.cpus.get_mut(cpu) {
-            let c = c.0.get_mut();
-            if c.push(addr) {
-                c.frees += 1;
-                return None;
-            }
+    #[inline(always)]
+    pub fn free_mut(&self, cpu: &mut Mutex<CpuCache>, addr: u64) -> Option<Vec<u64>> {
+        let c = cpu.get_mut();
+        if c.push(addr) {
+            c.frees += 1;
+            return None;
         }
+        self.free_locked(cpu, addr)
+    }
+
+    /// [`Self::free`] kept out of line, for the exclusive path's rare fallback.
+    #[inline(never)]
+    fn free_locked(&self, cpu: &Mutex<CpuCache>, addr: u64) -> Option<Vec<u64>> {
         self.free(cpu, addr)
     }
 
-    /// Push a freed round for CPU `cpu`. Returns a magazine the depot could not keep:
-    /// its rounds must go back to the arena.
-    #[inline]
-    pub fn free(&self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
-        let mut g = self.cpu(cpu).lock();
+    /// Push a freed round into the CPU cache `cpu`. Returns a magazine the depot could
+    /// not keep: its rounds must go back to the arena.
+    #[inline(always)]
+    pub fn free(&self, cpu: &Mutex<CpuCache>, addr: u64) -> Option<Vec<u64>> {
+        let mut g = cpu.lock();
         let c = &mut *g;
         c.frees += 1;
         if c.push(addr) {
@@ -344,12 +372,12 @@ impl MagazineLayer {
         self.put_full(c, addr)
     }
 
-    /// Load the rounds of an import (after a miss that was then served) for CPU
-    /// `cpu`. Returns rounds that did not fit.
-    pub fn fill(&self, cpu: usize, rounds: Vec<u64>) -> Option<Vec<u64>> {
-        let mut g = self.cpu(cpu).lock();
+    /// Load the rounds of an import (after a miss that was then served) into the CPU
+    /// cache `cpu`. Returns rounds that did not fit.
+    pub fn fill(&self, cpu: &Mutex<CpuCache>, rounds: Vec<u64>) -> Option<Vec<u64>> {
+        let mut g = cpu.lock();
         let c = &mut *g;
-        c.allocs += 1;
+        c.filled += 1;
         let mut spill: Option<Vec<u64>> = None;
         for addr in rounds {
             if c.push(addr) {
@@ -369,19 +397,19 @@ impl MagazineLayer {
     /// one, or trade the full previous magazine for an empty one at the depot.
     #[cold]
     fn put_full(&self, c: &mut CpuCache, addr: u64) -> Option<Vec<u64>> {
-        if c.previous().len == 0 {
+        if c.previous_len() == 0 {
             c.swap();
             c.push(addr);
             return None;
         }
         debug_assert!(c.previous_full(), "the previous magazine is full or empty");
         let mut d = self.depot.lock();
-        let rounds = c.cap;
+        let rounds = c.cap as usize;
         let mut full = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(rounds));
         // The full previous magazine goes to the depot; the (full) loaded one becomes
         // the previous, and the emptied one is loaded.
-        full.extend_from_slice(c.previous().rounds());
-        c.previous().len = 0;
+        full.extend_from_slice(c.previous_rounds());
+        c.clear_previous();
         c.swap();
         d.full.push_back(full);
         d.exchanges += 1;
@@ -393,16 +421,18 @@ impl MagazineLayer {
         }
     }
 
-    /// Take every round (both magazines of every CPU and the depot's full magazines)
-    /// into `out`, and drop the depot's empty magazines. With `shrink` (a reap because
-    /// the arena ran dry) the depot's bound on full magazines halves.
-    pub fn drain(&self, out: &mut Vec<u64>, shrink: bool) {
-        for c in &self.cpus {
-            let mut c = c.0.lock();
-            for m in &mut c.mags {
-                out.extend_from_slice(m.rounds());
-                m.len = 0;
-            }
+    /// Take every round (both magazines of each of the class's CPU caches `cpus`, and
+    /// the depot's full magazines) into `out`, and drop the depot's empty magazines.
+    /// With `shrink` (a reap because the arena ran dry) the depot's bound on full
+    /// magazines halves.
+    pub fn drain<'a>(
+        &self,
+        cpus: impl Iterator<Item = &'a Mutex<CpuCache>>,
+        out: &mut Vec<u64>,
+        shrink: bool,
+    ) {
+        for c in cpus {
+            c.lock().drain_into(out);
         }
         let mut d = self.depot.lock();
         for m in d.full.drain(..) {
@@ -414,10 +444,11 @@ impl MagazineLayer {
         }
     }
 
-    /// A consistent count: every CPU lock (ascending) and then the depot lock are held
-    /// together, so no magazine is seen twice or missed while it moves.
-    pub fn counts(&self) -> CacheCounts {
-        let guards: Vec<_> = self.cpus.iter().map(|c| c.0.lock()).collect();
+    /// A consistent count over the class's CPU caches `cpus` (in ascending CPU order):
+    /// every CPU lock and then the depot lock are held together, so no magazine is
+    /// seen twice or missed while it moves.
+    pub fn counts<'a>(&self, cpus: impl Iterator<Item = &'a Mutex<CpuCache>>) -> CacheCounts {
+        let guards: Vec<_> = cpus.map(|c| c.lock()).collect();
         let d = self.depot.lock();
         let mut n = CacheCounts {
             exchanges: d.exchanges,
@@ -425,10 +456,10 @@ impl MagazineLayer {
         };
         n.objects = d.full.iter().map(|m| m.len() as u64).sum();
         for c in &guards {
-            n.objects += (c.mags[0].len + c.mags[1].len) as u64;
+            n.objects += c.held();
             n.hits += c.hits;
             n.misses += c.misses;
-            n.allocs += c.allocs;
+            n.allocs += c.hits + c.filled;
             n.frees += c.frees;
         }
         n
@@ -439,11 +470,46 @@ impl MagazineLayer {
 mod tests {
     use super::*;
 
+    /// One class's layer with its own CPU caches, driven by CPU id as the arena does.
+    struct MagazineLayerTest {
+        layer: MagazineLayer,
+        cpus: Vec<Padded<Mutex<CpuCache>>>,
+    }
+
+    impl MagazineLayerTest {
+        fn new(ncpus: usize, rounds: usize) -> Self {
+            let layer = MagazineLayer::new(rounds);
+            let cpus = (0..ncpus)
+                .map(|_| Padded(Mutex::new(CpuCache::new(layer.rounds()))))
+                .collect();
+            Self { layer, cpus }
+        }
+        fn rounds(&self) -> usize {
+            self.layer.rounds()
+        }
+        fn alloc(&self, cpu: usize) -> Option<u64> {
+            self.layer.alloc(&self.cpus[cpu].0)
+        }
+        fn free(&self, cpu: usize, addr: u64) -> Option<Vec<u64>> {
+            self.layer.free(&self.cpus[cpu].0, addr)
+        }
+        fn fill(&self, cpu: usize, rounds: Vec<u64>) -> Option<Vec<u64>> {
+            self.layer.fill(&self.cpus[cpu].0, rounds)
+        }
+        fn drain(&self, out: &mut Vec<u64>, shrink: bool) {
+            self.layer
+                .drain(self.cpus.iter().map(|c| &c.0), out, shrink);
+        }
+        fn counts(&self) -> CacheCounts {
+            self.layer.counts(self.cpus.iter().map(|c| &c.0))
+        }
+    }
+
     const M: usize = MAGAZINE_ROUNDS;
 
     #[test]
     fn a_miss_on_an_empty_layer_then_hits_after_frees_in_lifo_order() {
-        let l = MagazineLayer::new(2, M);
+        let l = MagazineLayerTest::new(2, M);
         assert_eq!(l.alloc(0), None);
         assert!(l.free(0, 1).is_none());
         assert!(l.free(0, 2).is_none());
@@ -455,7 +521,7 @@ mod tests {
 
     #[test]
     fn two_full_magazines_are_kept_per_cpu_before_the_depot_is_used() {
-        let l = MagazineLayer::new(1, M);
+        let l = MagazineLayerTest::new(1, M);
         for a in 0..(2 * M) as u64 {
             assert!(l.free(0, a).is_none());
         }
@@ -467,7 +533,7 @@ mod tests {
 
     #[test]
     fn a_cpu_gets_a_full_magazine_from_the_depot_that_another_cpu_filled() {
-        let l = MagazineLayer::new(2, M);
+        let l = MagazineLayerTest::new(2, M);
         for a in 0..(2 * M + 1) as u64 {
             l.free(0, a);
         }
@@ -483,7 +549,7 @@ mod tests {
 
     #[test]
     fn the_depot_flushes_its_oldest_full_magazine_beyond_its_bound() {
-        let l = MagazineLayer::new(1, M);
+        let l = MagazineLayerTest::new(1, M);
         let mut flushed = Vec::new();
         let n = (2 + DEPOT_MAX_FULL) * M + 1;
         for a in 0..n as u64 {
@@ -497,7 +563,7 @@ mod tests {
 
     #[test]
     fn drain_takes_every_round_and_leaves_the_layer_empty() {
-        let l = MagazineLayer::new(3, M);
+        let l = MagazineLayerTest::new(3, M);
         for a in 0..200u64 {
             l.free((a % 3) as usize, a);
         }
@@ -521,7 +587,7 @@ mod tests {
 
     #[test]
     fn a_two_round_class_trades_with_the_depot_after_four_frees() {
-        let l = MagazineLayer::new(1, 2);
+        let l = MagazineLayerTest::new(1, 2);
         assert_eq!(l.rounds(), 2);
         for a in 0..4u64 {
             assert!(l.free(0, a).is_none());
@@ -538,7 +604,7 @@ mod tests {
 
     #[test]
     fn a_shrinking_drain_halves_the_depot_bound() {
-        let l = MagazineLayer::new(1, M);
+        let l = MagazineLayerTest::new(1, M);
         let mut out = Vec::new();
         l.drain(&mut out, true);
         let mut flushed = Vec::new();
@@ -562,7 +628,7 @@ mod tests {
 
     #[test]
     fn fill_loads_an_import_and_spills_what_does_not_fit() {
-        let l = MagazineLayer::new(1, M);
+        let l = MagazineLayerTest::new(1, M);
         assert!(l.fill(0, (0..M as u64).collect()).is_none());
         assert_eq!(l.counts().objects, M as u64);
         assert_eq!(l.counts().allocs, 1);

@@ -114,7 +114,10 @@
 //! local; the depot balances CPUs that mostly allocate against CPUs that mostly free.
 //! A CPU's two magazines hold their rounds inline in its cache record and the swap
 //! flips an index, so a hit is a lock, a pop or push in lines the CPU already owns,
-//! and an unlock: no pointer is followed and no rounds move. The depot keeps its
+//! and an unlock: no pointer is followed and no rounds move. The records of every
+//! class sit in one CPU-major array reached from the caches' base pointer, with the
+//! lock, fill levels and counters in one header line, so a hit touches two lines of
+//! its class (header, round) and no per-class descriptor; the depots live apart. The depot keeps its
 //! magazines as vectors and an exchange copies one magazine's rounds (at most once per
 //! 32 operations in one direction).
 //!
@@ -168,7 +171,7 @@ pub use stats::ArenaStats;
 
 use allocator::SegmentAllocator;
 use constraint::Placement;
-use qcache::{QuantumCaches, SizeClass};
+use qcache::{Class, QuantumCaches};
 use seglist::Kind;
 
 use crate::platform::Platform;
@@ -341,9 +344,9 @@ impl Arena {
         if fit != FitPolicy::NextFit && Placement::check_size(size, self.config.quantum).is_ok() {
             let cpu = self.cpu();
             let injecting = self.fail_every.load(Ordering::Relaxed) != 0;
-            if let (Some(class), false) = (self.caches.class_of_mut(size), injecting) {
+            if let (Some(mut class), false) = (self.caches.class_of_mut(size), injecting) {
                 if let Some(addr) = class.alloc_mut(cpu) {
-                    class.track(addr);
+                    class.shared().track(addr);
                     return Ok(addr);
                 }
                 // The miss is counted; import as `cache_alloc` does after one.
@@ -372,8 +375,8 @@ impl Arena {
             return Err(FreeError::Unaligned { addr, size });
         }
         let cpu = self.cpu();
-        if let Some(class) = self.caches.class_of_mut(size) {
-            if class.untrack(addr) {
+        if let Some(mut class) = self.caches.class_of_mut(size) {
+            if class.shared().untrack(addr) {
                 if let Some(flush) = class.free_mut(cpu, addr) {
                     self.release(&flush);
                 }
@@ -572,7 +575,7 @@ impl Arena {
     /// Allocate from a quantum cache; on a miss import a batch (reaping and retrying
     /// once if the arena is full).
     #[inline]
-    fn cache_alloc(&self, class: &SizeClass) -> Result<u64, AllocError> {
+    fn cache_alloc(&self, class: Class<'_>) -> Result<u64, AllocError> {
         let cpu = self.cpu();
         if let Some(addr) = class.alloc(cpu) {
             class.track(addr);
@@ -583,7 +586,7 @@ impl Arena {
 
     /// After a cache miss on `cpu`: import a batch into `class` and hand out one of
     /// it (reaping and retrying once if the arena is full).
-    fn cache_import(&self, class: &SizeClass, cpu: usize) -> Result<u64, AllocError> {
+    fn cache_import(&self, class: Class<'_>, cpu: usize) -> Result<u64, AllocError> {
         let mut batch = Vec::with_capacity(class.import_count());
         loop {
             self.segments
