@@ -9,7 +9,7 @@
 //! rows (the experiment's hotspot) and by Rodinia's 2D tiles
 //! (`gmem_hbm::hotspot2d`), under fine grain, fine grain + affinity and CODA.
 
-use crate::coda_report::{Row, Size};
+use crate::coda_report::{MeasuredClass, Row, Size};
 use gmem_hbm::coda::{run, Config, Inputs};
 use gmem_hbm::cost::Bound;
 use gmem_hbm::hotspot2d::Hotspot2d;
@@ -29,6 +29,11 @@ pub struct TileRow {
     pub remote_fraction: f64,
     /// Share of the pages touched by 16 or more blocks of one launch.
     pub pages_16_plus: f64,
+    /// Share of the pages touched from one stack in every launch (under this
+    /// configuration's scheduling).
+    pub one_stack: f64,
+    /// The class CODA §6's rule gives this run's pages.
+    pub measured_class: &'static str,
     /// Result equals the CPU reference.
     pub verified: bool,
 }
@@ -66,6 +71,11 @@ pub fn tiles(cfg: &HbmConfig, size: Size) -> Result<Vec<TileRow>, String> {
                 .map_err(|e| format!("{} / {}: {e}", w.name(), k.name()))?;
             let time = r.report.time_ns(cfg);
             let fgp = *base.get_or_insert(time);
+            let class = MeasuredClass::of(
+                w.as_ref(),
+                &r.report.blocks_per_page,
+                &r.report.stacks_per_page,
+            );
             let pages: u64 = r.report.blocks_per_page.values().sum();
             let many: u64 = r.report.blocks_per_page.range(16..).map(|(_, n)| n).sum();
             out.push(TileRow {
@@ -74,6 +84,8 @@ pub fn tiles(cfg: &HbmConfig, size: Size) -> Result<Vec<TileRow>, String> {
                 speedup_vs_fgp: fgp / time,
                 remote_fraction: r.report.traffic().remote_fraction(),
                 pages_16_plus: many as f64 / pages.max(1) as f64,
+                one_stack: class.one_stack,
+                measured_class: class.measured,
                 verified: r.verified,
             });
         }
@@ -87,17 +99,19 @@ pub fn tiles_table(rows: &[TileRow]) -> String {
         "\nhotspot decomposition (same grid; rows = the experiment's, 2d = Rodinia's 16x16 tiles):\n",
     );
     s += &format!(
-        "{:<12} {:<12} {:>8} {:>7} {:>14} {:>5}\n",
-        "workload", "config", "speedup", "remote", "pages by >=16", "ok"
+        "{:<12} {:<12} {:>8} {:>7} {:>14} {:>10} {:<16} {:>5}\n",
+        "workload", "config", "speedup", "remote", "pages by >=16", "one stack", "§6 class", "ok"
     );
     for r in rows {
         s += &format!(
-            "{:<12} {:<12} {:>7.2}x {:>6.1}% {:>13.1}% {:>5}\n",
+            "{:<12} {:<12} {:>7.2}x {:>6.1}% {:>13.1}% {:>9.1}% {:<16} {:>5}\n",
             r.workload,
             r.config,
             r.speedup_vs_fgp,
             r.remote_fraction * 100.0,
             r.pages_16_plus * 100.0,
+            r.one_stack * 100.0,
+            r.measured_class,
             r.verified
         );
     }

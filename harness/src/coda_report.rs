@@ -136,6 +136,78 @@ pub struct Measured {
     pub rows: Vec<Row>,
     /// Fig. 3: per workload, pages by the number of blocks (of one launch) touching them.
     pub fig3: BTreeMap<String, BTreeMap<u32, u64>>,
+    /// Per workload, its class by CODA §6's rule, measured on its CODA run.
+    pub classes: Vec<MeasuredClass>,
+}
+
+/// A workload's class as CODA §6 defines it, from the pages its SMs touched: more than
+/// 90% of pages touched by one thread block makes it *block-exclusive*, by one memory
+/// stack *core-exclusive*; more than 60%, *block-majority* / *core-majority*; otherwise
+/// *sharing*. Measured on the CODA run (affinity scheduling, which decides which
+/// stack a block runs in); printed beside the class the workload is labelled with,
+/// so a label the measurement contradicts shows. Informational: no claim uses it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MeasuredClass {
+    /// Workload name.
+    pub workload: String,
+    /// The class it is labelled with (and averaged in).
+    pub label: &'static str,
+    /// Share of its pages touched by one thread block in every launch.
+    pub one_block: f64,
+    /// Share of its pages touched from one stack in every launch.
+    pub one_stack: f64,
+    /// The class §6's rule gives.
+    pub measured: &'static str,
+}
+
+impl MeasuredClass {
+    pub(crate) fn of(
+        w: &dyn Workload,
+        blocks: &BTreeMap<u32, u64>,
+        stacks: &BTreeMap<u32, u64>,
+    ) -> MeasuredClass {
+        let share = |h: &BTreeMap<u32, u64>| {
+            let total: u64 = h.values().sum();
+            h.get(&1).copied().unwrap_or(0) as f64 / total.max(1) as f64
+        };
+        let (one_block, one_stack) = (share(blocks), share(stacks));
+        let measured = if one_block > 0.9 {
+            "block-exclusive"
+        } else if one_stack > 0.9 {
+            "core-exclusive"
+        } else if one_block > 0.6 {
+            "block-majority"
+        } else if one_stack > 0.6 {
+            "core-majority"
+        } else {
+            "sharing"
+        };
+        MeasuredClass {
+            workload: w.name(),
+            label: w.class().name(),
+            one_block,
+            one_stack,
+            measured,
+        }
+    }
+}
+
+fn classes_table(classes: &[MeasuredClass]) -> String {
+    let mut s = format!(
+        "{:<17} {:<16} {:>10} {:>10}  {}\n",
+        "workload", "labelled", "one block", "one stack", "measured (CODA run, §6's rule)"
+    );
+    for c in classes {
+        s += &format!(
+            "{:<17} {:<16} {:>9.1}% {:>9.1}%  {}\n",
+            c.workload,
+            c.label,
+            c.one_block * 100.0,
+            c.one_stack * 100.0,
+            c.measured
+        );
+    }
+    s
 }
 
 fn with(cfg: &HbmConfig, remote: f64) -> HbmConfig {
@@ -197,6 +269,7 @@ fn row(
 pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, String> {
     let mut rows = Vec::new();
     let mut fig3 = BTreeMap::new();
+    let mut classes = Vec::new();
     for w in workloads(size) {
         let name = w.name();
         if progress {
@@ -220,6 +293,13 @@ pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, 
             if config == Config::Fgp {
                 fig3.insert(name.clone(), r.report.blocks_per_page.clone());
             }
+            if config == Config::Coda {
+                classes.push(MeasuredClass::of(
+                    w.as_ref(),
+                    &r.report.blocks_per_page,
+                    &r.report.stacks_per_page,
+                ));
+            }
             results.push((config, r));
         }
         let base = results[0].1.clone();
@@ -239,7 +319,11 @@ pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, 
             rows.push(row(w.as_ref(), *config, true, r, cfg, &hbase));
         }
     }
-    Ok(Measured { rows, fig3 })
+    Ok(Measured {
+        rows,
+        fig3,
+        classes,
+    })
 }
 
 /// One workload's fine-grain and CODA runs with the data caches off (the ablation).
@@ -739,6 +823,7 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
         "rows": m.rows,
         "no_caches": off,
         "fig3": m.fig3,
+        "measured_classes": m.classes,
         "hotspot_tiles": tiles,
         "claims": claims,
         "verified": verified,
@@ -769,6 +854,8 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
             print!("{}", table(&m.rows, "host"));
             println!("\nFig. 3 (fine grain): pages by the number of thread blocks of one launch touching them:");
             print!("{}", fig3_table(&m.fig3));
+            println!("\nclasses by CODA §6's rule (>90% of pages by one block / one stack: block- / core-exclusive; >60%: -majority; else sharing):");
+            print!("{}", classes_table(&m.classes));
             println!("\nexpected shape:");
             for c in &claims {
                 println!(
@@ -805,6 +892,25 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
 mod tests {
     use super::*;
 
+    /// §6's thresholds, in their order: one block before one stack, 90% before 60%.
+    #[test]
+    fn the_measured_class_follows_section_6s_rule() {
+        let w = VecAdd { n: 1 };
+        let h = |one: u64, more: u64| BTreeMap::from([(1, one), (2, more)]);
+        let class = |b: (u64, u64), st: (u64, u64)| {
+            MeasuredClass::of(&w, &h(b.0, b.1), &h(st.0, st.1)).measured
+        };
+        assert_eq!(class((95, 5), (0, 100)), "block-exclusive");
+        assert_eq!(class((50, 50), (91, 9)), "core-exclusive");
+        assert_eq!(class((61, 39), (61, 39)), "block-majority");
+        assert_eq!(class((10, 90), (70, 30)), "core-majority");
+        assert_eq!(class((60, 40), (60, 40)), "sharing");
+        assert_eq!(
+            MeasuredClass::of(&w, &h(90, 10), &h(0, 0)).label,
+            "block-exclusive"
+        );
+    }
+
     #[test]
     fn tiny_runs_verify_and_every_row_has_the_issues_fields() {
         let cfg = HbmConfig {
@@ -815,6 +921,13 @@ mod tests {
         assert_eq!(m.rows.len(), 10 * (Config::ALL.len() + 3));
         assert!(m.rows.iter().all(|r| r.verified));
         assert_eq!(m.fig3.len(), 10);
+        // Every workload is classified by §6's rule; under CODA's affinity vector
+        // add's pages are each one stack's (at this size a page holds several
+        // blocks' elements, so not one block's).
+        assert_eq!(m.classes.len(), 10);
+        let vecadd = m.classes.iter().find(|c| c.workload == "vecadd").unwrap();
+        assert!(vecadd.one_stack > 0.99, "{vecadd:?}");
+        assert!(vecadd.measured.ends_with("-exclusive"), "{vecadd:?}");
         let v = serde_json::to_value(&m.rows[0]).unwrap();
         for k in [
             "workload",

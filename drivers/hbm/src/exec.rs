@@ -98,6 +98,10 @@ struct Record {
     blocks: HashMap<u64, (u32, u64, u32, u32)>,
     /// Per page: the stack of the first SM touching it.
     first_stack: HashMap<u64, u32>,
+    /// Per page touched by an SM: `(launch, stacks of this launch's SMs touching it as a
+    /// bit mask, most stacks in any launch)`. Kept only for machines of at most 64
+    /// stacks (the mask's width).
+    stacks: HashMap<u64, (u32, u64, u32)>,
     migrations: u64,
     migrations_fine: u64,
     samples: Vec<(u64, u64)>,
@@ -153,6 +157,14 @@ impl Ctx<'_> {
                 continue;
             };
             let stack = cfg.stack_of_sm(sm);
+            if stack < 64 {
+                let e = self.rec.stacks.entry(page).or_insert((self.launch, 0, 0));
+                if e.0 != self.launch {
+                    *e = (self.launch, 0, e.2);
+                }
+                e.1 |= 1 << stack;
+                e.2 = e.2.max(e.1.count_ones());
+            }
             if self.rec.first_stack.contains_key(&page) {
                 continue;
             }
@@ -330,6 +342,12 @@ pub struct ExecReport {
     /// Pages by the most distinct thread blocks of one launch touching them:
     /// `histogram[k]` pages touched by `k` blocks (`k` ≥ 1).
     pub blocks_per_page: BTreeMap<u32, u64>,
+    /// Pages touched by the SMs, by the most distinct stacks (of the SMs touching them
+    /// in one launch): `histogram[k]` pages touched from `k` stacks. With
+    /// [`ExecReport::blocks_per_page`] this is what CODA §6 classifies a benchmark by
+    /// (block-exclusive, core-exclusive, ...). Empty on a machine of more than 64
+    /// stacks.
+    pub stacks_per_page: BTreeMap<u32, u64>,
     /// Per page number: the stack of the first SM touching it.
     pub first_stack: HashMap<u64, u32>,
     /// Pages moved by first-touch migration.
@@ -478,6 +496,9 @@ impl<'m> Exec<'m> {
     pub fn finish(mut self) -> ExecReport {
         for &(_, _, _, most) in self.rec.blocks.values() {
             *self.report.blocks_per_page.entry(most).or_insert(0) += 1;
+        }
+        for &(_, _, most) in self.rec.stacks.values() {
+            *self.report.stacks_per_page.entry(most).or_insert(0) += 1;
         }
         self.report.first_stack = self.rec.first_stack;
         self.report.migrations = self.rec.migrations;
