@@ -23,6 +23,7 @@ enum Style {
 
 /// Thread `t` sums `src[j·stride + t]` for `j < loads` (each load a different page when
 /// `stride` is a page's words) and stores the sum at `dst + 4t`.
+#[derive(Clone, Copy)]
 struct Sum {
     n: u64,
     src: u64,
@@ -34,12 +35,7 @@ struct Sum {
 
 struct SumWarp {
     first: u64,
-    n: u64,
-    src: u64,
-    dst: u64,
-    stride: u64,
-    loads: usize,
-    style: Style,
+    k: Sum,
     step: usize,
     acc: [u32; 32],
 }
@@ -59,12 +55,7 @@ impl Kernel for Sum {
     fn warp(&self, block: u64, warp: u32) -> SumWarp {
         SumWarp {
             first: block * 64 + u64::from(warp) * 32,
-            n: self.n,
-            src: self.src,
-            dst: self.dst,
-            stride: self.stride,
-            loads: self.loads,
-            style: self.style,
+            k: *self,
             step: 0,
             acc: [0; 32],
         }
@@ -73,7 +64,7 @@ impl Kernel for Sum {
 
 impl SumWarp {
     fn lanes(&self, io: &mut WarpIo, j: usize) -> bool {
-        let (first, n, src, stride) = (self.first, self.n, self.src, self.stride);
+        let (first, n, src, stride) = (self.first, self.k.n, self.k.src, self.k.stride);
         io.lanes(|l| {
             let t = first + l as u64;
             (t < n).then_some(src + 4 * (j as u64 * stride + t))
@@ -85,8 +76,8 @@ impl WarpProgram for SumWarp {
     fn next(&mut self, io: &mut WarpIo) -> Op {
         let s = self.step;
         self.step += 1;
-        let loads = self.loads;
-        match self.style {
+        let loads = self.k.loads;
+        match self.k.style {
             Style::Blocking => {
                 if s > 0 && s <= loads {
                     for l in 0..32 {
@@ -121,9 +112,9 @@ impl WarpProgram for SumWarp {
                 }
             }
             Style::Reuse | Style::NoWait | Style::OutOfRange => {
-                if s == 0 || (s == 1 && self.style == Style::Reuse) {
+                if s == 0 || (s == 1 && self.k.style == Style::Reuse) {
                     self.lanes(io, 0);
-                    let r = if self.style == Style::OutOfRange {
+                    let r = if self.k.style == Style::OutOfRange {
                         LOAD_REGS as u8
                     } else {
                         0
@@ -133,13 +124,13 @@ impl WarpProgram for SumWarp {
                 return Op::Exit;
             }
         }
-        let store_at = if self.style == Style::Blocking {
+        let store_at = if self.k.style == Style::Blocking {
             loads
         } else {
             loads + 1
         };
         if s == store_at {
-            let (first, n, dst) = (self.first, self.n, self.dst);
+            let (first, n, dst) = (self.first, self.k.n, self.k.dst);
             io.lanes(|l| {
                 let t = first + l as u64;
                 (t < n).then_some(dst + 4 * t)
