@@ -6,14 +6,15 @@
 //! two; one bound by its SMs under both gains little.
 //!
 //! Also the hotspot decomposition ablation ([`tiles`]): the same grid split by whole
-//! rows (the experiment's hotspot) and by Rodinia's 2D tiles
-//! (`gmem_hbm::hotspot2d`), under fine grain, fine grain + affinity and CODA.
+//! rows (the experiment's hotspot, whose runs the measurement already made) and by
+//! Rodinia's 2D tiles (`gmem_hbm::hotspot2d`), under fine grain, fine grain +
+//! affinity and CODA.
 
-use crate::coda_report::{MeasuredClass, Row, Size};
-use gmem_hbm::coda::{run, Config, Inputs};
+use crate::coda_report::{Measured, MeasuredClass, Row, Size};
+use gmem_hbm::coda::{run, Config, Inputs, RunResult};
 use gmem_hbm::cost::Bound;
 use gmem_hbm::hotspot2d::Hotspot2d;
-use gmem_hbm::workloads::{Hotspot, Workload};
+use gmem_hbm::workloads::Workload;
 use gmem_hbm::HbmConfig;
 
 /// One run of the hotspot decomposition ablation.
@@ -38,57 +39,66 @@ pub struct TileRow {
     pub verified: bool,
 }
 
-/// Run the experiment's hotspot grid split by rows and by 16 × 16 tiles under fine
-/// grain, fine grain + affinity and CODA.
+/// The configurations a [`TileRow`] is measured under.
+pub const TILE_CONFIGS: [Config; 3] = [Config::Fgp, Config::FgpAffinity, Config::Coda];
+
+/// The decomposition figures of `w`'s run `r` under `k`; `fgp_ns` is the same
+/// workload's fine-grain-only time.
+pub(crate) fn tile_row(
+    w: &dyn Workload,
+    k: Config,
+    r: &RunResult,
+    fgp_ns: f64,
+    cfg: &HbmConfig,
+) -> TileRow {
+    let class = MeasuredClass::of(w, &r.report.blocks_per_page, &r.report.stacks_per_page);
+    let pages: u64 = r.report.blocks_per_page.values().sum();
+    let many: u64 = r.report.blocks_per_page.range(16..).map(|(_, n)| n).sum();
+    TileRow {
+        workload: w.name(),
+        config: k.name(),
+        speedup_vs_fgp: fgp_ns / r.report.time_ns(cfg),
+        remote_fraction: r.report.traffic().remote_fraction(),
+        pages_16_plus: many as f64 / pages.max(1) as f64,
+        one_stack: class.one_stack,
+        measured_class: class.measured,
+        verified: r.verified,
+    }
+}
+
+/// The hotspot decomposition ablation: the experiment's row-split hotspot, whose
+/// rows `measure` already produced (its [`Measured::layouts`]), beside the same grid
+/// split into 16 × 16 tiles, run here under [`TILE_CONFIGS`].
 ///
 /// # Errors
-/// A machine failure, naming the run.
-pub fn tiles(cfg: &HbmConfig, size: Size) -> Result<Vec<TileRow>, String> {
+/// A machine failure, naming the run; a measurement without the row-split hotspot.
+pub fn tiles(cfg: &HbmConfig, size: Size, m: &Measured) -> Result<Vec<TileRow>, String> {
     let rows = match size {
         Size::Tiny => 32,
         Size::Quick => 256,
         Size::Full => 1024,
     };
-    let split: [Box<dyn Workload>; 2] = [
-        Box::new(Hotspot {
-            rows,
-            cols: 256,
-            rows_per_block: 2,
-            steps: 2,
-        }),
-        Box::new(Hotspot2d {
-            rows,
-            cols: 256,
-            tile: 16,
-            steps: 2,
-        }),
-    ];
-    let mut out = Vec::new();
-    for w in &split {
-        let mut base = None;
-        for k in [Config::Fgp, Config::FgpAffinity, Config::Coda] {
-            let r = run(cfg, w.as_ref(), k, false, &Inputs::default())
-                .map_err(|e| format!("{} / {}: {e}", w.name(), k.name()))?;
-            let time = r.report.time_ns(cfg);
-            let fgp = *base.get_or_insert(time);
-            let class = MeasuredClass::of(
-                w.as_ref(),
-                &r.report.blocks_per_page,
-                &r.report.stacks_per_page,
-            );
-            let pages: u64 = r.report.blocks_per_page.values().sum();
-            let many: u64 = r.report.blocks_per_page.range(16..).map(|(_, n)| n).sum();
-            out.push(TileRow {
-                workload: w.name(),
-                config: k.name(),
-                speedup_vs_fgp: fgp / time,
-                remote_fraction: r.report.traffic().remote_fraction(),
-                pages_16_plus: many as f64 / pages.max(1) as f64,
-                one_stack: class.one_stack,
-                measured_class: class.measured,
-                verified: r.verified,
-            });
-        }
+    let mut out: Vec<TileRow> = m
+        .layouts
+        .iter()
+        .filter(|r| r.workload == "hotspot")
+        .cloned()
+        .collect();
+    if out.len() != TILE_CONFIGS.len() {
+        return Err("coda tiles: the measurement has no row-split hotspot runs".into());
+    }
+    let w = Hotspot2d {
+        rows,
+        cols: 256,
+        tile: 16,
+        steps: 2,
+    };
+    let mut fgp = None;
+    for k in TILE_CONFIGS {
+        let r = run(cfg, &w, k, false, &Inputs::default())
+            .map_err(|e| format!("{} / {}: {e}", w.name(), k.name()))?;
+        let base = *fgp.get_or_insert(r.report.time_ns(cfg));
+        out.push(tile_row(&w, k, &r, base, cfg));
     }
     Ok(out)
 }
@@ -199,7 +209,9 @@ mod tests {
 
     #[test]
     fn coda_tiles_verify_and_the_2d_hotspot_pages_are_widely_shared() {
-        let rows = tiles(&HbmConfig::default(), Size::Tiny).unwrap();
+        let cfg = HbmConfig::default();
+        let m = measure(&cfg, Size::Tiny, false).unwrap();
+        let rows = tiles(&cfg, Size::Tiny, &m).unwrap();
         assert_eq!(rows.len(), 6);
         assert!(rows.iter().all(|r| r.verified));
         let fgp = |w: &str| {

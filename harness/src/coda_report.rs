@@ -138,6 +138,10 @@ pub struct Measured {
     pub fig3: BTreeMap<String, BTreeMap<u32, u64>>,
     /// Per workload, its class by CODA §6's rule, measured on its CODA run.
     pub classes: Vec<MeasuredClass>,
+    /// Per workload and near-data configuration of
+    /// [`crate::coda_bounds::TILE_CONFIGS`], how its pages are shared (the hotspot
+    /// decomposition ablation takes the row-split hotspot's from here).
+    pub layouts: Vec<crate::coda_bounds::TileRow>,
 }
 
 /// A workload's class as CODA §6 defines it, from the pages its SMs touched: more than
@@ -270,6 +274,7 @@ pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, 
     let mut rows = Vec::new();
     let mut fig3 = BTreeMap::new();
     let mut classes = Vec::new();
+    let mut layouts = Vec::new();
     for w in workloads(size) {
         let name = w.name();
         if progress {
@@ -305,6 +310,16 @@ pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, 
         let base = results[0].1.clone();
         for (config, r) in &results {
             rows.push(row(w.as_ref(), *config, false, r, cfg, &base));
+            if crate::coda_bounds::TILE_CONFIGS.contains(config) {
+                let fgp = base.report.time_ns(cfg);
+                layouts.push(crate::coda_bounds::tile_row(
+                    w.as_ref(),
+                    *config,
+                    r,
+                    fgp,
+                    cfg,
+                ));
+            }
         }
         let host: Vec<(Config, RunResult)> = [Config::Fgp, Config::Cgp, Config::Coda]
             .into_iter()
@@ -323,6 +338,7 @@ pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, 
         rows,
         fig3,
         classes,
+        layouts,
     })
 }
 
@@ -779,7 +795,7 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
     let t0 = std::time::Instant::now();
     let size = if quick { Size::Quick } else { Size::Full };
     let m = measure(&cfg, size, output == Output::Table)?;
-    let tiles = crate::coda_bounds::tiles(&cfg, size)?;
+    let tiles = crate::coda_bounds::tiles(&cfg, size, &m)?;
     if output == Output::Table {
         eprintln!("coda: the same fine-grain and CODA runs with the data caches off ...");
     }

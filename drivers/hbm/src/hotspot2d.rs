@@ -12,9 +12,8 @@
 
 use crate::exec::Exec;
 use crate::machine::{HbmMachine, MachineError};
-use crate::memory::Requester;
 use crate::placement::AffineIndex;
-use crate::workloads::{data, Class, Descriptor, Hotspot, Object, Workload};
+use crate::workloads::{Class, Descriptor, Hotspot, Object, Workload};
 use std::string::String;
 use std::vec::Vec;
 
@@ -29,8 +28,6 @@ pub struct Hotspot2d {
     /// Steps (ping-pong between two grids).
     pub steps: u32,
 }
-
-const HOST: Requester = Requester::Host;
 
 impl Hotspot2d {
     fn tiles_per_row(&self) -> u64 {
@@ -47,11 +44,6 @@ impl Hotspot2d {
     }
 }
 
-/// One cell of the stencil, the expression of [`Hotspot`]'s step.
-fn cell(me: f32, n: f32, s: f32, w: f32, e: f32, p: f32) -> f32 {
-    me + 0.1 * (n + s + w + e - 4.0 * me) + 0.05 * p
-}
-
 impl Workload for Hotspot2d {
     fn name(&self) -> String {
         "hotspot-2d".into()
@@ -60,7 +52,6 @@ impl Workload for Hotspot2d {
         Class::CoreExclusive
     }
     fn objects(&self) -> Vec<Object> {
-        let bytes = self.rows * self.cols * 4;
         let t = self.tile.max(1);
         // What the compiler pass sees of `temp[(by·T + ty)·cols + bx·T + tx]` when
         // consecutive blocks differ in `bx`: a block stride of T elements, T + 2 rows
@@ -86,21 +77,14 @@ impl Workload for Hotspot2d {
             },
             t * t,
         );
-        [("temp", grid), ("power", own), ("temp2", grid)]
-            .map(|(name, descriptor)| Object {
-                name,
-                bytes,
-                descriptor,
-            })
-            .to_vec()
+        self.reference().objects_with(grid, own)
     }
     fn init(&self, m: &HbmMachine, base: &[u64]) -> Result<(), MachineError> {
-        let n = (self.rows * self.cols) as usize;
-        m.store_f32s(HOST, base[0], &data(n, 5))?;
-        m.store_f32s(HOST, base[1], &data(n, 6))
+        self.reference().init(m, base)
     }
     fn run(&self, x: &mut Exec<'_>, base: &[u64]) -> Result<(), MachineError> {
         let (rows, cols, t) = (self.rows, self.cols, self.tile.max(1));
+        let stencil = self.reference();
         let gx = self.tiles_per_row();
         let blocks = rows.div_ceil(t) * gx;
         for step in 0..self.steps {
@@ -120,18 +104,14 @@ impl Workload for Hotspot2d {
                 for r in lo..hi {
                     tile.extend(c.load_f32s(from + (r * cols + cl) * 4, width)?);
                 }
-                let at = |r: u64, col: u64| tile[(r - lo) as usize * width + (col - cl) as usize];
+                let (lo_, cl_) = (lo as usize, cl as usize);
+                let at = |r: usize, col: usize| tile[(r - lo_) * width + (col - cl_)];
                 let mut cells = 0u64;
                 for r in r0..r1 {
                     let p = c.load_f32s(base[1] + (r * cols + c0) * 4, (c1 - c0) as usize)?;
                     let mut out = Vec::with_capacity(p.len());
                     for (col, &pv) in (c0..c1).zip(&p) {
-                        let me = at(r, col);
-                        let n = if r > 0 { at(r - 1, col) } else { me };
-                        let s = if r + 1 < rows { at(r + 1, col) } else { me };
-                        let w = if col > 0 { at(r, col - 1) } else { me };
-                        let e = if col + 1 < cols { at(r, col + 1) } else { me };
-                        out.push(cell(me, n, s, w, e, pv));
+                        out.push(stencil.cell(at, r as usize, col as usize, pv));
                     }
                     cells += out.len() as u64;
                     c.store_f32s(to + (r * cols + c0) * 4, &out)?;
@@ -145,19 +125,8 @@ impl Workload for Hotspot2d {
         Ok(())
     }
     fn verify(&self, m: &HbmMachine, base: &[u64]) -> Result<bool, MachineError> {
-        let n = (self.rows * self.cols) as usize;
-        let h = self.reference();
-        let mut t = data(n, 5);
-        let p = data(n, 6);
-        for _ in 0..self.steps {
-            t = h.step(&t, &p, 0, self.rows as usize, 0);
-        }
-        let at = if self.steps % 2 == 1 {
-            base[2]
-        } else {
-            base[0]
-        };
-        Ok(m.load_f32s(HOST, at, n)? == t)
+        // The whole-grid CPU step does not depend on the decomposition.
+        self.reference().verify(m, base)
     }
 }
 

@@ -307,20 +307,44 @@ pub struct Hotspot {
 
 impl Hotspot {
     pub(crate) fn step(&self, t: &[f32], p: &[f32], r0: usize, r1: usize, lo: usize) -> Vec<f32> {
-        let (rows, cols) = (self.rows as usize, self.cols as usize);
+        let cols = self.cols as usize;
         let at = |r: usize, c: usize| t[(r - lo) * cols + c];
         let mut out = Vec::with_capacity((r1 - r0) * cols);
         for r in r0..r1 {
             for c in 0..cols {
-                let me = at(r, c);
-                let n = if r > 0 { at(r - 1, c) } else { me };
-                let s = if r + 1 < rows { at(r + 1, c) } else { me };
-                let w = if c > 0 { at(r, c - 1) } else { me };
-                let e = if c + 1 < cols { at(r, c + 1) } else { me };
-                out.push(me + 0.1 * (n + s + w + e - 4.0 * me) + 0.05 * p[(r - r0) * cols + c]);
+                out.push(self.cell(at, r, c, p[(r - r0) * cols + c]));
             }
         }
         out
+    }
+
+    /// The stencil at cell `(r, c)`: `at` reads the grid around it (a block's tile with
+    /// its halo), `p` is the cell's power. An edge cell stands in for its missing
+    /// neighbour. Every decomposition of the grid ([`crate::hotspot2d`] too) computes a
+    /// cell with this one expression, so all of them verify bit for bit against
+    /// [`Hotspot::step`] over the whole grid.
+    pub(crate) fn cell(&self, at: impl Fn(usize, usize) -> f32, r: usize, c: usize, p: f32) -> f32 {
+        let (rows, cols) = (self.rows as usize, self.cols as usize);
+        let me = at(r, c);
+        let n = if r > 0 { at(r - 1, c) } else { me };
+        let s = if r + 1 < rows { at(r + 1, c) } else { me };
+        let w = if c > 0 { at(r, c - 1) } else { me };
+        let e = if c + 1 < cols { at(r, c + 1) } else { me };
+        me + 0.1 * (n + s + w + e - 4.0 * me) + 0.05 * p
+    }
+
+    /// The stencil's three objects, `temp` and `temp2` (read with the halo: `grid`)
+    /// and `power` (read only where a block writes: `own`), whatever the decomposition
+    /// that gives their descriptors.
+    pub(crate) fn objects_with(&self, grid: Descriptor, own: Descriptor) -> Vec<Object> {
+        let bytes = self.rows * self.cols * 4;
+        [("temp", grid), ("power", own), ("temp2", grid)]
+            .map(|(name, descriptor)| Object {
+                name,
+                bytes,
+                descriptor,
+            })
+            .to_vec()
     }
 }
 
@@ -332,28 +356,11 @@ impl Workload for Hotspot {
         Class::CoreExclusive
     }
     fn objects(&self) -> Vec<Object> {
-        let bytes = self.rows * self.cols * 4;
         let t = self.cols;
         let rpb = self.rows_per_block.max(1);
         let grid = Descriptor::Affine(rows(rpb * self.cols, self.cols as i64, rpb + 2), t);
         let own = Descriptor::Affine(rows(rpb * self.cols, self.cols as i64, rpb), t);
-        vec_of([
-            Object {
-                name: "temp",
-                bytes,
-                descriptor: grid,
-            },
-            Object {
-                name: "power",
-                bytes,
-                descriptor: own,
-            },
-            Object {
-                name: "temp2",
-                bytes,
-                descriptor: grid,
-            },
-        ])
+        self.objects_with(grid, own)
     }
     fn init(&self, m: &HbmMachine, base: &[u64]) -> Result<(), MachineError> {
         let n = (self.rows * self.cols) as usize;
