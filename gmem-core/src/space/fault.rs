@@ -317,9 +317,29 @@ impl SpaceState {
             mem,
             ..PageEntry::EMPTY
         };
+        let replicas = self.replica_mask();
+        if pages == 1 && !self.has_large(t) {
+            // The 4 KiB fault of a table without large leaves (no block to complete):
+            // map first, then write the entry once, populated and mapped. A failed map
+            // left nothing to undo (the entry was never written; dropping the run frees
+            // the frame). Everything else sees the same state as below: both happen
+            // under the space lock, and the mirror reads the written entry.
+            self.install_run(stats, t, first, 1, pfn, mem, piece)?;
+            self.lpt.set(
+                first,
+                PageEntry {
+                    mapped: 1 << t,
+                    ..fresh(0)
+                },
+            );
+            if let Err(e) = self.mirror(stats, first, 1, replicas) {
+                self.unpopulate(stats, first, 1);
+                return Err(e.into());
+            }
+            return Ok(self.zero_filled(run, 1));
+        }
         self.lpt
             .update_run(first, pages, |v, e| *e = fresh(v.0 - first.0));
-        let replicas = self.replica_mask();
         let mapped = if pages == 1 {
             // A single page may complete its block: map the block large then.
             self.map_for_fault(stats, t, first, fresh(0), piece)
@@ -331,14 +351,20 @@ impl SpaceState {
             self.unpopulate(stats, first, pages);
             return Err(e.into());
         }
+        Ok(self.zero_filled(run, pages))
+    }
+
+    /// Commit a zero-fill's frames to their pages, count it, and say so.
+    #[inline]
+    fn zero_filled(&mut self, run: FrameRun<'_>, pages: u64) -> FaultResolution {
         run.commit();
         let local = self.local();
         SpaceCounters::add(&local.pages_zeroed, pages);
         SpaceCounters::add(&local.faults_zero_fill, 1);
-        Ok(FaultResolution {
+        FaultResolution {
             kind: FaultKind::ZeroFill,
             pages,
-        })
+        }
     }
 
     /// Undo the population of fresh pages `[first, first + pages)` whose frames are

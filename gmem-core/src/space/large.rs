@@ -124,7 +124,8 @@ impl SpaceState {
 
     /// Whether table `t` maps any leaf larger than 4 KiB (no allocation: the fault
     /// path asks this for every page).
-    fn has_large(&self, t: usize) -> bool {
+    #[inline]
+    pub(super) fn has_large(&self, t: usize) -> bool {
         self.tables[t]
             .as_ref()
             .is_some_and(|x| !(x.mmu.page_sizes() - crate::flags::PageSizes::S4K).is_empty())

@@ -528,6 +528,7 @@ impl SpaceState {
     }
 
     /// Index of `dev` in the memory list, adding it if needed.
+    #[inline]
     pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
         self.memories.index_of(dev)
     }
