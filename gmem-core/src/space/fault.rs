@@ -249,20 +249,16 @@ impl SpaceState {
     /// The memory a placement target names for a faulting device (host memory is
     /// borrowed from the context and the faulter's own from the caller: no
     /// reference-count round trip for either).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn target_of<'c>(
         &self,
         cx: &Ctx<'c>,
         dev: &'c Arc<DeviceInner>,
         target: PlacementTarget,
     ) -> TargetMemory<'c> {
-        let host = TargetMemory::Borrowed(cx.host);
         match target {
-            PlacementTarget::Host => host,
-            PlacementTarget::Device(id) => match cx.device(id) {
-                Some(d) if d.has_memory() && !Arc::ptr_eq(&d, cx.host) => TargetMemory::Device(d),
-                _ => host,
-            },
+            PlacementTarget::Host => TargetMemory::Borrowed(cx.host),
+            PlacementTarget::Device(id) => named_target(cx, id),
             PlacementTarget::Faulting => TargetMemory::Borrowed(own_memory(cx, dev)),
         }
     }
@@ -730,8 +726,19 @@ pub(super) fn copy_run(
     )
 }
 
+/// [`SpaceState::target_of`] for a named device (a registry lookup, out of line): its
+/// memory if it has some and is not the host, host memory otherwise.
+#[inline(never)]
+fn named_target<'c>(cx: &Ctx<'c>, id: DeviceId) -> TargetMemory<'c> {
+    match cx.device(id) {
+        Some(d) if d.has_memory() && !Arc::ptr_eq(&d, cx.host) => TargetMemory::Device(d),
+        _ => TargetMemory::Borrowed(cx.host),
+    }
+}
+
 /// The memory that is `dev`'s own: its local memory, or host memory for a device
 /// without one (no reference-count traffic: the fault path asks this per fault).
+#[inline]
 fn own_memory<'c>(cx: &Ctx<'c>, dev: &'c Arc<DeviceInner>) -> &'c Arc<DeviceInner> {
     if dev.has_memory() {
         dev

@@ -291,6 +291,7 @@ pub(crate) struct Locked<'a> {
 }
 
 impl Drop for Locked<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.after = self.state.queue.take_ready();
     }
