@@ -118,6 +118,16 @@ impl Table {
     /// Set the PTEs of `first..first + pages` to `pte(k)` for the `k`-th page, with
     /// their accessed bits clear (a new mapping has not been walked yet).
     pub fn insert_run(&mut self, first: u64, pages: u64, mut pte: impl FnMut(u64) -> Pte) {
+        if pages == 1 {
+            // One page (every 4 KiB fault's map): no run loop.
+            let (b, k) = split(first);
+            let leaf = self.leaf_or_new(b);
+            let slot = &mut leaf.ptes[k];
+            leaf.used += u32::from(slot.is_none());
+            *slot = Some(pte(0));
+            leaf.accessed[k / 64] &= !(1 << (k % 64));
+            return;
+        }
         let mut v = first;
         while v < first + pages {
             let (b, k0) = split(v);
