@@ -384,7 +384,13 @@ impl SpaceState {
     ) -> Result<FrameRun<'d>, MoveError> {
         let placement = frame_placement(target, space.id, vpn, 1, asker);
         loop {
-            if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters) {
+            // Any frame (the common answer): what `alloc_placed` does for it, without
+            // passing the answer down.
+            let run = match placement.placement {
+                FramePlacement::Any => target.alloc_pages(1, space.id, vpn, None, placement.class),
+                _ => alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters),
+            };
+            if let Some(run) = run {
                 return Ok(run);
             }
             // Memory pressure: break the oldest reservation before evicting anything.
