@@ -12,7 +12,9 @@ them:
                  check, placement target, logical page table reads
   frame alloc    alloc_frame and below (reservation lookup, physmem, vmem arena)
   LPT update     lpt::LogicalPageTable functions that were not inlined
-  map core       map_for_fault / map_run / mirror, without the driver call
+  map core       map_for_fault / map_run / install_run / mirror, without the driver
+                 call (inlined into the fault when the table has no large leaves: then
+                 counted in lookup+checks)
   test MMU map   the test driver's Mmu::map (a leaf-block probe, an array write per page)
   zeroing        DeviceMemory::zero (excluded from the target; a no-op in test memory)
 
@@ -45,7 +47,7 @@ STAGES = [
     ("zeroing", re.compile(r"as gmem_core::mmu::DeviceMemory>::zero$")),
     ("frame alloc", re.compile(r"alloc_frame$|alloc_placed$|::physmem::|::vmem::|DeviceInner::alloc_")),
     ("LPT update", re.compile(r"gmem_core::lpt::")),
-    ("map core", re.compile(r"map_for_fault$|map_run$|::mirror$|map_block")),
+    ("map core", re.compile(r"map_for_fault$|map_run$|::mirror$|map_block|install_run$")),
     ("lookup+checks", re.compile(r"SpaceState>::fault$|region_at|segments::|target_of$")),
     ("entry", re.compile(r"Gmem>::dev_fault$")),
 ]

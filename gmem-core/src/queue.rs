@@ -197,10 +197,18 @@ impl MmuQueue {
 
     /// Take the callbacks whose requests completed (`None` when there are none); the
     /// caller drops the batch, which runs them, after releasing the space lock.
+    #[inline]
     pub fn take_ready(&mut self) -> Option<Ready> {
         if self.ready.is_empty() {
             return None;
         }
+        self.take_ready_batch()
+    }
+
+    /// [`MmuQueue::take_ready`] with callbacks to hand over (out of line: every space
+    /// lock's release asks, few have any).
+    #[inline(never)]
+    fn take_ready_batch(&mut self) -> Option<Ready> {
         let callbacks = core::mem::take(&mut self.ready);
         self.in_flight.fetch_add(callbacks.len(), Ordering::Acquire);
         Some(Ready {

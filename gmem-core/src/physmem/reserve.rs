@@ -183,6 +183,11 @@ impl PhysMem {
         wired: bool,
         limit: Option<FrameConstraint>,
     ) -> Option<Pfn> {
+        if pages == 1 && limit.is_none() {
+            if let Some(pfn) = self.claim_memoised(space, vpn, wired) {
+                return Some(pfn);
+            }
+        }
         let r = RESERVATION_PAGES;
         let block = vpn.0 & !(r - 1);
         let inside = pages > 0 && vpn.0 - block + pages <= r;
@@ -222,6 +227,48 @@ impl PhysMem {
                 self.alloc_run(pages, align, space, vpn, wired, limit)
             }
         }
+    }
+
+    /// The common case of [`PhysMem::alloc_pages`] (every 4 KiB fault but the first of
+    /// each 2 MiB block): one page whose block's reservation is the memo's, with a
+    /// known first frame index and the page's frame still reserved. Claims that frame
+    /// exactly as [`PhysMem::claim`] claims a one-page run — record and counters, owner,
+    /// onto the queue of its state — without the run loop and the general checks;
+    /// `None` (nothing changed) sends the caller down the general path.
+    #[inline]
+    fn claim_memoised(&mut self, space: SpaceId, vpn: Vpn, wired: bool) -> Option<Pfn> {
+        let block = vpn.0 & !(RESERVATION_PAGES - 1);
+        let off = vpn.0 - block;
+        let rs = &mut self.reservations;
+        let slot = match rs.last {
+            Some((s, b, slot)) if s == space && b == block => slot,
+            _ => return None,
+        };
+        if !rs.enabled || self.retired || self.groups.is_some() {
+            return None;
+        }
+        let resv = rs.record_mut(slot);
+        let i = resv.first_index? + off as u32;
+        if self.frames[i as usize].state != FrameState::Reserved {
+            return None;
+        }
+        let base = resv.base;
+        resv.used += 1;
+        if resv.used == RESERVATION_PAGES {
+            rs.stats.filled += 1;
+        }
+        rs.reserved -= 1;
+        rs.stats.frames_served += 1;
+        self.frames[i as usize].owner = Some(Owner { space, vpn });
+        let state = if wired {
+            FrameState::Wired
+        } else {
+            FrameState::Active
+        };
+        // A reserved frame is on no queue and not pending: linking it is the whole
+        // state change (as in `claim`).
+        self.push_tail(i, state);
+        Some(Pfn(base + off))
     }
 
     /// The first frame of the reservation of `space`'s block holding `vpn`, if any.

@@ -249,20 +249,16 @@ impl SpaceState {
     /// The memory a placement target names for a faulting device (host memory is
     /// borrowed from the context and the faulter's own from the caller: no
     /// reference-count round trip for either).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn target_of<'c>(
         &self,
         cx: &Ctx<'c>,
         dev: &'c Arc<DeviceInner>,
         target: PlacementTarget,
     ) -> TargetMemory<'c> {
-        let host = TargetMemory::Borrowed(cx.host);
         match target {
-            PlacementTarget::Host => host,
-            PlacementTarget::Device(id) => match cx.device(id) {
-                Some(d) if d.has_memory() && !Arc::ptr_eq(&d, cx.host) => TargetMemory::Device(d),
-                _ => host,
-            },
+            PlacementTarget::Host => TargetMemory::Borrowed(cx.host),
+            PlacementTarget::Device(id) => named_target(cx, id),
             PlacementTarget::Faulting => TargetMemory::Borrowed(own_memory(cx, dev)),
         }
     }
@@ -317,9 +313,29 @@ impl SpaceState {
             mem,
             ..PageEntry::EMPTY
         };
+        let replicas = self.replica_mask();
+        if pages == 1 && !self.has_large(t) {
+            // The 4 KiB fault of a table without large leaves (no block to complete):
+            // map first, then write the entry once, populated and mapped. A failed map
+            // left nothing to undo (the entry was never written; dropping the run frees
+            // the frame). Everything else sees the same state as below: both happen
+            // under the space lock, and the mirror reads the written entry.
+            self.install_run(stats, t, first, 1, pfn, mem, piece)?;
+            self.lpt.set(
+                first,
+                PageEntry {
+                    mapped: 1 << t,
+                    ..fresh(0)
+                },
+            );
+            if let Err(e) = self.mirror(stats, first, 1, replicas) {
+                self.unpopulate(stats, first, 1);
+                return Err(e.into());
+            }
+            return Ok(self.zero_filled(run, 1));
+        }
         self.lpt
             .update_run(first, pages, |v, e| *e = fresh(v.0 - first.0));
-        let replicas = self.replica_mask();
         let mapped = if pages == 1 {
             // A single page may complete its block: map the block large then.
             self.map_for_fault(stats, t, first, fresh(0), piece)
@@ -331,14 +347,20 @@ impl SpaceState {
             self.unpopulate(stats, first, pages);
             return Err(e.into());
         }
+        Ok(self.zero_filled(run, pages))
+    }
+
+    /// Commit a zero-fill's frames to their pages, count it, and say so.
+    #[inline]
+    fn zero_filled(&mut self, run: FrameRun<'_>, pages: u64) -> FaultResolution {
         run.commit();
         let local = self.local();
         SpaceCounters::add(&local.pages_zeroed, pages);
         SpaceCounters::add(&local.faults_zero_fill, 1);
-        Ok(FaultResolution {
+        FaultResolution {
             kind: FaultKind::ZeroFill,
             pages,
-        })
+        }
     }
 
     /// Undo the population of fresh pages `[first, first + pages)` whose frames are
@@ -362,7 +384,13 @@ impl SpaceState {
     ) -> Result<FrameRun<'d>, MoveError> {
         let placement = frame_placement(target, space.id, vpn, 1, asker);
         loop {
-            if let Some(run) = alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters) {
+            // Any frame (the common answer): what `alloc_placed` does for it, without
+            // passing the answer down.
+            let run = match placement.placement {
+                FramePlacement::Any => target.alloc_pages(1, space.id, vpn, None, placement.class),
+                _ => alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters),
+            };
+            if let Some(run) = run {
                 return Ok(run);
             }
             // Memory pressure: break the oldest reservation before evicting anything.
@@ -704,8 +732,19 @@ pub(super) fn copy_run(
     )
 }
 
+/// [`SpaceState::target_of`] for a named device (a registry lookup, out of line): its
+/// memory if it has some and is not the host, host memory otherwise.
+#[inline(never)]
+fn named_target<'c>(cx: &Ctx<'c>, id: DeviceId) -> TargetMemory<'c> {
+    match cx.device(id) {
+        Some(d) if d.has_memory() && !Arc::ptr_eq(&d, cx.host) => TargetMemory::Device(d),
+        _ => TargetMemory::Borrowed(cx.host),
+    }
+}
+
 /// The memory that is `dev`'s own: its local memory, or host memory for a device
 /// without one (no reference-count traffic: the fault path asks this per fault).
+#[inline]
 fn own_memory<'c>(cx: &Ctx<'c>, dev: &'c Arc<DeviceInner>) -> &'c Arc<DeviceInner> {
     if dev.has_memory() {
         dev

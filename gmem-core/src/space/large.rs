@@ -124,7 +124,8 @@ impl SpaceState {
 
     /// Whether table `t` maps any leaf larger than 4 KiB (no allocation: the fault
     /// path asks this for every page).
-    fn has_large(&self, t: usize) -> bool {
+    #[inline]
+    pub(super) fn has_large(&self, t: usize) -> bool {
         self.tables[t]
             .as_ref()
             .is_some_and(|x| !(x.mmu.page_sizes() - crate::flags::PageSizes::S4K).is_empty())
@@ -202,8 +203,45 @@ impl SpaceState {
     /// `t`, with large leaves where allowed; on failure nothing of the run stays mapped
     /// (pieces installed before the failing one are unmapped and invalidated). The
     /// caller records the mapping bits.
+    ///
+    /// The common case — a table of 4 KiB leaves only, one run, one driver call — is
+    /// inlined into its callers (every 4 KiB fault comes here); a table with large
+    /// leaves plans its pieces out of line.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(crate) fn install_run(
+        &mut self,
+        stats: &Counters,
+        t: usize,
+        first: Vpn,
+        pages: u64,
+        pfn: Pfn,
+        mem: u8,
+        piece: Values,
+    ) -> Result<(), MmuError> {
+        if self.has_large(t) {
+            return self.install_pieces(stats, t, first, pages, pfn, mem, piece);
+        }
+        let table = self.tables[t].as_ref().expect("mapping into a live table");
+        let run = MapRun {
+            va: first.addr(),
+            pa: pfn.addr(),
+            len: pages << PAGE_SHIFT,
+            prot: piece.prot,
+            page_size: PageSize::Size4K,
+            memory: self.memories.get(mem).id,
+            attrs: piece.attrs,
+        };
+        table.mmu.map(table.root, &run)?;
+        SpaceCounters::add(&self.local().mmu_maps, 1);
+        Ok(())
+    }
+
+    /// [`SpaceState::install_run`] into a table with large leaves: the run cut into
+    /// pieces (`plan`), one driver call per piece.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn install_pieces(
         &mut self,
         stats: &Counters,
         t: usize,
@@ -215,21 +253,6 @@ impl SpaceState {
     ) -> Result<(), MmuError> {
         let memory = self.memories.get(mem).id;
         let table = self.tables[t].as_ref().expect("mapping into a live table");
-        if !self.has_large(t) {
-            // The common case: a table of 4 KiB leaves only, one run.
-            let run = MapRun {
-                va: first.addr(),
-                pa: pfn.addr(),
-                len: pages << PAGE_SHIFT,
-                prot: piece.prot,
-                page_size: PageSize::Size4K,
-                memory,
-                attrs: piece.attrs,
-            };
-            table.mmu.map(table.root, &run)?;
-            SpaceCounters::add(&self.local().mmu_maps, 1);
-            return Ok(());
-        }
         let (mmu, root) = (table.mmu.clone(), table.root);
         let (pieces, fallbacks) = self.plan(t, first.0, pages, pfn);
         for (i, p) in pieces.iter().enumerate() {

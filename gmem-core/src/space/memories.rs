@@ -35,6 +35,7 @@ impl Memories {
 
     /// The memory an entry names. Every populated entry names a live slot (checked by
     /// `check_invariants`).
+    #[inline]
     pub fn get(&self, mem: u8) -> &Arc<DeviceInner> {
         self.slots[mem as usize]
             .as_ref()
@@ -57,6 +58,18 @@ impl Memories {
     /// The slot of `dev`, taking a free one if the space does not name it yet.
     #[inline]
     pub fn index_of(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
+        // Slot 0 is the host (every host fault's target): no search.
+        if let Some(Some(h)) = self.slots.first() {
+            if Arc::ptr_eq(h, dev) {
+                return Ok(0);
+            }
+        }
+        self.index_of_slow(dev)
+    }
+
+    /// [`Memories::index_of`] past slot 0: a search, or a new slot.
+    #[inline(never)]
+    fn index_of_slow(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
         if let Some(i) = self.position(dev.id) {
             return Ok(i);
         }

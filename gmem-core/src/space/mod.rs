@@ -291,6 +291,7 @@ pub(crate) struct Locked<'a> {
 }
 
 impl Drop for Locked<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.after = self.state.queue.take_ready();
     }
@@ -528,6 +529,7 @@ impl SpaceState {
     }
 
     /// Index of `dev` in the memory list, adding it if needed.
+    #[inline]
     pub fn mem_index(&mut self, dev: &Arc<DeviceInner>) -> Result<u8, TooManyMemories> {
         self.memories.index_of(dev)
     }

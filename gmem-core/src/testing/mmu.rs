@@ -76,8 +76,58 @@ pub struct Pte {
     pub attrs: crate::mmu::Attrs,
 }
 
-/// Root → (vpn → PTE, accessed bit).
-type Tables = HashMap<u64, Table>;
+/// Root → (vpn → PTE, accessed bit). Roots are numbered from 1 in creation order, so
+/// a table is found by indexing with its number, as a real MMU finds its table from
+/// the root pointer, not by a hash probe per map (a destroyed table leaves an empty
+/// slot behind: a test makes few).
+#[derive(Default)]
+struct Tables {
+    slots: Vec<Option<Table>>,
+    live: usize,
+}
+
+impl Tables {
+    fn slot(root: u64) -> Option<usize> {
+        usize::try_from(root).ok()?.checked_sub(1)
+    }
+
+    fn get(&self, root: &u64) -> Option<&Table> {
+        self.slots.get(Self::slot(*root)?)?.as_ref()
+    }
+
+    fn get_mut(&mut self, root: &u64) -> Option<&mut Table> {
+        self.slots.get_mut(Self::slot(*root)?)?.as_mut()
+    }
+
+    fn contains_key(&self, root: &u64) -> bool {
+        Self::slot(*root)
+            .and_then(|i| self.slots.get(i))
+            .is_some_and(Option::is_some)
+    }
+
+    fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Add the table of a root just made (the next number).
+    fn insert(&mut self, root: u64, table: Table) {
+        let i = Self::slot(root).expect("roots are numbered from 1");
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        if self.slots[i].replace(table).is_none() {
+            self.live += 1;
+        }
+    }
+
+    fn remove(&mut self, root: &u64) {
+        if let Some(slot) = Self::slot(*root).and_then(|i| self.slots.get_mut(i)) {
+            if slot.take().is_some() {
+                self.live -= 1;
+            }
+        }
+    }
+}
 
 /// (root, first vpn) → pages of each large leaf, and the splits so far.
 type LargeLeaves = (BTreeMap<(u64, u64), u64>, u64);
@@ -505,5 +555,27 @@ impl Mmu for TestMmu {
             t.1.get_mut(&root.0)
                 .is_some_and(|table| table.take_accessed(range.first_vpn().0, range.pages()));
         Some(any)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_index_by_root_number_and_forget_destroyed_roots() {
+        let mut t = Tables::default();
+        assert!(t.get(&0).is_none() && t.get_mut(&1).is_none() && !t.contains_key(&0));
+        t.insert(1, Table::default());
+        t.insert(3, Table::default());
+        assert_eq!(t.len(), 2);
+        assert!(t.contains_key(&1) && !t.contains_key(&2) && t.contains_key(&3));
+        assert!(t.get_mut(&3).is_some() && t.get(&2).is_none() && t.get(&4).is_none());
+        t.remove(&3);
+        t.remove(&3);
+        t.remove(&9);
+        assert_eq!(t.len(), 1);
+        assert!(!t.contains_key(&3) && t.get(&3).is_none());
+        assert!(t.get(&u64::MAX).is_none());
     }
 }

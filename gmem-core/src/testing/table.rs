@@ -1,10 +1,13 @@
 //! One test page table: leaf blocks of [`LEAF_PAGES`] PTEs, each with its pages'
-//! accessed bits, found by a hash of the block number.
+//! accessed bits, in a slab found by a hash of the block number.
 //!
 //! A real table's last level is an array of PTEs indexed by the low bits of the page
 //! number; this keeps the same shape, so a map or unmap of a run costs one hash probe
 //! per block and an array write per page (a 2 MiB large leaf fills one block), not a
-//! hash insert per page. A block that becomes empty is dropped.
+//! hash insert per page. A block that becomes empty is dropped. The last block an edit
+//! touched is remembered (block number and slab slot), as a real walker's cached
+//! upper levels are: consecutive maps of one block, every 4 KiB fault of a sweep, skip
+//! the probe.
 
 use super::mmu::Pte;
 use alloc::boxed::Box;
@@ -42,30 +45,94 @@ fn split(vpn: u64) -> (u64, usize) {
 /// One page table: page number → PTE, plus an accessed bit per PTE.
 #[derive(Default)]
 pub(super) struct Table {
-    leaves: HashMap<u64, Leaf>,
+    /// Block number → slot of its leaf in `slab`.
+    leaves: HashMap<u64, u32>,
+    /// The leaves; `None` in a slot listed in `free`.
+    slab: Vec<Option<Leaf>>,
+    free: Vec<u32>,
+    /// The block and slot of the last leaf an edit found or made (a live leaf).
+    last: Option<(u64, u32)>,
 }
 
 impl Table {
+    fn leaf(&self, b: u64) -> Option<&Leaf> {
+        let slot = *self.leaves.get(&b)?;
+        self.slab[slot as usize].as_ref()
+    }
+
+    /// The slot of block `b`'s leaf, through the memo; the leaf becomes the memo's.
+    #[inline]
+    fn slot_of(&mut self, b: u64) -> Option<u32> {
+        if let Some((lb, slot)) = self.last {
+            if lb == b {
+                return Some(slot);
+            }
+        }
+        let slot = *self.leaves.get(&b)?;
+        self.last = Some((b, slot));
+        Some(slot)
+    }
+
+    fn leaf_mut(&mut self, b: u64) -> Option<&mut Leaf> {
+        let slot = self.slot_of(b)?;
+        self.slab[slot as usize].as_mut()
+    }
+
+    /// Block `b`'s leaf, made empty if absent.
+    fn leaf_or_new(&mut self, b: u64) -> &mut Leaf {
+        let slot = match self.slot_of(b) {
+            Some(s) => s,
+            None => {
+                let s = match self.free.pop() {
+                    Some(s) => {
+                        self.slab[s as usize] = Some(Leaf::new());
+                        s
+                    }
+                    None => {
+                        self.slab.push(Some(Leaf::new()));
+                        (self.slab.len() - 1) as u32
+                    }
+                };
+                self.leaves.insert(b, s);
+                self.last = Some((b, s));
+                s
+            }
+        };
+        self.slab[slot as usize]
+            .as_mut()
+            .expect("an indexed slot holds a leaf")
+    }
+
     /// The PTE of `vpn`.
     pub fn get(&self, vpn: u64) -> Option<&Pte> {
         let (b, k) = split(vpn);
-        self.leaves.get(&b)?.ptes[k].as_ref()
+        self.leaf(b)?.ptes[k].as_ref()
     }
 
     /// The PTE of `vpn`, to change in place.
     pub fn get_mut(&mut self, vpn: u64) -> Option<&mut Pte> {
         let (b, k) = split(vpn);
-        self.leaves.get_mut(&b)?.ptes[k].as_mut()
+        self.leaf_mut(b)?.ptes[k].as_mut()
     }
 
     /// Set the PTEs of `first..first + pages` to `pte(k)` for the `k`-th page, with
     /// their accessed bits clear (a new mapping has not been walked yet).
     pub fn insert_run(&mut self, first: u64, pages: u64, mut pte: impl FnMut(u64) -> Pte) {
+        if pages == 1 {
+            // One page (every 4 KiB fault's map): no run loop.
+            let (b, k) = split(first);
+            let leaf = self.leaf_or_new(b);
+            let slot = &mut leaf.ptes[k];
+            leaf.used += u32::from(slot.is_none());
+            *slot = Some(pte(0));
+            leaf.accessed[k / 64] &= !(1 << (k % 64));
+            return;
+        }
         let mut v = first;
         while v < first + pages {
             let (b, k0) = split(v);
             let n = (LEAF_PAGES - k0 as u64).min(first + pages - v);
-            let leaf = self.leaves.entry(b).or_insert_with(Leaf::new);
+            let leaf = self.leaf_or_new(b);
             for k in k0..k0 + n as usize {
                 let slot = &mut leaf.ptes[k];
                 leaf.used += u32::from(slot.is_none());
@@ -82,13 +149,16 @@ impl Table {
         while v < first + pages {
             let (b, k0) = split(v);
             let n = (LEAF_PAGES - k0 as u64).min(first + pages - v);
-            if let Some(leaf) = self.leaves.get_mut(&b) {
+            if let Some(leaf) = self.leaf_mut(b) {
                 for k in k0..k0 + n as usize {
                     leaf.used -= u32::from(leaf.ptes[k].take().is_some());
                     leaf.accessed[k / 64] &= !(1 << (k % 64));
                 }
                 if leaf.used == 0 {
-                    self.leaves.remove(&b);
+                    let slot = self.leaves.remove(&b).expect("a found leaf is indexed");
+                    self.slab[slot as usize] = None;
+                    self.free.push(slot);
+                    self.last = None;
                 }
             }
             v += n;
@@ -98,15 +168,14 @@ impl Table {
     /// Whether the accessed bit of `vpn` is set.
     pub fn accessed(&self, vpn: u64) -> bool {
         let (b, k) = split(vpn);
-        self.leaves
-            .get(&b)
+        self.leaf(b)
             .is_some_and(|l| l.accessed[k / 64] & (1 << (k % 64)) != 0)
     }
 
     /// Set the accessed bit of `vpn` (a walk found its PTE); nothing if it has none.
     pub fn set_accessed(&mut self, vpn: u64) {
         let (b, k) = split(vpn);
-        if let Some(l) = self.leaves.get_mut(&b) {
+        if let Some(l) = self.leaf_mut(b) {
             if l.ptes[k].is_some() {
                 l.accessed[k / 64] |= 1 << (k % 64);
             }
@@ -122,7 +191,7 @@ impl Table {
         while v < end {
             let (b, k0) = split(v);
             let n = (LEAF_PAGES - k0 as u64).min(end - v);
-            if let Some(l) = self.leaves.get_mut(&b) {
+            if let Some(l) = self.leaf_mut(b) {
                 for k in k0..k0 + n as usize {
                     any |= l.accessed[k / 64] & (1 << (k % 64)) != 0;
                     l.accessed[k / 64] &= !(1 << (k % 64));
@@ -139,7 +208,7 @@ impl Table {
         blocks.sort_unstable();
         let mut out = Vec::new();
         for b in blocks {
-            let leaf = &self.leaves[&b];
+            let leaf = self.leaf(b).expect("an indexed block has a leaf");
             for (k, p) in leaf.ptes.iter().enumerate() {
                 if let Some(p) = p {
                     out.push((b * LEAF_PAGES + k as u64, *p));
@@ -191,5 +260,28 @@ mod tests {
         assert!(t.take_accessed(0, 1 << 20));
         assert!(!t.accessed(505) && !t.accessed(525));
         assert_eq!(t.get(512).map(|p| p.pfn), Some(1012));
+    }
+
+    #[test]
+    fn an_emptied_leaf_leaves_no_stale_memo_and_its_slot_is_reused() {
+        let mut t = Table::default();
+        t.insert_run(0, 2, |k| pte(10 + k));
+        t.insert_run(512, 1, |k| pte(20 + k));
+        // The memo names block 1; emptying block 0 then block 1 frees both slots.
+        t.remove_run(0, 2);
+        assert!(t.get(0).is_none() && t.get(1).is_none());
+        assert_eq!(t.get(512).map(|p| p.pfn), Some(20));
+        t.remove_run(512, 1);
+        assert!(t.get(512).is_none());
+        // Block 7 takes a freed slot; the old blocks stay empty.
+        t.insert_run(7 * 512 + 3, 1, |k| pte(30 + k));
+        assert_eq!(t.get(7 * 512 + 3).map(|p| p.pfn), Some(30));
+        assert!(t.get(0).is_none() && t.get(512).is_none());
+        assert_eq!(t.slab.iter().filter(|l| l.is_some()).count(), 1);
+        assert_eq!(t.entries().len(), 1);
+        // Refilling block 0 after its leaf was dropped makes a fresh leaf.
+        t.insert_run(5, 1, |k| pte(40 + k));
+        assert_eq!(t.get(5).map(|p| p.pfn), Some(40));
+        assert_eq!(t.get(7 * 512 + 3).map(|p| p.pfn), Some(30));
     }
 }
