@@ -170,6 +170,26 @@ impl CpuCache {
         }
     }
 
+    /// A cache hit on allocation: pop the loaded magazine's top round and count the
+    /// hit; `None` (nothing changed, nothing counted) when the loaded magazine is
+    /// empty, which the caller then hands to [`MagazineLayer::alloc`].
+    #[inline(always)]
+    pub(super) fn hit_pop(&mut self) -> Option<u64> {
+        let a = self.pop()?;
+        self.hits += 1;
+        Some(a)
+    }
+
+    /// A cache hit on free: push onto the loaded magazine and count the free; false
+    /// (nothing changed, nothing counted) when it is full, which the caller then
+    /// hands to [`MagazineLayer::free`].
+    #[inline(always)]
+    pub(super) fn hit_push(&mut self, addr: u64) -> bool {
+        let pushed = self.push(addr);
+        self.frees += u64::from(pushed);
+        pushed
+    }
+
     #[inline]
     fn swap(&mut self) {
         self.cur ^= 1;
