@@ -412,12 +412,10 @@ impl Arena {
     /// As [`Arena::free`]; nothing changes on error.
     #[inline(always)]
     pub fn free_mut(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
-        if let Some(k) = self.caches.hit_class(size) {
-            if addr & (self.config.quantum - 1) == 0 {
-                let cpu = self.cpu();
-                if self.caches.hit_free_mut(cpu, k, addr) {
-                    return Ok(());
-                }
+        if let Some(k) = self.caches.hit_class_free(addr, size) {
+            let cpu = self.cpu();
+            if self.caches.hit_free_mut(cpu, k, addr) {
+                return Ok(());
             }
         }
         self.free_mut_slow(addr, size)
@@ -488,8 +486,8 @@ impl Arena {
     /// double free, a wrong size); nothing changes then.
     #[inline(always)]
     pub fn free(&self, addr: u64, size: u64) -> Result<(), FreeError> {
-        if let Some(k) = self.caches.hit_class(size) {
-            if addr & (self.config.quantum - 1) == 0 && self.caches.hit_free(self.cpu(), k, addr) {
+        if let Some(k) = self.caches.hit_class_free(addr, size) {
+            if self.caches.hit_free(self.cpu(), k, addr) {
                 return Ok(());
             }
         }

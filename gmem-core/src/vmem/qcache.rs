@@ -149,6 +149,14 @@ impl QuantumCaches {
         (k < self.hit_classes && size & self.quantum_mask == 0).then_some(k)
     }
 
+    /// [`Self::hit_class`] for a free of `[addr, addr + size)`: `addr` must be a
+    /// multiple of the quantum as well (one mask tests both).
+    #[inline(always)]
+    pub fn hit_class_free(&self, addr: u64, size: u64) -> Option<usize> {
+        let k = ((size >> self.quantum_shift) as usize).wrapping_sub(1);
+        (k < self.hit_classes && (addr | size) & self.quantum_mask == 0).then_some(k)
+    }
+
     /// Pop a round from the loaded magazine of CPU `cpu`'s record of class `k` (from
     /// [`Self::hit_class`]) under the record's lock. `None`, with nothing changed or
     /// counted, when that magazine is empty or `cpu` is out of range: the caller then
