@@ -38,6 +38,10 @@ use crate::sync::Mutex;
 /// much of a small device aperture.
 pub(super) const MAGAZINE_ROUNDS: usize = 32;
 
+/// Masks a slot index into a magazine's `MAGAZINE_ROUNDS` slots.
+const ROUND_MASK: usize = MAGAZINE_ROUNDS - 1;
+const _: () = assert!(MAGAZINE_ROUNDS.is_power_of_two());
+
 /// Quanta a magazine of a large size class holds: a class of `k` quanta gets
 /// `MAGAZINE_QUANTA / k` rounds (at most [`MAGAZINE_ROUNDS`], at least one), so sizes
 /// up to 8 quanta keep 32-round magazines and a 128-quantum class keeps two rounds.
@@ -143,16 +147,21 @@ impl CpuCache {
     }
 
     /// Pop the loaded magazine's top round; `None` when it is empty.
+    ///
+    /// A fill level never exceeds `cap <= MAGAZINE_ROUNDS` (a power of two), so the
+    /// slot index is masked into range instead of bounds-checked: the mask changes
+    /// nothing and saves the hit path a compare and a branch.
     #[inline(always)]
     fn pop(&mut self) -> Option<u64> {
         let m = self.loaded_index();
         let n = self.lens[m].checked_sub(1)?;
-        let a = *self.rounds[m].get(n as usize)?;
+        let a = self.rounds[m][n as usize & ROUND_MASK];
         self.lens[m] = n;
         Some(a)
     }
 
     /// Push onto the loaded magazine; false (nothing changed) when it holds `cap`.
+    /// The slot index is masked into range as in [`Self::pop`] (`n < cap`).
     #[inline(always)]
     fn push(&mut self, addr: u64) -> bool {
         let m = self.loaded_index();
@@ -160,14 +169,29 @@ impl CpuCache {
         if n >= self.cap {
             return false;
         }
-        match self.rounds[m].get_mut(n as usize) {
-            Some(slot) => {
-                *slot = addr;
-                self.lens[m] = n + 1;
-                true
-            }
-            None => false,
-        }
+        self.rounds[m][n as usize & ROUND_MASK] = addr;
+        self.lens[m] = n + 1;
+        true
+    }
+
+    /// A cache hit on allocation: pop the loaded magazine's top round and count the
+    /// hit; `None` (nothing changed, nothing counted) when the loaded magazine is
+    /// empty, which the caller then hands to [`MagazineLayer::alloc`].
+    #[inline(always)]
+    pub(super) fn hit_pop(&mut self) -> Option<u64> {
+        let a = self.pop()?;
+        self.hits += 1;
+        Some(a)
+    }
+
+    /// A cache hit on free: push onto the loaded magazine and count the free; false
+    /// (nothing changed, nothing counted) when it is full, which the caller then
+    /// hands to [`MagazineLayer::free`].
+    #[inline(always)]
+    pub(super) fn hit_push(&mut self, addr: u64) -> bool {
+        let pushed = self.push(addr);
+        self.frees += u64::from(pushed);
+        pushed
     }
 
     #[inline]

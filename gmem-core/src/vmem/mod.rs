@@ -119,7 +119,12 @@
 //! lock, fill levels and counters in one header line, so a hit touches two lines of
 //! its class (header, round) and no per-class descriptor; the depots live apart. The depot keeps its
 //! magazines as vectors and an exchange copies one magazine's rounds (at most once per
-//! 32 operations in one direction).
+//! 32 operations in one direction). With magazines and trusted frees, `alloc` and
+//! `free` are inlined into their caller as a *hit path* only: the class from one shift
+//! and mask, the CPU's record from one multiply, then lock, pop or push, count,
+//! unlock (one locked read-modify-write; the unlock is a plain release store). Anything
+//! else (an empty or full loaded magazine, injection, next fit, checked frees, a bad
+//! size) declines without changing anything and takes the full path, out of line.
 //!
 //! An owner holding the arena exclusively (`&mut`, e.g. one thread driving one IOMMU
 //! domain) may call [`Arena::alloc_mut`] and [`Arena::free_mut`]: the same caches and
@@ -295,8 +300,30 @@ impl Arena {
     /// # Errors
     /// [`AllocError`] for a size of 0 or above the arena, no free segment, or an injected
     /// failure.
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&self, size: u64) -> Result<u64, AllocError> {
+        if let Some(addr) = self.alloc_hit(size) {
+            return Ok(addr);
+        }
+        self.alloc_slow(size)
+    }
+
+    /// The hit path of [`Arena::alloc`], inlined into the caller: a size the per-CPU
+    /// magazines serve, no failure injection, a policy the caches serve, and a round in
+    /// the CPU's loaded magazine. Everything else (`None`, nothing changed) takes
+    /// [`Arena::alloc_fit`], out of line, which checks and counts as before.
+    #[inline(always)]
+    fn alloc_hit(&self, size: u64) -> Option<u64> {
+        let k = self.caches.hit_class(size)?;
+        if self.fail_every.load(Ordering::Relaxed) != 0 || self.config.fit == FitPolicy::NextFit {
+            return None;
+        }
+        self.caches.hit_alloc(self.cpu(), k)
+    }
+
+    /// [`Arena::alloc`] after its hit path declined.
+    #[inline(never)]
+    fn alloc_slow(&self, size: u64) -> Result<u64, AllocError> {
         self.alloc_fit(size, self.config.fit)
     }
 
@@ -338,8 +365,23 @@ impl Arena {
     ///
     /// # Errors
     /// As [`Arena::alloc`].
-    #[inline]
+    #[inline(always)]
     pub fn alloc_mut(&mut self, size: u64) -> Result<u64, AllocError> {
+        if let Some(k) = self.caches.hit_class(size) {
+            if self.fail_every.load(Ordering::Relaxed) == 0 && self.config.fit != FitPolicy::NextFit
+            {
+                let cpu = self.cpu();
+                if let Some(addr) = self.caches.hit_alloc_mut(cpu, k) {
+                    return Ok(addr);
+                }
+            }
+        }
+        self.alloc_mut_slow(size)
+    }
+
+    /// [`Arena::alloc_mut`] after its hit path declined.
+    #[inline(never)]
+    fn alloc_mut_slow(&mut self, size: u64) -> Result<u64, AllocError> {
         let fit = self.config.fit;
         if fit != FitPolicy::NextFit && Placement::check_size(size, self.config.quantum).is_ok() {
             let cpu = self.cpu();
@@ -368,8 +410,20 @@ impl Arena {
     ///
     /// # Errors
     /// As [`Arena::free`]; nothing changes on error.
-    #[inline]
+    #[inline(always)]
     pub fn free_mut(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
+        if let Some(k) = self.caches.hit_class_free(addr, size) {
+            let cpu = self.cpu();
+            if self.caches.hit_free_mut(cpu, k, addr) {
+                return Ok(());
+            }
+        }
+        self.free_mut_slow(addr, size)
+    }
+
+    /// [`Arena::free_mut`] after its hit path declined.
+    #[inline(never)]
+    fn free_mut_slow(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
         let q = self.config.quantum;
         if size == 0 || (addr | size) & (q - 1) != 0 {
             return Err(FreeError::Unaligned { addr, size });
@@ -430,8 +484,20 @@ impl Arena {
     /// # Errors
     /// [`FreeError`] when `[addr, addr + size)` is not exactly an allocated segment (a
     /// double free, a wrong size); nothing changes then.
-    #[inline]
+    #[inline(always)]
     pub fn free(&self, addr: u64, size: u64) -> Result<(), FreeError> {
+        if let Some(k) = self.caches.hit_class_free(addr, size) {
+            if self.caches.hit_free(self.cpu(), k, addr) {
+                return Ok(());
+            }
+        }
+        self.free_slow(addr, size)
+    }
+
+    /// [`Arena::free`] after its hit path declined: validation, the full magazine
+    /// algorithm, or the segment layer.
+    #[inline(never)]
+    fn free_slow(&self, addr: u64, size: u64) -> Result<(), FreeError> {
         let q = self.config.quantum;
         if size == 0 || (addr | size) & (q - 1) != 0 {
             return Err(FreeError::Unaligned { addr, size });
@@ -523,10 +589,13 @@ impl Arena {
     }
 
     /// The CPU whose magazines serve the caller.
-    #[inline]
+    #[inline(always)]
     fn cpu(&self) -> usize {
+        if self.ncpus <= 1 {
+            return 0;
+        }
         match &self.platform {
-            Some(p) if self.ncpus > 1 => {
+            Some(p) => {
                 let c = p.current_cpu();
                 // The platform promises `c < ncpus`; divide only if it does not.
                 if c < self.ncpus {

@@ -45,8 +45,13 @@ struct Stack {
 /// a hundred, both were usually cold.
 pub(super) struct QuantumCaches {
     quantum_shift: u32,
+    /// `quantum - 1`.
+    quantum_mask: u64,
     /// Number of classes.
     classes: usize,
+    /// Classes the hit path ([`Self::hit_class`]) serves: all of them with per-CPU
+    /// magazines and trusted frees, none otherwise.
+    hit_classes: usize,
     /// Per-CPU magazines of every class, CPU-major (empty without magazines).
     cpus: Vec<Padded<Mutex<CpuCache>>>,
     /// Each class's depot (empty without magazines).
@@ -109,7 +114,9 @@ impl QuantumCaches {
         };
         Self {
             quantum_shift: quantum.trailing_zeros(),
+            quantum_mask: quantum - 1,
             classes: n,
+            hit_classes: if magazines && !check_frees { n } else { 0 },
             cpus,
             layers,
             stacks,
@@ -129,6 +136,66 @@ impl QuantumCaches {
     pub fn class_of_mut(&mut self, size: u64) -> Option<ClassMut<'_>> {
         let k = ((size >> self.quantum_shift) as usize).wrapping_sub(1);
         (k < self.classes).then_some(ClassMut { caches: self, k })
+    }
+
+    /// The class of `size` for the hit path: `Some(k)` when `size` is a non-zero
+    /// multiple of the quantum whose class keeps per-CPU magazines and frees are
+    /// trusted (with `check_frees` every operation takes the full path). One shift,
+    /// one mask and one compare; the arena tries [`Self::hit_alloc`] or
+    /// [`Self::hit_free`] with it before anything else.
+    #[inline(always)]
+    pub fn hit_class(&self, size: u64) -> Option<usize> {
+        let k = ((size >> self.quantum_shift) as usize).wrapping_sub(1);
+        (k < self.hit_classes && size & self.quantum_mask == 0).then_some(k)
+    }
+
+    /// [`Self::hit_class`] for a free of `[addr, addr + size)`: `addr` must be a
+    /// multiple of the quantum as well (one mask tests both).
+    #[inline(always)]
+    pub fn hit_class_free(&self, addr: u64, size: u64) -> Option<usize> {
+        let k = ((size >> self.quantum_shift) as usize).wrapping_sub(1);
+        (k < self.hit_classes && (addr | size) & self.quantum_mask == 0).then_some(k)
+    }
+
+    /// Pop a round from the loaded magazine of CPU `cpu`'s record of class `k` (from
+    /// [`Self::hit_class`]) under the record's lock. `None`, with nothing changed or
+    /// counted, when that magazine is empty or `cpu` is out of range: the caller then
+    /// takes the full path ([`Class::alloc`]), which swaps, trades with the depot or
+    /// counts the miss.
+    #[inline(always)]
+    pub fn hit_alloc(&self, cpu: usize, k: usize) -> Option<u64> {
+        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
+        self.cpus.get(i)?.0.lock().hit_pop()
+    }
+
+    /// Push `addr` onto the loaded magazine of CPU `cpu`'s record of class `k` (from
+    /// [`Self::hit_class`]) under the record's lock. False, with nothing changed or
+    /// counted, when that magazine is full or `cpu` is out of range: the caller then
+    /// takes the full path ([`Class::free`]).
+    #[inline(always)]
+    pub fn hit_free(&self, cpu: usize, k: usize, addr: u64) -> bool {
+        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
+        match self.cpus.get(i) {
+            Some(c) => c.0.lock().hit_push(addr),
+            None => false,
+        }
+    }
+
+    /// [`Self::hit_alloc`] through an exclusive borrow: no lock.
+    #[inline(always)]
+    pub fn hit_alloc_mut(&mut self, cpu: usize, k: usize) -> Option<u64> {
+        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
+        self.cpus.get_mut(i)?.0.get_mut().hit_pop()
+    }
+
+    /// [`Self::hit_free`] through an exclusive borrow: no lock.
+    #[inline(always)]
+    pub fn hit_free_mut(&mut self, cpu: usize, k: usize, addr: u64) -> bool {
+        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
+        match self.cpus.get_mut(i) {
+            Some(c) => c.0.get_mut().hit_push(addr),
+            None => false,
+        }
     }
 
     /// True when there are no caches.

@@ -680,3 +680,61 @@ fn a_reap_on_exhaustion_is_counted_and_a_callers_reap_is_not() {
     assert!(a.alloc(2 * Q).is_err());
     assert_eq!(balanced(&a).reaps, 1);
 }
+
+#[test]
+fn the_hit_path_honours_injection_next_fit_and_bad_sizes_with_warm_magazines() {
+    // Trusted frees with magazines: the configuration whose cache hits take the
+    // inlined hit path. Warm a magazine first so a hit would be possible.
+    let mut a = arena(config(4, true, false), 64 * Q);
+    let x = a.alloc(Q).unwrap();
+    a.free(x, Q).unwrap();
+    let hits = a.stats().cache_hits;
+    assert_eq!(a.alloc(Q), Ok(x), "a warm hit");
+    assert_eq!(a.stats().cache_hits, hits + 1);
+    a.free(x, Q).unwrap();
+    // Injection still fails every second attempt, on both entry points.
+    a.set_fail_every(2);
+    let shared: Vec<bool> = (0..4).map(|_| a.alloc(Q).is_ok()).collect();
+    assert_eq!(shared, [true, false, true, false]);
+    let excl: Vec<bool> = (0..4).map(|_| a.alloc_mut(Q).is_ok()).collect();
+    assert_eq!(excl, [true, false, true, false]);
+    a.set_fail_every(0);
+    // Sizes the classes do not serve, and misaligned frees, still get typed errors
+    // and change nothing.
+    let before = space(&a);
+    assert_eq!(
+        a.alloc(Q + 1),
+        Err(AllocError::Unaligned {
+            size: Q + 1,
+            quantum: Q
+        })
+    );
+    assert_eq!(a.alloc_mut(0), Err(AllocError::ZeroSize));
+    assert_eq!(
+        a.free(x + 1, Q),
+        Err(FreeError::Unaligned {
+            addr: x + 1,
+            size: Q
+        })
+    );
+    assert_eq!(
+        a.free_mut(x, Q / 2),
+        Err(FreeError::Unaligned {
+            addr: x,
+            size: Q / 2
+        })
+    );
+    assert_eq!(space(&a), before);
+    // A next-fit arena never serves `alloc` from its caches, even when warm.
+    let nf = arena(
+        ArenaConfig {
+            fit: FitPolicy::NextFit,
+            ..config(4, true, false)
+        },
+        64 * Q,
+    );
+    let y = nf.alloc_fit(Q, FitPolicy::InstantFit).unwrap();
+    nf.free(y, Q).unwrap();
+    assert_ne!(nf.alloc(Q).unwrap(), y, "next fit moves on");
+    assert_eq!(nf.stats().cache_hits, 0);
+}
