@@ -54,11 +54,12 @@
 use crate::access::{fill_pages, held_mask, memory, Lanes, Memory, When};
 use crate::coalesce::{CoalesceError, LANES};
 use crate::cost::CostModel;
+use crate::datacache::DataCache;
 use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
 use gmem_core::Gmem;
-use gmem_sim::{AccessError, Replacement, Served, Tlb, TlbConfig};
+use gmem_sim::{AccessError, Served};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
@@ -224,7 +225,7 @@ struct Unit<W> {
     parked: usize,
     pinned: VecDeque<u64>,
     sched: Box<dyn WarpScheduler>,
-    l1d: Option<Tlb<()>>,
+    l1d: Option<DataCache>,
 }
 
 /// A device to run on: the core and the device's port.
@@ -304,13 +305,13 @@ pub fn run<K: Kernel>(
         return Err(SimtError::NoUnits);
     }
     let cost = launch.cost;
-    let cache = |(sets, ways): (usize, usize)| -> Result<Option<Tlb<()>>, SimtError> {
+    let cache = |(sets, ways): (usize, usize)| -> Result<Option<DataCache>, SimtError> {
         if !cost.data_caches {
             return Ok(None);
         }
-        Tlb::new(TlbConfig::new(sets, ways, Replacement::Lru))
+        DataCache::new(sets, ways)
             .map(Some)
-            .map_err(|_| SimtError::Geometry)
+            .ok_or(SimtError::Geometry)
     };
     let wpb = res.threads_per_block.div_ceil(32) as usize;
     let slots = blocks_per_sm as usize;

@@ -32,6 +32,7 @@ mod access;
 pub mod caches;
 pub mod coalesce;
 pub mod cost;
+mod datacache;
 pub mod dispatch;
 pub mod engine;
 pub mod kernel;
