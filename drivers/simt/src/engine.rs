@@ -56,6 +56,7 @@ use crate::coalesce::{CoalesceError, LANES};
 use crate::cost::CostModel;
 use crate::datacache::DataCache;
 use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
+use crate::earliest::{Earliest, IDLE};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
 use gmem_core::Gmem;
@@ -366,10 +367,20 @@ pub fn run<K: Kernel>(
         &mut stats,
     );
     let pwb = 1 + cost.l1_tlb + cost.l2_tlb;
+    // The units with a warp that may issue, by clock: each step changes one unit
+    // (`touched`) or, when a block is placed by the dispatcher, any (`all`).
+    let mut clocks = Earliest::new(n_units);
+    let (mut touched, mut all) = (None::<usize>, true);
     loop {
-        let next = (0..n_units)
-            .filter(|&u| units[u].live > units[u].parked)
-            .min_by_key(|&u| units[u].now);
+        if all {
+            for (i, u) in units.iter().enumerate() {
+                clocks.set(i, clock(u));
+            }
+            all = false;
+        } else if let Some(t) = touched.take() {
+            clocks.set(t, clock(&units[t]));
+        }
+        let next = clocks.first();
         // The head of the walk queue runs when it has reached the walkers and one is
         // free, before any instruction issued later.
         let head = queue
@@ -377,6 +388,7 @@ pub fn run<K: Kernel>(
             .map(|q| (q.issue + pwb).max(mem.walkers.next_free()));
         if let Some(t) = head.filter(|&t| next.map_or(true, |u| t <= units[u].now)) {
             let q = queue.pop_front().expect("head");
+            touched = Some(q.unit);
             let horizon = queue.front().map_or(q.issue, |h| h.issue);
             let unit = &mut units[q.unit];
             let w = unit.warps[q.slot].as_mut().expect("a queued warp is live");
@@ -439,6 +451,7 @@ pub fn run<K: Kernel>(
         let Some(u) = next else {
             break;
         };
+        touched = Some(u);
         let unit = &mut units[u];
         let now = unit.now;
         let picked = if unit.masked {
@@ -611,6 +624,7 @@ pub fn run<K: Kernel>(
                     if let Some(b) = unit.pinned.pop_front() {
                         place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
                     } else {
+                        all = true;
                         fill_open(
                             &mut units,
                             &mut open,
@@ -633,6 +647,16 @@ pub fn run<K: Kernel>(
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
     Ok(stats)
+}
+
+/// A unit's key for [`Earliest`]: its clock while a warp may issue (a live warp not
+/// waiting in the walk queue), else [`IDLE`] (no clock reaches it).
+fn clock<W>(u: &Unit<W>) -> u64 {
+    if u.live > u.parked {
+        u.now
+    } else {
+        IDLE
+    }
 }
 
 fn free_slot<W>(u: &Unit<W>) -> Option<usize> {

@@ -34,6 +34,7 @@ pub mod coalesce;
 pub mod cost;
 mod datacache;
 pub mod dispatch;
+mod earliest;
 pub mod engine;
 pub mod kernel;
 pub mod machine;
