@@ -214,7 +214,9 @@ struct Unit<W> {
     ready: u64,
     /// With `masked`: `(ready_at, slot)` of each warp waiting on a latency, earliest
     /// first; an entry whose slot's `ready_at` has changed since is stale and skipped.
-    wakes: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Each entry packed by [`wake_key`] into one word (ordered as the pair), so the heap
+    /// compares single words.
+    wakes: BinaryHeap<Reverse<u64>>,
     /// The unit has at most 64 slots, so `ready` and `wakes` are kept and the scheduler
     /// picks from the mask.
     masked: bool,
@@ -443,7 +445,7 @@ pub fn run<K: Kernel>(
                 unit.parked -= 1;
                 unit.ready_at[q.slot] = ready;
                 if unit.masked {
-                    unit.wakes.push(Reverse((ready, q.slot)));
+                    unit.wakes.push(Reverse(wake_key(ready, q.slot)));
                 }
             }
             continue;
@@ -456,7 +458,8 @@ pub fn run<K: Kernel>(
         let now = unit.now;
         let picked = if unit.masked {
             // Warps whose latency has elapsed join the ready mask.
-            while let Some(&Reverse((t, i))) = unit.wakes.peek() {
+            while let Some(&Reverse(k)) = unit.wakes.peek() {
+                let (t, i) = unwake(k);
                 if t > now {
                     break;
                 }
@@ -475,7 +478,8 @@ pub fn run<K: Kernel>(
                 // Nothing is ready: every live warp waits in `wakes`, so the earliest
                 // valid entry is the minimum of `ready_at`.
                 loop {
-                    let Reverse((t, i)) = *unit.wakes.peek().expect("a live warp");
+                    let Reverse(k) = *unit.wakes.peek().expect("a live warp");
+                    let (t, i) = unwake(k);
                     if unit.ready_at[i] == t {
                         break t;
                     }
@@ -512,7 +516,7 @@ pub fn run<K: Kernel>(
                 unit.ready_at[s] = w.data_at;
                 if unit.masked {
                     unit.ready &= !(1u64 << s);
-                    unit.wakes.push(Reverse((w.data_at, s)));
+                    unit.wakes.push(Reverse(wake_key(w.data_at, s)));
                 }
             }
             continue;
@@ -560,7 +564,7 @@ pub fn run<K: Kernel>(
                         unit.ready_at[s] = now + 1;
                         if unit.masked {
                             unit.ready &= !(1u64 << s);
-                            unit.wakes.push(Reverse((now + 1, s)));
+                            unit.wakes.push(Reverse(wake_key(now + 1, s)));
                         }
                     } else {
                         unit.parked += 1;
@@ -641,12 +645,24 @@ pub fn run<K: Kernel>(
         unit.ready_at[s] = ready;
         if unit.masked {
             unit.ready &= !(1u64 << s);
-            unit.wakes.push(Reverse((ready, s)));
+            unit.wakes.push(Reverse(wake_key(ready, s)));
         }
         unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
     Ok(stats)
+}
+
+/// A wake entry: cycle `t` (below 2^58: no run reaches it) of slot `i` (below 64, the
+/// units that keep `wakes` have at most 64 slots) in one word, ordered as `(t, i)`.
+fn wake_key(t: u64, i: usize) -> u64 {
+    debug_assert!(t < 1 << 58 && i < 64);
+    t << 6 | i as u64
+}
+
+/// The `(t, i)` of a [`wake_key`] entry.
+fn unwake(k: u64) -> (u64, usize) {
+    (k >> 6, (k & 63) as usize)
 }
 
 /// A unit's key for [`Earliest`]: its clock while a warp may issue (a live warp not
