@@ -10,11 +10,12 @@
 
 use crate::coalesce::{Coalesced, LANES, TRANSACTION};
 use crate::cost::CostModel;
+use crate::datacache::DataCache;
 use crate::engine::{Device, RunStats};
 use crate::kernel::Op;
 use crate::timing::Walkers;
 use gmem_core::{PhysAddr, Prot, VirtAddr};
-use gmem_sim::{AccessError, Resolved, Served, Tlb};
+use gmem_sim::{AccessError, Resolved, Served};
 
 use crate::engine::AccessObserver;
 
@@ -28,7 +29,7 @@ pub(crate) struct Memory {
     lines: Vec<[u8; TRANSACTION as usize]>,
     /// Physical address of each transaction of the instruction in `co`.
     line_pa: [u64; 32],
-    l2d: Option<Tlb<()>>,
+    l2d: Option<DataCache>,
     link_free: u64,
     /// The device's page-table walkers.
     pub(crate) walkers: Walkers,
@@ -36,7 +37,7 @@ pub(crate) struct Memory {
 
 impl Memory {
     /// Fresh state with the shared L2 data cache `l2d` and `walkers` walkers.
-    pub(crate) fn new(l2d: Option<Tlb<()>>, walkers: u64) -> Memory {
+    pub(crate) fn new(l2d: Option<DataCache>, walkers: u64) -> Memory {
         Memory {
             co: Coalesced::default(),
             pages: Vec::with_capacity(32),
@@ -113,7 +114,7 @@ pub(crate) fn memory(
     (cost, page_shift): (&CostModel, u8),
     when: When,
     m: &mut Memory,
-    l1d: &mut Option<Tlb<()>>,
+    l1d: &mut Option<DataCache>,
     stats: &mut RunStats,
     observer: &mut Option<&mut (dyn AccessObserver + '_)>,
 ) -> Result<u64, AccessError> {
@@ -127,47 +128,62 @@ pub(crate) fn memory(
     if m.co.transactions.is_empty() {
         return Ok(run + 1);
     }
-    let pmask = !((1u64 << page_shift) - 1);
     let (co, lines, line_pa) = (&m.co, &mut m.lines, &mut m.line_pa);
+    let store = op == Op::Store;
     dev.port
         .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
             for (ti, &t) in co.transactions.iter().enumerate() {
-                let pi = co
-                    .pages
-                    .binary_search(&(t & pmask))
-                    .expect("pages come from the transactions");
-                let pa = PhysAddr::new(res[pi].pa.as_u64() + (t - (t & pmask)));
+                let r = &res[co.transaction_page(ti)];
+                let pa = PhysAddr::new(r.pa.as_u64() + (t & ((1u64 << page_shift) - 1)));
                 line_pa[ti] = pa.as_u64();
                 if let Some(o) = observer.as_mut() {
-                    o.transaction(u, pa.as_u64(), op == Op::Store, res[pi].served);
+                    o.transaction(u, pa.as_u64(), store, r.served);
                 }
-                res[pi]
-                    .memory
-                    .read(pa, &mut lines[ti])
-                    .map_err(AccessError::Bounds)?;
-            }
-            for l in 0..32 {
-                if io.mask & (1 << l) == 0 {
-                    continue;
-                }
-                let a = io.addr[l];
-                let ti = co.transaction_of(a).expect("lane coalesced");
-                let off = (a % TRANSACTION) as usize;
-                let word = &mut lines[ti][off..off + 4];
-                if op == Op::Store {
-                    word.copy_from_slice(&io.value[l].to_le_bytes());
+                if store {
+                    // Checked before any line is written: a store that fails writes
+                    // nothing.
+                    r.memory
+                        .check_range(pa, TRANSACTION)
+                        .map_err(AccessError::Bounds)?;
                 } else {
-                    io.value[l] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-                }
-            }
-            if op == Op::Store {
-                for (ti, &t) in co.transactions.iter().enumerate() {
-                    let pi = co.pages.binary_search(&(t & pmask)).expect("coalesced");
-                    res[pi]
-                        .memory
-                        .write(PhysAddr::new(line_pa[ti]), &lines[ti])
+                    r.memory
+                        .read(pa, &mut lines[ti])
                         .map_err(AccessError::Bounds)?;
                 }
+            }
+            if !store {
+                let mut lanes = io.mask;
+                while lanes != 0 {
+                    let l = lanes.trailing_zeros() as usize;
+                    lanes &= lanes - 1;
+                    let off = (io.addr[l] % TRANSACTION) as usize;
+                    let w = &lines[co.lane_transaction(l)][off..off + 4];
+                    io.value[l] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                }
+                return Ok(());
+            }
+            // Each line read, its lanes' words written and written back under one lock
+            // of its memory.
+            let mut of_tx = [0u32; LANES];
+            let mut lanes = io.mask;
+            while lanes != 0 {
+                let l = lanes.trailing_zeros() as usize;
+                lanes &= lanes - 1;
+                of_tx[co.lane_transaction(l)] |= 1 << l;
+            }
+            for (ti, &pa) in line_pa.iter().enumerate().take(co.transactions.len()) {
+                let r = &res[co.transaction_page(ti)];
+                r.memory
+                    .read_modify_write(PhysAddr::new(pa), &mut lines[ti], |line| {
+                        let mut lanes = of_tx[ti];
+                        while lanes != 0 {
+                            let l = lanes.trailing_zeros() as usize;
+                            lanes &= lanes - 1;
+                            let off = (io.addr[l] % TRANSACTION) as usize;
+                            line[off..off + 4].copy_from_slice(&io.value[l].to_le_bytes());
+                        }
+                    })
+                    .map_err(AccessError::Bounds)?;
             }
             Ok(())
         })?;
@@ -221,7 +237,7 @@ fn untimed(
     cost: &CostModel,
     issue: u64,
     m: &mut Memory,
-    l1d: &mut Option<Tlb<()>>,
+    l1d: &mut Option<DataCache>,
     stats: &mut RunStats,
     op: Op,
 ) -> u64 {
@@ -259,7 +275,7 @@ fn data(
     issue: u64,
     ready: u64,
     m: &mut Memory,
-    l1d: &mut Option<Tlb<()>>,
+    l1d: &mut Option<DataCache>,
     stats: &mut RunStats,
     op: Op,
 ) -> u64 {
@@ -270,22 +286,15 @@ fn data(
     let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
     for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
         stats.transactions += 1;
-        let l1_hit = op == Op::Load
-            && l1d
-                .as_mut()
-                .is_some_and(|c| c.lookup_at(0, pa, 7).is_some());
+        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.lookup(pa));
         let c = if l1_hit {
             stats.l1_data_hits += 1;
             cost.l1_data
-        } else if m
-            .l2d
-            .as_mut()
-            .is_some_and(|c| c.lookup_at(0, pa, 7).is_some())
-        {
+        } else if m.l2d.as_mut().is_some_and(|c| c.lookup(pa)) {
             stats.l2_data_hits += 1;
             if op == Op::Load {
                 if let Some(c) = l1d.as_mut() {
-                    c.insert(0, pa, 7, ());
+                    c.fill_missing(pa);
                 }
             }
             cost.l2_data
@@ -294,11 +303,11 @@ fn data(
             let start = t0.max(m.link_free);
             m.link_free = start + link;
             if let Some(c) = m.l2d.as_mut() {
-                c.insert(0, pa, 7, ());
+                c.fill_missing(pa);
             }
             if op == Op::Load {
                 if let Some(c) = l1d.as_mut() {
-                    c.insert(0, pa, 7, ());
+                    c.fill_missing(pa);
                 }
             }
             (m.link_free - t0) + cost.dram

@@ -29,6 +29,10 @@ pub struct Coalesced {
     pub transactions: Vec<u64>,
     /// First address of each distinct page (of `1 << page_shift` bytes), ascending.
     pub pages: Vec<u64>,
+    /// Each active lane's index in `transactions` (stale for inactive lanes).
+    lane_tx: [u8; LANES],
+    /// Each transaction's index in `pages`.
+    tx_page: [u8; LANES],
 }
 
 impl Coalesced {
@@ -47,16 +51,55 @@ impl Coalesced {
     ) -> Result<(), CoalesceError> {
         self.transactions.clear();
         self.pages.clear();
-        for (lane, &a) in addr.iter().enumerate() {
-            if mask & (1 << lane) == 0 {
-                continue;
-            }
+        if mask == u32::MAX && self.fill_consecutive(addr, page_shift) {
+            return Ok(());
+        }
+        self.fill_lanes(addr, mask, page_shift)
+    }
+
+    /// [`Coalesced::fill`] lane by lane, into emptied lists.
+    fn fill_lanes(
+        &mut self,
+        addr: &[u64; LANES],
+        mask: u32,
+        page_shift: u8,
+    ) -> Result<(), CoalesceError> {
+        // Lanes usually come in ascending address order: each lane's transaction is
+        // then the last one or a new one at the end, and its index is known at once.
+        let mut sorted = true;
+        let mut m = mask;
+        while m != 0 {
+            let lane = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let a = addr[lane];
             if a % 4 != 0 {
                 self.transactions.clear();
                 self.pages.clear();
                 return Err(CoalesceError::Unaligned { lane, addr: a });
             }
-            insert_sorted(&mut self.transactions, a & !(TRANSACTION - 1));
+            let t = a & !(TRANSACTION - 1);
+            match self.transactions.last() {
+                Some(&l) if l == t => {}
+                Some(&l) if l > t => {
+                    sorted = false;
+                    if let Err(i) = self.transactions.binary_search(&t) {
+                        self.transactions.insert(i, t);
+                    }
+                }
+                _ => self.transactions.push(t),
+            }
+            self.lane_tx[lane] = (self.transactions.len() - 1) as u8;
+        }
+        if !sorted {
+            // An insertion moved transactions after lanes were given their index.
+            let mut m = mask;
+            while m != 0 {
+                let lane = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let t = addr[lane] & !(TRANSACTION - 1);
+                let i = self.transactions.binary_search(&t).unwrap_or(0);
+                self.lane_tx[lane] = i as u8;
+            }
         }
         let pmask = !((1u64 << page_shift) - 1);
         for i in 0..self.transactions.len() {
@@ -64,8 +107,45 @@ impl Coalesced {
             if self.pages.last() != Some(&p) {
                 self.pages.push(p);
             }
+            self.tx_page[i] = (self.pages.len() - 1) as u8;
         }
         Ok(())
+    }
+
+    /// The common case of a fully coalesced instruction: all 32 lanes active, lane `l`
+    /// at `addr[0] + 4 l`, `addr[0]` aligned and the run not wrapping. Fills the value
+    /// and returns true, else returns false having changed nothing. The check is a
+    /// compare per lane without branches (vectorised), then the one to two
+    /// transactions and their lanes follow from the addresses.
+    fn fill_consecutive(&mut self, addr: &[u64; LANES], page_shift: u8) -> bool {
+        let a0 = addr[0];
+        if a0 % 4 != 0 || a0 > u64::MAX - 4 * LANES as u64 {
+            return false;
+        }
+        let off = addr
+            .iter()
+            .enumerate()
+            .fold(0u64, |acc, (l, &a)| acc | (a ^ (a0 + 4 * l as u64)));
+        if off != 0 {
+            return false;
+        }
+        let first = a0 & !(TRANSACTION - 1);
+        let last = addr[LANES - 1] & !(TRANSACTION - 1);
+        let pmask = !((1u64 << page_shift) - 1);
+        self.transactions.push(first);
+        self.pages.push(first & pmask);
+        self.tx_page[0] = 0;
+        if last != first {
+            self.transactions.push(last);
+            if last & pmask != first & pmask {
+                self.pages.push(last & pmask);
+            }
+            self.tx_page[1] = (self.pages.len() - 1) as u8;
+        }
+        for (l, t) in self.lane_tx.iter_mut().enumerate() {
+            *t = u8::from(a0 + 4 * l as u64 >= last && last != first);
+        }
+        true
     }
 
     /// Index of the transaction holding `addr` (which must be one of the coalesced
@@ -75,20 +155,16 @@ impl Coalesced {
             .binary_search(&(addr & !(TRANSACTION - 1)))
             .ok()
     }
-}
 
-/// Insert `v` into the ascending `list` unless present; lanes usually come in
-/// ascending order, so the common case is a push.
-fn insert_sorted(list: &mut Vec<u64>, v: u64) {
-    match list.last() {
-        None => list.push(v),
-        Some(&l) if l < v => list.push(v),
-        Some(&l) if l == v => {}
-        _ => {
-            if let Err(i) = list.binary_search(&v) {
-                list.insert(i, v);
-            }
-        }
+    /// Index in [`Coalesced::transactions`] of active lane `lane`'s transaction (the
+    /// last [`Coalesced::fill`] computed it; meaningless for a lane it did not cover).
+    pub fn lane_transaction(&self, lane: usize) -> usize {
+        usize::from(self.lane_tx[lane % LANES])
+    }
+
+    /// Index in [`Coalesced::pages`] of transaction `ti`'s page.
+    pub fn transaction_page(&self, ti: usize) -> usize {
+        usize::from(self.tx_page[ti % LANES])
     }
 }
 
@@ -134,6 +210,37 @@ mod tests {
         c.fill(&lanes(|_| 0), 0, 12).unwrap();
         assert!(c.transactions.is_empty() && c.pages.is_empty());
         assert_eq!(c.transaction_of(0x5000), None);
+    }
+
+    /// The lane and page indices agree with searching the lists, lanes in order or not.
+    #[test]
+    fn lane_and_page_indices_match_a_search() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..2000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mask = if round % 3 == 0 { u32::MAX } else { x as u32 };
+            let addr = lanes(|i| match round % 4 {
+                0 => 0x10_0000 + 4 * i + 64 * (x % 7) + 4 * (x % 1024),
+                1 => 0x10_0000 + 4 * (31 - i) * (x % 300),
+                _ => 0x10_0000 + 4 * ((x >> i) % 4096),
+            });
+            let mut c = Coalesced::default();
+            c.fill(&addr, mask, 12).unwrap();
+            // The lane-by-lane path gives the same value, fast path or not.
+            let mut slow = Coalesced::default();
+            slow.fill_lanes(&addr, mask, 12).unwrap();
+            assert_eq!(slow, c);
+            for (l, &a) in addr.iter().enumerate() {
+                if mask & (1 << l) != 0 {
+                    let ti = c.lane_transaction(l);
+                    assert_eq!(Some(ti), c.transaction_of(a));
+                    let p = c.transactions[ti] & !0xfff;
+                    assert_eq!(c.pages[c.transaction_page(ti)], p);
+                }
+            }
+        }
     }
 
     #[test]

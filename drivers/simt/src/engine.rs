@@ -54,11 +54,13 @@
 use crate::access::{fill_pages, held_mask, memory, Lanes, Memory, When};
 use crate::coalesce::{CoalesceError, LANES};
 use crate::cost::CostModel;
+use crate::datacache::DataCache;
 use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
+use crate::earliest::{Earliest, IDLE};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
 use gmem_core::Gmem;
-use gmem_sim::{AccessError, Replacement, Served, Tlb, TlbConfig};
+use gmem_sim::{AccessError, Served};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
@@ -212,7 +214,9 @@ struct Unit<W> {
     ready: u64,
     /// With `masked`: `(ready_at, slot)` of each warp waiting on a latency, earliest
     /// first; an entry whose slot's `ready_at` has changed since is stale and skipped.
-    wakes: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Each entry packed by [`wake_key`] into one word (ordered as the pair), so the heap
+    /// compares single words.
+    wakes: BinaryHeap<Reverse<u64>>,
     /// The unit has at most 64 slots, so `ready` and `wakes` are kept and the scheduler
     /// picks from the mask.
     masked: bool,
@@ -224,7 +228,7 @@ struct Unit<W> {
     parked: usize,
     pinned: VecDeque<u64>,
     sched: Box<dyn WarpScheduler>,
-    l1d: Option<Tlb<()>>,
+    l1d: Option<DataCache>,
 }
 
 /// A device to run on: the core and the device's port.
@@ -304,13 +308,13 @@ pub fn run<K: Kernel>(
         return Err(SimtError::NoUnits);
     }
     let cost = launch.cost;
-    let cache = |(sets, ways): (usize, usize)| -> Result<Option<Tlb<()>>, SimtError> {
+    let cache = |(sets, ways): (usize, usize)| -> Result<Option<DataCache>, SimtError> {
         if !cost.data_caches {
             return Ok(None);
         }
-        Tlb::new(TlbConfig::new(sets, ways, Replacement::Lru))
+        DataCache::new(sets, ways)
             .map(Some)
-            .map_err(|_| SimtError::Geometry)
+            .ok_or(SimtError::Geometry)
     };
     let wpb = res.threads_per_block.div_ceil(32) as usize;
     let slots = blocks_per_sm as usize;
@@ -365,10 +369,20 @@ pub fn run<K: Kernel>(
         &mut stats,
     );
     let pwb = 1 + cost.l1_tlb + cost.l2_tlb;
+    // The units with a warp that may issue, by clock: each step changes one unit
+    // (`touched`) or, when a block is placed by the dispatcher, any (`all`).
+    let mut clocks = Earliest::new(n_units);
+    let (mut touched, mut all) = (None::<usize>, true);
     loop {
-        let next = (0..n_units)
-            .filter(|&u| units[u].live > units[u].parked)
-            .min_by_key(|&u| units[u].now);
+        if all {
+            for (i, u) in units.iter().enumerate() {
+                clocks.set(i, clock(u));
+            }
+            all = false;
+        } else if let Some(t) = touched.take() {
+            clocks.set(t, clock(&units[t]));
+        }
+        let next = clocks.first();
         // The head of the walk queue runs when it has reached the walkers and one is
         // free, before any instruction issued later.
         let head = queue
@@ -376,6 +390,7 @@ pub fn run<K: Kernel>(
             .map(|q| (q.issue + pwb).max(mem.walkers.next_free()));
         if let Some(t) = head.filter(|&t| next.map_or(true, |u| t <= units[u].now)) {
             let q = queue.pop_front().expect("head");
+            touched = Some(q.unit);
             let horizon = queue.front().map_or(q.issue, |h| h.issue);
             let unit = &mut units[q.unit];
             let w = unit.warps[q.slot].as_mut().expect("a queued warp is live");
@@ -430,7 +445,7 @@ pub fn run<K: Kernel>(
                 unit.parked -= 1;
                 unit.ready_at[q.slot] = ready;
                 if unit.masked {
-                    unit.wakes.push(Reverse((ready, q.slot)));
+                    unit.wakes.push(Reverse(wake_key(ready, q.slot)));
                 }
             }
             continue;
@@ -438,11 +453,13 @@ pub fn run<K: Kernel>(
         let Some(u) = next else {
             break;
         };
+        touched = Some(u);
         let unit = &mut units[u];
         let now = unit.now;
         let picked = if unit.masked {
             // Warps whose latency has elapsed join the ready mask.
-            while let Some(&Reverse((t, i))) = unit.wakes.peek() {
+            while let Some(&Reverse(k)) = unit.wakes.peek() {
+                let (t, i) = unwake(k);
                 if t > now {
                     break;
                 }
@@ -461,7 +478,8 @@ pub fn run<K: Kernel>(
                 // Nothing is ready: every live warp waits in `wakes`, so the earliest
                 // valid entry is the minimum of `ready_at`.
                 loop {
-                    let Reverse((t, i)) = *unit.wakes.peek().expect("a live warp");
+                    let Reverse(k) = *unit.wakes.peek().expect("a live warp");
+                    let (t, i) = unwake(k);
                     if unit.ready_at[i] == t {
                         break t;
                     }
@@ -498,7 +516,7 @@ pub fn run<K: Kernel>(
                 unit.ready_at[s] = w.data_at;
                 if unit.masked {
                     unit.ready &= !(1u64 << s);
-                    unit.wakes.push(Reverse((w.data_at, s)));
+                    unit.wakes.push(Reverse(wake_key(w.data_at, s)));
                 }
             }
             continue;
@@ -546,7 +564,7 @@ pub fn run<K: Kernel>(
                         unit.ready_at[s] = now + 1;
                         if unit.masked {
                             unit.ready &= !(1u64 << s);
-                            unit.wakes.push(Reverse((now + 1, s)));
+                            unit.wakes.push(Reverse(wake_key(now + 1, s)));
                         }
                     } else {
                         unit.parked += 1;
@@ -610,6 +628,7 @@ pub fn run<K: Kernel>(
                     if let Some(b) = unit.pinned.pop_front() {
                         place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
                     } else {
+                        all = true;
                         fill_open(
                             &mut units,
                             &mut open,
@@ -626,12 +645,34 @@ pub fn run<K: Kernel>(
         unit.ready_at[s] = ready;
         if unit.masked {
             unit.ready &= !(1u64 << s);
-            unit.wakes.push(Reverse((ready, s)));
+            unit.wakes.push(Reverse(wake_key(ready, s)));
         }
         unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
     Ok(stats)
+}
+
+/// A wake entry: cycle `t` (below 2^58: no run reaches it) of slot `i` (below 64, the
+/// units that keep `wakes` have at most 64 slots) in one word, ordered as `(t, i)`.
+fn wake_key(t: u64, i: usize) -> u64 {
+    debug_assert!(t < 1 << 58 && i < 64);
+    t << 6 | i as u64
+}
+
+/// The `(t, i)` of a [`wake_key`] entry.
+fn unwake(k: u64) -> (u64, usize) {
+    (k >> 6, (k & 63) as usize)
+}
+
+/// A unit's key for [`Earliest`]: its clock while a warp may issue (a live warp not
+/// waiting in the walk queue), else [`IDLE`] (no clock reaches it).
+fn clock<W>(u: &Unit<W>) -> u64 {
+    if u.live > u.parked {
+        u.now
+    } else {
+        IDLE
+    }
 }
 
 fn free_slot<W>(u: &Unit<W>) -> Option<usize> {

@@ -210,18 +210,12 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                 }
                 Phase::Store => {
                     let (spec, base, active) = (&self.spec, self.base, self.active);
-                    io.lanes(|l| {
-                        (active & (1 << l) != 0)
-                            .then(|| spec.out(base + l as u64))
-                            .flatten()
-                    });
-                    for l in 0..32 {
-                        if io.active(l) {
-                            io.value[l] = self
-                                .spec
-                                .result(self.base + l as u64, &self.acc[l])
-                                .to_bits();
-                        }
+                    io.lanes_of(active, |l| spec.out(base + l as u64));
+                    let mut m = io.mask;
+                    while m != 0 {
+                        let l = m.trailing_zeros() as usize;
+                        m &= m - 1;
+                        io.value[l] = spec.result(base + l as u64, &self.acc[l]).to_bits();
                     }
                     self.phase = Phase::Done;
                     return Op::Store;

@@ -1,0 +1,125 @@
+//! The data caches of the cost model: a set-associative, LRU array of 128-byte line
+//! tags (no data: the bytes always move in simulated memory, the cache only decides
+//! what a transaction costs).
+//!
+//! It decides hits exactly as the [`gmem_sim::Tlb`] with [`gmem_sim::Replacement::Lru`]
+//! the engine used before (set = line number modulo the sets, the least recently
+//! filled or used line of a full set evicted): each set keeps its lines most recent
+//! first, so a hit moves one line to the front and a fill shifts the set by one. It is
+//! the engine's own because the engine only needs that (no asids, page sizes, values
+//! or counters), at a fraction of a TLB's bookkeeping per transaction.
+
+use crate::coalesce::TRANSACTION;
+
+/// An empty way (no line number reaches it: a line number is an address over 128).
+const EMPTY: u64 = u64::MAX;
+
+/// Most lines a cache may hold (the [`gmem_sim::Tlb`] bound the engine used before).
+const MAX_LINES: usize = 1 << 20;
+
+/// A set-associative LRU cache of 128-byte lines.
+#[derive(Clone, Debug)]
+pub(crate) struct DataCache {
+    /// `sets × ways` line numbers, each set's most recent first, [`EMPTY`] at its end.
+    lines: Vec<u64>,
+    sets: u64,
+    ways: usize,
+}
+
+impl DataCache {
+    /// A cache of `sets` sets of `ways` lines; `None` for zero sets or ways or more
+    /// than 2^20 lines.
+    pub(crate) fn new(sets: usize, ways: usize) -> Option<DataCache> {
+        if sets == 0 || ways == 0 || sets.checked_mul(ways)? > MAX_LINES {
+            return None;
+        }
+        Some(DataCache {
+            lines: vec![EMPTY; sets * ways],
+            sets: sets as u64,
+            ways,
+        })
+    }
+
+    fn set(&mut self, line: u64) -> &mut [u64] {
+        let s = if self.sets.is_power_of_two() {
+            line & (self.sets - 1)
+        } else {
+            line % self.sets
+        } as usize;
+        &mut self.lines[s * self.ways..(s + 1) * self.ways]
+    }
+
+    /// Whether the line holding physical address `pa` is cached; a hit makes it the
+    /// set's most recent line.
+    pub(crate) fn lookup(&mut self, pa: u64) -> bool {
+        let line = pa / TRANSACTION;
+        let set = self.set(line);
+        match set.iter().position(|&l| l == line) {
+            Some(i) => {
+                set[..=i].rotate_right(1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Cache the line holding `pa`, which a lookup just missed: it becomes the set's
+    /// most recent line, evicting the least recent one of a full set.
+    pub(crate) fn fill_missing(&mut self, pa: u64) {
+        let line = pa / TRANSACTION;
+        let set = self.set(line);
+        debug_assert!(!set.contains(&line), "fill of a cached line");
+        set.rotate_right(1);
+        set[0] = line;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gmem_sim::{Replacement, Tlb, TlbConfig};
+
+    #[test]
+    fn bad_geometries_are_refused() {
+        assert!(DataCache::new(0, 4).is_none());
+        assert!(DataCache::new(4, 0).is_none());
+        assert!(DataCache::new(1 << 20, 2).is_none());
+        assert!(DataCache::new(usize::MAX, 2).is_none());
+        assert!(DataCache::new(1, 65).is_some());
+        assert!(DataCache::new(64, 4).is_some());
+    }
+
+    /// Hits and misses equal those of the LRU TLB it replaced, over a pseudo-random
+    /// stream with reuse, for power-of-two and other set counts.
+    #[test]
+    fn hits_equal_the_lru_tlb_it_replaced() {
+        for (sets, ways) in [(64usize, 4usize), (1, 1), (3, 2), (16, 16), (5, 7)] {
+            let mut c = DataCache::new(sets, ways).unwrap();
+            let mut t = Tlb::<()>::new(TlbConfig::new(sets, ways, Replacement::Lru)).unwrap();
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            let (mut hits, mut misses) = (0, 0);
+            for _ in 0..20_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // A few hot lines and a wide cold range.
+                let line = if x % 3 == 0 {
+                    x % (2 * (sets * ways) as u64)
+                } else {
+                    x % 100_000
+                };
+                let pa = line * TRANSACTION + (x >> 50) % TRANSACTION;
+                let want = t.lookup_at(0, pa, 7).is_some();
+                assert_eq!(c.lookup(pa), want, "{sets}x{ways}");
+                if !want {
+                    t.insert(0, pa, 7, ());
+                    c.fill_missing(pa);
+                    misses += 1;
+                } else {
+                    hits += 1;
+                }
+            }
+            assert!(hits > 500 && misses > 500, "{hits} hits, {misses} misses");
+        }
+    }
+}
