@@ -262,6 +262,12 @@ impl<V: Copy> Tlb<V> {
         self.stats
     }
 
+    /// Count `n` more fills (the split replayer's correction for a fill it made in
+    /// place of two on the same slot).
+    pub(crate) fn count_fills(&mut self, n: u64) {
+        self.stats.fills += n;
+    }
+
     /// Valid entries.
     pub fn len(&self) -> usize {
         self.valid
