@@ -422,22 +422,25 @@ impl ReplayStream {
                 }
                 continue;
             }
-            let (root, access, answer) = self.decode(op);
+            // The answer is read only where it is used (most requests are hits).
+            let root = self.roots[op.root as usize];
+            let access = Prot::from_bits_retain(op.bits & 7);
             let outcome = match l1.lookup_ref(root, op.va) {
-                Some(&held) => {
-                    if !held.prot.contains(access) {
+                Some(held) => {
+                    let (prot, dirty) = (held.prot, held.dirty);
+                    if !prot.contains(access) {
                         l1.remove(root, op.va);
                         FORGET
-                    } else if held.dirty || !access.contains(Prot::WRITE) {
+                    } else if dirty || !access.contains(Prot::WRITE) {
                         HIT
-                    } else if let Some(a) = permitting(answer, access) {
+                    } else if let Some(a) = permitting(self.answer(op), access) {
                         l1.insert(root, op.va, a.shift, a);
                         HIT_WALK_FILL
                     } else {
                         HIT_WALK
                     }
                 }
-                None => match permitting(answer, access) {
+                None => match permitting(self.answer(op), access) {
                     Some(a) => {
                         l1.insert_missing(root, op.va, a.shift, a);
                         MISS_FILL
