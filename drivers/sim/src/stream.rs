@@ -93,6 +93,8 @@ pub enum StreamError {
     TooManyLeaves,
     /// A walk that wrote back more than 15 entries.
     TooManyWrites,
+    /// More than 2^32 - 1 events.
+    TooManyEvents,
     /// A table format deeper than 8 levels (or of depth 0).
     TooDeep {
         /// The depth asked for.
@@ -107,6 +109,7 @@ impl fmt::Display for StreamError {
             StreamError::TooManyUnits => write!(f, "a unit number above 65535"),
             StreamError::TooManyLeaves => write!(f, "more than 2^28 - 1 distinct leaves"),
             StreamError::TooManyWrites => write!(f, "a walk wrote more than 15 entries"),
+            StreamError::TooManyEvents => write!(f, "more than 2^32 - 1 events"),
             StreamError::TooDeep { levels } => write!(f, "{levels} table levels (1 to 8)"),
         }
     }
@@ -152,6 +155,11 @@ pub struct ReplayStream {
     ops: Vec<Op>,
     /// Each recorded unit's translations and every control event, in order.
     units: Vec<Vec<Op>>,
+    /// For each op of `units`, its index in `ops`.
+    seqs: Vec<Vec<u32>>,
+    /// One outcome byte per op: [`HIT`] for a translation, [`CONTROL_OUT`] for a
+    /// control event (the L1 passes overwrite the translations' bytes).
+    template: Vec<u8>,
     /// The control events only (for L1s of units that never translated).
     controls_only: Vec<Op>,
     roots: Vec<u64>,
@@ -194,6 +202,8 @@ const HIT_WALK_FILL: u8 = 3;
 const MISS_NONE: u8 = 4;
 /// An L1 miss predicted to fill the answer.
 const MISS_FILL: u8 = 5;
+/// Not a translation: a control event.
+const CONTROL_OUT: u8 = 6;
 
 impl ReplayStream {
     /// Decode `log`, recorded on a table format of depth `levels` (4 for x86-64).
@@ -212,6 +222,8 @@ impl ReplayStream {
             levels,
             ops: Vec::with_capacity(log.events.len()),
             units: Vec::new(),
+            seqs: Vec::new(),
+            template: Vec::new(),
             controls_only: Vec::new(),
             roots: Vec::new(),
             leaves: Vec::new(),
@@ -277,13 +289,21 @@ impl ReplayStream {
             .map(|o| o.unit as usize + 1)
             .max()
             .unwrap_or(0);
+        if u32::try_from(s.ops.len()).is_err() {
+            return Err(StreamError::TooManyEvents);
+        }
         s.units = vec![Vec::new(); n];
-        for op in &s.ops {
+        s.seqs = vec![Vec::new(); n];
+        for (at, op) in s.ops.iter().enumerate() {
             if op.bits & CONTROL != 0 {
                 s.units.iter_mut().for_each(|u| u.push(*op));
+                s.seqs.iter_mut().for_each(|u| u.push(at as u32));
                 s.controls_only.push(*op);
+                s.template.push(CONTROL_OUT);
             } else {
                 s.units[op.unit as usize].push(*op);
+                s.seqs[op.unit as usize].push(at as u32);
+                s.template.push(HIT);
             }
         }
         Ok(s)
@@ -404,10 +424,10 @@ impl ReplayStream {
     }
 
     /// The L1 pass of one unit: its translations and the control events through its
-    /// L1, one outcome byte per translation.
-    fn l1_pass(&self, l1: &mut Tlb<Leaf>, ops: &[Op], out: &mut Vec<u8>) {
-        out.reserve(ops.len());
-        for op in ops {
+    /// L1, each translation's outcome byte written at its index in the stream
+    /// (`seqs[k]` for `ops[k]`).
+    fn l1_pass(&self, l1: &mut Tlb<Leaf>, ops: &[Op], seqs: &[u32], out: &mut [u8]) {
+        for (k, op) in ops.iter().enumerate() {
             if op.bits & CONTROL != 0 {
                 match self.control_of(op) {
                     Control::Invalidate { root, first, count } => {
@@ -448,25 +468,47 @@ impl ReplayStream {
                     None => MISS_NONE,
                 },
             };
-            out.push(outcome);
+            if outcome != HIT {
+                out[seqs[k] as usize] = outcome;
+            }
         }
     }
 
     fn try_split(&self, caches: &mut TlbHierarchy) -> Result<ReplayStats, Unsplit> {
         let top = self.levels - 1;
         let (l1s, mut l2, mut pwc, counters) = caches.levels_mut();
-        let mut outs: Vec<Vec<u8>> = vec![Vec::new(); self.units.len()];
+        let mut outcomes = self.template.clone();
         for (u, l1) in l1s.iter_mut().enumerate() {
-            match self.units.get(u) {
-                Some(ops) => self.l1_pass(l1, ops, &mut outs[u]),
-                None => self.l1_pass(l1, &self.controls_only, &mut Vec::new()),
+            match (self.units.get(u), self.seqs.get(u)) {
+                (Some(ops), Some(seqs)) => self.l1_pass(l1, ops, seqs, &mut outcomes),
+                // Only control events: no outcome written.
+                _ => self.l1_pass(l1, &self.controls_only, &[], &mut []),
             }
         }
-        let mut cursor = vec![0usize; self.units.len()];
         let mut refills = vec![0u64; self.units.len()];
         let mut walks = 0u64;
-        for (at, op) in self.ops.iter().enumerate() {
-            if op.bits & CONTROL != 0 {
+        let mut at = 0;
+        let n = outcomes.len();
+        while at < n {
+            // Skip plain L1 hits (zero bytes) eight at a time.
+            if at + 8 <= n {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&outcomes[at..at + 8]);
+                let w = u64::from_le_bytes(w);
+                if w == 0 {
+                    at += 8;
+                    continue;
+                }
+                at += (w.trailing_zeros() / 8) as usize;
+            }
+            let outcome = outcomes[at];
+            let here = at;
+            let op = &self.ops[here];
+            at += 1;
+            if outcome == HIT {
+                continue;
+            }
+            if outcome == CONTROL_OUT {
                 match self.control_of(op) {
                     Control::Invalidate { root, first, count } => {
                         if let Some(l2) = l2.as_deref_mut() {
@@ -496,11 +538,6 @@ impl ReplayStream {
                 continue;
             }
             let u = op.unit as usize;
-            let outcome = outs[u][cursor[u]];
-            cursor[u] += 1;
-            if outcome == HIT {
-                continue;
-            }
             let (root, access, answer) = self.decode(op);
             let mut walk = |pwc: Option<&mut Tlb<u64>>| {
                 walks += 1;
@@ -536,11 +573,11 @@ impl ReplayStream {
                             }
                         }
                         Some(x) if !x.prot.contains(access) => {
-                            return Err(Unsplit::CrossLevelFill { at });
+                            return Err(Unsplit::CrossLevelFill { at: here });
                         }
                         Some(x) if x.dirty || !access.contains(Prot::WRITE) => {
                             if outcome != MISS_FILL || answer != Some(x) {
-                                return Err(Unsplit::CrossLevelFill { at });
+                                return Err(Unsplit::CrossLevelFill { at: here });
                             }
                         }
                         Some(x) => {
@@ -551,7 +588,7 @@ impl ReplayStream {
                                     l2.insert(root, op.va, a.shift, a);
                                     refills[u] += 1;
                                 }
-                                _ => return Err(Unsplit::CrossLevelFill { at }),
+                                _ => return Err(Unsplit::CrossLevelFill { at: here }),
                             }
                         }
                     }
