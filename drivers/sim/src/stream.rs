@@ -10,9 +10,15 @@
 //! ## Replay split by level
 //! The per-unit L1 TLBs are independent of each other, so [`ReplayStream::replay_split`]
 //! replays each unit's sub-stream alone through its L1 (whose state then stays in the
-//! host's cache), writing one outcome byte per translation; a second pass replays the
-//! shared level (L2 TLB, page-walk cache, walks) over the original stream in the
-//! original order, reading those outcomes and skipping plain L1 hits.
+//! host's cache), writing one outcome byte per translation at the request's index in
+//! the stream; a second pass replays the shared level (L2 TLB, page-walk cache, walks)
+//! over the original stream in the original order, reading those outcomes and
+//! skipping plain L1 hits (zero bytes, eight at a time).
+//!
+//! The split pays where requests hit their L1 (BFS R-MAT, 94% L1 hits: 410 → 340
+//! instructions per translation against the one-pass replay of before); the L1 lookup
+//! itself (fingerprint scan, match, LRU refresh) is the same work in both designs, so a
+//! stream that misses its L1 often gains less (ATAX, 66% hits: 494 → 421).
 //!
 //! Everything an L1 does is decided by its own state and the request (its access and
 //! recorded answer), except after an L1 miss: the one-pass replay then fills the L1
