@@ -148,11 +148,40 @@ pub struct TlbHierarchy {
     l1: Vec<Tlb<Leaf>>,
     l2: Option<Tlb<Leaf>>,
     walk_cache: Option<Tlb<u64>>,
-    walks: u64,
-    walk_reads: u64,
-    walk_writes: u64,
-    walk_faults: u64,
+    walks: WalkCounters,
 }
+
+/// A hierarchy's walk counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WalkCounters {
+    walks: u64,
+    reads: u64,
+    writes: u64,
+    faults: u64,
+}
+
+impl WalkCounters {
+    /// Account a walk.
+    #[inline]
+    pub(crate) fn note(&mut self, walk: &Walk) {
+        self.walks += 1;
+        self.reads += u64::from(walk.reads);
+        self.writes += u64::from(walk.writes);
+        if walk.leaf.is_none() {
+            self.faults += 1;
+        }
+    }
+}
+
+/// Every level of a hierarchy at once, for the split replayer
+/// ([`crate::ReplayStream::replay_split`]): the L1s, the L2, the page-walk cache and
+/// the walk counters.
+pub(crate) type LevelsMut<'a> = (
+    &'a mut [Tlb<Leaf>],
+    Option<&'a mut Tlb<Leaf>>,
+    Option<&'a mut Tlb<u64>>,
+    &'a mut WalkCounters,
+);
 
 impl TlbHierarchy {
     /// Empty caches of the given geometry.
@@ -172,10 +201,7 @@ impl TlbHierarchy {
             l1,
             l2: config.l2.map(Tlb::new).transpose()?,
             walk_cache: config.walk_cache.map(Tlb::new).transpose()?,
-            walks: 0,
-            walk_reads: 0,
-            walk_writes: 0,
-            walk_faults: 0,
+            walks: WalkCounters::default(),
         })
     }
 
@@ -198,11 +224,21 @@ impl TlbHierarchy {
                 .fold(TlbStats::default(), |a, t| a.plus(t.stats())),
             l2: self.l2.as_ref().map(Tlb::stats).unwrap_or_default(),
             walk_cache: self.walk_cache.as_ref().map(Tlb::stats).unwrap_or_default(),
-            walks: self.walks,
-            walk_reads: self.walk_reads,
-            walk_writes: self.walk_writes,
-            walk_faults: self.walk_faults,
+            walks: self.walks.walks,
+            walk_reads: self.walks.reads,
+            walk_writes: self.walks.writes,
+            walk_faults: self.walks.faults,
         }
+    }
+
+    /// Every level at once (the split replayer's view).
+    pub(crate) fn levels_mut(&mut self) -> LevelsMut<'_> {
+        (
+            &mut self.l1,
+            self.l2.as_mut(),
+            self.walk_cache.as_mut(),
+            &mut self.walks,
+        )
     }
 
     #[inline]
@@ -265,12 +301,7 @@ impl TlbHierarchy {
 
     /// Account a walk.
     pub fn note_walk(&mut self, walk: &Walk) {
-        self.walks += 1;
-        self.walk_reads += walk.reads as u64;
-        self.walk_writes += walk.writes as u64;
-        if walk.leaf.is_none() {
-            self.walk_faults += 1;
-        }
+        self.walks.note(walk);
     }
 
     /// Drop every cached translation of `root` overlapping `ranges`, in every L1 and the

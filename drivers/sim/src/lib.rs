@@ -16,6 +16,7 @@
 //! | [`radix`] | [`RadixTables`]: the shared page-table engine (`gmem-ptengine`) over a [`SimMemory`], any [`PteCodec`] |
 //! | [`reclaim`] | [`TableReclaim`]: the engine's retirement rule over a [`FramePool`] |
 //! | [`mmu`] | [`SimMmu`]: a format + caches = the core's `Mmu`, and the translation |
+//! | [`stream`] | [`ReplayStream`]: a recorded stream pre-decoded, replayed split by level |
 //! | [`port`] | [`Port`]: loads and stores with fault-and-retry through `dev_fault` |
 //! | [`exec`] | work-groups of work-items running on a device's [`Port`] |
 //!
@@ -45,6 +46,7 @@ pub mod mmu;
 pub mod port;
 pub mod radix;
 pub mod reclaim;
+pub mod stream;
 pub mod tlb;
 
 pub use dma::{Direction, DmaEngine, DmaStats};
@@ -61,6 +63,7 @@ pub use mmu::{
 pub use port::{AccessError, Port, PortStats, Resolved, DEFAULT_MAX_FAULTS};
 pub use radix::{PteCodec, RadixTables, SimTableMemory, TableStats};
 pub use reclaim::{ReclaimStats, TableReclaim};
+pub use stream::{ReplayPath, ReplayStream, SplitReplay, StreamError, Unsplit};
 pub use tlb::{Replacement, Tlb, TlbConfig, TlbConfigError, TlbStats};
 
 use std::sync::{Mutex, MutexGuard};

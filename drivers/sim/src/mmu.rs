@@ -31,7 +31,7 @@
 use crate::format::{Leaf, TableFormat, Walk, WalkerId};
 use crate::hierarchy::{HierarchyConfig, HierarchyStats, Level, TlbHierarchy, TranslationCaches};
 use crate::lock;
-use crate::tlb::TlbConfigError;
+use crate::tlb::{Tlb, TlbConfigError};
 use gmem_core::{
     MapRun, Mmu, MmuError, PageSizes, PageTableFormat, PageTableRoot, Prot, VaRange, VirtAddr,
 };
@@ -218,7 +218,7 @@ pub struct ReplayStats {
 /// The decision logic shared by the live MMU and the replayer: caches first; a hit
 /// that forbids the access drops the entry and misses; a store through a clean entry
 /// walks again; a walk's leaf is filled only when it permits the access.
-fn translate_in<C: TranslationCaches>(
+pub(crate) fn translate_in<C: TranslationCaches>(
     caches: &mut C,
     walks: &mut u64,
     unit: usize,
@@ -289,12 +289,7 @@ pub fn replay<C: TranslationCaches>(caches: &mut C, log: &TraceLog, levels: u32)
                 writes,
                 skipped,
             } => {
-                // The level the live walk stopped at (read last).
-                let end = if walked {
-                    (top.saturating_sub(skipped) + 1).saturating_sub(reads)
-                } else {
-                    answer.map_or(0, |l| u32::from(l.shift.saturating_sub(12)) / 9)
-                };
+                let end = walk_end(top, answer, walked, reads, skipped);
                 let _ = translate_in(caches, &mut walks, unit as usize, root, va, access, |c| {
                     replay_walk(c, root, va, top, end, answer, writes)
                 });
@@ -313,6 +308,22 @@ pub fn replay<C: TranslationCaches>(caches: &mut C, log: &TraceLog, levels: u32)
     }
 }
 
+/// The level a recorded translation's walk stops at (reads last): where the live walk
+/// stopped when it walked, otherwise the level of the leaf it would have reached.
+pub(crate) fn walk_end(
+    top: u32,
+    answer: Option<Leaf>,
+    walked: bool,
+    reads: u32,
+    skipped: u32,
+) -> u32 {
+    if walked {
+        (top.saturating_sub(skipped) + 1).saturating_sub(reads)
+    } else {
+        answer.map_or(0, |l| u32::from(l.shift.saturating_sub(12)) / 9)
+    }
+}
+
 /// A replayed walk of `va` from the top level `top` down to level `end`: the page-walk
 /// cache probed and filled as [`crate::walk_cached`] does.
 fn replay_walk<C: TranslationCaches>(
@@ -324,8 +335,22 @@ fn replay_walk<C: TranslationCaches>(
     answer: Option<Leaf>,
     writes: u32,
 ) -> Walk {
+    replay_walk_in(c.walk_cache(), root, va, top, end, answer, writes)
+}
+
+/// [`replay_walk`] through the page-walk cache `pwc` itself (the split replayer holds
+/// the cache levels apart).
+pub(crate) fn replay_walk_in(
+    pwc: Option<&mut Tlb<u64>>,
+    root: u64,
+    va: u64,
+    top: u32,
+    end: u32,
+    answer: Option<Leaf>,
+    writes: u32,
+) -> Walk {
     let mut start = top;
-    if let Some(pwc) = c.walk_cache() {
+    if let Some(pwc) = pwc {
         let (mut shifts, mut n) = ([0u8; 8], 0);
         for l in 1..=top.min(8) {
             shifts[n] = gmem_ptengine::level_shift(l);

@@ -262,6 +262,12 @@ impl<V: Copy> Tlb<V> {
         self.stats
     }
 
+    /// Count `n` more fills (the split replayer's correction for a fill it made in
+    /// place of two on the same slot).
+    pub(crate) fn count_fills(&mut self, n: u64) {
+        self.stats.fills += n;
+    }
+
     /// Valid entries.
     pub fn len(&self) -> usize {
         self.valid
@@ -386,7 +392,7 @@ impl<V: Copy> Tlb<V> {
     }
 
     /// Take valid slot `i` out of its set's recency list.
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, set: usize, i: usize) {
         let (n, o) = (self.newer[i], self.older[i]);
         if n == NIL {
@@ -415,8 +421,18 @@ impl<V: Copy> Tlb<V> {
         self.head[set] = i as u32;
     }
 
+    /// The page shifts present, smallest first (the set bits of `shifts`, one step per
+    /// size present, not per possible size).
     fn shift_list(&self) -> impl Iterator<Item = u8> + '_ {
-        (0u8..64).filter(move |s| self.shifts & (1 << s) != 0)
+        let mut m = self.shifts;
+        std::iter::from_fn(move || {
+            if m == 0 {
+                return None;
+            }
+            let s = m.trailing_zeros() as u8;
+            m &= m - 1;
+            Some(s)
+        })
     }
 
     /// Look `va` up in any page size, smallest first; a hit refreshes the entry for
@@ -444,12 +460,17 @@ impl<V: Copy> Tlb<V> {
             let hit = self.find(asid, va, s);
             return self.count_hit(hit);
         }
-        let (mut buf, mut n) = ([0u8; 64], 0);
-        for s in self.shift_list() {
-            buf[n] = s;
-            n += 1;
+        // Several sizes: probe each present one, smallest first (no list built).
+        let mut m = self.shifts;
+        let mut hit = None;
+        while m != 0 {
+            hit = self.find(asid, va, m.trailing_zeros() as u8);
+            if hit.is_some() {
+                break;
+            }
+            m &= m - 1;
         }
-        self.lookup_slot(asid, va, &buf[..n]).map(|(_, i)| i)
+        self.count_hit(hit)
     }
 
     /// Look `va` up in page size `1 << shift` only (a page-walk-cache level).
@@ -590,12 +611,10 @@ impl<V: Copy> Tlb<V> {
     /// that caused a fault). Returns how many were dropped.
     pub fn remove(&mut self, asid: u64, va: u64) -> u64 {
         let (mut hits, mut n) = ([0usize; 64], 0);
-        for s in 0u8..64 {
-            if self.shifts & (1 << s) != 0 {
-                if let Some(i) = self.find(asid, va, s) {
-                    hits[n] = i;
-                    n += 1;
-                }
+        for s in self.shift_list() {
+            if let Some(i) = self.find(asid, va, s) {
+                hits[n] = i;
+                n += 1;
             }
         }
         for &i in &hits[..n] {

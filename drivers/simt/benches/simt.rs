@@ -7,7 +7,7 @@
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use gmem_sim::{replay, TlbHierarchy};
+use gmem_sim::{replay, ReplayPath, ReplayStream, TlbHierarchy};
 use gmem_simt::machine::{mesc_tlbs, SimtMachine, MESC_UNITS};
 use gmem_simt::workloads::spec::{Spec, SpecKernel, MAX_OPS};
 use gmem_simt::workloads::{pages_needed, run, Size};
@@ -163,6 +163,17 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, suffix: &str) {
             b.iter(|| {
                 let mut caches = TlbHierarchy::new(mesc_tlbs(MESC_UNITS)).unwrap();
                 replay(&mut caches, &log, 4)
+            })
+        });
+        // The same stream pre-decoded once, replayed split by level (its peer: the
+        // one-pass replay above).
+        let stream = ReplayStream::new(&log, 4).unwrap();
+        let mut caches = TlbHierarchy::new(mesc_tlbs(MESC_UNITS)).unwrap();
+        assert_eq!(stream.replay_split(&mut caches).path, ReplayPath::Split);
+        g.bench_function(format!("{name}-quick split translations"), |b| {
+            b.iter(|| {
+                let mut caches = TlbHierarchy::new(mesc_tlbs(MESC_UNITS)).unwrap();
+                stream.replay_split(&mut caches)
             })
         });
     }
