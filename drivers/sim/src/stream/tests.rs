@@ -11,8 +11,9 @@ use gmem_core::PhysAddr;
 /// invalidations of changed pages, root invalidations and flushes. One seed in three
 /// is hostile to the split: read-only pages (a store hits a shared-TLB entry that
 /// forbids it) and rare changes without an invalidation (a cached leaf that
-/// differs from the answer).
-fn random_log(seed: u64, len: usize) -> TraceLog {
+/// differs from the answer). With `sticky`, a unit asks for the page of its previous
+/// request three times in four (the L1 pass's memo of the last entry).
+fn random_log(seed: u64, len: usize, sticky: bool) -> TraceLog {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move |n: u64| {
         x ^= x << 13;
@@ -27,6 +28,7 @@ fn random_log(seed: u64, len: usize) -> TraceLog {
     let shift_of = |p: u64| if p < 24 { 12 } else { 21 };
     let hostile = seed % 3 == 0;
     let mut log = TraceLog::default();
+    let mut last = [None; 4];
     for _ in 0..len {
         let r = next(1000);
         let space = usize::from(next(8) == 0);
@@ -53,7 +55,17 @@ fn random_log(seed: u64, len: usize) -> TraceLog {
         } else if r < 25 {
             log.events.push(TraceEvent::Flush);
         } else {
-            let p = next(28);
+            let (unit, p) = if sticky {
+                let u = next(4);
+                let p = match last[u as usize] {
+                    Some(p) if next(4) != 0 => p,
+                    _ => next(28),
+                };
+                last[u as usize] = Some(p);
+                (Some(u), p)
+            } else {
+                (None, next(28))
+            };
             let access = if next(10) < 3 {
                 Prot::WRITE
             } else {
@@ -75,7 +87,7 @@ fn random_log(seed: u64, len: usize) -> TraceLog {
             });
             let walked = next(2) == 0;
             log.events.push(TraceEvent::Translate {
-                unit: next(4) as u32,
+                unit: unit.unwrap_or_else(|| next(4)) as u32,
                 root,
                 va: va_of(p) + next(4096),
                 access,
@@ -133,8 +145,8 @@ fn configs() -> Vec<HierarchyConfig> {
 #[test]
 fn the_split_replay_counts_and_ends_as_the_one_pass_replay() {
     let (mut split, mut crossed) = (0, 0);
-    for seed in 1..=40 {
-        let log = random_log(seed, 3000);
+    for seed in 1..=60 {
+        let log = random_log(seed, 3000, seed > 40);
         let stream = ReplayStream::new(&log, 4).unwrap();
         assert_eq!(stream.translations(), log.translations());
         for config in configs() {
