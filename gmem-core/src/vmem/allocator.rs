@@ -166,7 +166,7 @@ impl SegmentAllocator {
     /// hash. A cached segment with the right size is in a cache: freeing it again is
     /// a double free.
     pub fn free(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
-        let Some(i) = self.hash.get(addr) else {
+        let Some(i) = self.hash.get(addr, |j| self.table.get(j).start) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -180,7 +180,7 @@ impl SegmentAllocator {
         if seg.kind() != Kind::Alloc {
             return Err(FreeError::NotAllocated { addr });
         }
-        self.hash.remove(addr);
+        self.hash.remove(addr, |j| self.table.get(j).start);
         self.free_segment(i);
         self.frees += 1;
         Ok(())
@@ -189,9 +189,9 @@ impl SegmentAllocator {
     /// Give back an object a quantum cache held (imported, or freed into the cache by
     /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
     pub fn release_cached(&mut self, addr: u64) -> bool {
-        match self.hash.get(addr) {
+        match self.hash.get(addr, |j| self.table.get(j).start) {
             Some(i) => {
-                self.hash.remove(addr);
+                self.hash.remove(addr, |j| self.table.get(j).start);
                 self.free_segment(i);
                 true
             }
@@ -409,7 +409,7 @@ impl SegmentAllocator {
         self.table.set_kind(i, kind);
         self.free_segs -= 1;
         self.free_bytes -= size;
-        self.hash.insert(addr, i);
+        self.hash.insert(addr, i, |j| self.table.get(j).start);
     }
 
     /// Turn the allocated segment `i` (already out of the hash) free, coalescing with
@@ -504,7 +504,7 @@ impl SegmentAllocator {
                         free_segs += 1;
                     }
                     _ => {
-                        if self.hash.get(g.start) != Some(j) {
+                        if self.hash.get(g.start, |k| self.table.get(k).start) != Some(j) {
                             return Err("allocated segment missing from hash");
                         }
                         allocated += 1;

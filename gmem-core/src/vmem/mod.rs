@@ -25,8 +25,9 @@
 //! segments are adjacent.
 //!
 //! **3. The allocated-segment hash.** Allocated segments are found by start address in
-//! a hash table (module `addrmap`: linear probing, key and index side by side in one
-//! 16-byte slot, so a lookup is usually one cache line), so a free is O(1): look the address up, check the size (a wrong size
+//! a hash table (module `addrmap`: linear probing, a 32-bit tag of the address and the
+//! index side by side in one 8-byte slot, the full address confirmed against the
+//! record, so a lookup is usually one cache line), so a free is O(1): look the address up, check the size (a wrong size
 //! or an address that is not allocated is a typed [`FreeError`] and changes nothing),
 //! coalesce, and put the result on a freelist. The hash is what makes a free of the
 //! arena path always validated, whatever `check_frees` says.

@@ -13,7 +13,7 @@ impl SegmentAllocator {
     /// run of frames allocated at once and released page by page). State is unchanged
     /// on error.
     pub fn split(&mut self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
-        let Some(i) = self.hash.get(addr) else {
+        let Some(i) = self.hash.get(addr, |x| self.table.get(x).start) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -40,7 +40,7 @@ impl SegmentAllocator {
             let a = addr + k * piece;
             let j = self.table.take(Seg::new(a, piece, Kind::Alloc));
             self.table.insert_after(prev, j);
-            self.hash.insert(a, j);
+            self.hash.insert(a, j, |x| self.table.get(x).start);
             prev = j;
         }
         self.allocs += n - 1;
@@ -57,14 +57,17 @@ impl SegmentAllocator {
             return Err(FreeError::Unaligned { addr, size: piece });
         }
         let n = size / piece;
-        let Some(first) = self.hash.get(addr) else {
+        let Some(first) = self.hash.get(addr, |x| self.table.get(x).start) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let mut i = first;
         for k in 0..n {
             let a = addr + k * piece;
             let seg = *self.table.get(i);
-            if seg.kind() != Kind::Alloc || seg.start != a || self.hash.get(a) != Some(i) {
+            if seg.kind() != Kind::Alloc
+                || seg.start != a
+                || self.hash.get(a, |x| self.table.get(x).start) != Some(i)
+            {
                 return Err(FreeError::NotAllocated { addr: a });
             }
             if seg.size != piece {
@@ -79,13 +82,13 @@ impl SegmentAllocator {
         for _ in 1..n {
             let j = self.table.get(first).anext;
             let start = self.table.get(j).start;
-            self.hash.remove(start);
+            self.hash.remove(start, |x| self.table.get(x).start);
             self.table.unlink(j);
             self.table.release(j);
             self.retarget_rotor(j, first);
         }
         self.table.get_mut(first).size = size;
-        self.hash.remove(addr);
+        self.hash.remove(addr, |x| self.table.get(x).start);
         self.free_segment(first);
         self.frees += n;
         Ok(())
