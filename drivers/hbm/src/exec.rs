@@ -92,16 +92,43 @@ pub struct ExecOptions {
     pub profile: bool,
 }
 
+/// What the executor knows of one page: the blocks and stacks touching it.
+#[derive(Clone, Copy)]
+struct PageRecord {
+    /// The launch the per-launch counts below belong to.
+    launch: u32,
+    /// The last block that touched the page in that launch.
+    last_block: u64,
+    /// Distinct blocks touching it in that launch, and the most in any launch.
+    blocks: u32,
+    most_blocks: u32,
+    /// The stacks of that launch's SMs touching it, as a bit mask (machines of at most
+    /// 64 stacks, the mask's width), and the most stacks in any launch (0: no SM of
+    /// such a stack ever touched it).
+    stacks: u64,
+    most_stacks: u32,
+    /// The stack of the first SM touching it.
+    first_stack: Option<u32>,
+}
+
+impl PageRecord {
+    fn new(launch: u32) -> PageRecord {
+        PageRecord {
+            launch,
+            last_block: u64::MAX,
+            blocks: 0,
+            most_blocks: 0,
+            stacks: 0,
+            most_stacks: 0,
+            first_stack: None,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Record {
-    /// Per page: `(launch, last block, distinct blocks in this launch, most in any)`.
-    blocks: HashMap<u64, (u32, u64, u32, u32)>,
-    /// Per page: the stack of the first SM touching it.
-    first_stack: HashMap<u64, u32>,
-    /// Per page touched by an SM: `(launch, stacks of this launch's SMs touching it as a
-    /// bit mask, most stacks in any launch)`. Kept only for machines of at most 64
-    /// stacks (the mask's width).
-    stacks: HashMap<u64, (u32, u64, u32)>,
+    /// Per page touched, one entry (one hash probe per page an access covers).
+    pages: HashMap<u64, PageRecord>,
     migrations: u64,
     migrations_fine: u64,
     samples: Vec<(u64, u64)>,
@@ -142,33 +169,32 @@ impl Ctx<'_> {
         for page in first..=last {
             let e = self
                 .rec
-                .blocks
+                .pages
                 .entry(page)
-                .or_insert((self.launch, u64::MAX, 0, 0));
-            if e.0 != self.launch {
-                *e = (self.launch, u64::MAX, 0, e.3);
+                .or_insert_with(|| PageRecord::new(self.launch));
+            if e.launch != self.launch {
+                e.launch = self.launch;
+                e.last_block = u64::MAX;
+                e.blocks = 0;
+                e.stacks = 0;
             }
-            if e.1 != self.block {
-                e.1 = self.block;
-                e.2 += 1;
-                e.3 = e.3.max(e.2);
+            if e.last_block != self.block {
+                e.last_block = self.block;
+                e.blocks += 1;
+                e.most_blocks = e.most_blocks.max(e.blocks);
             }
             let Requester::Sm(sm) = self.who else {
                 continue;
             };
             let stack = cfg.stack_of_sm(sm);
             if stack < 64 {
-                let e = self.rec.stacks.entry(page).or_insert((self.launch, 0, 0));
-                if e.0 != self.launch {
-                    *e = (self.launch, 0, e.2);
-                }
-                e.1 |= 1 << stack;
-                e.2 = e.2.max(e.1.count_ones());
+                e.stacks |= 1 << stack;
+                e.most_stacks = e.most_stacks.max(e.stacks.count_ones());
             }
-            if self.rec.first_stack.contains_key(&page) {
+            if e.first_stack.is_some() {
                 continue;
             }
-            self.rec.first_stack.insert(page, stack);
+            e.first_stack = Some(stack);
             if !self.opts.migrate_on_first_touch {
                 continue;
             }
@@ -494,13 +520,16 @@ impl<'m> Exec<'m> {
 
     /// The record of the run.
     pub fn finish(mut self) -> ExecReport {
-        for &(_, _, _, most) in self.rec.blocks.values() {
-            *self.report.blocks_per_page.entry(most).or_insert(0) += 1;
+        let report = &mut self.report;
+        for (&page, r) in &self.rec.pages {
+            *report.blocks_per_page.entry(r.most_blocks).or_insert(0) += 1;
+            if r.most_stacks > 0 {
+                *report.stacks_per_page.entry(r.most_stacks).or_insert(0) += 1;
+            }
+            if let Some(stack) = r.first_stack {
+                report.first_stack.insert(page, stack);
+            }
         }
-        for &(_, _, most) in self.rec.stacks.values() {
-            *self.report.stacks_per_page.entry(most).or_insert(0) += 1;
-        }
-        self.report.first_stack = self.rec.first_stack;
         self.report.migrations = self.rec.migrations;
         self.report.migrations_fine = self.rec.migrations_fine;
         self.report.samples = self.rec.samples;
