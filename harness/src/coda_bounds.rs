@@ -42,16 +42,16 @@ pub struct TileRow {
 /// The configurations a [`TileRow`] is measured under.
 pub const TILE_CONFIGS: [Config; 3] = [Config::Fgp, Config::FgpAffinity, Config::Coda];
 
-/// The decomposition figures of `w`'s run `r` under `k`; `fgp_ns` is the same
-/// workload's fine-grain-only time.
+/// The decomposition figures of `w`'s run `r` under `k`, whose class (measured on the
+/// same run) is `class`; `fgp_ns` is the same workload's fine-grain-only time.
 pub(crate) fn tile_row(
     w: &dyn Workload,
     k: Config,
     r: &RunResult,
+    class: &MeasuredClass,
     fgp_ns: f64,
     cfg: &HbmConfig,
 ) -> TileRow {
-    let class = MeasuredClass::of(w, &r.report.blocks_per_page, &r.report.stacks_per_page);
     let pages: u64 = r.report.blocks_per_page.values().sum();
     let many: u64 = r.report.blocks_per_page.range(16..).map(|(_, n)| n).sum();
     TileRow {
@@ -98,7 +98,8 @@ pub fn tiles(cfg: &HbmConfig, size: Size, m: &Measured) -> Result<Vec<TileRow>, 
         let r = run(cfg, &w, k, false, &Inputs::default())
             .map_err(|e| format!("{} / {}: {e}", w.name(), k.name()))?;
         let base = *fgp.get_or_insert(r.report.time_ns(cfg));
-        out.push(tile_row(&w, k, &r, base, cfg));
+        let class = MeasuredClass::of(&w, &r.report.blocks_per_page, &r.report.stacks_per_page);
+        out.push(tile_row(&w, k, &r, &class, base, cfg));
     }
     Ok(out)
 }

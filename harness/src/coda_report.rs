@@ -298,13 +298,6 @@ pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, 
             if config == Config::Fgp {
                 fig3.insert(name.clone(), r.report.blocks_per_page.clone());
             }
-            if config == Config::Coda {
-                classes.push(MeasuredClass::of(
-                    w.as_ref(),
-                    &r.report.blocks_per_page,
-                    &r.report.stacks_per_page,
-                ));
-            }
             results.push((config, r));
         }
         let base = results[0].1.clone();
@@ -312,10 +305,19 @@ pub fn measure(cfg: &HbmConfig, size: Size, progress: bool) -> Result<Measured, 
             rows.push(row(w.as_ref(), *config, false, r, cfg, &base));
             if crate::coda_bounds::TILE_CONFIGS.contains(config) {
                 let fgp = base.report.time_ns(cfg);
+                let class = MeasuredClass::of(
+                    w.as_ref(),
+                    &r.report.blocks_per_page,
+                    &r.report.stacks_per_page,
+                );
+                if *config == Config::Coda {
+                    classes.push(class.clone());
+                }
                 layouts.push(crate::coda_bounds::tile_row(
                     w.as_ref(),
                     *config,
                     r,
+                    &class,
                     fgp,
                     cfg,
                 ));
