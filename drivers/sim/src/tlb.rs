@@ -5,7 +5,9 @@
 //! space tag (`asid`; the drivers use the page-table root) for a naturally aligned page
 //! of `1 << shift` bytes: its key is `(asid, va >> shift, shift)` and it lives in set
 //! `(va >> shift) % sets`. Entries of different page sizes share the sets; a lookup
-//! probes each size the TLB has ever held, smallest first. The value is whatever the
+//! finds the smallest page holding the address: a fully associative TLB checks every
+//! size in one pass over its ways, a set-associative one probes each size it has ever
+//! held, smallest first. The value is whatever the
 //! owner caches: a leaf translation in a TLB, the address of a next-level table in a
 //! page-walk cache (one `shift` per level).
 //!
@@ -137,17 +139,26 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 /// A set-associative TLB caching values of type `V`.
 ///
 /// Stored as flat arrays, one element per way (structure of arrays): a lookup scans
-/// only the set's keys (and, once entries of several asids are present, their asids),
-/// and an LRU or FIFO victim is the tail of the set's recency list.
+/// the set's 32-bit probe words four ways per compare, whatever page sizes the set
+/// holds, confirms a candidate on its full key and asid, and an LRU or FIFO victim is
+/// the tail of the set's recency list.
 #[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
     /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
     /// (one word per way, so a set is a few cache lines).
     keys: Vec<u64>,
-    /// Each slot's 32-bit fingerprint of `(key, asid)`, 0 when empty: what a lookup
-    /// scans (four ways per SIMD compare); a match is confirmed on `keys` and `asids`.
-    fps: Vec<u32>,
+    /// What a lookup scans: each set's ways four at a time (`groups` per set, the last
+    /// one padded with empty lanes). Way `w` of set `s` is lane `w % 4` of group
+    /// `s * groups + w / 4`.
+    probes: Vec<Group>,
+    /// Groups per set (`ways` divided by four, rounded up).
+    groups: usize,
+    /// `sets - 1` when `sets` is a power of two (a tag's set is then a mask away),
+    /// `u64::MAX` otherwise.
+    set_mask: u64,
+    /// `log2(ways)` when `ways` is a power of two, `u32::MAX` otherwise.
+    way_bits: u32,
     /// Each slot's asid.
     asids: Vec<u64>,
     /// Each slot's tag (`va >> shift`).
@@ -190,26 +201,56 @@ fn key(tag: u64, shift: u8) -> u64 {
     tag << 6 | u64::from(shift)
 }
 
-/// A non-zero 32-bit fingerprint of a key and an asid.
-#[inline]
-fn fingerprint(key: u64, asid: u64) -> u32 {
-    let h = (key ^ asid.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((h >> 32) as u32) | 1
-}
-
-/// Whether some element of `fps` equals `f` (an or-reduction without early exit, which
-/// the compiler vectorises: four ways per compare).
-#[inline]
-fn any_eq(fps: &[u32], f: u32) -> bool {
-    fps.iter().fold(0u32, |acc, &x| acc | u32::from(x == f)) != 0
-}
-
-/// Bit `j` set where `c[j] == f` (`c` at most 32 long).
+/// The word a lookup of `va` for `asid` compares: bits 12..44 of `va` (the low 32 bits
+/// of its 4 KiB page number) mixed with a hash of the asid. An entry's page of
+/// `1 << shift` bytes holds `va` only if the two words agree under the entry's
+/// [`page_mask`]; the converse may fail (a larger address space, another asid whose
+/// hash agrees), so a candidate is confirmed on the full key and asid.
 #[inline(always)]
-fn match_mask(c: &[u32], f: u32) -> u32 {
-    c.iter()
-        .enumerate()
-        .fold(0u32, |m, (j, &x)| m | (u32::from(x == f) << j))
+fn probe_word(va: u64, asid: u64) -> u32 {
+    ((va >> 12) as u32) ^ ((asid.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32)
+}
+
+/// The bits of a [`probe_word`] that an entry of page shift `shift` fixes: all of them
+/// for pages of 4 KiB and below, none of the low `shift - 12` for a larger page, none at
+/// all from 2^44 bytes up.
+#[inline(always)]
+fn page_mask(shift: u8) -> u32 {
+    match shift {
+        0..=12 => u32::MAX,
+        13..=43 => u32::MAX << (shift - 12),
+        _ => 0,
+    }
+}
+
+/// The probe words of four ways. Lane `k` is a candidate for a lookup of word `x`
+/// ([`probe_word`]) when `x & masks[k] == words[k]`: `masks[k]` is [`page_mask`] of the
+/// way's page shift and `words[k]` the probe word of its page and asid under that mask;
+/// an empty lane has mask 0 and word 1, which nothing matches. So one pass finds the
+/// candidates of every page size; each is confirmed on the full key and asid.
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    masks: [u32; 4],
+    words: [u32; 4],
+}
+
+const EMPTY_GROUP: Group = Group {
+    masks: [0; 4],
+    words: [1; 4],
+};
+
+impl Group {
+    /// Bit `k` set where lane `k` is a candidate for `x`: and, compare-equal and
+    /// move-mask, four lanes at once (SSE2), no branch per lane.
+    #[inline(always)]
+    fn candidates(&self, x: u32) -> u32 {
+        let mut b = 0u32;
+        for k in 0..4 {
+            // All ones where the lane is a candidate, kept at bit `k`.
+            b |= 0u32.wrapping_sub(u32::from(x & self.masks[k] == self.words[k])) & (1 << k);
+        }
+        b
+    }
 }
 
 impl<V: Copy> Tlb<V> {
@@ -234,7 +275,18 @@ impl<V: Copy> Tlb<V> {
         Ok(Tlb {
             config,
             keys: vec![INVALID; entries],
-            fps: vec![0; entries],
+            probes: vec![EMPTY_GROUP; config.sets * config.ways.div_ceil(4)],
+            groups: config.ways.div_ceil(4),
+            set_mask: if config.sets.is_power_of_two() {
+                config.sets as u64 - 1
+            } else {
+                u64::MAX
+            },
+            way_bits: if config.ways.is_power_of_two() {
+                config.ways.trailing_zeros()
+            } else {
+                u32::MAX
+            },
             asids: vec![0; entries],
             tags: vec![0; entries],
             newer: vec![NIL; entries],
@@ -278,24 +330,23 @@ impl<V: Copy> Tlb<V> {
         self.valid == 0
     }
 
-    fn set_of(&self, tag: u64) -> std::ops::Range<usize> {
-        let sets = self.config.sets as u64;
-        let set = if sets.is_power_of_two() {
-            (tag & (sets - 1)) as usize
+    /// The set a tag lives in (a mask for power-of-two sets, no division).
+    #[inline(always)]
+    fn set_index(&self, tag: u64) -> usize {
+        if self.set_mask != u64::MAX {
+            (tag & self.set_mask) as usize
         } else {
-            (tag % sets) as usize
-        };
-        set * self.config.ways..(set + 1) * self.config.ways
+            (tag % self.config.sets as u64) as usize
+        }
     }
 
     /// The set of slot `i` (a shift for power-of-two ways, no division).
-    #[inline]
+    #[inline(always)]
     fn slot_set(&self, i: usize) -> usize {
-        let ways = self.config.ways;
-        if ways.is_power_of_two() {
-            i >> ways.trailing_zeros()
+        if self.way_bits != u32::MAX {
+            i >> self.way_bits
         } else {
-            i / ways
+            i / self.config.ways
         }
     }
 
@@ -303,33 +354,58 @@ impl<V: Copy> Tlb<V> {
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
         let k = key(tag, shift);
-        let r = self.set_of(tag);
         if !self.mixed && asid != self.asid0 {
             return None;
         }
-        let f = fingerprint(k, asid);
-        // Most lookups of a miss-heavy stream find no fingerprint at all: one
-        // vectorised pass says so; a match is confirmed on the full key and asid (a key
-        // is in a set once per asid).
-        let fps = &self.fps[r.clone()];
-        if !any_eq(fps, f) {
-            return None;
-        }
-        // A match: find it eight ways at a time, a bit mask per chunk and its set bits
-        // in order (no per-way branch).
-        let mut base = r.start;
-        for c in fps.chunks(8) {
-            let mut m = match_mask(c, f);
+        // The set's probe words four ways at a time; each candidate is confirmed on
+        // the full key and asid (a key is in a set once per asid).
+        let x = probe_word(va, asid);
+        let set = self.set_index(tag);
+        let (start, first) = (set * self.config.ways, set * self.groups);
+        for (n, g) in self.probes[first..first + self.groups].iter().enumerate() {
+            let mut m = g.candidates(x);
             while m != 0 {
-                let i = base + m.trailing_zeros() as usize;
+                let i = start + n * 4 + m.trailing_zeros() as usize;
                 if self.keys[i] == k && self.asids[i] == asid {
                     return Some(i);
                 }
                 m &= m - 1;
             }
-            base += c.len();
         }
         None
+    }
+
+    /// The group and lane of slot `i` of set `set`.
+    #[inline(always)]
+    fn lane(&self, set: usize, i: usize) -> (usize, usize) {
+        let way = i - set * self.config.ways;
+        (set * self.groups + way / 4, way % 4)
+    }
+
+    /// The entry of the smallest page size that translates `va` for `asid`, found in
+    /// one pass over the whole array whatever page sizes it holds (a fully associative
+    /// TLB: every size lives in the one set). The same entry as probing each size
+    /// present, smallest first.
+    #[inline(always)]
+    fn find_any_size(&self, asid: u64, va: u64) -> Option<usize> {
+        if !self.mixed && asid != self.asid0 {
+            return None;
+        }
+        let x = probe_word(va, asid);
+        let (mut best, mut best_shift) = (None, u64::MAX);
+        for (n, g) in self.probes.iter().enumerate() {
+            let mut m = g.candidates(x);
+            while m != 0 {
+                let i = n * 4 + m.trailing_zeros() as usize;
+                let k = self.keys[i];
+                let s = k & 63;
+                if s < best_shift && k == key(va >> s, s as u8) && self.asids[i] == asid {
+                    (best, best_shift) = (Some(i), s);
+                }
+                m &= m - 1;
+            }
+        }
+        best
     }
 
     /// Fill slot `i` of set `set` with a valid entry; returns the previous entry's
@@ -366,9 +442,11 @@ impl<V: Copy> Tlb<V> {
         if asid != self.asid0 {
             self.mixed = true;
         }
-        let k = key(tag, shift);
-        self.keys[i] = k;
-        self.fps[i] = fingerprint(k, asid);
+        let mask = page_mask(shift);
+        self.keys[i] = key(tag, shift);
+        let (g, l) = self.lane(set, i);
+        self.probes[g].masks[l] = mask;
+        self.probes[g].words[l] = probe_word(tag << shift, asid) & mask;
         self.asids[i] = asid;
         self.tags[i] = tag;
         self.values[i] = Some(value);
@@ -377,8 +455,8 @@ impl<V: Copy> Tlb<V> {
 
     /// Empty slot `i` (nothing happens if it is empty).
     fn vacate(&mut self, i: usize) {
+        let set = self.slot_set(i);
         if self.keys[i] != INVALID {
-            let set = self.slot_set(i);
             self.unlink(set, i);
             self.valid -= 1;
             self.filled[set] -= 1;
@@ -387,7 +465,9 @@ impl<V: Copy> Tlb<V> {
             }
         }
         self.keys[i] = INVALID;
-        self.fps[i] = 0;
+        let (g, l) = self.lane(set, i);
+        self.probes[g].masks[l] = 0;
+        self.probes[g].words[l] = 1;
         self.values[i] = None;
     }
 
@@ -460,7 +540,13 @@ impl<V: Copy> Tlb<V> {
             let hit = self.find(asid, va, s);
             return self.count_hit(hit);
         }
-        // Several sizes: probe each present one, smallest first (no list built).
+        if self.config.sets == 1 {
+            // Several sizes in the one set: one pass over it for all of them.
+            let hit = self.find_any_size(asid, va);
+            return self.count_hit(hit);
+        }
+        // Several sizes in several sets: probe each present one, smallest first (no
+        // list built).
         let mut m = self.shifts;
         let mut hit = None;
         while m != 0 {
@@ -585,8 +671,8 @@ impl<V: Copy> Tlb<V> {
                 return None;
             }
         }
-        let range = self.set_of(tag);
-        let set = self.slot_set(range.start);
+        let set = self.set_index(tag);
+        let range = set * self.config.ways..(set + 1) * self.config.ways;
         if self.filled[set] < self.config.ways as u32 {
             if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
                 self.occupy(set, range.start + i, asid, tag, shift, value);
@@ -697,7 +783,7 @@ impl<V: Copy> Tlb<V> {
         if dropped > 0 {
             self.values.iter_mut().for_each(|s| *s = None);
             self.keys.iter_mut().for_each(|k| *k = INVALID);
-            self.fps.iter_mut().for_each(|k| *k = 0);
+            self.probes.iter_mut().for_each(|g| *g = EMPTY_GROUP);
             self.filled.iter_mut().for_each(|f| *f = 0);
             self.head.iter_mut().for_each(|f| *f = NIL);
             self.tail.iter_mut().for_each(|f| *f = NIL);
