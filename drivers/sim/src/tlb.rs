@@ -138,16 +138,16 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 
 /// A set-associative TLB caching values of type `V`.
 ///
-/// Stored as flat arrays, one element per way (structure of arrays): a lookup scans
-/// the set's 32-bit probe words four ways per compare, whatever page sizes the set
-/// holds, confirms a candidate on its full key and asid, and an LRU or FIFO victim is
-/// the tail of the set's recency list.
+/// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (four
+/// ways per compare, whatever page sizes the set holds) and one record per way
+/// (key, asid, value, recency links) where a candidate is confirmed on its full key
+/// and asid; an LRU or FIFO victim is the tail of the set's recency list.
 #[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
-    /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
-    /// (one word per way, so a set is a few cache lines).
-    keys: Vec<u64>,
+    /// Each slot's entry and recency links, one record per way: a confirmed candidate,
+    /// a fill or an LRU refresh touches one record (one bounds check).
+    slots: Vec<Slot<V>>,
     /// What a lookup scans: each set's ways four at a time (`groups` per set, the last
     /// one padded with empty lanes). Way `w` of set `s` is lane `w % 4` of group
     /// `s * groups + w / 4`.
@@ -159,22 +159,10 @@ pub struct Tlb<V> {
     set_mask: u64,
     /// `log2(ways)` when `ways` is a power of two, `u32::MAX` otherwise.
     way_bits: u32,
-    /// Each slot's asid.
-    asids: Vec<u64>,
-    /// Each slot's tag (`va >> shift`).
-    tags: Vec<u64>,
-    /// Each valid slot's neighbours in its set's recency list (more recent, less
-    /// recent; [`NIL`] at the ends): most recently filled or (LRU) used first, so the
-    /// LRU / FIFO victim is the list's tail, found without a search.
-    newer: Vec<u32>,
-    /// See `newer`.
-    older: Vec<u32>,
     /// Each set's most recent slot ([`NIL`] when empty).
     head: Vec<u32>,
     /// Each set's least recent slot: the victim.
     tail: Vec<u32>,
-    /// Each slot's value (`None` when empty).
-    values: Vec<Option<V>>,
     /// Valid ways per set.
     filled: Vec<u32>,
     /// Valid entries.
@@ -221,6 +209,25 @@ fn page_mask(shift: u8) -> u32 {
         13..=43 => u32::MAX << (shift - 12),
         _ => 0,
     }
+}
+
+/// One way's entry.
+#[derive(Clone, Copy, Debug)]
+struct Slot<V> {
+    /// `tag << 6 | shift`, [`INVALID`] when empty.
+    key: u64,
+    /// The entry's asid.
+    asid: u64,
+    /// `va >> shift`.
+    tag: u64,
+    /// The slot's neighbours in its set's recency list (more recent, less recent;
+    /// [`NIL`] at the ends) while valid: most recently filled or (LRU) used first, so
+    /// the LRU / FIFO victim is the list's tail, found without a search.
+    newer: u32,
+    /// See `newer`.
+    older: u32,
+    /// The cached value (`None` when empty).
+    value: Option<V>,
 }
 
 /// The probe words of four ways. Lane `k` is a candidate for a lookup of word `x`
@@ -274,7 +281,17 @@ impl<V: Copy> Tlb<V> {
         };
         Ok(Tlb {
             config,
-            keys: vec![INVALID; entries],
+            slots: vec![
+                Slot {
+                    key: INVALID,
+                    asid: 0,
+                    tag: 0,
+                    newer: NIL,
+                    older: NIL,
+                    value: None,
+                };
+                entries
+            ],
             probes: vec![EMPTY_GROUP; config.sets * config.ways.div_ceil(4)],
             groups: config.ways.div_ceil(4),
             set_mask: if config.sets.is_power_of_two() {
@@ -287,13 +304,8 @@ impl<V: Copy> Tlb<V> {
             } else {
                 u32::MAX
             },
-            asids: vec![0; entries],
-            tags: vec![0; entries],
-            newer: vec![NIL; entries],
-            older: vec![NIL; entries],
             head: vec![NIL; config.sets],
             tail: vec![NIL; config.sets],
-            values: vec![None; entries],
             filled: vec![0; config.sets],
             valid: 0,
             asid0: 0,
@@ -366,7 +378,7 @@ impl<V: Copy> Tlb<V> {
             let mut m = g.candidates(x);
             while m != 0 {
                 let i = start + n * 4 + m.trailing_zeros() as usize;
-                if self.keys[i] == k && self.asids[i] == asid {
+                if self.slots[i].key == k && self.slots[i].asid == asid {
                     return Some(i);
                 }
                 m &= m - 1;
@@ -397,9 +409,9 @@ impl<V: Copy> Tlb<V> {
             let mut m = g.candidates(x);
             while m != 0 {
                 let i = n * 4 + m.trailing_zeros() as usize;
-                let k = self.keys[i];
+                let k = self.slots[i].key;
                 let s = k & 63;
-                if s < best_shift && k == key(va >> s, s as u8) && self.asids[i] == asid {
+                if s < best_shift && k == key(va >> s, s as u8) && self.slots[i].asid == asid {
                     (best, best_shift) = (Some(i), s);
                 }
                 m &= m - 1;
@@ -421,9 +433,9 @@ impl<V: Copy> Tlb<V> {
         shift: u8,
         value: V,
     ) -> Option<(u64, u64, u8)> {
-        let k_old = self.keys[i];
+        let k_old = self.slots[i].key;
         let old = if k_old != INVALID {
-            let old = (self.asids[i], self.tags[i], (k_old & 63) as u8);
+            let old = (self.slots[i].asid, self.slots[i].tag, (k_old & 63) as u8);
             if self.head[set] != i as u32 {
                 self.unlink(set, i);
                 self.push_front(set, i);
@@ -443,20 +455,20 @@ impl<V: Copy> Tlb<V> {
             self.mixed = true;
         }
         let mask = page_mask(shift);
-        self.keys[i] = key(tag, shift);
+        self.slots[i].key = key(tag, shift);
         let (g, l) = self.lane(set, i);
         self.probes[g].masks[l] = mask;
         self.probes[g].words[l] = probe_word(tag << shift, asid) & mask;
-        self.asids[i] = asid;
-        self.tags[i] = tag;
-        self.values[i] = Some(value);
+        self.slots[i].asid = asid;
+        self.slots[i].tag = tag;
+        self.slots[i].value = Some(value);
         old
     }
 
     /// Empty slot `i` (nothing happens if it is empty).
     fn vacate(&mut self, i: usize) {
         let set = self.slot_set(i);
-        if self.keys[i] != INVALID {
+        if self.slots[i].key != INVALID {
             self.unlink(set, i);
             self.valid -= 1;
             self.filled[set] -= 1;
@@ -464,26 +476,26 @@ impl<V: Copy> Tlb<V> {
                 self.mixed = false;
             }
         }
-        self.keys[i] = INVALID;
+        self.slots[i].key = INVALID;
         let (g, l) = self.lane(set, i);
         self.probes[g].masks[l] = 0;
         self.probes[g].words[l] = 1;
-        self.values[i] = None;
+        self.slots[i].value = None;
     }
 
     /// Take valid slot `i` out of its set's recency list.
     #[inline(always)]
     fn unlink(&mut self, set: usize, i: usize) {
-        let (n, o) = (self.newer[i], self.older[i]);
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
         if n == NIL {
             self.head[set] = o;
         } else {
-            self.older[n as usize] = o;
+            self.slots[n as usize].older = o;
         }
         if o == NIL {
             self.tail[set] = n;
         } else {
-            self.newer[o as usize] = n;
+            self.slots[o as usize].newer = n;
         }
     }
 
@@ -491,12 +503,12 @@ impl<V: Copy> Tlb<V> {
     #[inline]
     fn push_front(&mut self, set: usize, i: usize) {
         let h = self.head[set];
-        self.newer[i] = NIL;
-        self.older[i] = h;
+        self.slots[i].newer = NIL;
+        self.slots[i].older = h;
         if h == NIL {
             self.tail[set] = i as u32;
         } else {
-            self.newer[h as usize] = i as u32;
+            self.slots[h as usize].newer = i as u32;
         }
         self.head[set] = i as u32;
     }
@@ -520,7 +532,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
         let i = self.lookup_any(asid, va)?;
-        Some(((self.keys[i] & 63) as u8, self.values[i]?))
+        Some(((self.slots[i].key & 63) as u8, self.slots[i].value?))
     }
 
     /// [`Tlb::lookup`] returning a reference to the value (no copy through the
@@ -528,7 +540,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup_ref(&mut self, asid: u64, va: u64) -> Option<&V> {
         let i = self.lookup_any(asid, va)?;
-        self.values[i].as_ref()
+        self.slots[i].value.as_ref()
     }
 
     /// The slot a lookup in any page size hits (counted and refreshed).
@@ -571,7 +583,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
         let (s, i) = self.lookup_slot(asid, va, shifts)?;
-        Some((s, self.values[i]?))
+        Some((s, self.slots[i].value?))
     }
 
     /// The shift and slot of the first of `shifts` that hits (one hit or miss counted,
@@ -591,7 +603,7 @@ impl<V: Copy> Tlb<V> {
         match hit {
             Some(i) => {
                 self.stats.hits += 1;
-                if self.config.policy == Replacement::Lru && self.newer[i] != NIL {
+                if self.config.policy == Replacement::Lru && self.slots[i].newer != NIL {
                     let set = self.slot_set(i);
                     self.unlink(set, i);
                     self.push_front(set, i);
@@ -674,7 +686,10 @@ impl<V: Copy> Tlb<V> {
         let set = self.set_index(tag);
         let range = set * self.config.ways..(set + 1) * self.config.ways;
         if self.filled[set] < self.config.ways as u32 {
-            if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
+            if let Some(i) = self.slots[range.clone()]
+                .iter()
+                .position(|s| s.key == INVALID)
+            {
                 self.occupy(set, range.start + i, asid, tag, shift, value);
                 return None;
             }
@@ -714,7 +729,7 @@ impl<V: Copy> Tlb<V> {
     /// Returns how many were dropped.
     pub fn invalidate(&mut self, asid: u64, ranges: &[(u64, u64)]) -> u64 {
         self.stats.invalidations += 1;
-        let capacity = self.keys.len() as u64;
+        let capacity = self.slots.len() as u64;
         let shifts: Vec<u8> = self.shift_list().collect();
         let probes: u64 = ranges
             .iter()
@@ -743,13 +758,13 @@ impl<V: Copy> Tlb<V> {
                 }
             }
         } else {
-            for i in 0..self.keys.len() {
-                let k = self.keys[i];
+            for i in 0..self.slots.len() {
+                let k = self.slots[i].key;
                 if k != INVALID
-                    && self.asids[i] == asid
+                    && self.slots[i].asid == asid
                     && ranges
                         .iter()
-                        .any(|&(s, l)| l > 0 && overlaps(self.tags[i], (k & 63) as u8, s, l))
+                        .any(|&(s, l)| l > 0 && overlaps(self.slots[i].tag, (k & 63) as u8, s, l))
                 {
                     self.vacate(i);
                     dropped += 1;
@@ -765,8 +780,8 @@ impl<V: Copy> Tlb<V> {
         self.stats.invalidations += 1;
         let mut dropped = 0;
         if self.valid > 0 && (self.mixed || self.asid0 == asid) {
-            for i in 0..self.keys.len() {
-                if self.keys[i] != INVALID && self.asids[i] == asid {
+            for i in 0..self.slots.len() {
+                if self.slots[i].key != INVALID && self.slots[i].asid == asid {
                     self.vacate(i);
                     dropped += 1;
                 }
@@ -781,8 +796,10 @@ impl<V: Copy> Tlb<V> {
         self.stats.invalidations += 1;
         let dropped = self.valid as u64;
         if dropped > 0 {
-            self.values.iter_mut().for_each(|s| *s = None);
-            self.keys.iter_mut().for_each(|k| *k = INVALID);
+            self.slots.iter_mut().for_each(|s| {
+                s.key = INVALID;
+                s.value = None;
+            });
             self.probes.iter_mut().for_each(|g| *g = EMPTY_GROUP);
             self.filled.iter_mut().for_each(|f| *f = 0);
             self.head.iter_mut().for_each(|f| *f = NIL);
