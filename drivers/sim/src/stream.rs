@@ -17,7 +17,7 @@
 //!
 //! The split pays where requests hit their L1 (BFS R-MAT, 94% L1 hits: 410 → 340
 //! instructions per translation against the one-pass replay of before); the L1 lookup
-//! itself (fingerprint scan, match, LRU refresh) is the same work in both designs, so a
+//! itself (probe scan, confirmation, LRU refresh) is the same work in both designs, so a
 //! stream that misses its L1 often gains less (ATAX, 66% hits: 494 → 421).
 //!
 //! Everything an L1 does is decided by its own state and the request (its access and

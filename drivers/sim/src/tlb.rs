@@ -5,7 +5,9 @@
 //! space tag (`asid`; the drivers use the page-table root) for a naturally aligned page
 //! of `1 << shift` bytes: its key is `(asid, va >> shift, shift)` and it lives in set
 //! `(va >> shift) % sets`. Entries of different page sizes share the sets; a lookup
-//! probes each size the TLB has ever held, smallest first. The value is whatever the
+//! finds the smallest page holding the address: a fully associative TLB checks every
+//! size in one pass over its ways, a set-associative one probes each size it has ever
+//! held, smallest first. The value is whatever the
 //! owner caches: a leaf translation in a TLB, the address of a next-level table in a
 //! page-walk cache (one `shift` per level).
 //!
@@ -136,34 +138,31 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 
 /// A set-associative TLB caching values of type `V`.
 ///
-/// Stored as flat arrays, one element per way (structure of arrays): a lookup scans
-/// only the set's keys (and, once entries of several asids are present, their asids),
-/// and an LRU or FIFO victim is the tail of the set's recency list.
+/// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (four
+/// ways per compare, whatever page sizes the set holds) and one record per way
+/// (key, asid, value, recency links) where a candidate is confirmed on its full key
+/// and asid; an LRU or FIFO victim is the tail of the set's recency list.
 #[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
-    /// Each slot's key `tag << 6 | shift`, [`INVALID`] when empty: what a lookup scans
-    /// (one word per way, so a set is a few cache lines).
-    keys: Vec<u64>,
-    /// Each slot's 32-bit fingerprint of `(key, asid)`, 0 when empty: what a lookup
-    /// scans (four ways per SIMD compare); a match is confirmed on `keys` and `asids`.
-    fps: Vec<u32>,
-    /// Each slot's asid.
-    asids: Vec<u64>,
-    /// Each slot's tag (`va >> shift`).
-    tags: Vec<u64>,
-    /// Each valid slot's neighbours in its set's recency list (more recent, less
-    /// recent; [`NIL`] at the ends): most recently filled or (LRU) used first, so the
-    /// LRU / FIFO victim is the list's tail, found without a search.
-    newer: Vec<u32>,
-    /// See `newer`.
-    older: Vec<u32>,
+    /// Each slot's entry and recency links, one record per way: a confirmed candidate,
+    /// a fill or an LRU refresh touches one record (one bounds check).
+    slots: Vec<Slot<V>>,
+    /// What a lookup scans: each set's ways four at a time (`groups` per set, the last
+    /// one padded with empty lanes). Way `w` of set `s` is lane `w % 4` of group
+    /// `s * groups + w / 4`.
+    probes: Vec<Group>,
+    /// Groups per set (`ways` divided by four, rounded up).
+    groups: usize,
+    /// `sets - 1` when `sets` is a power of two (a tag's set is then a mask away),
+    /// `u64::MAX` otherwise.
+    set_mask: u64,
+    /// `log2(ways)` when `ways` is a power of two, `u32::MAX` otherwise.
+    way_bits: u32,
     /// Each set's most recent slot ([`NIL`] when empty).
     head: Vec<u32>,
     /// Each set's least recent slot: the victim.
     tail: Vec<u32>,
-    /// Each slot's value (`None` when empty).
-    values: Vec<Option<V>>,
     /// Valid ways per set.
     filled: Vec<u32>,
     /// Valid entries.
@@ -190,26 +189,75 @@ fn key(tag: u64, shift: u8) -> u64 {
     tag << 6 | u64::from(shift)
 }
 
-/// A non-zero 32-bit fingerprint of a key and an asid.
-#[inline]
-fn fingerprint(key: u64, asid: u64) -> u32 {
-    let h = (key ^ asid.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((h >> 32) as u32) | 1
-}
-
-/// Whether some element of `fps` equals `f` (an or-reduction without early exit, which
-/// the compiler vectorises: four ways per compare).
-#[inline]
-fn any_eq(fps: &[u32], f: u32) -> bool {
-    fps.iter().fold(0u32, |acc, &x| acc | u32::from(x == f)) != 0
-}
-
-/// Bit `j` set where `c[j] == f` (`c` at most 32 long).
+/// The word a lookup of `va` for `asid` compares: bits 12..44 of `va` (the low 32 bits
+/// of its 4 KiB page number) mixed with a hash of the asid. An entry's page of
+/// `1 << shift` bytes holds `va` only if the two words agree under the entry's
+/// [`page_mask`]; the converse may fail (a larger address space, another asid whose
+/// hash agrees), so a candidate is confirmed on the full key and asid.
 #[inline(always)]
-fn match_mask(c: &[u32], f: u32) -> u32 {
-    c.iter()
-        .enumerate()
-        .fold(0u32, |m, (j, &x)| m | (u32::from(x == f) << j))
+fn probe_word(va: u64, asid: u64) -> u32 {
+    ((va >> 12) as u32) ^ ((asid.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32)
+}
+
+/// The bits of a [`probe_word`] that an entry of page shift `shift` fixes: all of them
+/// for pages of 4 KiB and below, none of the low `shift - 12` for a larger page, none at
+/// all from 2^44 bytes up.
+#[inline(always)]
+fn page_mask(shift: u8) -> u32 {
+    match shift {
+        0..=12 => u32::MAX,
+        13..=43 => u32::MAX << (shift - 12),
+        _ => 0,
+    }
+}
+
+/// One way's entry.
+#[derive(Clone, Copy, Debug)]
+struct Slot<V> {
+    /// `tag << 6 | shift`, [`INVALID`] when empty.
+    key: u64,
+    /// The entry's asid.
+    asid: u64,
+    /// `va >> shift`.
+    tag: u64,
+    /// The slot's neighbours in its set's recency list (more recent, less recent;
+    /// [`NIL`] at the ends) while valid: most recently filled or (LRU) used first, so
+    /// the LRU / FIFO victim is the list's tail, found without a search.
+    newer: u32,
+    /// See `newer`.
+    older: u32,
+    /// The cached value (`None` when empty).
+    value: Option<V>,
+}
+
+/// The probe words of four ways. Lane `k` is a candidate for a lookup of word `x`
+/// ([`probe_word`]) when `x & masks[k] == words[k]`: `masks[k]` is [`page_mask`] of the
+/// way's page shift and `words[k]` the probe word of its page and asid under that mask;
+/// an empty lane has mask 0 and word 1, which nothing matches. So one pass finds the
+/// candidates of every page size; each is confirmed on the full key and asid.
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    masks: [u32; 4],
+    words: [u32; 4],
+}
+
+const EMPTY_GROUP: Group = Group {
+    masks: [0; 4],
+    words: [1; 4],
+};
+
+impl Group {
+    /// Bit `k` set where lane `k` is a candidate for `x`: and, compare-equal and
+    /// move-mask, four lanes at once (SSE2), no branch per lane.
+    #[inline(always)]
+    fn candidates(&self, x: u32) -> u32 {
+        let mut b = 0u32;
+        for k in 0..4 {
+            // All ones where the lane is a candidate, kept at bit `k`.
+            b |= 0u32.wrapping_sub(u32::from(x & self.masks[k] == self.words[k])) & (1 << k);
+        }
+        b
+    }
 }
 
 impl<V: Copy> Tlb<V> {
@@ -233,15 +281,31 @@ impl<V: Copy> Tlb<V> {
         };
         Ok(Tlb {
             config,
-            keys: vec![INVALID; entries],
-            fps: vec![0; entries],
-            asids: vec![0; entries],
-            tags: vec![0; entries],
-            newer: vec![NIL; entries],
-            older: vec![NIL; entries],
+            slots: vec![
+                Slot {
+                    key: INVALID,
+                    asid: 0,
+                    tag: 0,
+                    newer: NIL,
+                    older: NIL,
+                    value: None,
+                };
+                entries
+            ],
+            probes: vec![EMPTY_GROUP; config.sets * config.ways.div_ceil(4)],
+            groups: config.ways.div_ceil(4),
+            set_mask: if config.sets.is_power_of_two() {
+                config.sets as u64 - 1
+            } else {
+                u64::MAX
+            },
+            way_bits: if config.ways.is_power_of_two() {
+                config.ways.trailing_zeros()
+            } else {
+                u32::MAX
+            },
             head: vec![NIL; config.sets],
             tail: vec![NIL; config.sets],
-            values: vec![None; entries],
             filled: vec![0; config.sets],
             valid: 0,
             asid0: 0,
@@ -278,24 +342,23 @@ impl<V: Copy> Tlb<V> {
         self.valid == 0
     }
 
-    fn set_of(&self, tag: u64) -> std::ops::Range<usize> {
-        let sets = self.config.sets as u64;
-        let set = if sets.is_power_of_two() {
-            (tag & (sets - 1)) as usize
+    /// The set a tag lives in (a mask for power-of-two sets, no division).
+    #[inline(always)]
+    fn set_index(&self, tag: u64) -> usize {
+        if self.set_mask != u64::MAX {
+            (tag & self.set_mask) as usize
         } else {
-            (tag % sets) as usize
-        };
-        set * self.config.ways..(set + 1) * self.config.ways
+            (tag % self.config.sets as u64) as usize
+        }
     }
 
     /// The set of slot `i` (a shift for power-of-two ways, no division).
-    #[inline]
+    #[inline(always)]
     fn slot_set(&self, i: usize) -> usize {
-        let ways = self.config.ways;
-        if ways.is_power_of_two() {
-            i >> ways.trailing_zeros()
+        if self.way_bits != u32::MAX {
+            i >> self.way_bits
         } else {
-            i / ways
+            i / self.config.ways
         }
     }
 
@@ -303,33 +366,58 @@ impl<V: Copy> Tlb<V> {
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
         let k = key(tag, shift);
-        let r = self.set_of(tag);
         if !self.mixed && asid != self.asid0 {
             return None;
         }
-        let f = fingerprint(k, asid);
-        // Most lookups of a miss-heavy stream find no fingerprint at all: one
-        // vectorised pass says so; a match is confirmed on the full key and asid (a key
-        // is in a set once per asid).
-        let fps = &self.fps[r.clone()];
-        if !any_eq(fps, f) {
-            return None;
-        }
-        // A match: find it eight ways at a time, a bit mask per chunk and its set bits
-        // in order (no per-way branch).
-        let mut base = r.start;
-        for c in fps.chunks(8) {
-            let mut m = match_mask(c, f);
+        // The set's probe words four ways at a time; each candidate is confirmed on
+        // the full key and asid (a key is in a set once per asid).
+        let x = probe_word(va, asid);
+        let set = self.set_index(tag);
+        let (start, first) = (set * self.config.ways, set * self.groups);
+        for (n, g) in self.probes[first..first + self.groups].iter().enumerate() {
+            let mut m = g.candidates(x);
             while m != 0 {
-                let i = base + m.trailing_zeros() as usize;
-                if self.keys[i] == k && self.asids[i] == asid {
+                let i = start + n * 4 + m.trailing_zeros() as usize;
+                if self.slots[i].key == k && self.slots[i].asid == asid {
                     return Some(i);
                 }
                 m &= m - 1;
             }
-            base += c.len();
         }
         None
+    }
+
+    /// The group and lane of slot `i` of set `set`.
+    #[inline(always)]
+    fn lane(&self, set: usize, i: usize) -> (usize, usize) {
+        let way = i - set * self.config.ways;
+        (set * self.groups + way / 4, way % 4)
+    }
+
+    /// The entry of the smallest page size that translates `va` for `asid`, found in
+    /// one pass over the whole array whatever page sizes it holds (a fully associative
+    /// TLB: every size lives in the one set). The same entry as probing each size
+    /// present, smallest first.
+    #[inline(always)]
+    fn find_any_size(&self, asid: u64, va: u64) -> Option<usize> {
+        if !self.mixed && asid != self.asid0 {
+            return None;
+        }
+        let x = probe_word(va, asid);
+        let (mut best, mut best_shift) = (None, u64::MAX);
+        for (n, g) in self.probes.iter().enumerate() {
+            let mut m = g.candidates(x);
+            while m != 0 {
+                let i = n * 4 + m.trailing_zeros() as usize;
+                let k = self.slots[i].key;
+                let s = k & 63;
+                if s < best_shift && k == key(va >> s, s as u8) && self.slots[i].asid == asid {
+                    (best, best_shift) = (Some(i), s);
+                }
+                m &= m - 1;
+            }
+        }
+        best
     }
 
     /// Fill slot `i` of set `set` with a valid entry; returns the previous entry's
@@ -345,9 +433,9 @@ impl<V: Copy> Tlb<V> {
         shift: u8,
         value: V,
     ) -> Option<(u64, u64, u8)> {
-        let k_old = self.keys[i];
+        let k_old = self.slots[i].key;
         let old = if k_old != INVALID {
-            let old = (self.asids[i], self.tags[i], (k_old & 63) as u8);
+            let old = (self.slots[i].asid, self.slots[i].tag, (k_old & 63) as u8);
             if self.head[set] != i as u32 {
                 self.unlink(set, i);
                 self.push_front(set, i);
@@ -366,19 +454,21 @@ impl<V: Copy> Tlb<V> {
         if asid != self.asid0 {
             self.mixed = true;
         }
-        let k = key(tag, shift);
-        self.keys[i] = k;
-        self.fps[i] = fingerprint(k, asid);
-        self.asids[i] = asid;
-        self.tags[i] = tag;
-        self.values[i] = Some(value);
+        let mask = page_mask(shift);
+        self.slots[i].key = key(tag, shift);
+        let (g, l) = self.lane(set, i);
+        self.probes[g].masks[l] = mask;
+        self.probes[g].words[l] = probe_word(tag << shift, asid) & mask;
+        self.slots[i].asid = asid;
+        self.slots[i].tag = tag;
+        self.slots[i].value = Some(value);
         old
     }
 
     /// Empty slot `i` (nothing happens if it is empty).
     fn vacate(&mut self, i: usize) {
-        if self.keys[i] != INVALID {
-            let set = self.slot_set(i);
+        let set = self.slot_set(i);
+        if self.slots[i].key != INVALID {
             self.unlink(set, i);
             self.valid -= 1;
             self.filled[set] -= 1;
@@ -386,24 +476,26 @@ impl<V: Copy> Tlb<V> {
                 self.mixed = false;
             }
         }
-        self.keys[i] = INVALID;
-        self.fps[i] = 0;
-        self.values[i] = None;
+        self.slots[i].key = INVALID;
+        let (g, l) = self.lane(set, i);
+        self.probes[g].masks[l] = 0;
+        self.probes[g].words[l] = 1;
+        self.slots[i].value = None;
     }
 
     /// Take valid slot `i` out of its set's recency list.
     #[inline(always)]
     fn unlink(&mut self, set: usize, i: usize) {
-        let (n, o) = (self.newer[i], self.older[i]);
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
         if n == NIL {
             self.head[set] = o;
         } else {
-            self.older[n as usize] = o;
+            self.slots[n as usize].older = o;
         }
         if o == NIL {
             self.tail[set] = n;
         } else {
-            self.newer[o as usize] = n;
+            self.slots[o as usize].newer = n;
         }
     }
 
@@ -411,12 +503,12 @@ impl<V: Copy> Tlb<V> {
     #[inline]
     fn push_front(&mut self, set: usize, i: usize) {
         let h = self.head[set];
-        self.newer[i] = NIL;
-        self.older[i] = h;
+        self.slots[i].newer = NIL;
+        self.slots[i].older = h;
         if h == NIL {
             self.tail[set] = i as u32;
         } else {
-            self.newer[h as usize] = i as u32;
+            self.slots[h as usize].newer = i as u32;
         }
         self.head[set] = i as u32;
     }
@@ -440,7 +532,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
         let i = self.lookup_any(asid, va)?;
-        Some(((self.keys[i] & 63) as u8, self.values[i]?))
+        Some(((self.slots[i].key & 63) as u8, self.slots[i].value?))
     }
 
     /// [`Tlb::lookup`] returning a reference to the value (no copy through the
@@ -448,7 +540,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup_ref(&mut self, asid: u64, va: u64) -> Option<&V> {
         let i = self.lookup_any(asid, va)?;
-        self.values[i].as_ref()
+        self.slots[i].value.as_ref()
     }
 
     /// The slot a lookup in any page size hits (counted and refreshed).
@@ -460,7 +552,13 @@ impl<V: Copy> Tlb<V> {
             let hit = self.find(asid, va, s);
             return self.count_hit(hit);
         }
-        // Several sizes: probe each present one, smallest first (no list built).
+        if self.config.sets == 1 {
+            // Several sizes in the one set: one pass over it for all of them.
+            let hit = self.find_any_size(asid, va);
+            return self.count_hit(hit);
+        }
+        // Several sizes in several sets: probe each present one, smallest first (no
+        // list built).
         let mut m = self.shifts;
         let mut hit = None;
         while m != 0 {
@@ -485,7 +583,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
         let (s, i) = self.lookup_slot(asid, va, shifts)?;
-        Some((s, self.values[i]?))
+        Some((s, self.slots[i].value?))
     }
 
     /// The shift and slot of the first of `shifts` that hits (one hit or miss counted,
@@ -505,7 +603,7 @@ impl<V: Copy> Tlb<V> {
         match hit {
             Some(i) => {
                 self.stats.hits += 1;
-                if self.config.policy == Replacement::Lru && self.newer[i] != NIL {
+                if self.config.policy == Replacement::Lru && self.slots[i].newer != NIL {
                     let set = self.slot_set(i);
                     self.unlink(set, i);
                     self.push_front(set, i);
@@ -585,10 +683,13 @@ impl<V: Copy> Tlb<V> {
                 return None;
             }
         }
-        let range = self.set_of(tag);
-        let set = self.slot_set(range.start);
+        let set = self.set_index(tag);
+        let range = set * self.config.ways..(set + 1) * self.config.ways;
         if self.filled[set] < self.config.ways as u32 {
-            if let Some(i) = self.keys[range.clone()].iter().position(|&x| x == INVALID) {
+            if let Some(i) = self.slots[range.clone()]
+                .iter()
+                .position(|s| s.key == INVALID)
+            {
                 self.occupy(set, range.start + i, asid, tag, shift, value);
                 return None;
             }
@@ -628,7 +729,7 @@ impl<V: Copy> Tlb<V> {
     /// Returns how many were dropped.
     pub fn invalidate(&mut self, asid: u64, ranges: &[(u64, u64)]) -> u64 {
         self.stats.invalidations += 1;
-        let capacity = self.keys.len() as u64;
+        let capacity = self.slots.len() as u64;
         let shifts: Vec<u8> = self.shift_list().collect();
         let probes: u64 = ranges
             .iter()
@@ -657,13 +758,13 @@ impl<V: Copy> Tlb<V> {
                 }
             }
         } else {
-            for i in 0..self.keys.len() {
-                let k = self.keys[i];
+            for i in 0..self.slots.len() {
+                let k = self.slots[i].key;
                 if k != INVALID
-                    && self.asids[i] == asid
+                    && self.slots[i].asid == asid
                     && ranges
                         .iter()
-                        .any(|&(s, l)| l > 0 && overlaps(self.tags[i], (k & 63) as u8, s, l))
+                        .any(|&(s, l)| l > 0 && overlaps(self.slots[i].tag, (k & 63) as u8, s, l))
                 {
                     self.vacate(i);
                     dropped += 1;
@@ -679,8 +780,8 @@ impl<V: Copy> Tlb<V> {
         self.stats.invalidations += 1;
         let mut dropped = 0;
         if self.valid > 0 && (self.mixed || self.asid0 == asid) {
-            for i in 0..self.keys.len() {
-                if self.keys[i] != INVALID && self.asids[i] == asid {
+            for i in 0..self.slots.len() {
+                if self.slots[i].key != INVALID && self.slots[i].asid == asid {
                     self.vacate(i);
                     dropped += 1;
                 }
@@ -695,9 +796,11 @@ impl<V: Copy> Tlb<V> {
         self.stats.invalidations += 1;
         let dropped = self.valid as u64;
         if dropped > 0 {
-            self.values.iter_mut().for_each(|s| *s = None);
-            self.keys.iter_mut().for_each(|k| *k = INVALID);
-            self.fps.iter_mut().for_each(|k| *k = 0);
+            self.slots.iter_mut().for_each(|s| {
+                s.key = INVALID;
+                s.value = None;
+            });
+            self.probes.iter_mut().for_each(|g| *g = EMPTY_GROUP);
             self.filled.iter_mut().for_each(|f| *f = 0);
             self.head.iter_mut().for_each(|f| *f = NIL);
             self.tail.iter_mut().for_each(|f| *f = NIL);

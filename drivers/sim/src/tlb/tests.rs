@@ -167,6 +167,83 @@ fn recency_lists_pick_the_same_victims_as_a_reference_model() {
     }
 }
 
+/// Lookups in TLBs holding several page sizes and asids at once (pages below 4 KiB,
+/// 2 MiB, 1 GiB and beyond 2^44 bytes; addresses above bit 44, where probe words alias)
+/// against a plain reference: the entry found is the smallest page holding the address
+/// for the asid, and replacement follows per-set recency as in the test above.
+#[test]
+fn mixed_page_sizes_and_asids_find_the_smallest_entry_as_a_reference_model() {
+    const SHIFTS: [u8; 5] = [10, 12, 21, 30, 45];
+    const ASIDS: [u64; 4] = [0, 1, 5, 1 << 33];
+    for policy in [Replacement::Lru, Replacement::Fifo] {
+        for (sets, ways) in [(1, 32), (1, 70), (1, 5), (4, 6)] {
+            let mut t = tlb(sets, ways, policy);
+            // Per set: (asid, tag, shift), oldest first.
+            let mut reference: Vec<Vec<(u64, u64, u8)>> = vec![Vec::new(); sets];
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for step in 0..40_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let hi = [0u64, 1, 0x7f][(x >> 20) as usize % 3] << 44;
+                let va = hi | ((x >> 24) % (16 << 20));
+                let asid = ASIDS[(x >> 8) as usize % 4];
+                let value = |tag: u64, shift: u8| tag.wrapping_mul(64) | u64::from(shift);
+                match x % 5 {
+                    0 | 1 => {
+                        let best = reference
+                            .iter()
+                            .enumerate()
+                            .flat_map(|(s, set)| {
+                                set.iter().enumerate().map(move |(i, e)| (s, i, *e))
+                            })
+                            .filter(|&(_, _, (a, tag, sh))| a == asid && tag == va >> sh)
+                            .min_by_key(|&(_, _, (_, _, sh))| sh);
+                        let got = t.lookup(asid, va);
+                        assert_eq!(
+                            got,
+                            best.map(|(_, _, (_, tag, sh))| (sh, value(tag, sh))),
+                            "step {step}"
+                        );
+                        if let (Some((s, i, _)), Replacement::Lru) = (best, policy) {
+                            let e = reference[s].remove(i);
+                            reference[s].push(e);
+                        }
+                    }
+                    2 => {
+                        let before: usize = reference.iter().map(Vec::len).sum();
+                        for set in &mut reference {
+                            set.retain(|&(a, tag, sh)| !(a == asid && tag == va >> sh));
+                        }
+                        let after: usize = reference.iter().map(Vec::len).sum();
+                        assert_eq!(t.remove(asid, va), (before - after) as u64, "step {step}");
+                    }
+                    _ => {
+                        let sh = SHIFTS[(x >> 4) as usize % SHIFTS.len()];
+                        let tag = va >> sh;
+                        let set = &mut reference[(tag % sets as u64) as usize];
+                        let at = set.iter().position(|&e| e == (asid, tag, sh));
+                        let want = match at {
+                            Some(i) => {
+                                set.remove(i);
+                                None
+                            }
+                            None if set.len() == ways => {
+                                let (a, old, osh) = set.remove(0);
+                                Some((a, old << osh))
+                            }
+                            None => None,
+                        };
+                        set.push((asid, tag, sh));
+                        assert_eq!(t.insert(asid, va, sh, value(tag, sh)), want, "step {step}");
+                    }
+                }
+            }
+            assert_eq!(t.len(), reference.iter().map(Vec::len).sum::<usize>());
+        }
+    }
+}
+
 #[test]
 fn empty_or_huge_geometries_are_rejected() {
     assert_eq!(
