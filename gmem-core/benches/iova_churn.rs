@@ -41,6 +41,10 @@
 //! `GMEM_BENCH_STATS=1` to print our arena's counters (cache hits, misses, depot
 //! exchanges) after each of its runs.
 //!
+//! `GMEM_BENCH_THP=1` advises every allocation of 2 MiB or more `MADV_HUGEPAGE` (every
+//! allocator alike; see `BenchAlloc`), to tell how much of the growth from 1k to 1M
+//! live ranges is TLB misses.
+//!
 //! `GMEM_BENCH_REPLAY=<live>:<pairs>` skips criterion: it fills an uncached
 //! instant-fit arena with the scaling curve's churn trace at `<live>` live ranges,
 //! replays `<pairs>` pairs and prints their wall time per pair (the fill excluded),
@@ -53,7 +57,9 @@
 //! `cached` (shared, `alloc`/`free`) or `mut` (cached, `alloc_mut`/`free_mut`), so
 //! the cached rows can be counted the same way.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -398,6 +404,64 @@ fn filled<A: Iova>(make: &impl Fn() -> A, t: &Trace, failures: &mut u64) -> (A, 
     (a, slots)
 }
 
+/// Advise large allocations huge (`GMEM_BENCH_THP=1`); see [`BenchAlloc`].
+static HUGE: AtomicBool = AtomicBool::new(false);
+/// Allocations from this size up are 2 MiB aligned (and advised huge with [`HUGE`]).
+const HUGE_MIN: usize = 2 << 20;
+
+/// The bench's global allocator: the system's, except that every allocation of
+/// [`HUGE_MIN`] bytes or more is 2 MiB aligned and, when [`HUGE`] is set, advised
+/// `MADV_HUGEPAGE` (this machine's transparent huge pages are `madvise`-only).
+///
+/// At a million live ranges the allocators' tables (our hash and segment slab, 49
+/// MiB; offset-allocator's node arrays) are tens of MiB of 4 KiB pages, so every
+/// random access is also a TLB miss; a kernel's allocator keeps such tables in the
+/// huge-page direct map. The option applies to every allocator the bench drives
+/// alike and is off by default (the tables and the README's history are without it);
+/// it tells how much of the growth from 1k to 1M live ranges is the TLB.
+struct BenchAlloc;
+
+impl BenchAlloc {
+    /// The layout a block of layout `l` really has: 2 MiB aligned when large.
+    fn real(l: Layout) -> Layout {
+        if l.size() >= HUGE_MIN {
+            Layout::from_size_align(l.size(), l.align().max(HUGE_MIN)).unwrap_or(l)
+        } else {
+            l
+        }
+    }
+}
+
+// SAFETY: every block comes from `System` with `real(l)` and goes back to it with
+// `real(l)` (a pure function of the layout, which the caller passes unchanged to
+// `dealloc`), so `System`'s contract carries over; `real(l)` only raises the
+// alignment, which still satisfies the caller's. `madvise` only advises on the
+// fresh block, which this allocation owns.
+unsafe impl GlobalAlloc for BenchAlloc {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let r = Self::real(l);
+        // SAFETY: `r` has the caller's non-zero size.
+        let p = unsafe { System.alloc(r) };
+        if !p.is_null() && r.size() >= HUGE_MIN && HUGE.load(Ordering::Relaxed) {
+            // SAFETY: `[p, p + size)` is the fresh block; advice changes no data.
+            unsafe { libc::madvise(p.cast(), r.size(), libc::MADV_HUGEPAGE) };
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from `alloc` with `real(l)`.
+        unsafe { System.dealloc(p, Self::real(l)) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: BenchAlloc = BenchAlloc;
+
+/// True when the run advises large allocations huge.
+fn huge_pages() -> bool {
+    HUGE.load(Ordering::Relaxed)
+}
+
 /// How many steps ahead the replay loop prefetches the slot it will touch.
 const SLOT_PREFETCH: usize = 8;
 
@@ -732,9 +796,10 @@ fn replay_only() -> bool {
     };
     println!(
         "replay: {} {kind}, {live} live, {pairs} pairs, {ns:.1} ns/pair (fill excluded), \
-         {failures} failures, {} free segments",
+         {failures} failures, {} free segments, huge pages {}",
         t.name,
-        fmt_count(fragments)
+        fmt_count(fragments),
+        if huge_pages() { "on" } else { "off" }
     );
     true
 }
@@ -751,6 +816,10 @@ fn replay_timed<A: Iova>(make: impl Fn() -> A, t: &Trace, pairs: u64) -> (f64, u
 }
 
 fn main() {
+    HUGE.store(
+        std::env::var("GMEM_BENCH_THP").is_ok_and(|v| v == "1"),
+        Ordering::Relaxed,
+    );
     if replay_only() {
         return;
     }
@@ -862,7 +931,11 @@ fn main() {
         }
     }
     println!();
-    println!("=== uncached instant-fit: ns per (free + alloc) pair vs live ranges (churn) ===");
+    println!(
+        "=== uncached instant-fit: ns per (free + alloc) pair vs live ranges (churn), \
+         huge pages {} (GMEM_BENCH_THP) ===",
+        if huge_pages() { "on" } else { "off" }
+    );
     println!(
         "{:>10} {:>10} {:>10} {:>16} {:>18} {:>10}",
         "live", "ns/pair", "vs 1k", "free segments", "offset-alloc ns", "vs 1k"
