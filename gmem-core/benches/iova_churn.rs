@@ -847,6 +847,11 @@ fn main() {
         .warm_up_time(Duration::from_millis(400))
         .measurement_time(Duration::from_secs(2));
     let mut curve = Vec::new();
+    // Eager fills (a few seconds in all, even when filtered out): a lazy fill of a
+    // million ranges (over a second) inside criterion's first warm-up call made it
+    // size the samples as if one pair took that long, so until alloc10 the 1M point
+    // was 15 single pairs measured right after the fill ("Collecting 15 samples ...
+    // (15 iterations)"), cold and noisy, not the steady state.
     for live in [1_000usize, 10_000, 100_000, 1_000_000] {
         let t = churn_trace(live, 0x5ca1e ^ live as u64);
         let v = churn(
@@ -855,7 +860,7 @@ fn main() {
             scale_samples,
             || Ours(Arc::new(arena(t.space, Variant::Instant, 1))),
             &t,
-            false,
+            true,
         );
         // The same churn on offset-allocator (O(1) bins), to tell the algorithm's
         // growth from the memory hierarchy's.
@@ -870,7 +875,7 @@ fn main() {
                 ))
             },
             &t,
-            false,
+            true,
         );
         curve.push((live, v, peer));
     }
