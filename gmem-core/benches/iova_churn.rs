@@ -34,7 +34,9 @@
 //! arena against each peer. Then: uncached instant-fit at 1k..1M live ranges on the
 //! churn trace (with offset-allocator beside it), and the cached arena driven by one
 //! and by two threads (each with its own live set and CPU id) on one arena with a CPU
-//! record per CPU of the machine (at least 2) in both runs, in pairs per second.
+//! record per CPU of the machine (at least 2) in both runs, in pairs per second; and
+//! as a same-run control two threads on an arena each (nothing shared: what the
+//! machine gives two threads at the moment).
 //!
 //! Set `GMEM_BENCH_LIVE` to change the live-set size of the three traces (default
 //! 65 536), `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator, and
@@ -691,11 +693,23 @@ fn machine_cpus() -> usize {
         .max(2)
 }
 
+/// One run of [`threaded`]: threads, and whether they share one arena.
+#[derive(Clone, Copy)]
+struct ThreadRun {
+    threads: usize,
+    shared: bool,
+    /// Median pairs per second over all threads.
+    pps: Option<f64>,
+}
+
 /// Pairs per second of the cached arena (with [`machine_cpus`] CPU records) driven by
-/// `threads` threads, each replaying its own churn trace (its own live set) with its
-/// own CPU id. Criterion's time per iteration is the wall time of one pair on every
-/// thread at once.
-fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
+/// threads each replaying its own churn trace (its own live set) with its own CPU
+/// id: one thread, two threads on one arena, and, as the same-run control, two
+/// threads on an arena each (nothing shared, so what the machine gives two threads;
+/// the shared run can only lose to it by what the threads share in the arena).
+/// Criterion's time per iteration is the wall time of one pair on every thread at
+/// once.
+fn threaded(c: &mut Criterion, live: usize) -> Vec<ThreadRun> {
     let samples = 20;
     let mut group = c.benchmark_group("cached_threads");
     group
@@ -703,27 +717,44 @@ fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
     let mut out = Vec::new();
-    for threads in [1usize, 2] {
+    for (threads, shared) in [(1usize, true), (2, false), (2, true)] {
         let traces: Vec<Trace> = (0..threads)
             .map(|i| churn_trace(live, 0x7417 + i as u64))
             .collect();
-        let space: u64 = traces.iter().map(|t| t.space).sum();
-        let a = Arc::new(arena(space, Variant::Cached, machine_cpus()));
+        let arenas: Vec<Arc<Arena>> = if shared {
+            let space: u64 = traces.iter().map(|t| t.space).sum();
+            let a = Arc::new(arena(space, Variant::Cached, machine_cpus()));
+            vec![a; threads]
+        } else {
+            traces
+                .iter()
+                .map(|t| Arc::new(arena(t.space, Variant::Cached, machine_cpus())))
+                .collect()
+        };
         let states: Vec<CachePadded<Mutex<ThreadState>>> = traces
             .iter()
-            .map(|t| {
-                let mut o = Ours(Arc::clone(&a));
+            .zip(&arenas)
+            .enumerate()
+            .map(|(i, (t, a))| {
+                CPU.with(|c| c.set(i));
+                let mut o = Ours(Arc::clone(a));
                 let slots = t.initial.iter().map(|&p| o.alloc(p)).collect();
                 CachePadded(Mutex::new((slots, 0usize)))
             })
             .collect();
+        CPU.with(|c| c.set(0));
         let mut per_call = Vec::new();
-        group.bench_function(format!("threads_{threads}"), |b| {
+        let name = match (threads, shared) {
+            (1, _) => "threads_1".to_string(),
+            (n, true) => format!("threads_{n}"),
+            (n, false) => format!("threads_{n}_arena_each"),
+        };
+        group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let start = Instant::now();
                 std::thread::scope(|s| {
-                    for (i, (st, t)) in states.iter().zip(&traces).enumerate() {
-                        let a = Arc::clone(&a);
+                    for (i, ((st, t), a)) in states.iter().zip(&traces).zip(&arenas).enumerate() {
+                        let a = Arc::clone(a);
                         s.spawn(move || {
                             CPU.with(|c| c.set(i));
                             let mut st = st.0.lock().expect("state");
@@ -748,7 +779,11 @@ fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
         let n = per_call.len();
         let mut measured = per_call.split_off(n.saturating_sub(samples));
         measured.sort_by(f64::total_cmp);
-        out.push((threads, measured.get(measured.len() / 2).copied()));
+        out.push(ThreadRun {
+            threads,
+            shared,
+            pps: measured.get(measured.len() / 2).copied(),
+        });
     }
     group.finish();
     out
@@ -967,13 +1002,29 @@ fn main() {
          one arena of {} CPU records for both runs ===",
         machine_cpus()
     );
-    for (n, pps) in &threads {
+    let mpps = |r: &ThreadRun| {
+        r.pps
+            .map_or_else(|| "skipped".into(), |p| format!("{:.2}", p / 1e6))
+    };
+    for r in &threads {
         println!(
-            "{n} thread(s): {} Mpairs/s",
-            pps.map_or_else(|| "skipped".into(), |p| format!("{:.2}", p / 1e6))
+            "{} thread(s), {}: {} Mpairs/s",
+            r.threads,
+            if r.shared || r.threads == 1 {
+                "one arena"
+            } else {
+                "an arena each (control)"
+            },
+            mpps(r)
         );
     }
-    if let [(_, Some(one)), (_, Some(two))] = threads[..] {
+    let pps = |t: usize, sh: bool| {
+        threads
+            .iter()
+            .find(|r| r.threads == t && r.shared == sh)
+            .and_then(|r| r.pps)
+    };
+    if let (Some(one), Some(two)) = (pps(1, true), pps(2, true)) {
         println!(
             "2 threads / 1 thread: {:.2}x (target >= 1.7x: {}); cores available: {}, \
              arena CPU records: {}",
@@ -982,5 +1033,13 @@ fn main() {
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             machine_cpus()
         );
+        if let Some(each) = pps(2, false) {
+            println!(
+                "control, 2 threads on an arena each / 1 thread: {:.2}x (what this run's \
+                 machine gave two threads); one arena / an arena each: {:.2}",
+                each / one,
+                two / each
+            );
+        }
     }
 }
