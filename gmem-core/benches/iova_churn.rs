@@ -79,8 +79,10 @@ struct Trace {
     name: &'static str,
     /// Size in pages of each initially live range.
     initial: Vec<u64>,
-    /// (slot to free and refill, pages of the new range).
-    steps: Vec<(u32, u64)>,
+    /// (slot to free and refill, pages of the new range): 8 bytes a step, so that
+    /// streaming the trace through the caches (a million steps, replayed cyclically)
+    /// takes as little of the last-level cache from the allocators as it can.
+    steps: Vec<(u32, u32)>,
     /// Pages of address space the allocators manage.
     space: u64,
 }
@@ -101,7 +103,7 @@ fn churn_trace(live: usize, seed: u64) -> Trace {
     let steps = (0..TRACE_STEPS)
         .map(|_| {
             let slot = (xorshift(&mut s) % live as u64) as u32;
-            (slot, xorshift(&mut s) % 32 + 1)
+            (slot, (xorshift(&mut s) % 32 + 1) as u32)
         })
         .collect();
     Trace {
@@ -128,14 +130,15 @@ fn fragmenting_trace(live: usize, seed: u64) -> Trace {
     let mut live_pages: u64 = initial.iter().sum();
     let mut peak = live_pages;
     let mut cur = initial.clone();
-    let steps: Vec<(u32, u64)> = (0..TRACE_STEPS)
+    let steps: Vec<(u32, u32)> = (0..TRACE_STEPS)
         .map(|_| {
             let (pages, r) = size();
             let slot = (r % live as u64) as u32;
             live_pages = live_pages - cur[slot as usize] + pages;
             cur[slot as usize] = pages;
             peak = peak.max(live_pages);
-            (slot, pages)
+            // At most 128 pages.
+            (slot, pages as u32)
         })
         .collect();
     Trace {
@@ -166,7 +169,8 @@ fn iommu_trace(live: usize, seed: u64) -> Trace {
     let steps = (0..TRACE_STEPS)
         .map(|k| {
             let jitter = (xorshift(&mut j) % 32) as usize;
-            (((k + jitter) % live) as u32, size())
+            // At most 32 pages.
+            (((k + jitter) % live) as u32, size() as u32)
         })
         .collect();
     Trace {
@@ -507,7 +511,7 @@ fn replay<A: Iova>(
         // No `std::hint::black_box`: the slot is read back by a later step, and forcing the
         // handle through a stack temporary cost a store-forwarding stall (a handle
         // written as two halves, read back whole) that dwarfed a cached allocation.
-        *slot = a.alloc(pages);
+        *slot = a.alloc(u64::from(pages));
         failures += u64::from(slot.is_none());
     }
     failures
