@@ -33,12 +33,19 @@
 //! (a full or fragmented space: the slot stays empty) and the speed ratio of our cached
 //! arena against each peer. Then: uncached instant-fit at 1k..1M live ranges on the
 //! churn trace (with offset-allocator beside it), and the cached arena driven by one
-//! and by two threads (each with its own live set and CPU id), in pairs per second.
+//! and by two threads (each with its own live set and CPU id) on one arena with a CPU
+//! record per CPU of the machine (at least 2) in both runs, in pairs per second; and
+//! as a same-run control two threads on an arena each (nothing shared: what the
+//! machine gives two threads at the moment).
 //!
 //! Set `GMEM_BENCH_LIVE` to change the live-set size of the three traces (default
 //! 65 536), `GMEM_BENCH_SKIP_VM=1` to leave out the (linear-time) vm-allocator, and
 //! `GMEM_BENCH_STATS=1` to print our arena's counters (cache hits, misses, depot
 //! exchanges) after each of its runs.
+//!
+//! `GMEM_BENCH_THP=1` advises every allocation of 2 MiB or more `MADV_HUGEPAGE` (every
+//! allocator alike; see `BenchAlloc`), to tell how much of the growth from 1k to 1M
+//! live ranges is TLB misses.
 //!
 //! `GMEM_BENCH_REPLAY=<live>:<pairs>` skips criterion: it fills an uncached
 //! instant-fit arena with the scaling curve's churn trace at `<live>` live ranges,
@@ -53,12 +60,20 @@
 //! the cached rows can be counted the same way.
 
 use std::cell::Cell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use gmem_core::platform::Platform;
 use gmem_core::vmem::{Arena, ArenaConfig, FitPolicy};
+
+#[path = "iova_churn/huge.rs"]
+mod huge;
+#[path = "iova_churn/threads.rs"]
+mod threads;
+
+use huge::huge_pages;
+use threads::{print_threads, threaded};
 
 const PAGE: u64 = 4096;
 /// Steps in a trace; replayed cyclically (every step keeps the live set valid).
@@ -70,8 +85,10 @@ struct Trace {
     name: &'static str,
     /// Size in pages of each initially live range.
     initial: Vec<u64>,
-    /// (slot to free and refill, pages of the new range).
-    steps: Vec<(u32, u64)>,
+    /// (slot to free and refill, pages of the new range): 8 bytes a step, so that
+    /// streaming the trace through the caches (a million steps, replayed cyclically)
+    /// takes as little of the last-level cache from the allocators as it can.
+    steps: Vec<(u32, u32)>,
     /// Pages of address space the allocators manage.
     space: u64,
 }
@@ -92,7 +109,7 @@ fn churn_trace(live: usize, seed: u64) -> Trace {
     let steps = (0..TRACE_STEPS)
         .map(|_| {
             let slot = (xorshift(&mut s) % live as u64) as u32;
-            (slot, xorshift(&mut s) % 32 + 1)
+            (slot, (xorshift(&mut s) % 32 + 1) as u32)
         })
         .collect();
     Trace {
@@ -119,14 +136,15 @@ fn fragmenting_trace(live: usize, seed: u64) -> Trace {
     let mut live_pages: u64 = initial.iter().sum();
     let mut peak = live_pages;
     let mut cur = initial.clone();
-    let steps: Vec<(u32, u64)> = (0..TRACE_STEPS)
+    let steps: Vec<(u32, u32)> = (0..TRACE_STEPS)
         .map(|_| {
             let (pages, r) = size();
             let slot = (r % live as u64) as u32;
             live_pages = live_pages - cur[slot as usize] + pages;
             cur[slot as usize] = pages;
             peak = peak.max(live_pages);
-            (slot, pages)
+            // At most 128 pages.
+            (slot, pages as u32)
         })
         .collect();
     Trace {
@@ -157,7 +175,8 @@ fn iommu_trace(live: usize, seed: u64) -> Trace {
     let steps = (0..TRACE_STEPS)
         .map(|k| {
             let jitter = (xorshift(&mut j) % 32) as usize;
-            (((k + jitter) % live) as u32, size())
+            // At most 32 pages.
+            (((k + jitter) % live) as u32, size() as u32)
         })
         .collect();
     Trace {
@@ -440,7 +459,7 @@ fn replay<A: Iova>(
         // No `std::hint::black_box`: the slot is read back by a later step, and forcing the
         // handle through a stack temporary cost a store-forwarding stall (a handle
         // written as two halves, read back whole) that dwarfed a cached allocation.
-        *slot = a.alloc(pages);
+        *slot = a.alloc(u64::from(pages));
         failures += u64::from(slot.is_none());
     }
     failures
@@ -612,68 +631,6 @@ fn run_trace(c: &mut Criterion, t: &Trace, live: usize, skip_vm: bool) -> TraceR
     }
 }
 
-/// Pairs per second of the cached arena driven by `threads` threads, each replaying
-/// its own churn trace (its own live set) with its own CPU id. Criterion's time per
-/// iteration is the wall time of one pair on every thread at once.
-fn threaded(c: &mut Criterion, live: usize) -> Vec<(usize, Option<f64>)> {
-    let samples = 20;
-    let mut group = c.benchmark_group("cached_threads");
-    group
-        .sample_size(samples)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
-    let mut out = Vec::new();
-    for threads in [1usize, 2] {
-        let traces: Vec<Trace> = (0..threads)
-            .map(|i| churn_trace(live, 0x7417 + i as u64))
-            .collect();
-        let space: u64 = traces.iter().map(|t| t.space).sum();
-        let a = Arc::new(arena(space, Variant::Cached, threads));
-        let states: Vec<CachePadded<Mutex<ThreadState>>> = traces
-            .iter()
-            .map(|t| {
-                let mut o = Ours(Arc::clone(&a));
-                let slots = t.initial.iter().map(|&p| o.alloc(p)).collect();
-                CachePadded(Mutex::new((slots, 0usize)))
-            })
-            .collect();
-        let mut per_call = Vec::new();
-        group.bench_function(format!("threads_{threads}"), |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                std::thread::scope(|s| {
-                    for (i, (st, t)) in states.iter().zip(&traces).enumerate() {
-                        let a = Arc::clone(&a);
-                        s.spawn(move || {
-                            CPU.with(|c| c.set(i));
-                            let mut st = st.0.lock().expect("state");
-                            let (slots, pos) = &mut *st;
-                            let mut o = Ours(a);
-                            // A local cursor: the threads' states are neighbours in
-                            // memory, and a shared line written every step would be
-                            // false sharing the arena is not responsible for.
-                            let mut at = *pos;
-                            let failed = replay(&mut o, slots, t, &mut at, iters);
-                            *pos = at;
-                            assert_eq!(failed, 0, "the churn space never fills");
-                        });
-                    }
-                });
-                let elapsed = start.elapsed();
-                // Pairs per second over all threads.
-                per_call.push((threads as u64 * iters) as f64 / elapsed.as_secs_f64());
-                elapsed
-            })
-        });
-        let n = per_call.len();
-        let mut measured = per_call.split_off(n.saturating_sub(samples));
-        measured.sort_by(f64::total_cmp);
-        out.push((threads, measured.get(measured.len() / 2).copied()));
-    }
-    group.finish();
-    out
-}
-
 /// The `GMEM_BENCH_REPLAY` driver (see the module header); false when unset.
 fn replay_only() -> bool {
     let Ok(v) = std::env::var("GMEM_BENCH_REPLAY") else {
@@ -716,9 +673,10 @@ fn replay_only() -> bool {
     };
     println!(
         "replay: {} {kind}, {live} live, {pairs} pairs, {ns:.1} ns/pair (fill excluded), \
-         {failures} failures, {} free segments",
+         {failures} failures, {} free segments, huge pages {}",
         t.name,
-        fmt_count(fragments)
+        fmt_count(fragments),
+        if huge_pages() { "on" } else { "off" }
     );
     true
 }
@@ -735,6 +693,7 @@ fn replay_timed<A: Iova>(make: impl Fn() -> A, t: &Trace, pairs: u64) -> (f64, u
 }
 
 fn main() {
+    huge::set(std::env::var("GMEM_BENCH_THP").is_ok_and(|v| v == "1"));
     if replay_only() {
         return;
     }
@@ -762,6 +721,11 @@ fn main() {
         .warm_up_time(Duration::from_millis(400))
         .measurement_time(Duration::from_secs(2));
     let mut curve = Vec::new();
+    // Eager fills (a few seconds in all, even when filtered out): a lazy fill of a
+    // million ranges (over a second) inside criterion's first warm-up call made it
+    // size the samples as if one pair took that long, so until alloc10 the 1M point
+    // was 15 single pairs measured right after the fill ("Collecting 15 samples ...
+    // (15 iterations)"), cold and noisy, not the steady state.
     for live in [1_000usize, 10_000, 100_000, 1_000_000] {
         let t = churn_trace(live, 0x5ca1e ^ live as u64);
         let v = churn(
@@ -770,7 +734,7 @@ fn main() {
             scale_samples,
             || Ours(Arc::new(arena(t.space, Variant::Instant, 1))),
             &t,
-            false,
+            true,
         );
         // The same churn on offset-allocator (O(1) bins), to tell the algorithm's
         // growth from the memory hierarchy's.
@@ -785,7 +749,7 @@ fn main() {
                 ))
             },
             &t,
-            false,
+            true,
         );
         curve.push((live, v, peer));
     }
@@ -846,7 +810,11 @@ fn main() {
         }
     }
     println!();
-    println!("=== uncached instant-fit: ns per (free + alloc) pair vs live ranges (churn) ===");
+    println!(
+        "=== uncached instant-fit: ns per (free + alloc) pair vs live ranges (churn), \
+         huge pages {} (GMEM_BENCH_THP) ===",
+        if huge_pages() { "on" } else { "off" }
+    );
     println!(
         "{:>10} {:>10} {:>10} {:>16} {:>18} {:>10}",
         "live", "ns/pair", "vs 1k", "free segments", "offset-alloc ns", "vs 1k"
@@ -868,19 +836,5 @@ fn main() {
         );
     }
     println!();
-    println!("=== cached arena (magazines), churn trace, 32k live per thread ===");
-    for (n, pps) in &threads {
-        println!(
-            "{n} thread(s): {} Mpairs/s",
-            pps.map_or_else(|| "skipped".into(), |p| format!("{:.2}", p / 1e6))
-        );
-    }
-    if let [(_, Some(one)), (_, Some(two))] = threads[..] {
-        println!(
-            "2 threads / 1 thread: {:.2}x (target >= 1.7x: {}); cores available: {}",
-            two / one,
-            if two / one >= 1.7 { "met" } else { "NOT met" },
-            std::thread::available_parallelism().map_or(0, |n| n.get())
-        );
-    }
+    print_threads(&threads);
 }

@@ -166,7 +166,7 @@ impl SegmentAllocator {
     /// hash. A cached segment with the right size is in a cache: freeing it again is
     /// a double free.
     pub fn free(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
-        let Some(i) = self.hash.get(addr, |j| self.table.get(j).start) else {
+        let Some((at, i)) = self.hash.lookup(addr, |j| self.table.get(j).start) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -180,7 +180,7 @@ impl SegmentAllocator {
         if seg.kind() != Kind::Alloc {
             return Err(FreeError::NotAllocated { addr });
         }
-        self.hash.remove(addr, |j| self.table.get(j).start);
+        self.hash.remove_found(at);
         self.free_segment(i);
         self.frees += 1;
         Ok(())
@@ -189,9 +189,9 @@ impl SegmentAllocator {
     /// Give back an object a quantum cache held (imported, or freed into the cache by
     /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
     pub fn release_cached(&mut self, addr: u64) -> bool {
-        match self.hash.get(addr, |j| self.table.get(j).start) {
-            Some(i) => {
-                self.hash.remove(addr, |j| self.table.get(j).start);
+        match self.hash.lookup(addr, |j| self.table.get(j).start) {
+            Some((at, i)) => {
+                self.hash.remove_found(at);
                 self.free_segment(i);
                 true
             }
