@@ -151,6 +151,25 @@ pub(crate) fn memory(
                         .map_err(AccessError::Bounds)?;
                 }
             }
+            if co.whole_line() {
+                // One aligned line, lane `l` at its word `l` (all 32 lanes active): the
+                // values move as the line, without a lane loop or a lane's offset.
+                if store {
+                    let r = &res[co.transaction_page(0)];
+                    return r
+                        .memory
+                        .read_modify_write(PhysAddr::new(line_pa[0]), &mut lines[0], |line| {
+                            for (w, v) in line.chunks_exact_mut(4).zip(io.value.iter()) {
+                                w.copy_from_slice(&v.to_le_bytes());
+                            }
+                        })
+                        .map_err(AccessError::Bounds);
+                }
+                for (v, w) in io.value.iter_mut().zip(lines[0].chunks_exact(4)) {
+                    *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                }
+                return Ok(());
+            }
             if !store {
                 let mut lanes = io.mask;
                 while lanes != 0 {

@@ -93,6 +93,11 @@ impl WarpIo {
     /// [`WarpIo::lanes`] over the lanes of `candidates` only (the others are masked
     /// off without calling `f`).
     pub fn lanes_of(&mut self, candidates: u32, mut f: impl FnMut(usize) -> Option<u64>) -> bool {
+        if candidates == u32::MAX {
+            // Every lane a candidate: one straight loop over the lanes (no bit scan),
+            // which the compiler unrolls around an inlined `f`.
+            return self.lanes(f);
+        }
         let mut mask = 0;
         let mut c = candidates;
         while c != 0 {
@@ -105,6 +110,23 @@ impl WarpIo {
         }
         self.mask = mask;
         mask != 0
+    }
+
+    /// Call `f` for each lane of `mask` in ascending order (a straight loop when all 32
+    /// are set).
+    pub fn each_lane(mask: u32, mut f: impl FnMut(usize)) {
+        if mask == u32::MAX {
+            for l in 0..LANES {
+                f(l);
+            }
+            return;
+        }
+        let mut m = mask;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            f(l);
+        }
     }
 
     /// Lane `l`'s value as an `f32`.
