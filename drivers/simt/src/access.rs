@@ -31,13 +31,16 @@ pub(crate) struct Memory {
     line_pa: [u64; 32],
     l2d: Option<DataCache>,
     link_free: u64,
+    /// Cycles one transaction holds the DRAM link.
+    link: u64,
     /// The device's page-table walkers.
     pub(crate) walkers: Walkers,
 }
 
 impl Memory {
-    /// Fresh state with the shared L2 data cache `l2d` and `walkers` walkers.
-    pub(crate) fn new(l2d: Option<DataCache>, walkers: u64) -> Memory {
+    /// Fresh state with the shared L2 data cache `l2d` and the walkers and DRAM link of
+    /// `cost`.
+    pub(crate) fn new(l2d: Option<DataCache>, cost: &CostModel) -> Memory {
         Memory {
             co: Coalesced::default(),
             pages: Vec::with_capacity(32),
@@ -46,7 +49,8 @@ impl Memory {
             line_pa: [0; 32],
             l2d,
             link_free: 0,
-            walkers: Walkers::new(walkers),
+            link: (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64,
+            walkers: Walkers::new(cost.walkers),
         }
     }
 }
@@ -302,7 +306,7 @@ fn data(
     // Data cost: the slowest transaction.
     let t0 = ready;
     let mut data = 0u64;
-    let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
+    let link = m.link;
     for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
         stats.transactions += 1;
         let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.lookup(pa));

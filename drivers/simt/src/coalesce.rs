@@ -146,9 +146,14 @@ impl Coalesced {
             }
             self.tx_page[1] = (self.pages.len() - 1) as u8;
         }
-        for (l, t) in self.lane_tx.iter_mut().enumerate() {
-            *t = u8::from(a0 + 4 * l as u64 >= last && last != first);
-        }
+        // Lanes before the second line's first word are in the first transaction.
+        let split = if last == first {
+            LANES
+        } else {
+            ((last - a0) / 4) as usize
+        };
+        self.lane_tx[..split].fill(0);
+        self.lane_tx[split..].fill(1);
         self.whole = a0 % TRANSACTION == 0;
         true
     }

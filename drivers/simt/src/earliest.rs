@@ -4,8 +4,7 @@
 //! [`Earliest`] keeps the units' keys (a unit's clock, or [`IDLE`] when none of its
 //! warps can issue) in one contiguous array, so the engine's scan for the earliest
 //! reads one word per unit instead of each unit's whole state; a key changes by one
-//! store. Each word holds the key above the unit's index, so the scan is a plain
-//! minimum without data-dependent branches. (A tournament tree, which replays one path per change, measured slower at the
+//! store. (A tournament tree, which replays one path per change, measured slower at the
 //! 16 units of the MESC geometry: its data-dependent branches cost more than the scan.)
 
 /// The key of a unit none of whose warps can issue.
@@ -13,41 +12,35 @@ pub(crate) const IDLE: u64 = u64::MAX;
 
 /// The earliest of a fixed number of keys, lowest index first on a tie.
 pub(crate) struct Earliest {
-    /// Each unit's key shifted left by `shift` with the unit's index in the low bits
-    /// (or `u64::MAX` for [`IDLE`]), contiguous: the first minimum is the plain minimum
-    /// of the words, found without a data-dependent branch.
+    /// Each unit's key, contiguous: the scan for the minimum reads a few cache lines.
     keys: Vec<u64>,
-    /// Bits the index takes.
-    shift: u32,
 }
 
 impl Earliest {
     /// `n` keys, all [`IDLE`].
     pub(crate) fn new(n: usize) -> Earliest {
         Earliest {
-            keys: vec![u64::MAX; n],
-            shift: usize::BITS - n.saturating_sub(1).leading_zeros(),
+            keys: vec![IDLE; n],
         }
     }
 
-    /// Set key `i` (`i` below the count given to [`Earliest::new`]). A key other than
-    /// [`IDLE`] must fit in `64 - ⌈log2 n⌉` bits (a cycle count: no run comes near).
+    /// Set key `i` (`i` below the count given to [`Earliest::new`]).
     pub(crate) fn set(&mut self, i: usize, key: u64) {
-        debug_assert!(key == IDLE || key < 1u64 << (63 - self.shift));
-        self.keys[i] = if key == IDLE {
-            u64::MAX
-        } else {
-            key << self.shift | i as u64
-        };
+        self.keys[i] = key;
     }
 
     /// The index with the smallest key (the lowest such index), unless every key is
     /// [`IDLE`].
     pub(crate) fn first(&self) -> Option<usize> {
-        // Packed keys are distinct (the index is in the low bits), so the minimum word
-        // is the first minimum of the keys.
-        let best = self.keys.iter().fold(u64::MAX, |b, &k| b.min(k));
-        (best != u64::MAX).then(|| (best & ((1u64 << self.shift) - 1)) as usize)
+        let (mut best, mut at) = (IDLE, 0);
+        for (i, &k) in self.keys.iter().enumerate() {
+            // Strictly smaller: the first of equal keys stays.
+            if k < best {
+                best = k;
+                at = i;
+            }
+        }
+        (best != IDLE).then_some(at)
     }
 }
 

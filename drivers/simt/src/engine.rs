@@ -344,7 +344,7 @@ pub fn run<K: Kernel>(
             None => open.push_back(b),
         }
     }
-    let mut mem = Memory::new(cache(cost.l2_data_geometry)?, cost.walkers);
+    let mut mem = Memory::new(cache(cost.l2_data_geometry)?, cost);
     let mut queue: VecDeque<Queued> = VecDeque::new();
     let mut stats = RunStats {
         warps_per_unit: warps_per_sm,
@@ -373,7 +373,7 @@ pub fn run<K: Kernel>(
     // (`touched`) or, when a block is placed by the dispatcher, any (`all`).
     let mut clocks = Earliest::new(n_units);
     let (mut touched, mut all) = (None::<usize>, true);
-    loop {
+    'step: loop {
         if all {
             for (i, u) in units.iter().enumerate() {
                 clocks.set(i, clock(u));
@@ -455,72 +455,82 @@ pub fn run<K: Kernel>(
         };
         touched = Some(u);
         let unit = &mut units[u];
-        let now = unit.now;
-        let picked = if unit.masked {
-            // Warps whose latency has elapsed join the ready mask.
-            while let Some(&Reverse(k)) = unit.wakes.peek() {
-                let (t, i) = unwake(k);
-                if t > now {
-                    break;
-                }
-                unit.wakes.pop();
-                if unit.ready_at[i] == t {
-                    unit.ready |= 1 << i;
-                }
-            }
-            unit.sched
-                .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
-        } else {
-            unit.sched.pick(&unit.ready_at, &unit.age, now)
-        };
-        let Some(s) = picked else {
-            unit.now = if unit.masked {
-                // Nothing is ready: every live warp waits in `wakes`, so the earliest
-                // valid entry is the minimum of `ready_at`.
-                loop {
-                    let Reverse(k) = *unit.wakes.peek().expect("a live warp");
+        // A warp that stalls at its wait takes no time, so the unit keeps its clock and
+        // stays the earliest with the walk queue as it was: it picks again at once
+        // (what the next step would do, without its scan).
+        let (now, s, op) = 'pick: loop {
+            let now = unit.now;
+            let picked = if unit.masked {
+                // Warps whose latency has elapsed join the ready mask.
+                while let Some(&Reverse(k)) = unit.wakes.peek() {
                     let (t, i) = unwake(k);
-                    if unit.ready_at[i] == t {
-                        break t;
+                    if t > now {
+                        break;
                     }
                     unit.wakes.pop();
+                    if unit.ready_at[i] == t {
+                        unit.ready |= 1 << i;
+                    }
                 }
+                unit.sched
+                    .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
             } else {
-                unit.ready_at.iter().copied().min().expect("a live warp")
+                unit.sched.pick(&unit.ready_at, &unit.age, now)
             };
-            continue;
-        };
-        let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
-        // A wait whose loads all have their data by now costs nothing: the program
-        // goes on to its next instruction in the same issue slot.
-        let op = loop {
-            let op = w.prog.next(&mut w.io);
-            if op != Op::Wait {
-                break Some(op);
-            }
-            w.loaded = 0;
-            if w.queued > 0 || w.data_at > now {
-                break None;
-            }
-        };
-        let Some(op) = op else {
-            // Stall at the first use of a loaded register (the scoreboard).
-            if w.queued > 0 {
-                w.waiting = true;
-                unit.parked += 1;
-                unit.ready_at[s] = PARKED;
-                if unit.masked {
-                    unit.ready &= !(1u64 << s);
+            let Some(s) = picked else {
+                unit.now = if unit.masked {
+                    // Nothing is ready: every live warp waits in `wakes`, so the earliest
+                    // valid entry is the minimum of `ready_at`.
+                    loop {
+                        let Reverse(k) = *unit.wakes.peek().expect("a live warp");
+                        let (t, i) = unwake(k);
+                        if unit.ready_at[i] == t {
+                            break t;
+                        }
+                        unit.wakes.pop();
+                    }
+                } else {
+                    unit.ready_at.iter().copied().min().expect("a live warp")
+                };
+                continue 'step;
+            };
+            let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
+            // A wait whose loads all have their data by now costs nothing: the program
+            // goes on to its next instruction in the same issue slot.
+            let op = loop {
+                let op = w.prog.next(&mut w.io);
+                if op != Op::Wait {
+                    break Some(op);
                 }
-            } else {
-                unit.ready_at[s] = w.data_at;
-                if unit.masked {
-                    unit.ready &= !(1u64 << s);
-                    unit.wakes.push(Reverse(wake_key(w.data_at, s)));
+                w.loaded = 0;
+                if w.queued > 0 || w.data_at > now {
+                    break None;
                 }
-            }
-            continue;
+            };
+            let Some(op) = op else {
+                // Stall at the first use of a loaded register (the scoreboard).
+                if w.queued > 0 {
+                    w.waiting = true;
+                    unit.parked += 1;
+                    unit.ready_at[s] = PARKED;
+                    if unit.masked {
+                        unit.ready &= !(1u64 << s);
+                    }
+                } else {
+                    unit.ready_at[s] = w.data_at;
+                    if unit.masked {
+                        unit.ready &= !(1u64 << s);
+                        unit.wakes.push(Reverse(wake_key(w.data_at, s)));
+                    }
+                }
+                if unit.live > unit.parked {
+                    continue 'pick;
+                }
+                continue 'step;
+            };
+            break (now, s, op);
         };
+        let w = unit.warps[s].as_mut().expect("the picked warp is live");
         stats.instructions += 1;
         let ready = match op {
             Op::Compute(c) => now + 1 + u64::from(c),

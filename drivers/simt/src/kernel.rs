@@ -80,14 +80,16 @@ impl WarpIo {
     /// Set each active lane's address with `f(lane)`; lanes where `f` gives `None` are
     /// masked off. Returns whether any lane is active.
     pub fn lanes(&mut self, mut f: impl FnMut(usize) -> Option<u64>) -> bool {
-        self.mask = 0;
+        // The mask in a local: written through `self` it would be stored every lane.
+        let mut mask = 0u32;
         for l in 0..LANES {
             if let Some(a) = f(l) {
                 self.addr[l] = a;
-                self.mask |= 1 << l;
+                mask |= 1 << l;
             }
         }
-        self.mask != 0
+        self.mask = mask;
+        mask != 0
     }
 
     /// [`WarpIo::lanes`] over the lanes of `candidates` only (the others are masked

@@ -126,13 +126,16 @@ impl<S: Spec> Kernel for SpecKernel<S> {
     }
     fn rewarp(&self, w: &mut SpecWarp<S>, block: u64, warp: u32) {
         let base = block * u64::from(self.threads_per_block) + u64::from(warp) * 32;
+        // Lanes below `lanes` are threads of the grid and of the block.
+        let lanes = self
+            .spec
+            .threads()
+            .saturating_sub(base)
+            .min(u64::from(self.threads_per_block.saturating_sub(warp * 32)))
+            .min(32);
         let mut active = 0u32;
-        for l in 0..32u64 {
-            let t = base + l;
-            if t < self.spec.threads()
-                && (l as u32) < self.threads_per_block - warp * 32
-                && self.spec.out(t).is_some()
-            {
+        for l in 0..lanes {
+            if self.spec.out(base + l).is_some() {
                 active |= 1 << l;
             }
         }
