@@ -299,20 +299,21 @@ impl Port {
             let gate = self.translator.gate().map(AccessGate::enter);
             let mut missed = None;
             let mut failed = None;
-            // The last non-local memory found: consecutive pages usually live in the
-            // same one, so the memory map is not searched again.
-            let mut last: Option<Arc<SimMemory>> = None;
+            // The entry of `out` holding the last non-local memory found: consecutive
+            // pages usually live in the same one, so the memory map is not searched
+            // again (and the memory's count is not touched for the memo itself).
+            let mut last: Option<usize> = None;
             self.translator
                 .translate_batch(unit, pages, &mut |i, r, served| match r {
                     Ok(leaf) => {
                         let (va, _) = pages[i];
                         let pa = leaf.translate(va);
-                        let memory = match &last {
+                        let memory = match last.map(|j| &out[j].memory) {
                             Some(m) if !leaf.local && m.contains(pa) => m.clone(),
                             _ => match self.memory_of(&leaf, pa) {
                                 Ok(m) => {
                                     if !leaf.local {
-                                        last = Some(m.clone());
+                                        last = Some(out.len());
                                     }
                                     m
                                 }
