@@ -25,6 +25,9 @@ pub(crate) struct Memory {
     pub(crate) co: Coalesced,
     /// Its pages, each with the access it makes (see [`fill_pages`]).
     pub(crate) pages: Vec<(VirtAddr, Prot)>,
+    /// The port's scratch list, kept across instructions so that its memories serve
+    /// the next one; after an access its first `pages.len()` entries are that
+    /// access's pages.
     resolved: Vec<Resolved>,
     lines: Vec<[u8; TRANSACTION as usize]>,
     /// Physical address of each transaction of the instruction in `co`.
@@ -218,7 +221,8 @@ pub(crate) fn memory(
     }
     let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
     let mut ready = issue + 1;
-    for (i, r) in m.resolved.iter().enumerate() {
+    // The port keeps older entries past this access's pages (see `Port::with_pages`).
+    for (i, r) in m.resolved[..m.pages.len()].iter().enumerate() {
         stats.translations += 1;
         let page = m.co.pages[i];
         let missed_at_issue = i < 64 && missed & (1 << i) != 0;
@@ -265,7 +269,7 @@ fn untimed(
     op: Op,
 ) -> u64 {
     let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
-    for r in &m.resolved {
+    for r in &m.resolved[..m.pages.len()] {
         stats.translations += 1;
         let c = match r.served {
             Served::L1 | Served::Unknown => {
