@@ -193,7 +193,8 @@ impl RunStats {
 
 struct Warp<W> {
     prog: W,
-    io: WarpIo,
+    /// Boxed so that the register file moves between launches without a copy.
+    io: Box<WarpIo>,
     block: u64,
     block_slot: usize,
     /// The scoreboard: registers loaded since the last [`Op::Wait`] (bit `r`).
@@ -229,6 +230,10 @@ struct Unit<W> {
     pinned: VecDeque<u64>,
     sched: Box<dyn WarpScheduler>,
     l1d: Option<DataCache>,
+    /// Register files from earlier launches for this unit's new warps (boxed: a warp
+    /// takes one by moving a pointer, not 2.4 KiB).
+    #[allow(clippy::vec_box)]
+    spare_io: Vec<Box<WarpIo>>,
 }
 
 /// A device to run on: the core and the device's port.
@@ -255,6 +260,11 @@ pub struct Launch<'a, 'o> {
     /// Told about every 128-byte transaction (traffic accounting by where the frame
     /// lives, e.g. per memory stack), if given.
     pub observer: Option<&'o mut (dyn AccessObserver + 'o)>,
+    /// Warp register files ([`WarpIo`]) kept from earlier launches: new warps take
+    /// them as they are (only the mask is cleared; see [`WarpIo`] on what a warp may
+    /// read) instead of zeroing 2.4 KiB each, and the launch gives every warp's back
+    /// when it ends. An empty list (or one lost to an error) only costs fresh ones.
+    pub spare_io: &'a mut Vec<Box<WarpIo>>,
 }
 
 /// Sees every transaction a launch makes.
@@ -334,6 +344,10 @@ pub fn run<K: Kernel>(
                 pinned: VecDeque::new(),
                 sched: (launch.scheduler)(),
                 l1d: cache(cost.l1_data_geometry)?,
+                spare_io: {
+                    let spare = &mut *launch.spare_io;
+                    spare.split_off(spare.len().saturating_sub(slots * wpb))
+                },
             })
         })
         .collect::<Result<_, SimtError>>()?;
@@ -660,6 +674,12 @@ pub fn run<K: Kernel>(
         unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
+    for u in units {
+        launch.spare_io.extend(u.spare_io);
+        launch
+            .spare_io
+            .extend(u.warps.into_iter().flatten().map(|w| w.io));
+    }
     Ok(stats)
 }
 
@@ -713,7 +733,15 @@ fn place<K: Kernel>(
             None => {
                 unit.warps[i] = Some(Warp {
                     prog: kernel.warp(block, w as u32),
-                    io: WarpIo::default(),
+                    io: match unit.spare_io.pop() {
+                        // A register file of an earlier launch's warp, as a finished
+                        // warp's is reused above: only the mask is reset.
+                        Some(mut io) => {
+                            io.mask = 0;
+                            io
+                        }
+                        None => Box::default(),
+                    },
                     block,
                     block_slot: slot,
                     loaded: 0,

@@ -52,6 +52,15 @@ pub enum Op {
 }
 
 /// A warp instruction's operands and, after a load, its results.
+///
+/// A new warp starts with no active lane ([`WarpIo::mask`] 0); the other fields hold
+/// whatever an earlier warp left there (the engine reuses register files within a
+/// launch and, through `Launch::spare_io`, across launches). Nothing reads them
+/// before they are written: the engine reads a lane's address and store value only
+/// for a lane of the mask the program set for that instruction, and writes a load's
+/// value (or register) for exactly those lanes; a program reads a lane of
+/// [`WarpIo::value`] or [`WarpIo::regs`] only after a load that had that lane active
+/// (the crate's programs track the lanes of each register, as `SpecWarp`'s `loaded`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WarpIo {
     /// Lane addresses.
