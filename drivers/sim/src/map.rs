@@ -5,12 +5,26 @@
 //! translation that ends in a physical address is resolved here to the memory that
 //! holds the bytes, and the registry also answers "which memory is device `D`'s" for a
 //! format whose entries name the memory by aperture rather than by address.
+//!
+//! Every state of every map has its own [`MemoryMap::generation`] number: a port may
+//! keep the memory it resolved for an address across accesses while the number is
+//! unchanged, without taking the map's lock (see `Port::with_pages`).
 
 use crate::lock;
 use crate::memory::SimMemory;
 use gmem_core::{DeviceId, PhysAddr};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The source of generation numbers, shared by all maps so that a number names one
+/// state of one map: two maps never show the same number, and a map never shows a
+/// number again (no ABA for a port that compares numbers).
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+fn fresh_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Why a memory could not be added to the map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,15 +45,41 @@ impl fmt::Display for MapError {
 }
 
 /// Device id → memory, and physical address → memory.
-#[derive(Default)]
 pub struct MemoryMap {
     entries: Mutex<Vec<(DeviceId, Arc<SimMemory>)>>,
+    /// The number of the current state: replaced (under the lock of `entries`) by
+    /// every change.
+    generation: AtomicU64,
+}
+
+impl Default for MemoryMap {
+    fn default() -> MemoryMap {
+        MemoryMap {
+            entries: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(fresh_generation()),
+        }
+    }
 }
 
 impl MemoryMap {
     /// An empty map.
     pub fn new() -> Arc<MemoryMap> {
         Arc::new(MemoryMap::default())
+    }
+
+    /// The number of the map's current state. Every [`MemoryMap::add`] and successful
+    /// [`MemoryMap::remove`] replaces it by a number no map showed before, so while it
+    /// is unchanged [`MemoryMap::at`] gives the same answer for every address.
+    pub fn generation(&self) -> u64 {
+        // Acquire pairs with the Release store of a change: a reader that sees the
+        // new number also sees the new entries.
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Give the map a new generation number; called with the entries' lock held,
+    /// after the change.
+    fn changed(&self) {
+        self.generation.store(fresh_generation(), Ordering::Release);
     }
 
     /// Add `memory` as device `id`'s.
@@ -59,6 +99,7 @@ impl MemoryMap {
             }
         }
         e.push((id, memory));
+        self.changed();
         Ok(())
     }
 
@@ -66,7 +107,9 @@ impl MemoryMap {
     pub fn remove(&self, id: DeviceId) -> Option<Arc<SimMemory>> {
         let mut e = lock(&self.entries);
         let i = e.iter().position(|(d, _)| *d == id)?;
-        Some(e.remove(i).1)
+        let m = e.remove(i).1;
+        self.changed();
+        Some(m)
     }
 
     /// The memory holding `pa`, with its device.
@@ -108,7 +151,15 @@ mod tests {
         );
         let clash = Arc::new(SimMemory::new("x", PhysAddr::new(0xf000), 2 * PAGE_SIZE).unwrap());
         assert_eq!(map.add(gpu, clash), Err(MapError::Overlaps(host)));
+        let g0 = map.generation();
         map.add(gpu, vram.clone()).unwrap();
+        let g1 = map.generation();
+        assert_ne!(g0, g1);
+        // A refused change and a lookup keep the number.
+        assert!(map.add(gpu, vram.clone()).is_err());
+        assert!(map.of(gpu).is_some());
+        assert_eq!(map.generation(), g1);
+        assert_ne!(MemoryMap::new().generation(), g1);
         assert_eq!(map.at(PhysAddr::new(0x5123)).map(|(d, _)| d), Some(host));
         assert_eq!(
             map.at(PhysAddr::new((1 << 30) + 8)).map(|(d, _)| d),
@@ -118,5 +169,10 @@ mod tests {
         assert!(Arc::ptr_eq(&map.of(gpu).unwrap(), &vram));
         assert!(map.remove(gpu).is_some());
         assert!(map.at(PhysAddr::new(1 << 30)).is_none());
+        let g2 = map.generation();
+        assert!(g2 != g1 && g2 != g0);
+        // Removing what is not there changes nothing.
+        assert!(map.remove(gpu).is_none());
+        assert_eq!(map.generation(), g2);
     }
 }

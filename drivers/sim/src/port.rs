@@ -141,6 +141,10 @@ fn add(c: &AtomicU64, n: u64) {
 }
 
 /// One page of an access, translated.
+///
+/// Only [`Port::with_pages`] makes these: an entry of its scratch list also remembers
+/// how its memory was found, so the next access through the same list can keep the
+/// memory without asking the map again.
 #[derive(Clone, Debug)]
 pub struct Resolved {
     /// The physical address of the requested virtual address.
@@ -149,6 +153,36 @@ pub struct Resolved {
     pub memory: Arc<SimMemory>,
     /// Where the translation was served.
     pub served: Served,
+    /// Whether `memory` is the port's local memory (a leaf with the local aperture).
+    local: bool,
+    /// For a non-local entry, the [`MemoryMap::generation`] in which the map gave
+    /// `memory`.
+    generation: u64,
+}
+
+impl Resolved {
+    /// Whether this entry's memory is still the one a leaf with aperture `local`
+    /// translating to `pa` resolves to, through port memory `port_local` and a map
+    /// now in state `generation`.
+    fn still_holds(
+        &self,
+        local: bool,
+        pa: PhysAddr,
+        port_local: Option<&Arc<SimMemory>>,
+        generation: u64,
+    ) -> bool {
+        if local {
+            // The port's local memory never changes, but the list may have been used
+            // with another port.
+            self.local && port_local.is_some_and(|m| Arc::ptr_eq(m, &self.memory))
+        } else {
+            // Generation numbers are unique to one state of one map: equal numbers
+            // mean the map (this port's, in the same state) answers as it did, and
+            // memories in a map do not overlap, so the one containing `pa` is the
+            // map's answer for `pa`.
+            !self.local && self.generation == generation && self.memory.contains(pa)
+        }
+    }
 }
 
 /// Default bound on faults per page piece of an access.
@@ -276,8 +310,28 @@ impl Port {
     /// Translate every `(va, access)` of `pages` for `unit`, faulting and retrying the
     /// whole list after each fault (as a GPU replays a faulted instruction), then run
     /// `f` on the translations while invalidations of this device wait: the frames `f`
-    /// sees stay this device's until it returns. `out` is scratch space (its contents
-    /// are replaced). At most [`Port::max_faults`] faults per page are taken.
+    /// sees stay this device's until it returns. `out` is scratch space: `f` sees its
+    /// first `pages.len()` entries, rewritten (and they stay there after a successful
+    /// call; later entries are older ones); keep one list per caller across calls
+    /// so that the memories found for one access serve the next. At most
+    /// [`Port::max_faults`] faults per page are taken.
+    ///
+    /// # Keeping memories across accesses
+    /// An entry of `out` keeps its memory when the next call's leaf resolves to the
+    /// same one: a local leaf to the same port's local memory; a non-local leaf to a
+    /// physical address inside the entry's memory while the map's
+    /// [`MemoryMap::generation`] is the one the entry was found in (so the map's
+    /// answer is unchanged: its memories do not overlap, and the number changes with
+    /// every add and remove). The map lock and the count changes of the memory's
+    /// `Arc` are then skipped. This keeps the gate's guarantee exactly: what is cached
+    /// is a memory object, never a frame or a translation. Each call translates every
+    /// page afresh under the gate, so an access racing a migration sees the old leaf
+    /// (and the shootdown waits for the gate until `f` returns) or the new one, as
+    /// before; a migration moves bytes between frames, not memories in the map. A map
+    /// change racing the access is ordered as before: the number is read once the
+    /// gate is held, and an access that read the old number is one that looked the
+    /// map up just before the change (the memory stays alive through its `Arc`).
+    /// Entries past `pages.len()` keep their memories alive until reused or dropped.
     ///
     /// # Errors
     /// [`AccessError::NotCreated`] before [`Port::bind`]; the core's answer to a fault
@@ -295,34 +349,63 @@ impl Port {
         let limit = self.max_faults.saturating_mul(pages.len().max(1) as u32);
         let mut faults = 0;
         loop {
-            out.clear();
             let gate = self.translator.gate().map(AccessGate::enter);
+            // Read after entering the gate; see "Keeping memories across accesses"
+            // above for why a cached memory is still right.
+            let generation = self.map.generation();
             let mut missed = None;
             let mut failed = None;
-            // The last non-local memory found: consecutive pages usually live in the
-            // same one, so the memory map is not searched again.
-            let mut last: Option<Arc<SimMemory>> = None;
+            // Entries written in this pass; `out[n..]` are kept from earlier calls (their
+            // memories may serve a later call) but not shown to `f`.
+            let mut n = 0;
+            // The entry of `out` holding the last non-local memory found: consecutive
+            // pages usually live in the same one, so the memory map is not searched
+            // again (and the memory's count is not touched for the memo itself).
+            let mut last: Option<usize> = None;
+            let local = self.local.as_ref();
             self.translator
                 .translate_batch(unit, pages, &mut |i, r, served| match r {
                     Ok(leaf) => {
                         let (va, _) = pages[i];
                         let pa = leaf.translate(va);
-                        let memory = match &last {
+                        if let Some(e) = out.get_mut(n) {
+                            if e.still_holds(leaf.local, pa, local, generation) {
+                                // The same memory as this entry's last use: no map
+                                // lookup, no count change on the memory.
+                                e.pa = pa;
+                                e.served = served;
+                                if !leaf.local {
+                                    last = Some(n);
+                                }
+                                n += 1;
+                                return true;
+                            }
+                        }
+                        let memory = match last.map(|j| &out[j].memory) {
                             Some(m) if !leaf.local && m.contains(pa) => m.clone(),
                             _ => match self.memory_of(&leaf, pa) {
-                                Ok(m) => {
-                                    if !leaf.local {
-                                        last = Some(m.clone());
-                                    }
-                                    m
-                                }
+                                Ok(m) => m,
                                 Err(e) => {
                                     failed = Some(e);
                                     return false;
                                 }
                             },
                         };
-                        out.push(Resolved { pa, memory, served });
+                        let e = Resolved {
+                            pa,
+                            memory,
+                            served,
+                            local: leaf.local,
+                            generation,
+                        };
+                        match out.get_mut(n) {
+                            Some(old) => *old = e,
+                            None => out.push(e),
+                        }
+                        if !leaf.local {
+                            last = Some(n);
+                        }
+                        n += 1;
                         true
                     }
                     Err(m) => {
@@ -336,7 +419,7 @@ impl Port {
             }
             match missed {
                 None => {
-                    let r = f(out);
+                    let r = f(&out[..n]);
                     drop(gate);
                     return r;
                 }
@@ -583,6 +666,50 @@ mod tests {
             })
         );
         assert_eq!(port.stats().faults, 1);
+    }
+
+    #[test]
+    fn a_kept_scratch_list_follows_every_change_of_the_memory_map() {
+        let (s, va) = core();
+        let map = MemoryMap::new();
+        let host = s.host().id;
+        let base = PhysAddr::new(0x10_0000);
+        let a = Arc::new(SimMemory::new("a", base, PAGE_SIZE).unwrap());
+        map.add(host, a.clone()).unwrap();
+        let port = Port::new(fake(Some(0x10_0000), 0), map.clone(), None);
+        port.bind(host).unwrap();
+        let mut out = Vec::new();
+        let page = [(va, Prot::WRITE)];
+        let put = |out: &mut Vec<Resolved>, v: u32| {
+            port.with_pages(&s.gm, 0, &page, out, |r| {
+                assert_eq!(r.len(), 1);
+                r[0].memory
+                    .write(r[0].pa, &v.to_le_bytes())
+                    .map_err(AccessError::Bounds)
+            })
+        };
+        put(&mut out, 1).unwrap();
+        // The second access keeps the entry's memory: no new count on `a`.
+        let held = Arc::strong_count(&a);
+        put(&mut out, 2).unwrap();
+        assert_eq!(Arc::strong_count(&a), held);
+        assert_eq!((a.read_u64(base).unwrap() as u32), 2);
+        // Another memory at the same addresses: the kept list must not write `a`.
+        map.remove(host).unwrap();
+        let b = Arc::new(SimMemory::new("b", base, PAGE_SIZE).unwrap());
+        map.add(host, b.clone()).unwrap();
+        put(&mut out, 3).unwrap();
+        assert_eq!(
+            (
+                (a.read_u64(base).unwrap() as u32),
+                (b.read_u64(base).unwrap() as u32)
+            ),
+            (2, 3)
+        );
+        // No memory there any more: a typed error, whatever the list held.
+        map.remove(host).unwrap();
+        assert_eq!(put(&mut out, 4), Err(AccessError::NoMemory { pa: base }));
+        assert_eq!((b.read_u64(base).unwrap() as u32), 3);
     }
 
     #[test]

@@ -25,19 +25,25 @@ pub(crate) struct Memory {
     pub(crate) co: Coalesced,
     /// Its pages, each with the access it makes (see [`fill_pages`]).
     pub(crate) pages: Vec<(VirtAddr, Prot)>,
+    /// The port's scratch list, kept across instructions so that its memories serve
+    /// the next one; after an access its first `pages.len()` entries are that
+    /// access's pages.
     resolved: Vec<Resolved>,
     lines: Vec<[u8; TRANSACTION as usize]>,
     /// Physical address of each transaction of the instruction in `co`.
     line_pa: [u64; 32],
     l2d: Option<DataCache>,
     link_free: u64,
+    /// Cycles one transaction holds the DRAM link.
+    link: u64,
     /// The device's page-table walkers.
     pub(crate) walkers: Walkers,
 }
 
 impl Memory {
-    /// Fresh state with the shared L2 data cache `l2d` and `walkers` walkers.
-    pub(crate) fn new(l2d: Option<DataCache>, walkers: u64) -> Memory {
+    /// Fresh state with the shared L2 data cache `l2d` and the walkers and DRAM link of
+    /// `cost`.
+    pub(crate) fn new(l2d: Option<DataCache>, cost: &CostModel) -> Memory {
         Memory {
             co: Coalesced::default(),
             pages: Vec::with_capacity(32),
@@ -46,7 +52,8 @@ impl Memory {
             line_pa: [0; 32],
             l2d,
             link_free: 0,
-            walkers: Walkers::new(walkers),
+            link: (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64,
+            walkers: Walkers::new(cost.walkers),
         }
     }
 }
@@ -151,6 +158,25 @@ pub(crate) fn memory(
                         .map_err(AccessError::Bounds)?;
                 }
             }
+            if co.whole_line() {
+                // One aligned line, lane `l` at its word `l` (all 32 lanes active): the
+                // values move as the line, without a lane loop or a lane's offset.
+                if store {
+                    let r = &res[co.transaction_page(0)];
+                    return r
+                        .memory
+                        .read_modify_write(PhysAddr::new(line_pa[0]), &mut lines[0], |line| {
+                            for (w, v) in line.chunks_exact_mut(4).zip(io.value.iter()) {
+                                w.copy_from_slice(&v.to_le_bytes());
+                            }
+                        })
+                        .map_err(AccessError::Bounds);
+                }
+                for (v, w) in io.value.iter_mut().zip(lines[0].chunks_exact(4)) {
+                    *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                }
+                return Ok(());
+            }
             if !store {
                 let mut lanes = io.mask;
                 while lanes != 0 {
@@ -195,7 +221,8 @@ pub(crate) fn memory(
     }
     let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
     let mut ready = issue + 1;
-    for (i, r) in m.resolved.iter().enumerate() {
+    // The port keeps older entries past this access's pages (see `Port::with_pages`).
+    for (i, r) in m.resolved[..m.pages.len()].iter().enumerate() {
         stats.translations += 1;
         let page = m.co.pages[i];
         let missed_at_issue = i < 64 && missed & (1 << i) != 0;
@@ -242,7 +269,7 @@ fn untimed(
     op: Op,
 ) -> u64 {
     let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
-    for r in &m.resolved {
+    for r in &m.resolved[..m.pages.len()] {
         stats.translations += 1;
         let c = match r.served {
             Served::L1 | Served::Unknown => {
@@ -283,7 +310,7 @@ fn data(
     // Data cost: the slowest transaction.
     let t0 = ready;
     let mut data = 0u64;
-    let link = (TRANSACTION as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
+    let link = m.link;
     for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
         stats.transactions += 1;
         let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.lookup(pa));

@@ -33,6 +33,9 @@ pub struct Coalesced {
     lane_tx: [u8; LANES],
     /// Each transaction's index in `pages`.
     tx_page: [u8; LANES],
+    /// The instruction is one whole transaction: all 32 lanes active, lane `l` at byte
+    /// `4 l` of one aligned 128-byte line (see [`Coalesced::whole_line`]).
+    whole: bool,
 }
 
 impl Coalesced {
@@ -51,6 +54,7 @@ impl Coalesced {
     ) -> Result<(), CoalesceError> {
         self.transactions.clear();
         self.pages.clear();
+        self.whole = false;
         if mask == u32::MAX && self.fill_consecutive(addr, page_shift) {
             return Ok(());
         }
@@ -142,10 +146,23 @@ impl Coalesced {
             }
             self.tx_page[1] = (self.pages.len() - 1) as u8;
         }
-        for (l, t) in self.lane_tx.iter_mut().enumerate() {
-            *t = u8::from(a0 + 4 * l as u64 >= last && last != first);
-        }
+        // Lanes before the second line's first word are in the first transaction.
+        let split = if last == first {
+            LANES
+        } else {
+            ((last - a0) / 4) as usize
+        };
+        self.lane_tx[..split].fill(0);
+        self.lane_tx[split..].fill(1);
+        self.whole = a0 % TRANSACTION == 0;
         true
+    }
+
+    /// Whether the last [`Coalesced::fill`] found one whole transaction: all 32 lanes
+    /// active, lane `l` at byte `4 l` of one aligned 128-byte line (the common load or
+    /// store of a coalesced kernel, whose bytes move as the line at once).
+    pub fn whole_line(&self) -> bool {
+        self.whole
     }
 
     /// Index of the transaction holding `addr` (which must be one of the coalesced
@@ -182,8 +199,13 @@ mod tests {
         c.fill(&lanes(|i| 0x1000 + 4 * i), u32::MAX, 12).unwrap();
         assert_eq!(c.transactions, vec![0x1000]);
         assert_eq!(c.pages, vec![0x1000]);
+        assert!(c.whole_line());
         c.fill(&lanes(|i| 0x1040 + 4 * i), u32::MAX, 12).unwrap();
         assert_eq!(c.transactions, vec![0x1040 - 0x40, 0x1080]);
+        assert!(!c.whole_line());
+        c.fill(&lanes(|i| 0x1000 + 4 * i), u32::MAX >> 1, 12)
+            .unwrap();
+        assert!(!c.whole_line());
     }
 
     #[test]
@@ -231,6 +253,12 @@ mod tests {
             // The lane-by-lane path gives the same value, fast path or not.
             let mut slow = Coalesced::default();
             slow.fill_lanes(&addr, mask, 12).unwrap();
+            // `whole_line` exactly when the 32 lanes are one aligned line in order.
+            let whole = mask == u32::MAX
+                && addr[0] % TRANSACTION == 0
+                && (0..LANES).all(|l| addr[l] == addr[0] + 4 * l as u64);
+            assert_eq!(c.whole_line(), whole);
+            slow.whole = whole;
             assert_eq!(slow, c);
             for (l, &a) in addr.iter().enumerate() {
                 if mask & (1 << l) != 0 {

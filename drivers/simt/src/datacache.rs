@@ -51,6 +51,7 @@ impl DataCache {
 
     /// Whether the line holding physical address `pa` is cached; a hit makes it the
     /// set's most recent line.
+    #[inline]
     pub(crate) fn lookup(&mut self, pa: u64) -> bool {
         let line = pa / TRANSACTION;
         let set = self.set(line);

@@ -193,7 +193,8 @@ impl RunStats {
 
 struct Warp<W> {
     prog: W,
-    io: WarpIo,
+    /// Boxed so that the register file moves between launches without a copy.
+    io: Box<WarpIo>,
     block: u64,
     block_slot: usize,
     /// The scoreboard: registers loaded since the last [`Op::Wait`] (bit `r`).
@@ -229,6 +230,10 @@ struct Unit<W> {
     pinned: VecDeque<u64>,
     sched: Box<dyn WarpScheduler>,
     l1d: Option<DataCache>,
+    /// Register files from earlier launches for this unit's new warps (boxed: a warp
+    /// takes one by moving a pointer, not 2.4 KiB).
+    #[allow(clippy::vec_box)]
+    spare_io: Vec<Box<WarpIo>>,
 }
 
 /// A device to run on: the core and the device's port.
@@ -255,6 +260,11 @@ pub struct Launch<'a, 'o> {
     /// Told about every 128-byte transaction (traffic accounting by where the frame
     /// lives, e.g. per memory stack), if given.
     pub observer: Option<&'o mut (dyn AccessObserver + 'o)>,
+    /// Warp register files ([`WarpIo`]) kept from earlier launches: new warps take
+    /// them as they are (only the mask is cleared; see [`WarpIo`] on what a warp may
+    /// read) instead of zeroing 2.4 KiB each, and the launch gives every warp's back
+    /// when it ends. An empty list (or one lost to an error) only costs fresh ones.
+    pub spare_io: &'a mut Vec<Box<WarpIo>>,
 }
 
 /// Sees every transaction a launch makes.
@@ -334,6 +344,10 @@ pub fn run<K: Kernel>(
                 pinned: VecDeque::new(),
                 sched: (launch.scheduler)(),
                 l1d: cache(cost.l1_data_geometry)?,
+                spare_io: {
+                    let spare = &mut *launch.spare_io;
+                    spare.split_off(spare.len().saturating_sub(slots * wpb))
+                },
             })
         })
         .collect::<Result<_, SimtError>>()?;
@@ -344,7 +358,7 @@ pub fn run<K: Kernel>(
             None => open.push_back(b),
         }
     }
-    let mut mem = Memory::new(cache(cost.l2_data_geometry)?, cost.walkers);
+    let mut mem = Memory::new(cache(cost.l2_data_geometry)?, cost);
     let mut queue: VecDeque<Queued> = VecDeque::new();
     let mut stats = RunStats {
         warps_per_unit: warps_per_sm,
@@ -373,7 +387,7 @@ pub fn run<K: Kernel>(
     // (`touched`) or, when a block is placed by the dispatcher, any (`all`).
     let mut clocks = Earliest::new(n_units);
     let (mut touched, mut all) = (None::<usize>, true);
-    loop {
+    'step: loop {
         if all {
             for (i, u) in units.iter().enumerate() {
                 clocks.set(i, clock(u));
@@ -455,72 +469,82 @@ pub fn run<K: Kernel>(
         };
         touched = Some(u);
         let unit = &mut units[u];
-        let now = unit.now;
-        let picked = if unit.masked {
-            // Warps whose latency has elapsed join the ready mask.
-            while let Some(&Reverse(k)) = unit.wakes.peek() {
-                let (t, i) = unwake(k);
-                if t > now {
-                    break;
-                }
-                unit.wakes.pop();
-                if unit.ready_at[i] == t {
-                    unit.ready |= 1 << i;
-                }
-            }
-            unit.sched
-                .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
-        } else {
-            unit.sched.pick(&unit.ready_at, &unit.age, now)
-        };
-        let Some(s) = picked else {
-            unit.now = if unit.masked {
-                // Nothing is ready: every live warp waits in `wakes`, so the earliest
-                // valid entry is the minimum of `ready_at`.
-                loop {
-                    let Reverse(k) = *unit.wakes.peek().expect("a live warp");
+        // A warp that stalls at its wait takes no time, so the unit keeps its clock and
+        // stays the earliest with the walk queue as it was: it picks again at once
+        // (what the next step would do, without its scan).
+        let (now, s, op) = 'pick: loop {
+            let now = unit.now;
+            let picked = if unit.masked {
+                // Warps whose latency has elapsed join the ready mask.
+                while let Some(&Reverse(k)) = unit.wakes.peek() {
                     let (t, i) = unwake(k);
-                    if unit.ready_at[i] == t {
-                        break t;
+                    if t > now {
+                        break;
                     }
                     unit.wakes.pop();
+                    if unit.ready_at[i] == t {
+                        unit.ready |= 1 << i;
+                    }
                 }
+                unit.sched
+                    .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
             } else {
-                unit.ready_at.iter().copied().min().expect("a live warp")
+                unit.sched.pick(&unit.ready_at, &unit.age, now)
             };
-            continue;
-        };
-        let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
-        // A wait whose loads all have their data by now costs nothing: the program
-        // goes on to its next instruction in the same issue slot.
-        let op = loop {
-            let op = w.prog.next(&mut w.io);
-            if op != Op::Wait {
-                break Some(op);
-            }
-            w.loaded = 0;
-            if w.queued > 0 || w.data_at > now {
-                break None;
-            }
-        };
-        let Some(op) = op else {
-            // Stall at the first use of a loaded register (the scoreboard).
-            if w.queued > 0 {
-                w.waiting = true;
-                unit.parked += 1;
-                unit.ready_at[s] = PARKED;
-                if unit.masked {
-                    unit.ready &= !(1u64 << s);
+            let Some(s) = picked else {
+                unit.now = if unit.masked {
+                    // Nothing is ready: every live warp waits in `wakes`, so the earliest
+                    // valid entry is the minimum of `ready_at`.
+                    loop {
+                        let Reverse(k) = *unit.wakes.peek().expect("a live warp");
+                        let (t, i) = unwake(k);
+                        if unit.ready_at[i] == t {
+                            break t;
+                        }
+                        unit.wakes.pop();
+                    }
+                } else {
+                    unit.ready_at.iter().copied().min().expect("a live warp")
+                };
+                continue 'step;
+            };
+            let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
+            // A wait whose loads all have their data by now costs nothing: the program
+            // goes on to its next instruction in the same issue slot.
+            let op = loop {
+                let op = w.prog.next(&mut w.io);
+                if op != Op::Wait {
+                    break Some(op);
                 }
-            } else {
-                unit.ready_at[s] = w.data_at;
-                if unit.masked {
-                    unit.ready &= !(1u64 << s);
-                    unit.wakes.push(Reverse(wake_key(w.data_at, s)));
+                w.loaded = 0;
+                if w.queued > 0 || w.data_at > now {
+                    break None;
                 }
-            }
-            continue;
+            };
+            let Some(op) = op else {
+                // Stall at the first use of a loaded register (the scoreboard).
+                if w.queued > 0 {
+                    w.waiting = true;
+                    unit.parked += 1;
+                    unit.ready_at[s] = PARKED;
+                    if unit.masked {
+                        unit.ready &= !(1u64 << s);
+                    }
+                } else {
+                    unit.ready_at[s] = w.data_at;
+                    if unit.masked {
+                        unit.ready &= !(1u64 << s);
+                        unit.wakes.push(Reverse(wake_key(w.data_at, s)));
+                    }
+                }
+                if unit.live > unit.parked {
+                    continue 'pick;
+                }
+                continue 'step;
+            };
+            break (now, s, op);
         };
+        let w = unit.warps[s].as_mut().expect("the picked warp is live");
         stats.instructions += 1;
         let ready = match op {
             Op::Compute(c) => now + 1 + u64::from(c),
@@ -650,6 +674,12 @@ pub fn run<K: Kernel>(
         unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
+    for u in units {
+        launch.spare_io.extend(u.spare_io);
+        launch
+            .spare_io
+            .extend(u.warps.into_iter().flatten().map(|w| w.io));
+    }
     Ok(stats)
 }
 
@@ -703,7 +733,15 @@ fn place<K: Kernel>(
             None => {
                 unit.warps[i] = Some(Warp {
                     prog: kernel.warp(block, w as u32),
-                    io: WarpIo::default(),
+                    io: match unit.spare_io.pop() {
+                        // A register file of an earlier launch's warp, as a finished
+                        // warp's is reused above: only the mask is reset.
+                        Some(mut io) => {
+                            io.mask = 0;
+                            io
+                        }
+                        None => Box::default(),
+                    },
                     block,
                     block_slot: slot,
                     loaded: 0,

@@ -52,6 +52,15 @@ pub enum Op {
 }
 
 /// A warp instruction's operands and, after a load, its results.
+///
+/// A new warp starts with no active lane ([`WarpIo::mask`] 0); the other fields hold
+/// whatever an earlier warp left there (the engine reuses register files within a
+/// launch and, through `Launch::spare_io`, across launches). Nothing reads them
+/// before they are written: the engine reads a lane's address and store value only
+/// for a lane of the mask the program set for that instruction, and writes a load's
+/// value (or register) for exactly those lanes; a program reads a lane of
+/// [`WarpIo::value`] or [`WarpIo::regs`] only after a load that had that lane active
+/// (the crate's programs track the lanes of each register, as `SpecWarp`'s `loaded`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WarpIo {
     /// Lane addresses.
@@ -80,19 +89,26 @@ impl WarpIo {
     /// Set each active lane's address with `f(lane)`; lanes where `f` gives `None` are
     /// masked off. Returns whether any lane is active.
     pub fn lanes(&mut self, mut f: impl FnMut(usize) -> Option<u64>) -> bool {
-        self.mask = 0;
+        // The mask in a local: written through `self` it would be stored every lane.
+        let mut mask = 0u32;
         for l in 0..LANES {
             if let Some(a) = f(l) {
                 self.addr[l] = a;
-                self.mask |= 1 << l;
+                mask |= 1 << l;
             }
         }
-        self.mask != 0
+        self.mask = mask;
+        mask != 0
     }
 
     /// [`WarpIo::lanes`] over the lanes of `candidates` only (the others are masked
     /// off without calling `f`).
     pub fn lanes_of(&mut self, candidates: u32, mut f: impl FnMut(usize) -> Option<u64>) -> bool {
+        if candidates == u32::MAX {
+            // Every lane a candidate: one straight loop over the lanes (no bit scan),
+            // which the compiler unrolls around an inlined `f`.
+            return self.lanes(f);
+        }
         let mut mask = 0;
         let mut c = candidates;
         while c != 0 {
@@ -105,6 +121,23 @@ impl WarpIo {
         }
         self.mask = mask;
         mask != 0
+    }
+
+    /// Call `f` for each lane of `mask` in ascending order (a straight loop when all 32
+    /// are set).
+    pub fn each_lane(mask: u32, mut f: impl FnMut(usize)) {
+        if mask == u32::MAX {
+            for l in 0..LANES {
+                f(l);
+            }
+            return;
+        }
+        let mut m = mask;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            f(l);
+        }
     }
 
     /// Lane `l`'s value as an `f32`.

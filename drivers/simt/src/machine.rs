@@ -14,7 +14,7 @@ use crate::caches::{DesignStats, GpuCaches, Plugged};
 use crate::cost::CostModel;
 use crate::dispatch::{Dispatch, LooseRoundRobin, RoundRobin, WarpScheduler};
 use crate::engine::{run, AccessObserver, Device, Launch, RunStats, SimtError};
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, WarpIo};
 use crate::mesc::X86Tables;
 use crate::occupancy::{OccupancyModel, SmConfig};
 use gmem_core::{
@@ -28,7 +28,7 @@ use gmem_sim::{
     HierarchyConfig, MmuStats, Port, Replacement, SimMmu, TlbConfig, TlbStats, TraceLog, Translator,
 };
 use gmem_x86pt::X86Config;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Which GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +77,10 @@ pub struct SimtMachine {
     pub occupancy: Box<dyn OccupancyModel + Send + Sync>,
     /// The cost model used for launches.
     pub cost: CostModel,
+    /// Warp register files kept between launches (see `Launch::spare_io`; boxed, as
+    /// warps hold them).
+    #[allow(clippy::vec_box)]
+    spare_io: Mutex<Vec<Box<WarpIo>>>,
 }
 
 impl SimtMachine {
@@ -240,6 +244,7 @@ impl SimtMachine {
             space,
             occupancy: Box::new(SmConfig::maxwell()),
             cost: CostModel::calibrated(),
+            spare_io: Mutex::new(Vec::new()),
         })
     }
 
@@ -506,7 +511,9 @@ impl SimtMachine {
         scheduler: &dyn Fn() -> Box<dyn WarpScheduler>,
         observer: Option<&mut dyn AccessObserver>,
     ) -> Result<RunStats, SimtError> {
-        run(
+        // Taken, not held: launches from other threads run meanwhile with fresh ones.
+        let mut spare = std::mem::take(&mut *gmem_sim::lock(&self.spare_io));
+        let r = run(
             Device {
                 gm: &self.gm,
                 port: self.port(),
@@ -519,8 +526,11 @@ impl SimtMachine {
                 cost: &self.cost,
                 page_shift: 12,
                 observer,
+                spare_io: &mut spare,
             },
-        )
+        );
+        gmem_sim::lock(&self.spare_io).append(&mut spare);
+        r
     }
 }
 
@@ -574,4 +584,97 @@ fn audit<F: gmem_sim::TableFormat, C: gmem_sim::TranslationCaches>(
         }
     }
     Ok(checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coalesce::LANES;
+    use crate::kernel::LOAD_REGS;
+    use crate::workloads::spec::{Spec, SpecKernel, MAX_OPS};
+    use gmem_sim::lock;
+
+    /// Thread `t` folds `2·a[t + k·n] + a[n·steps + t]` (the second operand only for
+    /// even `t`) over its steps; every seventh thread stores nothing. 200 threads: the
+    /// last warp has 8 lanes.
+    struct Gather {
+        a: u64,
+        c: u64,
+    }
+
+    const N: u64 = 200;
+    const STEPS: u64 = 5;
+
+    impl Spec for Gather {
+        fn threads(&self) -> u64 {
+            N
+        }
+        fn steps(&self) -> u64 {
+            STEPS
+        }
+        fn operands(&self) -> usize {
+            2
+        }
+        fn addr(&self, t: u64, k: u64, op: usize) -> Option<u64> {
+            match op {
+                0 => Some(self.a + 4 * (t + k * N)),
+                _ => (t % 2 == 0).then_some(self.a + 4 * (N * STEPS + t)),
+            }
+        }
+        fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
+            acc[0] += 2.0 * v[0] + v[1];
+        }
+        fn out(&self, t: u64) -> Option<u64> {
+            (t % 7 != 0).then_some(self.c + 4 * t)
+        }
+    }
+
+    fn launch_gather(m: &SimtMachine) -> (RunStats, Vec<f32>) {
+        let data: Vec<f32> = (0..N * (STEPS + 1)).map(|i| (i % 97) as f32).collect();
+        let a = m.upload_f32(&data).unwrap();
+        let c = m.upload_f32(&vec![-1.0; N as usize]).unwrap();
+        let k = SpecKernel::new(Gather {
+            a: a.start.as_u64(),
+            c: c.start.as_u64(),
+        });
+        let st = m.launch(&k).unwrap();
+        let got = m.download_f32(c, N as usize).unwrap();
+        let want: Vec<f32> = (0..N)
+            .map(|t| match t % 7 {
+                0 => -1.0,
+                _ => (0..STEPS).fold(0.0, |s, k| {
+                    let extra = if t % 2 == 0 {
+                        data[(N * STEPS + t) as usize]
+                    } else {
+                        0.0
+                    };
+                    s + 2.0 * data[(t + k * N) as usize] + extra
+                }),
+            })
+            .collect();
+        assert_eq!(got, want, "against the CPU");
+        (st, got)
+    }
+
+    #[test]
+    fn register_files_kept_from_earlier_launches_are_never_read_before_written() {
+        let fresh = SimtMachine::mesc(64).unwrap();
+        let (st_fresh, got_fresh) = launch_gather(&fresh);
+        assert!(
+            !lock(&fresh.spare_io).is_empty(),
+            "the launch gave its back"
+        );
+        // Another machine whose kept register files hold junk in every field.
+        let junk = SimtMachine::mesc(64).unwrap();
+        let bad = WarpIo {
+            addr: [0xdead_beef_dead_beef; LANES],
+            value: [0xa5a5_a5a5; LANES],
+            mask: u32::MAX,
+            regs: [[0x5a5a_5a5a; LANES]; LOAD_REGS],
+        };
+        lock(&junk.spare_io).extend((0..256).map(|_| Box::new(bad.clone())));
+        let (st_junk, got_junk) = launch_gather(&junk);
+        assert_eq!((st_junk, got_junk), (st_fresh, got_fresh));
+        assert!(lock(&junk.spare_io).len() >= 256);
+    }
 }

@@ -126,13 +126,16 @@ impl<S: Spec> Kernel for SpecKernel<S> {
     }
     fn rewarp(&self, w: &mut SpecWarp<S>, block: u64, warp: u32) {
         let base = block * u64::from(self.threads_per_block) + u64::from(warp) * 32;
+        // Lanes below `lanes` are threads of the grid and of the block.
+        let lanes = self
+            .spec
+            .threads()
+            .saturating_sub(base)
+            .min(u64::from(self.threads_per_block.saturating_sub(warp * 32)))
+            .min(32);
         let mut active = 0u32;
-        for l in 0..32u64 {
-            let t = base + l;
-            if t < self.spec.threads()
-                && (l as u32) < self.threads_per_block - warp * 32
-                && self.spec.out(t).is_some()
-            {
+        for l in 0..lanes {
+            if self.spec.out(base + l).is_some() {
                 active |= 1 << l;
             }
         }
@@ -182,26 +185,20 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                     }
                 }
                 Phase::Fold => {
-                    let mut m = self.active;
-                    while m != 0 {
-                        let l = m.trailing_zeros() as usize;
-                        m &= m - 1;
-                        for j in 0..self.batch as usize {
+                    let (spec, base, k, batch) = (&self.spec, self.base, self.k, self.batch);
+                    let (loaded, acc) = (&self.loaded, &mut self.acc);
+                    WarpIo::each_lane(self.active, |l| {
+                        for j in 0..batch as usize {
                             let mut v = [0f32; MAX_OPS];
                             for (op, x) in v.iter_mut().enumerate().take(ops) {
                                 let r = j * ops + op;
-                                if self.loaded[r] & (1 << l) != 0 {
+                                if loaded[r] & (1 << l) != 0 {
                                     *x = f32::from_bits(io.regs[r][l]);
                                 }
                             }
-                            self.spec.fold(
-                                self.base + l as u64,
-                                self.k + j as u64,
-                                &mut self.acc[l],
-                                &v,
-                            );
+                            spec.fold(base + l as u64, k + j as u64, &mut acc[l], &v);
                         }
-                    }
+                    });
                     let cycles = self.spec.cycles() * self.batch as u32;
                     self.k += self.batch;
                     self.reg = 0;
@@ -211,12 +208,10 @@ impl<S: Spec> WarpProgram for SpecWarp<S> {
                 Phase::Store => {
                     let (spec, base, active) = (&self.spec, self.base, self.active);
                     io.lanes_of(active, |l| spec.out(base + l as u64));
-                    let mut m = io.mask;
-                    while m != 0 {
-                        let l = m.trailing_zeros() as usize;
-                        m &= m - 1;
-                        io.value[l] = spec.result(base + l as u64, &self.acc[l]).to_bits();
-                    }
+                    let (value, acc) = (&mut io.value, &self.acc);
+                    WarpIo::each_lane(io.mask, |l| {
+                        value[l] = spec.result(base + l as u64, &acc[l]).to_bits();
+                    });
                     self.phase = Phase::Done;
                     return Op::Store;
                 }
