@@ -321,7 +321,7 @@ impl SpaceState {
             // the frame). Everything else sees the same state as below: both happen
             // under the space lock, and the mirror reads the written entry.
             self.install_run(stats, t, first, 1, pfn, mem, piece)?;
-            self.lpt.set(
+            self.lpt.set_populated(
                 first,
                 PageEntry {
                     mapped: 1 << t,
@@ -525,7 +525,7 @@ impl SpaceState {
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
         memory.zero(pfn.addr(), PAGE_SIZE)?;
-        self.lpt.set(
+        self.lpt.set_populated(
             vpn,
             PageEntry {
                 pfn,
