@@ -320,7 +320,7 @@ impl SpaceState {
             // left nothing to undo (the entry was never written; dropping the run frees
             // the frame). Everything else sees the same state as below: both happen
             // under the space lock, and the mirror reads the written entry.
-            self.install_run(stats, t, first, 1, pfn, mem, piece)?;
+            self.install_small(t, first, 1, pfn, target.id, piece)?;
             self.lpt.set_populated(
                 first,
                 PageEntry {
