@@ -177,6 +177,7 @@ impl DeviceInner {
     /// superpage reservations (`PhysMem::alloc_pages`): a single page gets the frame at
     /// its offset in its block's reservation. A memory managed in page groups has no
     /// reservations: the frames come from groups of `class`.
+    #[inline]
     pub fn alloc_pages(
         &self,
         pages: u64,

@@ -152,7 +152,7 @@ impl LogicalPageTable {
     /// leaf gains a use only if the old entry was empty, never loses one, and is never
     /// freed; the population grows unless the old entry was populated). Counts end
     /// exactly as `set` leaves them.
-    #[inline]
+    #[inline(always)]
     pub fn set_populated(&mut self, vpn: Vpn, entry: PageEntry) {
         debug_assert!(
             entry.is_populated(),
