@@ -226,7 +226,7 @@ impl LogicalPageTable {
 
     /// The slot of the leaf of `key`, created empty if absent (the memo, else one
     /// probe); the leaf becomes the memo's.
-    #[inline]
+    #[inline(always)]
     fn slot_mut(&mut self, key: u64) -> u32 {
         if let Some((k, slot)) = self.last {
             if k == key {
@@ -243,7 +243,7 @@ impl LogicalPageTable {
 
     /// The leaf in `slot`, a slot `slot_mut` returned (the invariant: an indexed slot
     /// holds a leaf).
-    #[inline]
+    #[inline(always)]
     fn leaf_mut(&mut self, slot: u32) -> &mut Leaf {
         self.slab[slot as usize]
             .as_deref_mut()
