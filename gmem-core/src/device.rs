@@ -177,6 +177,7 @@ impl DeviceInner {
     /// superpage reservations (`PhysMem::alloc_pages`): a single page gets the frame at
     /// its offset in its block's reservation. A memory managed in page groups has no
     /// reservations: the frames come from groups of `class`.
+    #[inline]
     pub fn alloc_pages(
         &self,
         pages: u64,
@@ -192,7 +193,12 @@ impl DeviceInner {
                 drop(phys);
                 return self.alloc_frames(pages, 1, space, vpn, limit, class);
             }
-            phys.alloc_pages(pages, space, vpn, false, limit)?
+            if pages == 1 && limit.is_none() {
+                // The fault's frame: the memo's reservation claimed inline.
+                phys.alloc_page(space, vpn, false)?
+            } else {
+                phys.alloc_pages(pages, space, vpn, false, limit)?
+            }
         };
         Some(FrameRun {
             dev: self,

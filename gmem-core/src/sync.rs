@@ -10,7 +10,9 @@
 //! ## Lock order (the one place it is written down)
 //! Outermost first; a thread holding a lock may take only locks below it:
 //! 1. **one address space's state** (`SpaceInner::lock`). A second space's state is
-//!    taken only with `try_lock` (cross-space eviction), never waited for;
+//!    taken only with `try_lock` (cross-space eviction), never waited for. A fault
+//!    tries its space's lock while it holds its device's binding (the fast entry of
+//!    `dev_fault`, see `kpi::device`), and waits for it only after dropping the binding;
 //! 2. **one device's binding** (where it is attached and active; `as_attach`,
 //!    `dev_switch` and `detach_slot` change it under the space lock);
 //! 3. **one device's physical memory** (`PhysMem`: queues, reverse map, frame arena);
@@ -116,6 +118,14 @@ mod imp {
         }
     }
 
+    /// The lock of an address space's state, which a thread may take with `try_lock`
+    /// while it holds locks ranked below it (a fault under its device's binding,
+    /// cross-space eviction). In normal builds it is [`Mutex`]; loom builds model it as
+    /// a spin lock on a flag (see there).
+    pub type SpinMutex<T> = Mutex<T>;
+    /// Guard of a [`SpinMutex`].
+    pub type SpinMutexGuard<'a, T> = MutexGuard<'a, T>;
+
     /// A reader-writer spin lock (a leaf of the lock order).
     pub struct RwLock<T>(spin::rwlock::RwLock<T, Relax>);
 
@@ -215,6 +225,75 @@ mod imp {
     impl<T: Default> Default for Mutex<T> {
         fn default() -> Self {
             Self::new(T::default())
+        }
+    }
+
+    /// The lock of an address space's state, modelled as the spin lock it is in a
+    /// real build: a flag taken by compare-and-swap (waiting threads yield to loom's
+    /// scheduler), and the value behind a loom mutex that only the flag's holder ever
+    /// takes. Loom's own `try_lock` may be scheduled as a blocking acquisition (a
+    /// thread about to try a mutex that another then takes is marked blocked), which
+    /// reports a false deadlock when the trying thread holds a lock the owner then
+    /// waits for: exactly what a fault does, trying the space under its binding.
+    pub struct SpinMutex<T> {
+        held: AtomicBool,
+        value: loom::sync::Mutex<T>,
+    }
+
+    /// Guard of a [`SpinMutex`]: releases the value, then the flag.
+    pub struct SpinMutexGuard<'a, T> {
+        guard: Option<loom::sync::MutexGuard<'a, T>>,
+        held: &'a AtomicBool,
+    }
+
+    impl<T> SpinMutex<T> {
+        /// A new unlocked lock (loom explores orders itself; the rank is unused).
+        pub fn ranked(value: T, _rank: super::Rank) -> Self {
+            Self {
+                held: AtomicBool::new(false),
+                value: loom::sync::Mutex::new(value),
+            }
+        }
+        /// Lock, yielding until the flag is free.
+        pub fn lock(&self) -> SpinMutexGuard<'_, T> {
+            loop {
+                if let Some(g) = self.try_lock() {
+                    return g;
+                }
+                loom::thread::yield_now();
+            }
+        }
+        /// Lock if the flag is free.
+        pub fn try_lock(&self) -> Option<SpinMutexGuard<'_, T>> {
+            self.held
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .ok()?;
+            // Only the flag's holder takes the value's mutex: it is always free here.
+            let guard = self.value.lock().expect("loom mutex poisoned");
+            Some(SpinMutexGuard {
+                guard: Some(guard),
+                held: &self.held,
+            })
+        }
+    }
+
+    impl<T> core::ops::Deref for SpinMutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.guard.as_ref().expect("held until drop")
+        }
+    }
+
+    impl<T> core::ops::DerefMut for SpinMutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.guard.as_mut().expect("held until drop")
+        }
+    }
+
+    impl<T> Drop for SpinMutexGuard<'_, T> {
+        fn drop(&mut self) {
+            drop(self.guard.take());
+            self.held.store(false, Ordering::Release);
         }
     }
 

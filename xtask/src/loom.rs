@@ -16,6 +16,7 @@ use std::time::Instant;
 /// The broken variants (cfg values declared in the workspace's `check-cfg`) and the
 /// models that catch them.
 pub const BUGS: &[(&str, &str)] = &[
+    ("fault_unbinds_before_locking", "entry"),
     ("magazine_depot_race", "magazines"),
     ("callback_before_invalidation", "queue"),
     ("frames_before_invalidation", "queue, faults"),

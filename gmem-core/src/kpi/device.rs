@@ -14,6 +14,40 @@
 //!   in the same step that checks no frame is in use, and forgets the memory in every
 //!   space only once no page of any space names it. The destroyed device is then
 //!   referenced by nothing the core keeps, and freed.
+//!
+//! ## The entry protocol of a fault
+//! A fault must hold its space's lock, and the space lock ranks above the binding
+//! that names the space: a fault may not wait for the space while it holds the
+//! binding. On the fast path it does not wait: under the binding lock it takes the
+//! space lock with `try_lock` (which never waits, so the order does not bind it),
+//! then drops the binding. No reference count is touched, so the fault costs two
+//! atomic read-modify-writes (the two lock acquisitions) instead of four (the binding
+//! lock, a `Weak` upgrade, the space lock, the drop of the upgraded `Arc`). If the
+//! space lock is busy the fault falls back to the old protocol: upgrade the `Weak`
+//! under the binding, drop the binding, wait for the space with a reference of its
+//! own.
+//!
+//! Why the space stays alive on the fast path without a reference of the fault's own:
+//! the registry holds every space until `as_destroy`, which first destroys the space
+//! under its lock (detaching every device: each binding that names the space is
+//! cleared, under the space lock and then the binding lock) and only then removes it
+//! from the registry. The fault's `try_lock` succeeds inside its binding section while
+//! the binding names the space. A destroy whose locked section came before that
+//! `try_lock` would have cleared the binding before the fault's binding section (its
+//! binding section is inside its space section), and no switch can name a destroyed
+//! space again (a switch needs an attachment, which a dead space refuses). So every
+//! destroy's locked section comes after the fault's, and the registry's reference,
+//! dropped after that section, outlives the fault's use of the space. A detach is
+//! ordered the same way: it changes the binding only under the space lock, so the
+//! fault sees the device attached (and rechecks it, with the space alive, under the
+//! space lock) or not active. A switch to another space changes nothing the fault
+//! relies on (the old space is still attached and still in the registry). The loom
+//! model `entry` races faults against a destroy and a detach; a loom build keeps the
+//! spaces the registry lets go allocated and marked, and the fault asserts that the
+//! space it holds is still registered. Its broken variant
+//! `gmem_loom_bug="fault_unbinds_before_locking"` drops the binding before it locks
+//! the space through the pointer, and the model sees the fault reach a destroyed,
+//! unregistered space.
 
 use crate::addr::{PhysAddr, VirtAddr};
 use crate::device::DeviceDesc;
@@ -23,9 +57,11 @@ use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::{new_device, Gmem};
 use crate::handle::{DeviceId, SpaceId};
 use crate::physmem::FrameCounts;
+use crate::space::SpaceInner;
 use crate::stats::Counters;
 use crate::sync::{Arc, Ordering};
 use alloc::string::String;
+use alloc::sync::Weak;
 use core::any::Any;
 
 impl Gmem {
@@ -336,11 +372,69 @@ impl Gmem {
         if !dev.faultable() {
             return Err(FaultError::NotFaultable(id));
         }
-        let space = dev
-            .binding
-            .lock()
-            .active_space()
-            .ok_or(FaultError::NotActive(id))?;
+        let binding = dev.binding.lock();
+        let active = binding.active.as_ref().ok_or(FaultError::NotActive(id))?;
+        // The fast path (see "The entry protocol" in this module's header): the space
+        // lock taken with `try_lock` while the binding still names the space, and no
+        // reference count touched.
+        #[cfg(not(gmem_loom_bug = "fault_unbinds_before_locking"))]
+        {
+            let raw = Weak::as_ptr(active);
+            // SAFETY: `raw` points into the allocation `active` keeps (a `Weak` keeps
+            // its allocation), and the space in it is alive: the binding names it, so
+            // it is not destroyed (`as_destroy` clears every binding to the space under
+            // the binding lock we hold), and the registry's reference to it goes only
+            // after a destroy. The reference is used only while this thread holds the
+            // space lock taken below, and that outlives the registry's reference too
+            // (the header's argument).
+            #[allow(unsafe_code)]
+            let space: &SpaceInner = unsafe { &*raw };
+            if let Some(mut st) = space.try_lock() {
+                drop(binding);
+                // A loom build keeps unregistered spaces (instead of freeing them) and
+                // marks them, so that a model sees a fault reach one.
+                #[cfg(gmem_loom)]
+                assert!(
+                    space.registered(),
+                    "a fault holds a space the registry has let go (freed in a real build)"
+                );
+                return match st.slot_of(id) {
+                    Some(slot) if st.is_alive() => {
+                        st.fault(&self.context(), space, dev, slot, va, access)
+                    }
+                    _ => Err(FaultError::NotActive(id)),
+                };
+            }
+        }
+        // Deliberately broken (loom model `entry` must catch it): the space is reached
+        // through the pointer after the binding is dropped, with no reference of its
+        // own, so a destroy can run to its end in between.
+        #[cfg(gmem_loom_bug = "fault_unbinds_before_locking")]
+        {
+            let raw = Weak::as_ptr(active);
+            drop(binding);
+            // SAFETY: none; this is the bug the model catches. A loom build keeps
+            // unregistered spaces allocated, so the model's check runs before any use.
+            #[allow(unsafe_code)]
+            let space: &SpaceInner = unsafe { &*raw };
+            let mut st = space.lock();
+            assert!(
+                space.registered(),
+                "a fault holds a space the registry has let go (freed in a real build)"
+            );
+            return match st.slot_of(id) {
+                Some(slot) if st.is_alive() => {
+                    st.fault(&self.context(), space, dev, slot, va, access)
+                }
+                _ => Err(FaultError::NotActive(id)),
+            };
+        }
+        // The slow path, when the space lock is busy: a reference of our own keeps the
+        // space alive while we wait for its lock without holding the binding (the
+        // space lock ranks above the binding).
+        #[allow(unreachable_code)]
+        let space = Weak::upgrade(active).ok_or(FaultError::NotActive(id))?;
+        drop(binding);
         let mut st = space.lock();
         let slot = match st.slot_of(id) {
             Some(s) if st.is_alive() => s,

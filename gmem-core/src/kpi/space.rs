@@ -101,8 +101,9 @@ impl Gmem {
         #[cfg(not(gmem_loom_bug = "stats_fold_after_unregister"))]
         {
             let mut spaces = self.spaces.write();
-            if spaces.remove(id.index, id.generation).is_some() {
+            if let Some(removed) = spaces.remove(id.index, id.generation) {
                 space.counters.fold_into(&self.counters);
+                SpaceInner::unregistered(removed);
             }
         }
         // Deliberately broken (loom model `stats` must catch it): the space leaves the
@@ -111,8 +112,9 @@ impl Gmem {
         #[cfg(gmem_loom_bug = "stats_fold_after_unregister")]
         {
             let removed = self.spaces.write().remove(id.index, id.generation);
-            if removed.is_some() {
+            if let Some(removed) = removed {
                 space.counters.fold_into(&self.counters);
+                SpaceInner::unregistered(removed);
             }
         }
         Ok(())

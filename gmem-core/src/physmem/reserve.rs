@@ -184,10 +184,33 @@ impl PhysMem {
         limit: Option<FrameConstraint>,
     ) -> Option<Pfn> {
         if pages == 1 && limit.is_none() {
-            if let Some(pfn) = self.claim_memoised(space, vpn, wired) {
-                return Some(pfn);
-            }
+            return self.alloc_page(space, vpn, wired);
         }
+        self.alloc_pages_unmemoised(pages, space, vpn, wired, limit)
+    }
+
+    /// [`PhysMem::alloc_pages`] of one page without a limit (every 4 KiB fault): its
+    /// common case, the memo's reservation, is inlined into the caller; everything else
+    /// goes out of line, down the general path.
+    #[inline]
+    pub fn alloc_page(&mut self, space: SpaceId, vpn: Vpn, wired: bool) -> Option<Pfn> {
+        match self.claim_memoised(space, vpn, wired) {
+            Some(pfn) => Some(pfn),
+            None => self.alloc_pages_unmemoised(1, space, vpn, wired, None),
+        }
+    }
+
+    /// [`PhysMem::alloc_pages`] past the memo (`claim_memoised` declined or was not
+    /// asked).
+    #[inline(never)]
+    fn alloc_pages_unmemoised(
+        &mut self,
+        pages: u64,
+        space: SpaceId,
+        vpn: Vpn,
+        wired: bool,
+        limit: Option<FrameConstraint>,
+    ) -> Option<Pfn> {
         let r = RESERVATION_PAGES;
         let block = vpn.0 & !(r - 1);
         let inside = pages > 0 && vpn.0 - block + pages <= r;

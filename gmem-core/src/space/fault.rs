@@ -320,8 +320,8 @@ impl SpaceState {
             // left nothing to undo (the entry was never written; dropping the run frees
             // the frame). Everything else sees the same state as below: both happen
             // under the space lock, and the mirror reads the written entry.
-            self.install_run(stats, t, first, 1, pfn, mem, piece)?;
-            self.lpt.set(
+            self.install_small(t, first, 1, pfn, target.id, piece)?;
+            self.lpt.set_populated(
                 first,
                 PageEntry {
                     mapped: 1 << t,
@@ -374,6 +374,11 @@ impl SpaceState {
 
     /// One frame in `target` for page `vpn` (where the driver places it for `asker`),
     /// evicting to host memory if `target` is a full device memory.
+    ///
+    /// The common case — any frame will do and one is free — is inlined into the
+    /// caller; everything else (another placement, memory pressure) continues out of
+    /// line, without repeating the attempt made here.
+    #[inline]
     pub(crate) fn alloc_frame<'d>(
         &mut self,
         cx: &Ctx<'_>,
@@ -383,16 +388,43 @@ impl SpaceState {
         asker: Asker,
     ) -> Result<FrameRun<'d>, MoveError> {
         let placement = frame_placement(target, space.id, vpn, 1, asker);
-        loop {
+        let tried = matches!(placement.placement, FramePlacement::Any);
+        if tried {
             // Any frame (the common answer): what `alloc_placed` does for it, without
             // passing the answer down.
-            let run = match placement.placement {
-                FramePlacement::Any => target.alloc_pages(1, space.id, vpn, None, placement.class),
-                _ => alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters),
-            };
-            if let Some(run) = run {
+            if let Some(run) = target.alloc_pages(1, space.id, vpn, None, placement.class) {
                 return Ok(run);
             }
+        }
+        self.alloc_frame_placed(cx, space, target, vpn, placement, tried)
+    }
+
+    /// [`SpaceState::alloc_frame`] past its common case: `tried` says the first
+    /// allocation attempt was made (and failed), so the loop starts with the pressure
+    /// relief that would have followed it.
+    #[inline(never)]
+    fn alloc_frame_placed<'d>(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        target: &'d Arc<DeviceInner>,
+        vpn: Vpn,
+        placement: Placed,
+        mut tried: bool,
+    ) -> Result<FrameRun<'d>, MoveError> {
+        loop {
+            if !tried {
+                let run = match placement.placement {
+                    FramePlacement::Any => {
+                        target.alloc_pages(1, space.id, vpn, None, placement.class)
+                    }
+                    _ => alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters),
+                };
+                if let Some(run) = run {
+                    return Ok(run);
+                }
+            }
+            tried = false;
             // Memory pressure: break the oldest reservation before evicting anything.
             if target.phys.lock().break_oldest_reservation() {
                 Counters::add(&cx.counters.reservations_broken, 1);
@@ -525,7 +557,7 @@ impl SpaceState {
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
         memory.zero(pfn.addr(), PAGE_SIZE)?;
-        self.lpt.set(
+        self.lpt.set_populated(
             vpn,
             PageEntry {
                 pfn,

@@ -47,6 +47,7 @@ use crate::check::{fail, Violation};
 use crate::device::DeviceInner;
 use crate::error::MoveError;
 use crate::gmem::Ctx;
+use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, EXTERNAL, PENDING, WIRED};
 use crate::mmu::{MapRun, MmuError, PageTableRoot};
 use crate::physmem::RESERVATION_PAGES;
@@ -222,6 +223,23 @@ impl SpaceState {
         if self.has_large(t) {
             return self.install_pieces(stats, t, first, pages, pfn, mem, piece);
         }
+        self.install_small(t, first, pages, pfn, self.memories.get(mem).id, piece)
+    }
+
+    /// [`SpaceState::install_run`] into table `t` when the caller knows the table has
+    /// no large leaves (`!has_large(t)`): one driver call with 4 KiB leaves, counted.
+    /// `memory` is the id of the memory holding the frames (the caller has it at hand:
+    /// no lookup of the space's memory list).
+    #[inline(always)]
+    pub(crate) fn install_small(
+        &mut self,
+        t: usize,
+        first: Vpn,
+        pages: u64,
+        pfn: Pfn,
+        memory: DeviceId,
+        piece: Values,
+    ) -> Result<(), MmuError> {
         let table = self.tables[t].as_ref().expect("mapping into a live table");
         let run = MapRun {
             va: first.addr(),
@@ -229,7 +247,7 @@ impl SpaceState {
             len: pages << PAGE_SHIFT,
             prot: piece.prot,
             page_size: PageSize::Size4K,
-            memory: self.memories.get(mem).id,
+            memory,
             attrs: piece.attrs,
         };
         table.mmu.map(table.root, &run)?;

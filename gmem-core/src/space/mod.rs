@@ -41,7 +41,7 @@ use crate::mmu::{Attrs, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::queue::Ready;
 use crate::queue::{Callback, Discard, MmuQueue, TableUnmap};
 use crate::stats::{Counters, SpaceCounters};
-use crate::sync::{Arc, Mutex, MutexGuard, Rank};
+use crate::sync::{Arc, Rank, SpinMutex, SpinMutexGuard};
 use crate::vmem::Arena;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -242,7 +242,11 @@ pub(crate) struct SpaceInner {
     /// The counters bumped under the lock (shared with the state, which bumps them;
     /// read here by `Gmem::stats` and folded by `as_destroy`, see [`crate::stats`]).
     pub counters: Arc<SpaceCounters>,
-    state: Mutex<SpaceState>,
+    state: SpinMutex<SpaceState>,
+    /// Loom builds only: set when the registry lets the space go (see
+    /// [`SpaceInner::unregistered`]).
+    #[cfg(gmem_loom)]
+    released: crate::sync::AtomicBool,
 }
 
 impl SpaceInner {
@@ -260,8 +264,32 @@ impl SpaceInner {
             policy,
             arena,
             counters: counters.clone(),
-            state: Mutex::ranked(SpaceState::new(host, counters), Rank::SpaceState),
+            state: SpinMutex::ranked(SpaceState::new(host, counters), Rank::SpaceState),
+            #[cfg(gmem_loom)]
+            released: crate::sync::AtomicBool::new(false),
         }
+    }
+
+    /// The registry's reference to a destroyed space, just removed from it. A normal
+    /// build drops it (the space is freed once no other reference is left). A loom
+    /// build marks the space and keeps it allocated instead, so that a model can see a
+    /// fault reach a space that a real build would have freed (the fault's entry
+    /// protocol, `kpi::device`, relies on the registry's reference) without touching
+    /// freed memory.
+    pub fn unregistered(space: Arc<SpaceInner>) {
+        #[cfg(gmem_loom)]
+        {
+            space.released.store(true, crate::sync::Ordering::Release);
+            core::mem::forget(space);
+        }
+        #[cfg(not(gmem_loom))]
+        drop(space);
+    }
+
+    /// Loom builds only: whether the registry still holds the space.
+    #[cfg(gmem_loom)]
+    pub fn registered(&self) -> bool {
+        !self.released.load(crate::sync::Ordering::Acquire)
     }
 
     /// Lock the space's state for one operation. Dropping the guard releases the lock
@@ -286,7 +314,7 @@ impl SpaceInner {
 /// The lock of one space's state, held for one operation; see [`SpaceInner::lock`].
 pub(crate) struct Locked<'a> {
     // Field order is drop order: the lock is released first, then the callbacks run.
-    state: MutexGuard<'a, SpaceState>,
+    state: SpinMutexGuard<'a, SpaceState>,
     after: Option<Ready>,
 }
 
