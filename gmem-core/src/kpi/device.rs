@@ -50,14 +50,14 @@
 //! unregistered space.
 
 use crate::addr::{PhysAddr, VirtAddr};
-use crate::device::DeviceDesc;
+use crate::device::{DeviceDesc, DeviceInner};
 use crate::error::{AttachError, DeviceError, FaultError, PopulateError};
 use crate::fault::FaultResolution;
 use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::{new_device, Gmem};
 use crate::handle::{DeviceId, SpaceId};
 use crate::physmem::FrameCounts;
-use crate::space::SpaceInner;
+use crate::space::{Locked, SpaceInner};
 use crate::stats::Counters;
 use crate::sync::{Arc, Ordering};
 use alloc::string::String;
@@ -109,7 +109,7 @@ impl Gmem {
             }
             b.destroyed = true;
         }
-        let undo = |dev: &crate::device::DeviceInner| {
+        let undo = |dev: &DeviceInner| {
             let registered = {
                 let mut phys = dev.phys.lock();
                 phys.retire(false);
@@ -398,12 +398,7 @@ impl Gmem {
                     space.registered(),
                     "a fault holds a space the registry has let go (freed in a real build)"
                 );
-                return match st.slot_of(id) {
-                    Some(slot) if st.is_alive() => {
-                        st.fault(&self.context(), space, dev, slot, va, access)
-                    }
-                    _ => Err(FaultError::NotActive(id)),
-                };
+                return self.fault_locked(space, &mut st, dev, id, va, access);
             }
         }
         // Deliberately broken (loom model `entry` must catch it): the space is reached
@@ -422,12 +417,7 @@ impl Gmem {
                 space.registered(),
                 "a fault holds a space the registry has let go (freed in a real build)"
             );
-            return match st.slot_of(id) {
-                Some(slot) if st.is_alive() => {
-                    st.fault(&self.context(), space, dev, slot, va, access)
-                }
-                _ => Err(FaultError::NotActive(id)),
-            };
+            return self.fault_locked(space, &mut st, dev, id, va, access);
         }
         // The slow path, when the space lock is busy: a reference of our own keeps the
         // space alive while we wait for its lock without holding the binding (the
@@ -436,10 +426,25 @@ impl Gmem {
         let space = Weak::upgrade(active).ok_or(FaultError::NotActive(id))?;
         drop(binding);
         let mut st = space.lock();
-        let slot = match st.slot_of(id) {
-            Some(s) if st.is_alive() => s,
-            _ => return Err(FaultError::NotActive(id)),
-        };
-        st.fault(&self.context(), &space, dev, slot, va, access)
+        self.fault_locked(&space, &mut st, dev, id, va, access)
+    }
+
+    /// The fault of device `id` (`dev`) at `va` once its space's lock `st` is held
+    /// (by any of the entry's paths): `NotActive` if the device was detached or the
+    /// space destroyed before the lock was taken.
+    #[inline(always)]
+    fn fault_locked(
+        &self,
+        space: &SpaceInner,
+        st: &mut Locked<'_>,
+        dev: &Arc<DeviceInner>,
+        id: DeviceId,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        match st.slot_of(id) {
+            Some(slot) if st.is_alive() => st.fault(&self.context(), space, dev, slot, va, access),
+            _ => Err(FaultError::NotActive(id)),
+        }
     }
 }
