@@ -193,12 +193,7 @@ impl DeviceInner {
                 drop(phys);
                 return self.alloc_frames(pages, 1, space, vpn, limit, class);
             }
-            if pages == 1 && limit.is_none() {
-                // The fault's frame: the memo's reservation claimed inline.
-                phys.alloc_page(space, vpn, false)?
-            } else {
-                phys.alloc_pages(pages, space, vpn, false, limit)?
-            }
+            phys.alloc_pages(pages, space, vpn, false, limit)?
         };
         Some(FrameRun {
             dev: self,

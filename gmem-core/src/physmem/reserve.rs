@@ -174,7 +174,9 @@ impl PhysMem {
     /// Frames for pages `vpn..vpn + pages` of `space` (active or wired, owned by those
     /// pages), contiguous: from the reservation of their block when there is one, in a
     /// new reservation when the arena has a free aligned block, otherwise any frames
-    /// ([`PhysMem::alloc_run`]). `None` when nothing fits.
+    /// ([`PhysMem::alloc_run`]). `None` when nothing fits. Inlined, so that a caller's
+    /// one-page request goes straight to [`PhysMem::alloc_page`].
+    #[inline(always)]
     pub fn alloc_pages(
         &mut self,
         pages: u64,
@@ -193,7 +195,7 @@ impl PhysMem {
     /// common case, the memo's reservation, is inlined into the caller; everything else
     /// goes out of line, down the general path.
     #[inline]
-    pub fn alloc_page(&mut self, space: SpaceId, vpn: Vpn, wired: bool) -> Option<Pfn> {
+    fn alloc_page(&mut self, space: SpaceId, vpn: Vpn, wired: bool) -> Option<Pfn> {
         match self.claim_memoised(space, vpn, wired) {
             Some(pfn) => Some(pfn),
             None => self.alloc_pages_unmemoised(1, space, vpn, wired, None),
