@@ -3,7 +3,7 @@
 //! An open-addressing table with linear probing. Each slot is 8 bytes (eight per
 //! 64-byte line): the segment's index and a 32-bit tag, the start address in quanta
 //! truncated to 32 bits. The full key is not stored: a tag match is confirmed against
-//! the start address of the record the slot names (`start_of`), which every caller
+//! the start address of the record the slot names ([`StartOf`]), which every caller
 //! reads next anyway (a free checks the record's size and kind), so confirmation costs
 //! no extra cache line on a hit, and a record is read on a miss only when the low 32
 //! bits of its address in quanta match. Halving the slot (it was key + value in 16
@@ -20,7 +20,22 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::seglist::NIL;
+use super::seglist::{SegTable, NIL};
+
+/// The start address of the record a slot names: how the map confirms a tag match
+/// without storing the full key. The segment table is the one implementation outside
+/// tests, so every caller passes `&self.table` instead of repeating a closure.
+pub(super) trait StartOf {
+    /// Start address of record `val` (a live record an entry names).
+    fn start_of(&self, val: u32) -> u64;
+}
+
+impl StartOf for SegTable {
+    #[inline]
+    fn start_of(&self, val: u32) -> u64 {
+        self.get(val).start
+    }
+}
 
 /// One slot: an empty slot has `val == NIL`.
 #[derive(Clone, Copy)]
@@ -84,10 +99,10 @@ impl AddrMap {
         (u64::from(tag).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.hash_shift) as usize
     }
 
-    /// The slot holding `key`, if any; `start_of(val)` is the start address of the
-    /// record a slot names.
+    /// The slot holding `key`, if any; `starts` gives the start address of the record
+    /// a slot names.
     #[inline]
-    fn find(&self, key: u64, start_of: impl Fn(u32) -> u64) -> Option<usize> {
+    fn find(&self, key: u64, starts: &impl StartOf) -> Option<usize> {
         let mask = self.mask();
         let tag = self.tag(key);
         let mut i = self.home(tag);
@@ -96,7 +111,7 @@ impl AddrMap {
             if s.val == NIL {
                 return None;
             }
-            if s.tag == tag && start_of(s.val) == key {
+            if s.tag == tag && starts.start_of(s.val) == key {
                 return Some(i);
             }
             i = (i + 1) & mask;
@@ -109,26 +124,26 @@ impl AddrMap {
         super::prefetch(&self.slots[self.home(self.tag(key))]);
     }
 
-    /// The value stored for `key`; `start_of(val)` is the start address of the record
-    /// an entry names (every entry's record is live).
+    /// The value stored for `key`; `starts` gives the start address of the record an
+    /// entry names (every entry's record is live).
     #[inline]
-    pub fn get(&self, key: u64, start_of: impl Fn(u32) -> u64) -> Option<u32> {
-        self.find(key, start_of).map(|i| self.slots[i].val)
+    pub fn get(&self, key: u64, starts: &impl StartOf) -> Option<u32> {
+        self.find(key, starts).map(|i| self.slots[i].val)
     }
 
     /// The value stored for `key` and where it is, for [`Self::remove_found`];
-    /// `start_of` as for [`Self::get`]. A free looks its segment up, validates it
+    /// `starts` as for [`Self::get`]. A free looks its segment up, validates it
     /// against the record, then removes it: one probe instead of two.
     #[inline]
-    pub fn lookup(&self, key: u64, start_of: impl Fn(u32) -> u64) -> Option<(Found, u32)> {
-        self.find(key, start_of)
+    pub fn lookup(&self, key: u64, starts: &impl StartOf) -> Option<(Found, u32)> {
+        self.find(key, starts)
             .map(|i| (Found(i), self.slots[i].val))
     }
 
-    /// Store `key -> val` (`val != NIL`, and `start_of(val) == key` already), replacing
-    /// an existing entry.
+    /// Store `key -> val` (`val != NIL`, and `starts.start_of(val) == key` already),
+    /// replacing an existing entry.
     #[inline]
-    pub fn insert(&mut self, key: u64, val: u32, start_of: impl Fn(u32) -> u64) {
+    pub fn insert(&mut self, key: u64, val: u32, starts: &impl StartOf) {
         debug_assert_ne!(val, NIL);
         if (self.len + 1) * 10 > self.slots.len() * 7 {
             self.grow();
@@ -143,7 +158,7 @@ impl AddrMap {
                 self.len += 1;
                 return;
             }
-            if s.tag == tag && start_of(s.val) == key {
+            if s.tag == tag && starts.start_of(s.val) == key {
                 self.slots[i].val = val;
                 return;
             }
@@ -151,10 +166,10 @@ impl AddrMap {
         }
     }
 
-    /// Remove `key`, returning its value; `start_of` as for [`Self::get`].
+    /// Remove `key`, returning its value; `starts` as for [`Self::get`].
     #[inline]
-    pub fn remove(&mut self, key: u64, start_of: impl Fn(u32) -> u64) -> Option<u32> {
-        let i = self.find(key, start_of)?;
+    pub fn remove(&mut self, key: u64, starts: &impl StartOf) -> Option<u32> {
+        let i = self.find(key, starts)?;
         let val = self.slots[i].val;
         self.remove_found(Found(i));
         Some(val)
@@ -204,6 +219,15 @@ impl AddrMap {
 mod tests {
     use super::*;
 
+    /// Start addresses indexed by value, as the segment table's records hold them.
+    struct Starts(Vec<u64>);
+
+    impl StartOf for Starts {
+        fn start_of(&self, val: u32) -> u64 {
+            self.0[val as usize]
+        }
+    }
+
     /// Values are indices into `starts`, the start address each names (as the
     /// segment table's records do); keys 2^32 quanta apart share a tag, so the
     /// confirmation against the record is exercised.
@@ -211,7 +235,7 @@ mod tests {
     fn matches_a_reference_map_through_inserts_removes_and_growth() {
         let mut m = AddrMap::new(0x1000);
         let mut r = alloc::collections::BTreeMap::new();
-        let mut starts: Vec<u64> = Vec::new();
+        let mut starts = Starts(Vec::new());
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let key_of = |k: u64| ((k % 2048) << 12) | ((k / 2048 % 2) << 44);
         for step in 0..20_000u32 {
@@ -221,18 +245,18 @@ mod tests {
             // A few thousand distinct keys, so removes often hit; key k and k + 2048
             // lie 2^32 quanta apart and share a tag.
             let key = key_of(x % 4096);
-            starts.push(key);
+            starts.0.push(key);
             if x & (1 << 40) == 0 {
-                m.insert(key, step, |v| starts[v as usize]);
+                m.insert(key, step, &starts);
                 r.insert(key, step);
             } else {
-                assert_eq!(m.remove(key, |v| starts[v as usize]), r.remove(&key));
+                assert_eq!(m.remove(key, &starts), r.remove(&key));
             }
             assert_eq!(m.len(), r.len());
         }
         for k in 0..4096u64 {
             let key = key_of(k);
-            assert_eq!(m.get(key, |v| starts[v as usize]), r.get(&key).copied());
+            assert_eq!(m.get(key, &starts), r.get(&key).copied());
         }
     }
 }

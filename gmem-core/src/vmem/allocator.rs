@@ -166,7 +166,7 @@ impl SegmentAllocator {
     /// hash. A cached segment with the right size is in a cache: freeing it again is
     /// a double free.
     pub fn free(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
-        let Some((at, i)) = self.hash.lookup(addr, |j| self.table.get(j).start) else {
+        let Some((at, i)) = self.hash.lookup(addr, &self.table) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -189,7 +189,7 @@ impl SegmentAllocator {
     /// Give back an object a quantum cache held (imported, or freed into the cache by
     /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
     pub fn release_cached(&mut self, addr: u64) -> bool {
-        match self.hash.lookup(addr, |j| self.table.get(j).start) {
+        match self.hash.lookup(addr, &self.table) {
             Some((at, i)) => {
                 self.hash.remove_found(at);
                 self.free_segment(i);
@@ -409,7 +409,7 @@ impl SegmentAllocator {
         self.table.set_kind(i, kind);
         self.free_segs -= 1;
         self.free_bytes -= size;
-        self.hash.insert(addr, i, |j| self.table.get(j).start);
+        self.hash.insert(addr, i, &self.table);
     }
 
     /// Turn the allocated segment `i` (already out of the hash) free, coalescing with
@@ -504,7 +504,7 @@ impl SegmentAllocator {
                         free_segs += 1;
                     }
                     _ => {
-                        if self.hash.get(g.start, |k| self.table.get(k).start) != Some(j) {
+                        if self.hash.get(g.start, &self.table) != Some(j) {
                             return Err("allocated segment missing from hash");
                         }
                         allocated += 1;

@@ -13,7 +13,7 @@ impl SegmentAllocator {
     /// run of frames allocated at once and released page by page). State is unchanged
     /// on error.
     pub fn split(&mut self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
-        let Some(i) = self.hash.get(addr, |x| self.table.get(x).start) else {
+        let Some(i) = self.hash.get(addr, &self.table) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -40,7 +40,7 @@ impl SegmentAllocator {
             let a = addr + k * piece;
             let j = self.table.take(Seg::new(a, piece, Kind::Alloc));
             self.table.insert_after(prev, j);
-            self.hash.insert(a, j, |x| self.table.get(x).start);
+            self.hash.insert(a, j, &self.table);
             prev = j;
         }
         self.allocs += n - 1;
@@ -57,7 +57,7 @@ impl SegmentAllocator {
             return Err(FreeError::Unaligned { addr, size: piece });
         }
         let n = size / piece;
-        let Some(first) = self.hash.get(addr, |x| self.table.get(x).start) else {
+        let Some(first) = self.hash.get(addr, &self.table) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let mut i = first;
@@ -66,7 +66,7 @@ impl SegmentAllocator {
             let seg = *self.table.get(i);
             if seg.kind() != Kind::Alloc
                 || seg.start != a
-                || self.hash.get(a, |x| self.table.get(x).start) != Some(i)
+                || self.hash.get(a, &self.table) != Some(i)
             {
                 return Err(FreeError::NotAllocated { addr: a });
             }
@@ -82,13 +82,13 @@ impl SegmentAllocator {
         for _ in 1..n {
             let j = self.table.get(first).anext;
             let start = self.table.get(j).start;
-            self.hash.remove(start, |x| self.table.get(x).start);
+            self.hash.remove(start, &self.table);
             self.table.unlink(j);
             self.table.release(j);
             self.retarget_rotor(j, first);
         }
         self.table.get_mut(first).size = size;
-        self.hash.remove(addr, |x| self.table.get(x).start);
+        self.hash.remove(addr, &self.table);
         self.free_segment(first);
         self.frees += n;
         Ok(())
