@@ -59,10 +59,10 @@ use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
 use crate::earliest::{Earliest, IDLE};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
+use crate::wakes::Wakes;
 use gmem_core::Gmem;
 use gmem_sim::{AccessError, Served};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 
 /// Why a launch failed.
@@ -213,11 +213,8 @@ struct Unit<W> {
     ready_at: Vec<u64>,
     /// With at most 64 slots (`masked`): bit `i` set exactly when `ready_at[i] <= now`.
     ready: u64,
-    /// With `masked`: `(ready_at, slot)` of each warp waiting on a latency, earliest
-    /// first; an entry whose slot's `ready_at` has changed since is stale and skipped.
-    /// Each entry packed by [`wake_key`] into one word (ordered as the pair), so the heap
-    /// compares single words.
-    wakes: BinaryHeap<Reverse<u64>>,
+    /// With `masked`: the warps waiting on a latency, by the cycle they become ready.
+    wakes: Wakes,
     /// The unit has at most 64 slots, so `ready` and `wakes` are kept and the scheduler
     /// picks from the mask.
     masked: bool,
@@ -335,7 +332,7 @@ pub fn run<K: Kernel>(
                 warps: (0..slots * wpb).map(|_| None).collect(),
                 ready_at: vec![DEAD; slots * wpb],
                 ready: 0,
-                wakes: BinaryHeap::with_capacity(slots * wpb),
+                wakes: Wakes::new(),
                 masked: slots * wpb <= 64,
                 age: vec![0; slots * wpb],
                 left: vec![0; slots],
@@ -459,7 +456,7 @@ pub fn run<K: Kernel>(
                 unit.parked -= 1;
                 unit.ready_at[q.slot] = ready;
                 if unit.masked {
-                    unit.wakes.push(Reverse(wake_key(ready, q.slot)));
+                    unit.wakes.push(ready, q.slot);
                 }
             }
             continue;
@@ -476,16 +473,7 @@ pub fn run<K: Kernel>(
             let now = unit.now;
             let picked = if unit.masked {
                 // Warps whose latency has elapsed join the ready mask.
-                while let Some(&Reverse(k)) = unit.wakes.peek() {
-                    let (t, i) = unwake(k);
-                    if t > now {
-                        break;
-                    }
-                    unit.wakes.pop();
-                    if unit.ready_at[i] == t {
-                        unit.ready |= 1 << i;
-                    }
-                }
+                unit.ready |= unit.wakes.take_due(now);
                 unit.sched
                     .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
             } else {
@@ -493,16 +481,9 @@ pub fn run<K: Kernel>(
             };
             let Some(s) = picked else {
                 unit.now = if unit.masked {
-                    // Nothing is ready: every live warp waits in `wakes`, so the earliest
-                    // valid entry is the minimum of `ready_at`.
-                    loop {
-                        let Reverse(k) = *unit.wakes.peek().expect("a live warp");
-                        let (t, i) = unwake(k);
-                        if unit.ready_at[i] == t {
-                            break t;
-                        }
-                        unit.wakes.pop();
-                    }
+                    // Nothing is ready: every live warp waits in `wakes`, so its earliest
+                    // wait is the minimum of `ready_at`.
+                    unit.wakes.earliest().expect("a live warp")
                 } else {
                     unit.ready_at.iter().copied().min().expect("a live warp")
                 };
@@ -526,6 +507,8 @@ pub fn run<K: Kernel>(
                 if w.queued > 0 {
                     w.waiting = true;
                     unit.parked += 1;
+                    // Not waiting in `wakes` (see there): nothing there goes stale.
+                    debug_assert!(!unit.wakes.is_pending(s));
                     unit.ready_at[s] = PARKED;
                     if unit.masked {
                         unit.ready &= !(1u64 << s);
@@ -534,7 +517,7 @@ pub fn run<K: Kernel>(
                     unit.ready_at[s] = w.data_at;
                     if unit.masked {
                         unit.ready &= !(1u64 << s);
-                        unit.wakes.push(Reverse(wake_key(w.data_at, s)));
+                        unit.wakes.push(w.data_at, s);
                     }
                 }
                 if unit.live > unit.parked {
@@ -588,10 +571,12 @@ pub fn run<K: Kernel>(
                         unit.ready_at[s] = now + 1;
                         if unit.masked {
                             unit.ready &= !(1u64 << s);
-                            unit.wakes.push(Reverse(wake_key(now + 1, s)));
+                            unit.wakes.push(now + 1, s);
                         }
                     } else {
                         unit.parked += 1;
+                        // Not waiting in `wakes` (see there): nothing there goes stale.
+                        debug_assert!(!unit.wakes.is_pending(s));
                         unit.ready_at[s] = PARKED;
                         if unit.masked {
                             unit.ready &= !(1u64 << s);
@@ -643,6 +628,8 @@ pub fn run<K: Kernel>(
                 let slot = w.block_slot;
                 // The slot keeps the finished program for reuse; DEAD keeps it out of
                 // the schedulers.
+                // Not waiting in `wakes` (see there): nothing there goes stale.
+                debug_assert!(!unit.wakes.is_pending(s));
                 unit.ready_at[s] = DEAD;
                 unit.ready &= !(1u64 << (s & 63));
                 unit.live -= 1;
@@ -669,7 +656,7 @@ pub fn run<K: Kernel>(
         unit.ready_at[s] = ready;
         if unit.masked {
             unit.ready &= !(1u64 << s);
-            unit.wakes.push(Reverse(wake_key(ready, s)));
+            unit.wakes.push(ready, s);
         }
         unit.now += 1;
     }
@@ -681,18 +668,6 @@ pub fn run<K: Kernel>(
             .extend(u.warps.into_iter().flatten().map(|w| w.io));
     }
     Ok(stats)
-}
-
-/// A wake entry: cycle `t` (below 2^58: no run reaches it) of slot `i` (below 64, the
-/// units that keep `wakes` have at most 64 slots) in one word, ordered as `(t, i)`.
-fn wake_key(t: u64, i: usize) -> u64 {
-    debug_assert!(t < 1 << 58 && i < 64);
-    t << 6 | i as u64
-}
-
-/// The `(t, i)` of a [`wake_key`] entry.
-fn unwake(k: u64) -> (u64, usize) {
-    (k >> 6, (k & 63) as usize)
 }
 
 /// A unit's key for [`Earliest`]: its clock while a warp may issue (a live warp not
@@ -751,6 +726,8 @@ fn place<K: Kernel>(
                 })
             }
         }
+        // Not waiting in `wakes` (see there): nothing there goes stale.
+        debug_assert!(!unit.wakes.is_pending(i));
         unit.ready_at[i] = unit.now;
         if unit.masked {
             unit.ready |= 1 << i;
