@@ -32,6 +32,9 @@ impl Earliest {
 
     /// Set key `i` (`i` below the count given to [`Earliest::new`]).
     pub(crate) fn set(&mut self, i: usize, key: u64) {
+        if self.keys[i] == key {
+            return;
+        }
         self.keys[i] = key;
         // The engine steps the winner, so usually only its key moves: it still wins
         // while it stays before the runner-up (whose key has not changed), and the

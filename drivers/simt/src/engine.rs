@@ -221,6 +221,8 @@ struct Unit<W> {
     age: Vec<u64>,
     /// Warps left in each block slot (0 = free).
     left: Vec<u32>,
+    /// Block slots free (`left` is 0).
+    free: usize,
     live: usize,
     /// Live warps waiting in the walk queue (their slots hold [`PARKED`]).
     parked: usize,
@@ -262,7 +264,15 @@ pub struct Launch<'a, 'o> {
     /// read) instead of zeroing 2.4 KiB each, and the launch gives every warp's back
     /// when it ends. An empty list (or one lost to an error) only costs fresh ones.
     pub spare_io: &'a mut Vec<Box<WarpIo>>,
+    /// The units' wake calendars kept from earlier launches (a launch would otherwise
+    /// clear 32 KiB per unit); the launch gives them back when it ends.
+    pub spare_wakes: &'a mut SpareWakes,
 }
+
+/// Wake calendars kept between launches (see [`Launch::spare_wakes`]); the default
+/// holds none.
+#[derive(Default)]
+pub struct SpareWakes(Vec<Wakes>);
 
 /// Sees every transaction a launch makes.
 pub trait AccessObserver {
@@ -332,10 +342,15 @@ pub fn run<K: Kernel>(
                 warps: (0..slots * wpb).map(|_| None).collect(),
                 ready_at: vec![DEAD; slots * wpb],
                 ready: 0,
-                wakes: Wakes::new(),
+                wakes: launch
+                    .spare_wakes
+                    .0
+                    .pop()
+                    .map_or_else(Wakes::new, Wakes::reused),
                 masked: slots * wpb <= 64,
                 age: vec![0; slots * wpb],
                 left: vec![0; slots],
+                free: slots,
                 live: 0,
                 parked: 0,
                 pinned: VecDeque::new(),
@@ -362,6 +377,8 @@ pub fn run<K: Kernel>(
         ..RunStats::default()
     };
     let mut age = 0u64;
+    // The units with a free block slot, when the dispatcher places open blocks.
+    let mut cands = Vec::with_capacity(n_units);
     // Initial placement: pinned blocks first, then open blocks by the policy.
     for unit in units.iter_mut() {
         while let Some(slot) = free_slot(unit) {
@@ -378,6 +395,7 @@ pub fn run<K: Kernel>(
         (kernel, wpb, 0),
         &mut age,
         &mut stats,
+        &mut cands,
     );
     let pwb = 1 + cost.l1_tlb + cost.l2_tlb;
     // The units with a warp that may issue, by clock: each step changes one unit
@@ -636,6 +654,7 @@ pub fn run<K: Kernel>(
                 unit.left[slot] -= 1;
                 unit.now += 1;
                 if unit.left[slot] == 0 {
+                    unit.free += 1;
                     if let Some(b) = unit.pinned.pop_front() {
                         place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
                     } else {
@@ -647,6 +666,7 @@ pub fn run<K: Kernel>(
                             (kernel, wpb, now),
                             &mut age,
                             &mut stats,
+                            &mut cands,
                         );
                     }
                 }
@@ -662,6 +682,7 @@ pub fn run<K: Kernel>(
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
     for u in units {
+        launch.spare_wakes.0.push(u.wakes);
         launch.spare_io.extend(u.spare_io);
         launch
             .spare_io
@@ -681,6 +702,9 @@ fn clock<W>(u: &Unit<W>) -> u64 {
 }
 
 fn free_slot<W>(u: &Unit<W>) -> Option<usize> {
+    if u.free == 0 {
+        return None;
+    }
     u.left.iter().position(|&l| l == 0)
 }
 
@@ -736,6 +760,7 @@ fn place<K: Kernel>(
         *age += 1;
     }
     unit.left[slot] = wpb as u32;
+    unit.free -= 1;
     unit.live += wpb;
     stats.blocks += 1;
     stats.warps += wpb as u64;
@@ -748,15 +773,15 @@ fn fill_open<K: Kernel>(
     (kernel, wpb, now): (&K, usize, u64),
     age: &mut u64,
     stats: &mut RunStats,
+    cands: &mut Vec<usize>,
 ) {
-    let mut cands = Vec::with_capacity(units.len());
     while !open.is_empty() {
         cands.clear();
-        cands.extend((0..units.len()).filter(|&u| free_slot(&units[u]).is_some()));
+        cands.extend((0..units.len()).filter(|&u| units[u].free > 0));
         if cands.is_empty() {
             return;
         }
-        let u = dispatch.choose(&cands);
+        let u = dispatch.choose(cands);
         let u = if cands.contains(&u) { u } else { cands[0] };
         let b = open.pop_front().expect("not empty");
         let slot = free_slot(&units[u]).expect("candidate has room");

@@ -71,6 +71,21 @@ impl Wakes {
         }
     }
 
+    /// `self` emptied for another launch, if no slot waits (then every bucket is
+    /// empty: it holds only waiting slots) — the ring is not cleared again; else a new
+    /// calendar.
+    pub(crate) fn reused(mut self) -> Wakes {
+        if self.pending != 0 {
+            return Wakes::new();
+        }
+        self.base = 0;
+        self.next = u64::MAX;
+        self.due = 0;
+        self.far.clear();
+        debug_assert!(self.words == 0 && self.occupied.iter().all(|&w| w == 0));
+        self
+    }
+
     /// Slot `i` (below 64) waits until cycle `t` (below 2^58).
     #[inline]
     pub(crate) fn push(&mut self, t: u64, i: usize) {
