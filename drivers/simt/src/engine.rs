@@ -377,8 +377,9 @@ pub fn run<K: Kernel>(
         ..RunStats::default()
     };
     let mut age = 0u64;
-    // The units with a free block slot, when the dispatcher places open blocks.
-    let mut cands = Vec::with_capacity(n_units);
+    // The units with a free block slot, when the dispatcher places open blocks, and the
+    // units it placed blocks on since the last step.
+    let (mut cands, mut placed) = (Vec::with_capacity(n_units), Vec::new());
     // Initial placement: pinned blocks first, then open blocks by the policy.
     for unit in units.iter_mut() {
         while let Some(slot) = free_slot(unit) {
@@ -395,11 +396,11 @@ pub fn run<K: Kernel>(
         (kernel, wpb, 0),
         &mut age,
         &mut stats,
-        &mut cands,
+        (&mut cands, &mut placed),
     );
     let pwb = 1 + cost.l1_tlb + cost.l2_tlb;
     // The units with a warp that may issue, by clock: each step changes one unit
-    // (`touched`) or, when a block is placed by the dispatcher, any (`all`).
+    // (`touched`) and those the dispatcher placed blocks on (`placed`); all at first.
     let mut clocks = Earliest::new(n_units);
     let (mut touched, mut all) = (None::<usize>, true);
     'step: loop {
@@ -408,8 +409,18 @@ pub fn run<K: Kernel>(
                 clocks.set(i, clock(u));
             }
             all = false;
-        } else if let Some(t) = touched.take() {
-            clocks.set(t, clock(&units[t]));
+            placed.clear();
+        } else {
+            if let Some(t) = touched.take() {
+                clocks.set(t, clock(&units[t]));
+            }
+            // The units the dispatcher placed blocks on (no other unit changed).
+            if !placed.is_empty() {
+                for &p in &placed {
+                    clocks.set(p, clock(&units[p]));
+                }
+                placed.clear();
+            }
         }
         let next = clocks.first();
         // The head of the walk queue runs when it has reached the walkers and one is
@@ -658,7 +669,6 @@ pub fn run<K: Kernel>(
                     if let Some(b) = unit.pinned.pop_front() {
                         place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
                     } else {
-                        all = true;
                         fill_open(
                             &mut units,
                             &mut open,
@@ -666,7 +676,7 @@ pub fn run<K: Kernel>(
                             (kernel, wpb, now),
                             &mut age,
                             &mut stats,
-                            &mut cands,
+                            (&mut cands, &mut placed),
                         );
                     }
                 }
@@ -773,7 +783,7 @@ fn fill_open<K: Kernel>(
     (kernel, wpb, now): (&K, usize, u64),
     age: &mut u64,
     stats: &mut RunStats,
-    cands: &mut Vec<usize>,
+    (cands, placed): (&mut Vec<usize>, &mut Vec<usize>),
 ) {
     while !open.is_empty() {
         cands.clear();
@@ -789,5 +799,6 @@ fn fill_open<K: Kernel>(
         // the block starts now, not then.
         units[u].now = units[u].now.max(now);
         place(&mut units[u], kernel, b, slot, wpb, age, stats);
+        placed.push(u);
     }
 }
