@@ -4,21 +4,35 @@
 //! [`Earliest`] keeps the units' keys (a unit's clock, or [`IDLE`] when none of its
 //! warps can issue) in one contiguous array, so the engine's scan for the earliest
 //! reads one word per unit instead of each unit's whole state; a key changes by one
-//! store. The scan also notes the runner-up, so while only the winner's key moves and
-//! it stays ahead of the runner-up, no scan is needed at all. (A tournament tree, which replays one path per change, measured slower at the
-//! 16 units of the MESC geometry: its data-dependent branches cost more than the scan.)
+//! store. A scan keeps the few smallest keys, sorted, and a lower bound of the others:
+//! a changed key is moved within them, or drops out, or joins them if below the bound,
+//! and only when none is left does the next call scan again. (A tournament tree, which
+//! replays one path per change, measured slower at the 16 units of the MESC geometry:
+//! its data-dependent branches cost more than the scan.)
 
 /// The key of a unit none of whose warps can issue.
 pub(crate) const IDLE: u64 = u64::MAX;
+
+/// How many of the smallest keys a scan keeps.
+const KEPT: usize = 4;
+
+/// A key and its index in one number, ordered as the pair: the lowest index first
+/// among equal keys.
+fn pack(key: u64, i: usize) -> u128 {
+    u128::from(key) << 64 | i as u128
+}
 
 /// The earliest of a fixed number of keys, lowest index first on a tie.
 pub(crate) struct Earliest {
     /// Each unit's key, contiguous: the scan for the minimum reads a few cache lines.
     keys: Vec<u64>,
-    /// From the last scan, while no key but the winner's has changed since: the
-    /// winner's index, and the key and index of the first minimum of the others (the
-    /// runner-up; [`IDLE`] and `usize::MAX` when there is none).
-    memo: Option<(usize, u64, usize)>,
+    /// The smallest packed keys, ascending (the first `len`): every packed key below
+    /// `bound` is here, and no other.
+    best: [u128; KEPT],
+    len: usize,
+    /// A lower bound of every packed key not in `best` (`u128::MAX`: there is none
+    /// outside).
+    bound: u128,
 }
 
 impl Earliest {
@@ -26,53 +40,89 @@ impl Earliest {
     pub(crate) fn new(n: usize) -> Earliest {
         Earliest {
             keys: vec![IDLE; n],
-            memo: None,
+            best: [u128::MAX; KEPT],
+            len: 0,
+            // Nothing is known: the first call scans.
+            bound: 0,
         }
     }
 
     /// Set key `i` (`i` below the count given to [`Earliest::new`]).
     pub(crate) fn set(&mut self, i: usize, key: u64) {
+        if self.keys[i] == key {
+            return;
+        }
+        let (old, new) = (pack(self.keys[i], i), pack(key, i));
         self.keys[i] = key;
-        // The engine steps the winner, so usually only its key moves: it still wins
-        // while it stays before the runner-up (whose key has not changed), and the
-        // next call needs no scan. Any other change forgets the memo.
-        if let Some((w, rk, ri)) = self.memo {
-            if w != i || !(key < rk || (key == rk && i < ri)) {
-                self.memo = None;
+        // The usual change: the winner's clock moves on and it stays ahead.
+        if old == self.best[0] && new < self.best[1].min(self.bound) {
+            self.best[0] = new;
+            return;
+        }
+        // Below `bound` exactly when kept: the old one leaves `best`, the new one
+        // joins it if it is below `bound`. (The engine steps the winner, whose key
+        // usually moves past a few others: it is re-placed without a scan, or drops
+        // out and the runner-up wins; a scan only when `best` runs empty.)
+        if old < self.bound {
+            // Shift the ones after it down over it.
+            let mut j = 0;
+            while self.best[j] != old {
+                j += 1;
             }
+            while j + 1 < self.len {
+                self.best[j] = self.best[j + 1];
+                j += 1;
+            }
+            self.len -= 1;
+            self.best[self.len] = u128::MAX;
+        }
+        if new < self.bound {
+            if self.len == KEPT {
+                // The largest kept one goes out; it becomes the bound.
+                self.len -= 1;
+                self.bound = self.best[self.len];
+                if new >= self.bound {
+                    return;
+                }
+            }
+            // Insertion from the end.
+            let mut j = self.len;
+            while j > 0 && self.best[j - 1] > new {
+                self.best[j] = self.best[j - 1];
+                j -= 1;
+            }
+            self.best[j] = new;
+            self.len += 1;
         }
     }
 
     /// The index with the smallest key (the lowest such index), unless every key is
     /// [`IDLE`].
     pub(crate) fn first(&mut self) -> Option<usize> {
-        let w = match self.memo {
-            Some((w, _, _)) => w,
-            None => {
-                let (mut best, mut at) = (IDLE, 0);
-                let (mut next, mut next_at) = (IDLE, usize::MAX);
-                for (i, &k) in self.keys.iter().enumerate() {
-                    // Strictly smaller: the first of equal keys stays.
-                    if k < best {
-                        (next, next_at) = (best, at);
-                        (best, at) = (k, i);
-                    } else if k < next {
-                        (next, next_at) = (k, i);
-                    }
+        if self.len == 0 {
+            self.scan();
+        }
+        let p = self.best[0];
+        ((p >> 64) as u64 != IDLE).then_some(p as u64 as usize)
+    }
+
+    /// Keep the `KEPT` smallest packed keys and bound the rest by the next one.
+    fn scan(&mut self) {
+        let mut top = [u128::MAX; KEPT + 1];
+        for (i, &k) in self.keys.iter().enumerate() {
+            let p = pack(k, i);
+            if p < top[KEPT] {
+                let mut j = KEPT;
+                while j > 0 && top[j - 1] > p {
+                    top[j] = top[j - 1];
+                    j -= 1;
                 }
-                if best == IDLE {
-                    return None;
-                }
-                // Before any winner was seen `at` is 0 with key IDLE: a runner-up
-                // taken from there is no unit.
-                if next == IDLE {
-                    next_at = usize::MAX;
-                }
-                self.memo = Some((at, next, next_at));
-                at
+                top[j] = p;
             }
-        };
-        (self.keys[w] != IDLE).then_some(w)
+        }
+        self.best.copy_from_slice(&top[..KEPT]);
+        self.len = self.keys.len().min(KEPT);
+        self.bound = top[KEPT];
     }
 }
 

@@ -59,10 +59,10 @@ use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
 use crate::earliest::{Earliest, IDLE};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
+use crate::wakes::Wakes;
 use gmem_core::Gmem;
 use gmem_sim::{AccessError, Served};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 
 /// Why a launch failed.
@@ -213,17 +213,16 @@ struct Unit<W> {
     ready_at: Vec<u64>,
     /// With at most 64 slots (`masked`): bit `i` set exactly when `ready_at[i] <= now`.
     ready: u64,
-    /// With `masked`: `(ready_at, slot)` of each warp waiting on a latency, earliest
-    /// first; an entry whose slot's `ready_at` has changed since is stale and skipped.
-    /// Each entry packed by [`wake_key`] into one word (ordered as the pair), so the heap
-    /// compares single words.
-    wakes: BinaryHeap<Reverse<u64>>,
+    /// With `masked`: the warps waiting on a latency, by the cycle they become ready.
+    wakes: Wakes,
     /// The unit has at most 64 slots, so `ready` and `wakes` are kept and the scheduler
     /// picks from the mask.
     masked: bool,
     age: Vec<u64>,
     /// Warps left in each block slot (0 = free).
     left: Vec<u32>,
+    /// Block slots free (`left` is 0).
+    free: usize,
     live: usize,
     /// Live warps waiting in the walk queue (their slots hold [`PARKED`]).
     parked: usize,
@@ -265,7 +264,15 @@ pub struct Launch<'a, 'o> {
     /// read) instead of zeroing 2.4 KiB each, and the launch gives every warp's back
     /// when it ends. An empty list (or one lost to an error) only costs fresh ones.
     pub spare_io: &'a mut Vec<Box<WarpIo>>,
+    /// The units' wake calendars kept from earlier launches (a launch would otherwise
+    /// clear 32 KiB per unit); the launch gives them back when it ends.
+    pub spare_wakes: &'a mut SpareWakes,
 }
+
+/// Wake calendars kept between launches (see [`Launch::spare_wakes`]); the default
+/// holds none.
+#[derive(Default)]
+pub struct SpareWakes(Vec<Wakes>);
 
 /// Sees every transaction a launch makes.
 pub trait AccessObserver {
@@ -335,10 +342,15 @@ pub fn run<K: Kernel>(
                 warps: (0..slots * wpb).map(|_| None).collect(),
                 ready_at: vec![DEAD; slots * wpb],
                 ready: 0,
-                wakes: BinaryHeap::with_capacity(slots * wpb),
+                wakes: launch
+                    .spare_wakes
+                    .0
+                    .pop()
+                    .map_or_else(Wakes::new, Wakes::reused),
                 masked: slots * wpb <= 64,
                 age: vec![0; slots * wpb],
                 left: vec![0; slots],
+                free: slots,
                 live: 0,
                 parked: 0,
                 pinned: VecDeque::new(),
@@ -365,6 +377,9 @@ pub fn run<K: Kernel>(
         ..RunStats::default()
     };
     let mut age = 0u64;
+    // The units with a free block slot, when the dispatcher places open blocks, and the
+    // units it placed blocks on since the last step.
+    let (mut cands, mut placed) = (Vec::with_capacity(n_units), Vec::new());
     // Initial placement: pinned blocks first, then open blocks by the policy.
     for unit in units.iter_mut() {
         while let Some(slot) = free_slot(unit) {
@@ -381,10 +396,11 @@ pub fn run<K: Kernel>(
         (kernel, wpb, 0),
         &mut age,
         &mut stats,
+        (&mut cands, &mut placed),
     );
     let pwb = 1 + cost.l1_tlb + cost.l2_tlb;
     // The units with a warp that may issue, by clock: each step changes one unit
-    // (`touched`) or, when a block is placed by the dispatcher, any (`all`).
+    // (`touched`) and those the dispatcher placed blocks on (`placed`); all at first.
     let mut clocks = Earliest::new(n_units);
     let (mut touched, mut all) = (None::<usize>, true);
     'step: loop {
@@ -393,8 +409,18 @@ pub fn run<K: Kernel>(
                 clocks.set(i, clock(u));
             }
             all = false;
-        } else if let Some(t) = touched.take() {
-            clocks.set(t, clock(&units[t]));
+            placed.clear();
+        } else {
+            if let Some(t) = touched.take() {
+                clocks.set(t, clock(&units[t]));
+            }
+            // The units the dispatcher placed blocks on (no other unit changed).
+            if !placed.is_empty() {
+                for &p in &placed {
+                    clocks.set(p, clock(&units[p]));
+                }
+                placed.clear();
+            }
         }
         let next = clocks.first();
         // The head of the walk queue runs when it has reached the walkers and one is
@@ -459,7 +485,7 @@ pub fn run<K: Kernel>(
                 unit.parked -= 1;
                 unit.ready_at[q.slot] = ready;
                 if unit.masked {
-                    unit.wakes.push(Reverse(wake_key(ready, q.slot)));
+                    unit.wakes.push(ready, q.slot);
                 }
             }
             continue;
@@ -476,16 +502,7 @@ pub fn run<K: Kernel>(
             let now = unit.now;
             let picked = if unit.masked {
                 // Warps whose latency has elapsed join the ready mask.
-                while let Some(&Reverse(k)) = unit.wakes.peek() {
-                    let (t, i) = unwake(k);
-                    if t > now {
-                        break;
-                    }
-                    unit.wakes.pop();
-                    if unit.ready_at[i] == t {
-                        unit.ready |= 1 << i;
-                    }
-                }
+                unit.ready |= unit.wakes.take_due(now);
                 unit.sched
                     .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
             } else {
@@ -493,16 +510,9 @@ pub fn run<K: Kernel>(
             };
             let Some(s) = picked else {
                 unit.now = if unit.masked {
-                    // Nothing is ready: every live warp waits in `wakes`, so the earliest
-                    // valid entry is the minimum of `ready_at`.
-                    loop {
-                        let Reverse(k) = *unit.wakes.peek().expect("a live warp");
-                        let (t, i) = unwake(k);
-                        if unit.ready_at[i] == t {
-                            break t;
-                        }
-                        unit.wakes.pop();
-                    }
+                    // Nothing is ready: every live warp waits in `wakes`, so its earliest
+                    // wait is the minimum of `ready_at`.
+                    unit.wakes.earliest().expect("a live warp")
                 } else {
                     unit.ready_at.iter().copied().min().expect("a live warp")
                 };
@@ -526,6 +536,8 @@ pub fn run<K: Kernel>(
                 if w.queued > 0 {
                     w.waiting = true;
                     unit.parked += 1;
+                    // Not waiting in `wakes` (see there): nothing there goes stale.
+                    debug_assert!(!unit.wakes.is_pending(s));
                     unit.ready_at[s] = PARKED;
                     if unit.masked {
                         unit.ready &= !(1u64 << s);
@@ -534,7 +546,7 @@ pub fn run<K: Kernel>(
                     unit.ready_at[s] = w.data_at;
                     if unit.masked {
                         unit.ready &= !(1u64 << s);
-                        unit.wakes.push(Reverse(wake_key(w.data_at, s)));
+                        unit.wakes.push(w.data_at, s);
                     }
                 }
                 if unit.live > unit.parked {
@@ -588,10 +600,12 @@ pub fn run<K: Kernel>(
                         unit.ready_at[s] = now + 1;
                         if unit.masked {
                             unit.ready &= !(1u64 << s);
-                            unit.wakes.push(Reverse(wake_key(now + 1, s)));
+                            unit.wakes.push(now + 1, s);
                         }
                     } else {
                         unit.parked += 1;
+                        // Not waiting in `wakes` (see there): nothing there goes stale.
+                        debug_assert!(!unit.wakes.is_pending(s));
                         unit.ready_at[s] = PARKED;
                         if unit.masked {
                             unit.ready &= !(1u64 << s);
@@ -643,16 +657,18 @@ pub fn run<K: Kernel>(
                 let slot = w.block_slot;
                 // The slot keeps the finished program for reuse; DEAD keeps it out of
                 // the schedulers.
+                // Not waiting in `wakes` (see there): nothing there goes stale.
+                debug_assert!(!unit.wakes.is_pending(s));
                 unit.ready_at[s] = DEAD;
                 unit.ready &= !(1u64 << (s & 63));
                 unit.live -= 1;
                 unit.left[slot] -= 1;
                 unit.now += 1;
                 if unit.left[slot] == 0 {
+                    unit.free += 1;
                     if let Some(b) = unit.pinned.pop_front() {
                         place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
                     } else {
-                        all = true;
                         fill_open(
                             &mut units,
                             &mut open,
@@ -660,6 +676,7 @@ pub fn run<K: Kernel>(
                             (kernel, wpb, now),
                             &mut age,
                             &mut stats,
+                            (&mut cands, &mut placed),
                         );
                     }
                 }
@@ -669,30 +686,19 @@ pub fn run<K: Kernel>(
         unit.ready_at[s] = ready;
         if unit.masked {
             unit.ready &= !(1u64 << s);
-            unit.wakes.push(Reverse(wake_key(ready, s)));
+            unit.wakes.push(ready, s);
         }
         unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
     for u in units {
+        launch.spare_wakes.0.push(u.wakes);
         launch.spare_io.extend(u.spare_io);
         launch
             .spare_io
             .extend(u.warps.into_iter().flatten().map(|w| w.io));
     }
     Ok(stats)
-}
-
-/// A wake entry: cycle `t` (below 2^58: no run reaches it) of slot `i` (below 64, the
-/// units that keep `wakes` have at most 64 slots) in one word, ordered as `(t, i)`.
-fn wake_key(t: u64, i: usize) -> u64 {
-    debug_assert!(t < 1 << 58 && i < 64);
-    t << 6 | i as u64
-}
-
-/// The `(t, i)` of a [`wake_key`] entry.
-fn unwake(k: u64) -> (u64, usize) {
-    (k >> 6, (k & 63) as usize)
 }
 
 /// A unit's key for [`Earliest`]: its clock while a warp may issue (a live warp not
@@ -706,6 +712,9 @@ fn clock<W>(u: &Unit<W>) -> u64 {
 }
 
 fn free_slot<W>(u: &Unit<W>) -> Option<usize> {
+    if u.free == 0 {
+        return None;
+    }
     u.left.iter().position(|&l| l == 0)
 }
 
@@ -751,6 +760,8 @@ fn place<K: Kernel>(
                 })
             }
         }
+        // Not waiting in `wakes` (see there): nothing there goes stale.
+        debug_assert!(!unit.wakes.is_pending(i));
         unit.ready_at[i] = unit.now;
         if unit.masked {
             unit.ready |= 1 << i;
@@ -759,6 +770,7 @@ fn place<K: Kernel>(
         *age += 1;
     }
     unit.left[slot] = wpb as u32;
+    unit.free -= 1;
     unit.live += wpb;
     stats.blocks += 1;
     stats.warps += wpb as u64;
@@ -771,15 +783,15 @@ fn fill_open<K: Kernel>(
     (kernel, wpb, now): (&K, usize, u64),
     age: &mut u64,
     stats: &mut RunStats,
+    (cands, placed): (&mut Vec<usize>, &mut Vec<usize>),
 ) {
-    let mut cands = Vec::with_capacity(units.len());
     while !open.is_empty() {
         cands.clear();
-        cands.extend((0..units.len()).filter(|&u| free_slot(&units[u]).is_some()));
+        cands.extend((0..units.len()).filter(|&u| units[u].free > 0));
         if cands.is_empty() {
             return;
         }
-        let u = dispatch.choose(&cands);
+        let u = dispatch.choose(cands);
         let u = if cands.contains(&u) { u } else { cands[0] };
         let b = open.pop_front().expect("not empty");
         let slot = free_slot(&units[u]).expect("candidate has room");
@@ -787,5 +799,6 @@ fn fill_open<K: Kernel>(
         // the block starts now, not then.
         units[u].now = units[u].now.max(now);
         place(&mut units[u], kernel, b, slot, wpb, age, stats);
+        placed.push(u);
     }
 }

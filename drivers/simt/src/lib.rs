@@ -41,4 +41,5 @@ pub mod machine;
 pub mod mesc;
 pub mod occupancy;
 mod timing;
+mod wakes;
 pub mod workloads;

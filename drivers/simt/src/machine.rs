@@ -13,7 +13,7 @@
 use crate::caches::{DesignStats, GpuCaches, Plugged};
 use crate::cost::CostModel;
 use crate::dispatch::{Dispatch, LooseRoundRobin, RoundRobin, WarpScheduler};
-use crate::engine::{run, AccessObserver, Device, Launch, RunStats, SimtError};
+use crate::engine::{run, AccessObserver, Device, Launch, RunStats, SimtError, SpareWakes};
 use crate::kernel::{Kernel, WarpIo};
 use crate::mesc::X86Tables;
 use crate::occupancy::{OccupancyModel, SmConfig};
@@ -81,6 +81,8 @@ pub struct SimtMachine {
     /// warps hold them).
     #[allow(clippy::vec_box)]
     spare_io: Mutex<Vec<Box<WarpIo>>>,
+    /// The units' wake calendars kept between launches (see `Launch::spare_wakes`).
+    spare_wakes: Mutex<SpareWakes>,
 }
 
 impl SimtMachine {
@@ -245,6 +247,7 @@ impl SimtMachine {
             occupancy: Box::new(SmConfig::maxwell()),
             cost: CostModel::calibrated(),
             spare_io: Mutex::new(Vec::new()),
+            spare_wakes: Mutex::new(SpareWakes::default()),
         })
     }
 
@@ -513,6 +516,7 @@ impl SimtMachine {
     ) -> Result<RunStats, SimtError> {
         // Taken, not held: launches from other threads run meanwhile with fresh ones.
         let mut spare = std::mem::take(&mut *gmem_sim::lock(&self.spare_io));
+        let mut wakes = std::mem::take(&mut *gmem_sim::lock(&self.spare_wakes));
         let r = run(
             Device {
                 gm: &self.gm,
@@ -527,9 +531,11 @@ impl SimtMachine {
                 page_shift: 12,
                 observer,
                 spare_io: &mut spare,
+                spare_wakes: &mut wakes,
             },
         );
         gmem_sim::lock(&self.spare_io).append(&mut spare);
+        *gmem_sim::lock(&self.spare_wakes) = wakes;
         r
     }
 }
