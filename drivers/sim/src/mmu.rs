@@ -80,6 +80,7 @@ impl AccessGate {
 
     /// Enter with an access (shared). Never hold it across `Gmem::dev_fault`: the core
     /// may invalidate this device while serving the fault.
+    #[inline]
     pub fn enter(&self) -> RwLockReadGuard<'_, ()> {
         self.0.read().unwrap_or_else(|e| e.into_inner())
     }

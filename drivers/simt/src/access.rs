@@ -15,7 +15,7 @@ use crate::engine::{Device, RunStats};
 use crate::kernel::Op;
 use crate::timing::Walkers;
 use gmem_core::{PhysAddr, Prot, VirtAddr};
-use gmem_sim::{AccessError, Resolved, Served};
+use gmem_sim::{AccessError, PageList, Served};
 
 use crate::engine::AccessObserver;
 
@@ -26,9 +26,8 @@ pub(crate) struct Memory {
     /// Its pages, each with the access it makes (see [`fill_pages`]).
     pub(crate) pages: Vec<(VirtAddr, Prot)>,
     /// The port's scratch list, kept across instructions so that its memories serve
-    /// the next one; after an access its first `pages.len()` entries are that
-    /// access's pages.
-    resolved: Vec<Resolved>,
+    /// the next one; after an access its live entries are that access's pages.
+    resolved: PageList,
     lines: Vec<[u8; TRANSACTION as usize]>,
     /// Physical address of each transaction of the instruction in `co`.
     line_pa: [u64; 32],
@@ -47,7 +46,7 @@ impl Memory {
         Memory {
             co: Coalesced::default(),
             pages: Vec::with_capacity(32),
-            resolved: Vec::with_capacity(32),
+            resolved: PageList::new(),
             lines: vec![[0; TRANSACTION as usize]; 32],
             line_pa: [0; 32],
             l2d,
@@ -221,8 +220,7 @@ pub(crate) fn memory(
     }
     let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
     let mut ready = issue + 1;
-    // The port keeps older entries past this access's pages (see `Port::with_pages`).
-    for (i, r) in m.resolved[..m.pages.len()].iter().enumerate() {
+    for (i, r) in m.resolved.live().iter().enumerate() {
         stats.translations += 1;
         let page = m.co.pages[i];
         let missed_at_issue = i < 64 && missed & (1 << i) != 0;
@@ -269,7 +267,7 @@ fn untimed(
     op: Op,
 ) -> u64 {
     let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
-    for r in &m.resolved[..m.pages.len()] {
+    for r in m.resolved.live() {
         stats.translations += 1;
         let c = match r.served {
             Served::L1 | Served::Unknown => {
