@@ -309,32 +309,21 @@ fn data(
     let t0 = ready;
     let mut data = 0u64;
     let link = m.link;
-    for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
+    for &pa in &m.line_pa[..m.co.transactions.len()] {
         stats.transactions += 1;
-        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.lookup(pa));
+        // Each cache a transaction misses is filled: the L1 for a load (from the L2 or
+        // DRAM), the L2 always. `touch` is a lookup and that fill in one.
+        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.touch(pa));
         let c = if l1_hit {
             stats.l1_data_hits += 1;
             cost.l1_data
-        } else if m.l2d.as_mut().is_some_and(|c| c.lookup(pa)) {
+        } else if m.l2d.as_mut().is_some_and(|c| c.touch(pa)) {
             stats.l2_data_hits += 1;
-            if op == Op::Load {
-                if let Some(c) = l1d.as_mut() {
-                    c.fill_missing(pa);
-                }
-            }
             cost.l2_data
         } else {
             stats.dram_transactions += 1;
             let start = t0.max(m.link_free);
             m.link_free = start + link;
-            if let Some(c) = m.l2d.as_mut() {
-                c.fill_missing(pa);
-            }
-            if op == Op::Load {
-                if let Some(c) = l1d.as_mut() {
-                    c.fill_missing(pa);
-                }
-            }
             (m.link_free - t0) + cost.dram
         };
         data = data.max(c);
