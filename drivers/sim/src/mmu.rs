@@ -551,7 +551,6 @@ impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
             return (Err(Miss::Inactive), Served::Unknown);
         };
         let st = g;
-        let units = st.caches.units().max(1);
         let (r, served, walk, answer) = translate_in(
             &mut st.caches,
             &mut st.stats.translations,
@@ -562,6 +561,7 @@ impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
             |c| self.format.walk(root, va, access, c.walk_cache()),
         );
         if let Some(t) = st.trace.as_mut() {
+            let units = st.caches.units().max(1);
             t.events.push(TraceEvent::Translate {
                 unit: (unit % units) as u32,
                 root: root.0,

@@ -16,6 +16,7 @@ use crate::kernel::Op;
 use crate::timing::Walkers;
 use gmem_core::{PhysAddr, Prot, VirtAddr};
 use gmem_sim::{AccessError, PageList, Served};
+use std::sync::Arc;
 
 use crate::engine::AccessObserver;
 
@@ -145,16 +146,33 @@ pub(crate) fn memory(
                 if let Some(o) = observer.as_mut() {
                     o.transaction(u, pa.as_u64(), store, r.served);
                 }
-                if store {
-                    // Checked before any line is written: a store that fails writes
-                    // nothing.
-                    r.memory
-                        .check_range(pa, TRANSACTION)
+                // Checked before any line moves: a store that fails writes nothing, and
+                // a load fails at the same transaction as a read per line would.
+                r.memory
+                    .check_range(pa, TRANSACTION)
+                    .map_err(AccessError::Bounds)?;
+            }
+            let n = co.transactions.len();
+            if !store && n == 1 {
+                // One line (a coalesced load): a plain read.
+                res[co.transaction_page(0)]
+                    .memory
+                    .read(PhysAddr::new(line_pa[0]), &mut lines[0])
+                    .map_err(AccessError::Bounds)?;
+            } else if !store {
+                // Each run of transactions in one memory (usually all of them) read
+                // under one lock of it.
+                let mut s = 0;
+                while s < n {
+                    let memory = &res[co.transaction_page(s)].memory;
+                    let mut e = s + 1;
+                    while e < n && Arc::ptr_eq(&res[co.transaction_page(e)].memory, memory) {
+                        e += 1;
+                    }
+                    memory
+                        .read_each(&line_pa[s..e], &mut lines[s..e])
                         .map_err(AccessError::Bounds)?;
-                } else {
-                    r.memory
-                        .read(pa, &mut lines[ti])
-                        .map_err(AccessError::Bounds)?;
+                    s = e;
                 }
             }
             if co.whole_line() {
