@@ -161,7 +161,9 @@ pub(crate) fn memory(
                     .map_err(AccessError::Bounds)?;
             } else if !store {
                 // Each run of transactions in one memory (usually all of them) read
-                // under one lock of it.
+                // under one lock of it. This is inside `f`, so under the gate, as a
+                // read per line was: no shootdown completes until every line is read,
+                // and a racing migration cannot give the frames up before.
                 let mut s = 0;
                 while s < n {
                     let memory = &res[co.transaction_page(s)].memory;
