@@ -60,7 +60,7 @@ pub use mmu::{
     replay, AccessGate, Miss, MmuStats, ReplayStats, Served, SimMmu, TraceEvent, TraceLog,
     Translator,
 };
-pub use port::{AccessError, Port, PortStats, Resolved, DEFAULT_MAX_FAULTS};
+pub use port::{AccessError, PageList, Port, PortStats, Resolved, DEFAULT_MAX_FAULTS};
 pub use radix::{PteCodec, RadixTables, SimTableMemory, TableStats};
 pub use reclaim::{ReclaimStats, TableReclaim};
 pub use stream::{ReplayPath, ReplayStream, SplitReplay, StreamError, Unsplit};

@@ -70,6 +70,7 @@ impl MemoryMap {
     /// The number of the map's current state. Every [`MemoryMap::add`] and successful
     /// [`MemoryMap::remove`] replaces it by a number no map showed before, so while it
     /// is unchanged [`MemoryMap::at`] gives the same answer for every address.
+    #[inline]
     pub fn generation(&self) -> u64 {
         // Acquire pairs with the Release store of a change: a reader that sees the
         // new number also sees the new entries.

@@ -80,6 +80,7 @@ impl AccessGate {
 
     /// Enter with an access (shared). Never hold it across `Gmem::dev_fault`: the core
     /// may invalidate this device while serving the fault.
+    #[inline]
     pub fn enter(&self) -> RwLockReadGuard<'_, ()> {
         self.0.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -550,7 +551,6 @@ impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
             return (Err(Miss::Inactive), Served::Unknown);
         };
         let st = g;
-        let units = st.caches.units().max(1);
         let (r, served, walk, answer) = translate_in(
             &mut st.caches,
             &mut st.stats.translations,
@@ -561,6 +561,7 @@ impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
             |c| self.format.walk(root, va, access, c.walk_cache()),
         );
         if let Some(t) = st.trace.as_mut() {
+            let units = st.caches.units().max(1);
             t.events.push(TraceEvent::Translate {
                 unit: (unit % units) as u32,
                 root: root.0,

@@ -142,7 +142,7 @@ fn add(c: &AtomicU64, n: u64) {
 
 /// One page of an access, translated.
 ///
-/// Only [`Port::with_pages`] makes these: an entry of its scratch list also remembers
+/// Only [`Port::with_pages`] makes these, in a [`PageList`]: an entry also remembers
 /// how its memory was found, so the next access through the same list can keep the
 /// memory without asking the map again.
 #[derive(Clone, Debug)]
@@ -164,6 +164,7 @@ impl Resolved {
     /// Whether this entry's memory is still the one a leaf with aperture `local`
     /// translating to `pa` resolves to, through port memory `port_local` and a map
     /// now in state `generation`.
+    #[inline]
     fn still_holds(
         &self,
         local: bool,
@@ -182,6 +183,39 @@ impl Resolved {
             // map's answer for `pa`.
             !self.local && self.generation == generation && self.memory.contains(pa)
         }
+    }
+}
+
+/// The translated pages of one access: the scratch list [`Port::with_pages`] writes,
+/// kept by its caller across accesses so that the memories found for one access serve
+/// the next (see "Keeping memories across accesses" there).
+///
+/// The list holds more entries than the last access's pages (older ones, kept for
+/// their memories), but its only view, [`PageList::live`], is exactly the pages of the
+/// last call that translated them all: no caller can read a stale entry.
+#[derive(Debug, Default)]
+pub struct PageList {
+    /// Entries; those from `live` on are older ones, kept only for their memories.
+    entries: Vec<Resolved>,
+    /// Entries of the last call that translated every page (0 before any, and after a
+    /// call that failed before the end of its translations).
+    live: usize,
+}
+
+impl PageList {
+    /// An empty list.
+    pub fn new() -> PageList {
+        PageList::default()
+    }
+
+    /// The translations of the last [`Port::with_pages`] call that translated all its
+    /// pages, one per page in the order asked (empty before any such call and after a
+    /// call that failed while translating). Once that call has returned, the frames
+    /// may have moved (the gate is no longer held): read these for what served each
+    /// page and where it was, never to move bytes.
+    #[inline]
+    pub fn live(&self) -> &[Resolved] {
+        &self.entries[..self.live]
     }
 }
 
@@ -236,6 +270,7 @@ impl Port {
     }
 
     /// The device id, once bound.
+    #[inline]
     pub fn id(&self) -> Option<DeviceId> {
         self.id.get().copied()
     }
@@ -310,11 +345,10 @@ impl Port {
     /// Translate every `(va, access)` of `pages` for `unit`, faulting and retrying the
     /// whole list after each fault (as a GPU replays a faulted instruction), then run
     /// `f` on the translations while invalidations of this device wait: the frames `f`
-    /// sees stay this device's until it returns. `out` is scratch space: `f` sees its
-    /// first `pages.len()` entries, rewritten (and they stay there after a successful
-    /// call; later entries are older ones); keep one list per caller across calls
-    /// so that the memories found for one access serve the next. At most
-    /// [`Port::max_faults`] faults per page are taken.
+    /// sees stay this device's until it returns. `out` receives the translations: `f`
+    /// sees [`PageList::live`], one entry per page, and they stay there after the call;
+    /// keep one list per caller across calls so that the memories found for one access
+    /// serve the next. At most [`Port::max_faults`] faults per page are taken.
     ///
     /// # Keeping memories across accesses
     /// An entry of `out` keeps its memory when the next call's leaf resolves to the
@@ -331,7 +365,8 @@ impl Port {
     /// change racing the access is ordered as before: the number is read once the
     /// gate is held, and an access that read the old number is one that looked the
     /// map up just before the change (the memory stays alive through its `Arc`).
-    /// Entries past `pages.len()` keep their memories alive until reused or dropped.
+    /// Entries past the live ones keep their memories alive until reused or dropped;
+    /// [`PageList::live`] never shows them.
     ///
     /// # Errors
     /// [`AccessError::NotCreated`] before [`Port::bind`]; the core's answer to a fault
@@ -342,12 +377,15 @@ impl Port {
         gm: &Gmem,
         unit: usize,
         pages: &[(VirtAddr, Prot)],
-        out: &mut Vec<Resolved>,
+        out: &mut PageList,
         f: impl FnOnce(&[Resolved]) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
         let id = self.id().ok_or(AccessError::NotCreated)?;
         let limit = self.max_faults.saturating_mul(pages.len().max(1) as u32);
         let mut faults = 0;
+        // Nothing is live until every page of this call is translated.
+        out.live = 0;
+        let entries = &mut out.entries;
         loop {
             let gate = self.translator.gate().map(AccessGate::enter);
             // Read after entering the gate; see "Keeping memories across accesses"
@@ -355,7 +393,7 @@ impl Port {
             let generation = self.map.generation();
             let mut missed = None;
             let mut failed = None;
-            // Entries written in this pass; `out[n..]` are kept from earlier calls (their
+            // Entries written in this pass; `entries[n..]` are kept from earlier calls (their
             // memories may serve a later call) but not shown to `f`.
             let mut n = 0;
             // The entry of `out` holding the last non-local memory found: consecutive
@@ -368,7 +406,7 @@ impl Port {
                     Ok(leaf) => {
                         let (va, _) = pages[i];
                         let pa = leaf.translate(va);
-                        if let Some(e) = out.get_mut(n) {
+                        if let Some(e) = entries.get_mut(n) {
                             if e.still_holds(leaf.local, pa, local, generation) {
                                 // The same memory as this entry's last use: no map
                                 // lookup, no count change on the memory.
@@ -381,7 +419,7 @@ impl Port {
                                 return true;
                             }
                         }
-                        let memory = match last.map(|j| &out[j].memory) {
+                        let memory = match last.map(|j| &entries[j].memory) {
                             Some(m) if !leaf.local && m.contains(pa) => m.clone(),
                             _ => match self.memory_of(&leaf, pa) {
                                 Ok(m) => m,
@@ -398,9 +436,9 @@ impl Port {
                             local: leaf.local,
                             generation,
                         };
-                        match out.get_mut(n) {
+                        match entries.get_mut(n) {
                             Some(old) => *old = e,
-                            None => out.push(e),
+                            None => entries.push(e),
                         }
                         if !leaf.local {
                             last = Some(n);
@@ -419,7 +457,8 @@ impl Port {
             }
             match missed {
                 None => {
-                    let r = f(&out[..n]);
+                    out.live = n;
+                    let r = f(out.live());
                     drop(gate);
                     return r;
                 }
@@ -455,7 +494,7 @@ impl Port {
         va: VirtAddr,
         access: Prot,
     ) -> Result<(PhysAddr, Arc<SimMemory>), AccessError> {
-        let mut out = Vec::with_capacity(1);
+        let mut out = PageList::new();
         self.with_pages(gm, unit, &[(va, access)], &mut out, |r| {
             Ok((r[0].pa, r[0].memory.clone()))
         })
@@ -500,7 +539,7 @@ impl Port {
     ) -> Result<(), AccessError> {
         add(&self.counters.loads, 1);
         let len = buf.len();
-        let mut out = Vec::with_capacity(1);
+        let mut out = PageList::new();
         Self::pieces(va, len, |a, r| {
             self.with_pages(gm, unit, &[(a, Prot::READ)], &mut out, |p| {
                 p[0].memory
@@ -524,7 +563,7 @@ impl Port {
         data: &[u8],
     ) -> Result<(), AccessError> {
         add(&self.counters.stores, 1);
-        let mut out = Vec::with_capacity(1);
+        let mut out = PageList::new();
         Self::pieces(va, data.len(), |a, r| {
             self.with_pages(gm, unit, &[(a, Prot::WRITE)], &mut out, |p| {
                 p[0].memory
@@ -678,9 +717,9 @@ mod tests {
         map.add(host, a.clone()).unwrap();
         let port = Port::new(fake(Some(0x10_0000), 0), map.clone(), None);
         port.bind(host).unwrap();
-        let mut out = Vec::new();
+        let mut out = PageList::new();
         let page = [(va, Prot::WRITE)];
-        let put = |out: &mut Vec<Resolved>, v: u32| {
+        let put = |out: &mut PageList, v: u32| {
             port.with_pages(&s.gm, 0, &page, out, |r| {
                 assert_eq!(r.len(), 1);
                 r[0].memory
@@ -710,6 +749,40 @@ mod tests {
         map.remove(host).unwrap();
         assert_eq!(put(&mut out, 4), Err(AccessError::NoMemory { pa: base }));
         assert_eq!((b.read_u64(base).unwrap() as u32), 3);
+    }
+
+    /// The list's only view is the pages of the last call that translated them all: a
+    /// shorter access after a longer one shows its own pages only, and a call that
+    /// fails while translating leaves nothing live.
+    #[test]
+    fn a_page_list_shows_only_the_last_access_pages() {
+        let (s, va) = core();
+        let map = MemoryMap::new();
+        let base = PhysAddr::new(0x10_0000);
+        let m = Arc::new(SimMemory::new("m", base, 4 * PAGE_SIZE).unwrap());
+        map.add(s.host().id, m).unwrap();
+        let port = Port::new(fake(Some(0x10_0000), 0), map.clone(), None);
+        port.bind(s.host().id).unwrap();
+        let mut out = PageList::new();
+        assert!(out.live().is_empty());
+        let next = VirtAddr::new(va.as_u64() + PAGE_SIZE);
+        let three = [(va, Prot::READ), (next, Prot::READ), (va, Prot::READ)];
+        let seen = port
+            .with_pages(&s.gm, 0, &three, &mut out, |r| Ok(r.len()))
+            .unwrap();
+        assert_eq!((seen, out.live().len()), (3, 3));
+        let seen = port
+            .with_pages(&s.gm, 0, &three[..1], &mut out, |r| Ok(r.len()))
+            .unwrap();
+        assert_eq!((seen, out.live().len()), (1, 1));
+        assert_eq!(out.live()[0].pa, base);
+        // No memory at the frame any more: the call fails while translating.
+        map.remove(s.host().id).unwrap();
+        assert_eq!(
+            port.with_pages(&s.gm, 0, &three, &mut out, |r| Ok(r.len())),
+            Err(AccessError::NoMemory { pa: base })
+        );
+        assert!(out.live().is_empty());
     }
 
     #[test]

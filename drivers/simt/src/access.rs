@@ -15,7 +15,8 @@ use crate::engine::{Device, RunStats};
 use crate::kernel::Op;
 use crate::timing::Walkers;
 use gmem_core::{PhysAddr, Prot, VirtAddr};
-use gmem_sim::{AccessError, Resolved, Served};
+use gmem_sim::{AccessError, PageList, Served};
+use std::sync::Arc;
 
 use crate::engine::AccessObserver;
 
@@ -26,9 +27,8 @@ pub(crate) struct Memory {
     /// Its pages, each with the access it makes (see [`fill_pages`]).
     pub(crate) pages: Vec<(VirtAddr, Prot)>,
     /// The port's scratch list, kept across instructions so that its memories serve
-    /// the next one; after an access its first `pages.len()` entries are that
-    /// access's pages.
-    resolved: Vec<Resolved>,
+    /// the next one; after an access its live entries are that access's pages.
+    resolved: PageList,
     lines: Vec<[u8; TRANSACTION as usize]>,
     /// Physical address of each transaction of the instruction in `co`.
     line_pa: [u64; 32],
@@ -47,7 +47,7 @@ impl Memory {
         Memory {
             co: Coalesced::default(),
             pages: Vec::with_capacity(32),
-            resolved: Vec::with_capacity(32),
+            resolved: PageList::new(),
             lines: vec![[0; TRANSACTION as usize]; 32],
             line_pa: [0; 32],
             l2d,
@@ -146,16 +146,35 @@ pub(crate) fn memory(
                 if let Some(o) = observer.as_mut() {
                     o.transaction(u, pa.as_u64(), store, r.served);
                 }
-                if store {
-                    // Checked before any line is written: a store that fails writes
-                    // nothing.
-                    r.memory
-                        .check_range(pa, TRANSACTION)
+                // Checked before any line moves: a store that fails writes nothing, and
+                // a load fails at the same transaction as a read per line would.
+                r.memory
+                    .check_range(pa, TRANSACTION)
+                    .map_err(AccessError::Bounds)?;
+            }
+            let n = co.transactions.len();
+            if !store && n == 1 {
+                // One line (a coalesced load): a plain read.
+                res[co.transaction_page(0)]
+                    .memory
+                    .read(PhysAddr::new(line_pa[0]), &mut lines[0])
+                    .map_err(AccessError::Bounds)?;
+            } else if !store {
+                // Each run of transactions in one memory (usually all of them) read
+                // under one lock of it. This is inside `f`, so under the gate, as a
+                // read per line was: no shootdown completes until every line is read,
+                // and a racing migration cannot give the frames up before.
+                let mut s = 0;
+                while s < n {
+                    let memory = &res[co.transaction_page(s)].memory;
+                    let mut e = s + 1;
+                    while e < n && Arc::ptr_eq(&res[co.transaction_page(e)].memory, memory) {
+                        e += 1;
+                    }
+                    memory
+                        .read_each(&line_pa[s..e], &mut lines[s..e])
                         .map_err(AccessError::Bounds)?;
-                } else {
-                    r.memory
-                        .read(pa, &mut lines[ti])
-                        .map_err(AccessError::Bounds)?;
+                    s = e;
                 }
             }
             if co.whole_line() {
@@ -221,8 +240,7 @@ pub(crate) fn memory(
     }
     let at_walkers = (issue + 1 + cost.l1_tlb + cost.l2_tlb).max(run);
     let mut ready = issue + 1;
-    // The port keeps older entries past this access's pages (see `Port::with_pages`).
-    for (i, r) in m.resolved[..m.pages.len()].iter().enumerate() {
+    for (i, r) in m.resolved.live().iter().enumerate() {
         stats.translations += 1;
         let page = m.co.pages[i];
         let missed_at_issue = i < 64 && missed & (1 << i) != 0;
@@ -269,7 +287,7 @@ fn untimed(
     op: Op,
 ) -> u64 {
     let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
-    for r in &m.resolved[..m.pages.len()] {
+    for r in m.resolved.live() {
         stats.translations += 1;
         let c = match r.served {
             Served::L1 | Served::Unknown => {
@@ -311,32 +329,21 @@ fn data(
     let t0 = ready;
     let mut data = 0u64;
     let link = m.link;
-    for &pa in m.line_pa.iter().take(m.co.transactions.len()) {
+    for &pa in &m.line_pa[..m.co.transactions.len()] {
         stats.transactions += 1;
-        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.lookup(pa));
+        // Each cache a transaction misses is filled: the L1 for a load (from the L2 or
+        // DRAM), the L2 always. `touch` is a lookup and that fill in one.
+        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.touch(pa));
         let c = if l1_hit {
             stats.l1_data_hits += 1;
             cost.l1_data
-        } else if m.l2d.as_mut().is_some_and(|c| c.lookup(pa)) {
+        } else if m.l2d.as_mut().is_some_and(|c| c.touch(pa)) {
             stats.l2_data_hits += 1;
-            if op == Op::Load {
-                if let Some(c) = l1d.as_mut() {
-                    c.fill_missing(pa);
-                }
-            }
             cost.l2_data
         } else {
             stats.dram_transactions += 1;
             let start = t0.max(m.link_free);
             m.link_free = start + link;
-            if let Some(c) = m.l2d.as_mut() {
-                c.fill_missing(pa);
-            }
-            if op == Op::Load {
-                if let Some(c) = l1d.as_mut() {
-                    c.fill_missing(pa);
-                }
-            }
             (m.link_free - t0) + cost.dram
         };
         data = data.max(c);

@@ -10,6 +10,18 @@ pub const LANES: usize = 32;
 /// Bytes of one memory transaction (a GPU cache line).
 pub const TRANSACTION: u64 = 128;
 
+/// 32 zeros then 32 ones: a window of it is a split of the lanes between two
+/// transactions (see `Coalesced::fill_consecutive`).
+const SPLIT: [u8; 2 * LANES] = {
+    let mut s = [0u8; 2 * LANES];
+    let mut i = LANES;
+    while i < 2 * LANES {
+        s[i] = 1;
+        i += 1;
+    }
+    s
+};
+
 /// Why a warp instruction's addresses were rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoalesceError {
@@ -152,8 +164,11 @@ impl Coalesced {
         } else {
             ((last - a0) / 4) as usize
         };
-        self.lane_tx[..split].fill(0);
-        self.lane_tx[split..].fill(1);
+        // Lane `l` gets `SPLIT[LANES - split + l]`, which is 1 exactly when `l >= split`:
+        // one fixed-size copy instead of two fills of run-time lengths (two `memset`
+        // calls).
+        self.lane_tx
+            .copy_from_slice(&SPLIT[LANES - split..2 * LANES - split]);
         self.whole = a0 % TRANSACTION == 0;
         true
     }

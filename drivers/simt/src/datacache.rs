@@ -5,7 +5,8 @@
 //! It decides hits exactly as the [`gmem_sim::Tlb`] with [`gmem_sim::Replacement::Lru`]
 //! the engine used before (set = line number modulo the sets, the least recently
 //! filled or used line of a full set evicted): each set keeps its lines most recent
-//! first, so a hit moves one line to the front and a fill shifts the set by one. It is
+//! first, so a hit moves one line to the front and a miss shifts the set by one to
+//! fill its line there (the model fills every cache a transaction misses). It is
 //! the engine's own because the engine only needs that (no asids, page sizes, values
 //! or counters), at a fraction of a TLB's bookkeeping per transaction.
 
@@ -49,29 +50,25 @@ impl DataCache {
         &mut self.lines[s * self.ways..(s + 1) * self.ways]
     }
 
-    /// Whether the line holding physical address `pa` is cached; a hit makes it the
-    /// set's most recent line.
+    /// Whether the line holding physical address `pa` is cached; either way it becomes
+    /// the set's most recent line: a hit moves it to the front, a miss fills it there,
+    /// evicting the least recent line of a full set. This is a lookup followed, on a
+    /// miss, by a fill, with the set found once: the cost model fills every cache a
+    /// transaction missed (the L1 for a load, the L2 always), so the two always came
+    /// together.
     #[inline]
-    pub(crate) fn lookup(&mut self, pa: u64) -> bool {
+    pub(crate) fn touch(&mut self, pa: u64) -> bool {
         let line = pa / TRANSACTION;
         let set = self.set(line);
-        match set.iter().position(|&l| l == line) {
-            Some(i) => {
-                set[..=i].rotate_right(1);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Cache the line holding `pa`, which a lookup just missed: it becomes the set's
-    /// most recent line, evicting the least recent one of a full set.
-    pub(crate) fn fill_missing(&mut self, pa: u64) {
-        let line = pa / TRANSACTION;
-        let set = self.set(line);
-        debug_assert!(!set.contains(&line), "fill of a cached line");
-        set.rotate_right(1);
+        let (hit, end) = match set.iter().position(|&l| l == line) {
+            Some(i) => (true, i),
+            // The least recent way (or an empty one: empties are at the end) goes.
+            None => (false, set.len() - 1),
+        };
+        // One shift of the more recent lines; the line goes in front.
+        set.copy_within(..end, 1);
         set[0] = line;
+        hit
     }
 }
 
@@ -90,8 +87,9 @@ mod tests {
         assert!(DataCache::new(64, 4).is_some());
     }
 
-    /// Hits and misses equal those of the LRU TLB it replaced, over a pseudo-random
-    /// stream with reuse, for power-of-two and other set counts.
+    /// Hits and misses equal those of the LRU TLB it replaced (looked up, and filled
+    /// on a miss), over a pseudo-random stream with reuse, for power-of-two and other
+    /// set counts.
     #[test]
     fn hits_equal_the_lru_tlb_it_replaced() {
         for (sets, ways) in [(64usize, 4usize), (1, 1), (3, 2), (16, 16), (5, 7)] {
@@ -111,10 +109,9 @@ mod tests {
                 };
                 let pa = line * TRANSACTION + (x >> 50) % TRANSACTION;
                 let want = t.lookup_at(0, pa, 7).is_some();
-                assert_eq!(c.lookup(pa), want, "{sets}x{ways}");
+                assert_eq!(c.touch(pa), want, "{sets}x{ways}");
                 if !want {
                     t.insert(0, pa, 7, ());
-                    c.fill_missing(pa);
                     misses += 1;
                 } else {
                     hits += 1;
