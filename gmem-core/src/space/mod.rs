@@ -324,7 +324,11 @@ pub(crate) struct Locked<'a> {
 impl Drop for Locked<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.after = self.state.queue.take_ready();
+        // `after` is `None` until here: written only when there is a batch (most
+        // releases have none and skip the store).
+        if let Some(ready) = self.state.queue.take_ready() {
+            self.after = Some(ready);
+        }
     }
 }
 
