@@ -102,6 +102,19 @@ impl TestMemory {
         self.classes.store(n.unwrap_or(0), Ordering::Relaxed);
     }
 
+    /// Record a frame request (out of line: the answer `Any` with the log off, every
+    /// fault of a benchmark, then needs no call frame).
+    #[inline(never)]
+    fn log_request(&self, request: &FrameRequest) {
+        self.requests.lock().push(*request);
+    }
+
+    /// The placement a test set (out of line, as [`TestMemory::log_request`]).
+    #[inline(never)]
+    fn set_placement(&self) -> FramePlacement {
+        *self.placement.lock()
+    }
+
     /// The class [`DeviceMemory::frame_class`] answers for `va`.
     pub fn class_of(&self, va: VirtAddr) -> u32 {
         match self.classes.load(Ordering::Relaxed) {
@@ -194,12 +207,12 @@ impl DeviceMemory for TestMemory {
     }
     fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
         if !self.skip_requests {
-            self.requests.lock().push(*request);
+            self.log_request(request);
         }
         if self.placement_any.load(Ordering::Acquire) {
             return FramePlacement::Any;
         }
-        *self.placement.lock()
+        self.set_placement()
     }
     fn frame_class(&self, request: &FrameRequest) -> u32 {
         self.class_of(request.va)
