@@ -44,6 +44,7 @@ pub(crate) const PENDING: u8 = 1 << 2;
 
 /// One virtual page's logical mapping (16 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub(crate) struct PageEntry {
     /// Frame number, valid when `mem != NO_MEM`.
     pub pfn: Pfn,
@@ -75,8 +76,11 @@ impl PageEntry {
     }
 
     /// Whether the entry records nothing at all.
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.mem == NO_MEM && self.mapped == 0 && self.flags == 0 && self.hint == 0
+        // Without short-circuits (`&`, not `&&`): the four compares read adjacent
+        // fields, so the compiler may fold them into fewer wide ones.
+        (self.mem == NO_MEM) & (self.mapped == 0) & (self.flags == 0) & (self.hint == 0)
     }
 
     /// Whether a flag is set.
