@@ -12,7 +12,11 @@ use hashbrown::HashMap;
 /// Sparse byte-holding memory: absent pages read as zeros.
 pub struct TestMemory {
     /// The bytes and the counts of what was done to them, under one lock: a `zero`
-    /// (once per fault) takes one lock, not two.
+    /// (once per fault) takes one lock, not two. No lock of the core covers this map,
+    /// so the lock stays even on the fault path: one memory holds the frames of every
+    /// space placed in it, whose faults run at once (each holds only its own space's
+    /// lock), and `read`, `write` and `copy` come from device accesses and migrations
+    /// on other threads.
     store: Mutex<Store>,
     /// `[base, end)` of addresses this memory answers for (`None` = any).
     bounds: Option<(u64, u64)>,
