@@ -15,6 +15,8 @@ them:
   map core       map_for_fault / map_run / install_run / mirror, without the driver
                  call (inlined into the fault when the table has no large leaves: then
                  counted in lookup+checks)
+  driver placement  the test driver's DeviceMemory::frame_request / frame_class answers
+                 (called from the fault's own code; counted apart since round 11)
   test MMU map   the test driver's Mmu::map (a leaf-block probe, an array write per page)
   zeroing        DeviceMemory::zero (excluded from the target; a no-op in test memory)
 
@@ -44,6 +46,7 @@ import tempfile
 
 STAGES = [
     ("test MMU map", re.compile(r"as gmem_core::mmu::Mmu>::map$")),
+    ("driver placement", re.compile(r"as gmem_core::mmu::DeviceMemory>::frame_(request|class)$")),
     ("zeroing", re.compile(r"as gmem_core::mmu::DeviceMemory>::zero$")),
     ("frame alloc", re.compile(r"alloc_frame$|alloc_placed$|::physmem::|::vmem::|DeviceInner::alloc_")),
     ("LPT update", re.compile(r"gmem_core::lpt::")),
@@ -51,7 +54,10 @@ STAGES = [
     ("lookup+checks", re.compile(r"SpaceState>::fault$|region_at|segments::|target_of$")),
     ("entry", re.compile(r"Gmem>::dev_fault$")),
 ]
-ORDER = ["entry", "lookup+checks", "frame alloc", "LPT update", "map core", "test MMU map", "zeroing"]
+ORDER = ["entry", "lookup+checks", "frame alloc", "LPT update", "map core", "driver placement",
+         "test MMU map", "zeroing"]
+# The test driver's own code: everything else is the core's.
+DRIVER = ["driver placement", "test MMU map", "zeroing"]
 LINE = re.compile(r"^\s*([\d,]+)\s+\([^)]*\)\s+([*><])\s+(.*?)(?: \(([\d,]+)x\))?(?: \[[^\]]*\])?\s*$")
 
 
@@ -208,6 +214,8 @@ def main():
     for s in ORDER:
         v = fr.get(s, 0.0)
         print(f"  {s:<26} {v * incl / faults:8.0f}  ({v * 100:5.1f}%)")
+    core = 1.0 - sum(fr.get(s, 0.0) for s in DRIVER)
+    print(f"  core (total - test driver) {core * incl / faults:8.0f}  ({core * 100:5.1f}%)")
 
 
 if __name__ == "__main__":

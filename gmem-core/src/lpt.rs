@@ -44,6 +44,7 @@ pub(crate) const PENDING: u8 = 1 << 2;
 
 /// One virtual page's logical mapping (16 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub(crate) struct PageEntry {
     /// Frame number, valid when `mem != NO_MEM`.
     pub pfn: Pfn,
@@ -75,8 +76,11 @@ impl PageEntry {
     }
 
     /// Whether the entry records nothing at all.
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.mem == NO_MEM && self.mapped == 0 && self.flags == 0 && self.hint == 0
+        // Without short-circuits (`&`, not `&&`): the four compares read adjacent
+        // fields, so the compiler may fold them into fewer wide ones.
+        (self.mem == NO_MEM) & (self.mapped == 0) & (self.flags == 0) & (self.hint == 0)
     }
 
     /// Whether a flag is set.
@@ -93,18 +97,33 @@ struct Leaf {
 /// The logical page table of one address space.
 ///
 /// Invariant: `leaves` maps each key to a slot of `slab` that holds a leaf, no two keys
-/// share a slot, the empty slots are exactly those in `free`, and `last`, when set,
-/// names a key of `leaves` with its slot.
-#[derive(Default)]
+/// share a slot, the empty slots are exactly those in `free`, and `last`, unless its
+/// key is `NO_KEY`, names a key of `leaves` with its slot.
 pub(crate) struct LogicalPageTable {
     /// Leaf key (`vpn / 512`) → slot in `slab`.
     leaves: HashMap<u64, u32>,
     slab: Vec<Option<Box<Leaf>>>,
     /// Empty slots of `slab`.
     free: Vec<u32>,
-    /// The leaf the last update touched, `(key, slot)`.
-    last: Option<(u64, u32)>,
+    /// The leaf the last update touched, `(key, slot)`; `(NO_KEY, 0)` for none (a
+    /// sentinel key, not an `Option`: the memo's check is then one compare).
+    last: (u64, u32),
     populated: u64,
+}
+
+/// The key of no leaf: keys are `vpn / 512`, below 2^55.
+const NO_KEY: u64 = u64::MAX;
+
+impl Default for LogicalPageTable {
+    fn default() -> Self {
+        LogicalPageTable {
+            leaves: HashMap::default(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            last: (NO_KEY, 0),
+            populated: 0,
+        }
+    }
 }
 
 impl LogicalPageTable {
@@ -112,7 +131,7 @@ impl LogicalPageTable {
     #[inline]
     fn slot(&self, key: u64) -> Option<u32> {
         match self.last {
-            Some((k, slot)) if k == key => Some(slot),
+            (k, slot) if k == key => Some(slot),
             _ => self.leaves.get(&key).copied(),
         }
     }
@@ -228,16 +247,15 @@ impl LogicalPageTable {
     /// probe); the leaf becomes the memo's.
     #[inline(always)]
     fn slot_mut(&mut self, key: u64) -> u32 {
-        if let Some((k, slot)) = self.last {
-            if k == key {
-                return slot;
-            }
+        let (k, slot) = self.last;
+        if k == key {
+            return slot;
         }
         let slot = match self.leaves.get(&key) {
             Some(&slot) => slot,
             None => self.insert_leaf(key),
         };
-        self.last = Some((key, slot));
+        self.last = (key, slot);
         slot
     }
 
@@ -275,8 +293,8 @@ impl LogicalPageTable {
         self.leaves.remove(&key);
         self.slab[slot as usize] = None;
         self.free.push(slot);
-        if self.last.is_some_and(|(k, _)| k == key) {
-            self.last = None;
+        if self.last.0 == key {
+            self.last = (NO_KEY, 0);
         }
     }
 

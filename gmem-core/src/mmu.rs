@@ -227,7 +227,9 @@ pub trait Mmu: Send + Sync {
     /// The page-table format; equal formats may share one table.
     fn format(&self) -> PageTableFormat;
     /// The leaf sizes the format maps (4 KiB must be among them); the core asks for
-    /// larger ones only from this set (see the module's *Large leaves*).
+    /// larger ones only from this set (see the module's *Large leaves*). A capability
+    /// that never changes: the core asks it once, when the device registers, and
+    /// keeps the answer (its page tables and faults read the kept one).
     fn page_sizes(&self) -> PageSizes;
     /// Create an empty page table.
     ///

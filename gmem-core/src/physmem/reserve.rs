@@ -274,9 +274,12 @@ impl PhysMem {
         }
         let resv = rs.record_mut(slot);
         let i = resv.first_index? + off as u32;
-        if self.frames[i as usize].state != FrameState::Reserved {
+        // The frame's record is found once, for the check and the owner.
+        let frame = &mut self.frames[i as usize];
+        if frame.state != FrameState::Reserved {
             return None;
         }
+        frame.owner = Some(Owner { space, vpn });
         let base = resv.base;
         resv.used += 1;
         if resv.used == RESERVATION_PAGES {
@@ -284,7 +287,6 @@ impl PhysMem {
         }
         rs.reserved -= 1;
         rs.stats.frames_served += 1;
-        self.frames[i as usize].owner = Some(Owner { space, vpn });
         let state = if wired {
             FrameState::Wired
         } else {

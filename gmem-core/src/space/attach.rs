@@ -69,10 +69,12 @@ impl SpaceState {
                     root,
                     mmu: dev.mmu.clone(),
                     format,
+                    sizes: dev.page_sizes,
                     mode,
                     users: 0,
                     faultable: true,
                 });
+                self.tables_changed();
                 (
                     t,
                     if mode == MmuMode::Shared {
@@ -122,7 +124,7 @@ impl SpaceState {
             self.release_frame(&e, false);
             self.lpt.take(v);
         }
-        for r in self.regions.values() {
+        for (_, r) in self.regions.iter() {
             let _ = arena.free(r.reserve_start, r.reserve_len);
         }
         self.regions.clear();

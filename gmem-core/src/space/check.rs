@@ -20,22 +20,28 @@ impl SpaceState {
             .filter(|(_, t)| t.is_some())
             .fold(0, |m, (i, _)| m | 1 << i);
         let replicas = st.replica_mask();
+        if replicas != SpaceState::replicas_of(&st.tables) {
+            return fail("the kept replica mask differs from the tables'", None);
+        }
         let wired_tables = st.wired_mask();
         let queue_empty = st.queue.len() == 0;
 
         // 5. regions
         let mut prev_end = space.range.start.as_u64();
-        for (start, r) in &st.regions {
-            if *start < prev_end || r.len == 0 {
-                return fail("regions overlap or are empty", Some(*start));
+        if !st.regions.memo_is_exact() {
+            return fail("the fault's region memo differs from its region", None);
+        }
+        for (start, r) in st.regions.iter() {
+            if start < prev_end || r.len == 0 {
+                return fail("regions overlap or are empty", Some(start));
             }
             if r.reserve_start < space.range.start.as_u64()
                 || r.reserve_start + (r.reserve_len - 1) > space.range.last().as_u64()
             {
-                return fail("region outside its space", Some(*start));
+                return fail("region outside its space", Some(start));
             }
             if !space.arena.contains_allocated(r.reserve_start) {
-                return fail("region not allocated in the arena", Some(*start));
+                return fail("region not allocated in the arena", Some(start));
             }
             prev_end = start + r.len;
         }

@@ -36,18 +36,17 @@ impl SpaceState {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let stats = cx.counters;
-        let (rstart, region, placement, fill_block, explicit, rlen) =
-            match self.fault_region(va.as_u64()) {
-                Some((s, r)) => (
-                    s,
-                    r.piece(),
-                    r.placement,
-                    r.zero_fill_block,
-                    r.explicit,
-                    r.len,
-                ),
-                None => return Err(FaultError::NotAllocated(va)),
-            };
+        let Some(fr) = self.regions.for_fault(va.as_u64()) else {
+            return Err(FaultError::NotAllocated(va));
+        };
+        let (rstart, region, placement, fill_block, explicit, rlen) = (
+            fr.start,
+            fr.piece,
+            fr.placement,
+            fr.zero_fill_block,
+            fr.explicit,
+            fr.len,
+        );
         // The page's own protection and attributes: its region's, or a range call's.
         let piece = self.segments.at(region, va.vpn());
         let prot = piece.prot;
@@ -152,24 +151,6 @@ impl SpaceState {
                 }
             }
         }
-    }
-
-    /// `region_at` for faults: the last fault's region first (one exact-key probe;
-    /// regions never overlap, so one that covers `va` is the answer), else one search
-    /// whose answer is the result and the next hint (no second probe for the record).
-    fn fault_region(&mut self, va: u64) -> Option<(u64, &super::RegionRec)> {
-        let h = self.region_hint;
-        if let Some(r) = self.regions.get(&h) {
-            if va >= h && va - h < r.len {
-                return Some((h, r));
-            }
-        }
-        let (&s, r) = self.regions.range(..=va).next_back()?;
-        if va - s >= r.len {
-            return None;
-        }
-        self.region_hint = s;
-        Some((s, r))
     }
 
     /// Map the page's frame where it is into table `t` (if not there yet) and count it.

@@ -114,7 +114,7 @@ impl SpaceState {
         let Some(table) = self.tables[t].as_ref() else {
             return Vec::new();
         };
-        let sizes = table.mmu.page_sizes();
+        let sizes = table.sizes;
         PageSize::ALL
             .iter()
             .rev()
@@ -129,7 +129,7 @@ impl SpaceState {
     pub(super) fn has_large(&self, t: usize) -> bool {
         self.tables[t]
             .as_ref()
-            .is_some_and(|x| !(x.mmu.page_sizes() - crate::flags::PageSizes::S4K).is_empty())
+            .is_some_and(|x| !(x.sizes - crate::flags::PageSizes::S4K).is_empty())
     }
 
     /// Whether `[first, first + pages)` lies inside one region.

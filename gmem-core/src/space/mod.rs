@@ -34,7 +34,7 @@
 
 use crate::addr::{Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT};
 use crate::device::DeviceInner;
-use crate::flags::{AllocPolicy, Prot};
+use crate::flags::{AllocPolicy, PageSizes, Prot};
 use crate::handle::{DeviceId, MappingSetId, Slots, SpaceId};
 use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING, WIRED};
 use crate::mmu::{Attrs, Mmu, MmuError, PageTableFormat, PageTableRoot};
@@ -43,7 +43,6 @@ use crate::queue::{Callback, Discard, MmuQueue, TableUnmap};
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::{Arc, Rank, SpinMutex, SpinMutexGuard};
 use crate::vmem::Arena;
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 /// Whether a deferred discard may leave its page-table unmaps to an unlocked
@@ -216,6 +215,10 @@ pub(crate) struct PageTable {
     pub root: PageTableRoot,
     pub mmu: Arc<dyn Mmu>,
     pub format: PageTableFormat,
+    /// The leaf sizes `mmu` maps: the creating device's, asked once when it registered
+    /// (a capability that never changes, see [`Mmu::page_sizes`]). The fault path
+    /// reads it for every page without a call through the trait object.
+    pub sizes: PageSizes,
     pub mode: MmuMode,
     /// Attachment slots using this table.
     pub users: u32,
@@ -321,7 +324,11 @@ pub(crate) struct Locked<'a> {
 impl Drop for Locked<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.after = self.state.queue.take_ready();
+        // `after` is `None` until here: written only when there is a batch (most
+        // releases have none and skip the store).
+        if let Some(ready) = self.state.queue.take_ready() {
+            self.after = Some(ready);
+        }
     }
 }
 
@@ -345,14 +352,16 @@ impl core::ops::DerefMut for Locked<'_> {
 pub(crate) struct SpaceState {
     /// Cleared by `as_destroy`; a dead space refuses every call.
     alive: bool,
-    /// Regions by start address.
-    regions: BTreeMap<u64, RegionRec>,
-    /// Start of the region the last fault found (a hint, checked before use).
-    region_hint: u64,
+    /// Regions by start address, with the fault path's memo (`regions`).
+    regions: regions::Regions,
     /// The logical page table: where each page lives and which tables map it.
     lpt: LogicalPageTable,
     /// Page tables by index (a page entry's mapping bit `t` names `tables[t]`).
     tables: Vec<Option<PageTable>>,
+    /// Mask of the tables in [`MmuMode::Replicate`] mode, kept by
+    /// [`SpaceState::tables_changed`] (every fault asks it; the tables change only at
+    /// attach and when a table retires).
+    replicas: u32,
     /// Attachment slots (which device uses which table).
     attached: Vec<Option<Attachment>>,
     /// Memories frames of this space live in; an entry's `mem` indexes this list.
@@ -386,9 +395,10 @@ impl SpaceState {
     fn new(host: Arc<DeviceInner>, tally: Arc<SpaceCounters>) -> SpaceState {
         SpaceState {
             alive: true,
-            regions: BTreeMap::new(),
+            regions: regions::Regions::default(),
             lpt: LogicalPageTable::default(),
             tables: Vec::new(),
+            replicas: 0,
             attached: Vec::new(),
             memories: Memories::new(host),
             queue: MmuQueue::default(),
@@ -396,7 +406,6 @@ impl SpaceState {
             segments: segments::Segments::default(),
             private: private::PrivateFrames::default(),
             large: large::LargeLeaves::default(),
-            region_hint: 0,
             next_region_id: 1,
             next_table_generation: 0,
             attach_epoch: 0,
@@ -456,7 +465,7 @@ impl SpaceState {
 
     /// Every region with its start, in address order.
     pub fn regions(&self) -> impl Iterator<Item = (u64, &RegionRec)> {
-        self.regions.iter().map(|(s, r)| (*s, r))
+        self.regions.iter()
     }
 
     /// Requests the queue holds before it drains by itself (at least 1).
@@ -515,20 +524,19 @@ impl SpaceState {
 
     /// The region holding `va`, with its start.
     pub fn region_at(&self, va: u64) -> Option<(u64, &RegionRec)> {
-        let (start, r) = self.regions.range(..=va).next_back()?;
-        (va - start < r.len).then_some((*start, r))
+        self.regions.at(va)
     }
 
     /// The region a handle names, if it is still allocated.
     pub fn region(&self, region: Region) -> Option<&RegionRec> {
         self.regions
-            .get(&region.start.as_u64())
+            .get(region.start.as_u64())
             .filter(|r| r.id == region.id)
     }
 
     pub fn region_mut(&mut self, region: Region) -> Option<&mut RegionRec> {
         self.regions
-            .get_mut(&region.start.as_u64())
+            .get_mut(region.start.as_u64())
             .filter(|r| r.id == region.id)
     }
 
@@ -563,12 +571,25 @@ impl SpaceState {
     }
 
     /// Mask of tables that must hold every populated page (replicate mode).
+    #[inline]
     pub fn replica_mask(&self) -> u32 {
-        self.tables
+        self.replicas
+    }
+
+    /// The replicate tables' mask, from the tables themselves.
+    fn replicas_of(tables: &[Option<PageTable>]) -> u32 {
+        tables
             .iter()
             .enumerate()
             .filter(|(_, t)| t.as_ref().is_some_and(|t| t.mode == MmuMode::Replicate))
             .fold(0, |m, (i, _)| m | 1 << i)
+    }
+
+    /// Recompute what is kept about the set of tables: the one call after every
+    /// change of `tables` (a table made at attach, a table retired), so that
+    /// [`SpaceState::replica_mask`] stays exact (`check_invariants` compares it).
+    pub(crate) fn tables_changed(&mut self) {
+        self.replicas = SpaceState::replicas_of(&self.tables);
     }
 
     /// Mask of tables that must hold every wired page (users cannot fault).
@@ -701,6 +722,7 @@ mod attach;
 mod large;
 mod memories;
 mod range;
+mod regions;
 
 pub use large::LargeLeaf;
 

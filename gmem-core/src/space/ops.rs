@@ -37,7 +37,7 @@ impl SpaceState {
 
     /// Remove a checked region's record, and the region from its mapping set.
     pub(crate) fn remove_region(&mut self, c: &Checked) {
-        self.regions.remove(&c.region.start.as_u64());
+        self.regions.remove(c.region.start.as_u64());
         self.segments.clear(c.first, c.pages);
         self.leave_set(c);
     }

@@ -100,6 +100,7 @@ impl SpaceState {
     /// still be editing it.
     pub(crate) fn retire_table(&mut self, t: usize, last_user: Arc<dyn Mmu>) {
         let table = self.tables[t].take().expect("live table");
+        self.tables_changed();
         // Deliberately broken (loom model `unlocked` must catch it): the table is
         // destroyed at once, under an edit that is still running without the lock.
         #[cfg(gmem_loom_bug = "destroy_table_during_unlocked_edit")]

@@ -12,7 +12,11 @@ use hashbrown::HashMap;
 /// Sparse byte-holding memory: absent pages read as zeros.
 pub struct TestMemory {
     /// The bytes and the counts of what was done to them, under one lock: a `zero`
-    /// (once per fault) takes one lock, not two.
+    /// (once per fault) takes one lock, not two. No lock of the core covers this map,
+    /// so the lock stays even on the fault path: one memory holds the frames of every
+    /// space placed in it, whose faults run at once (each holds only its own space's
+    /// lock), and `read`, `write` and `copy` come from device accesses and migrations
+    /// on other threads.
     store: Mutex<Store>,
     /// `[base, end)` of addresses this memory answers for (`None` = any).
     bounds: Option<(u64, u64)>,
@@ -100,6 +104,19 @@ impl TestMemory {
     /// `Some(0)`: class 0 for all).
     pub fn set_frame_classes(&self, n: Option<u32>) {
         self.classes.store(n.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Record a frame request (out of line: the answer `Any` with the log off, every
+    /// fault of a benchmark, then needs no call frame).
+    #[inline(never)]
+    fn log_request(&self, request: &FrameRequest) {
+        self.requests.lock().push(*request);
+    }
+
+    /// The placement a test set (out of line, as [`TestMemory::log_request`]).
+    #[inline(never)]
+    fn set_placement(&self) -> FramePlacement {
+        *self.placement.lock()
     }
 
     /// The class [`DeviceMemory::frame_class`] answers for `va`.
@@ -194,12 +211,12 @@ impl DeviceMemory for TestMemory {
     }
     fn frame_request(&self, request: &FrameRequest) -> FramePlacement {
         if !self.skip_requests {
-            self.requests.lock().push(*request);
+            self.log_request(request);
         }
         if self.placement_any.load(Ordering::Acquire) {
             return FramePlacement::Any;
         }
-        *self.placement.lock()
+        self.set_placement()
     }
     fn frame_class(&self, request: &FrameRequest) -> u32 {
         self.class_of(request.va)

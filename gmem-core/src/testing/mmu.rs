@@ -143,6 +143,11 @@ type LargeLeaves = (BTreeMap<(u64, u64), u64>, u64);
 /// each leaf: `(root, first vpn) → pages`. An unmap or protect that covers a leaf in
 /// part splits it (the record goes, the pages stay as they were), as a driver must.
 pub struct TableStore {
+    /// Every table of the format. No lock of the core covers them, so `map` takes this
+    /// lock even on the fault path: the store is shared by the MMUs of one format
+    /// (so by several spaces, whose faults run at once), an MMU that declares
+    /// [`Mmu::concurrent_edits`] is edited without the space lock, and
+    /// [`TestMmu::translate`] walks the tables from access threads.
     tables: Mutex<(u64, Tables)>,
     dead_edits: Mutex<u64>,
     large: Mutex<LargeLeaves>,

@@ -78,29 +78,39 @@ impl Table {
         self.slab[slot as usize].as_mut()
     }
 
-    /// Block `b`'s leaf, made empty if absent.
+    /// Block `b`'s leaf, made empty if absent: the memo's leaf inline (every 4 KiB
+    /// fault of a sweep but the first of each block), the rest out of line.
+    #[inline(always)]
     fn leaf_or_new(&mut self, b: u64) -> &mut Leaf {
-        let slot = match self.slot_of(b) {
-            Some(s) => s,
-            None => {
-                let s = match self.free.pop() {
-                    Some(s) => {
-                        self.slab[s as usize] = Some(Leaf::new());
-                        s
-                    }
-                    None => {
-                        self.slab.push(Some(Leaf::new()));
-                        (self.slab.len() - 1) as u32
-                    }
-                };
-                self.leaves.insert(b, s);
-                self.last = Some((b, s));
-                s
-            }
+        let slot = match self.last {
+            Some((lb, slot)) if lb == b => slot,
+            _ => self.slot_or_new(b),
         };
         self.slab[slot as usize]
             .as_mut()
             .expect("an indexed slot holds a leaf")
+    }
+
+    /// The slot of block `b`'s leaf, made empty if absent (the memo missed); the leaf
+    /// becomes the memo's.
+    #[inline(never)]
+    fn slot_or_new(&mut self, b: u64) -> u32 {
+        if let Some(s) = self.slot_of(b) {
+            return s;
+        }
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.slab[s as usize] = Some(Leaf::new());
+                s
+            }
+            None => {
+                self.slab.push(Some(Leaf::new()));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.leaves.insert(b, s);
+        self.last = Some((b, s));
+        s
     }
 
     /// The PTE of `vpn`.
@@ -117,9 +127,10 @@ impl Table {
 
     /// Set the PTEs of `first..first + pages` to `pte(k)` for the `k`-th page, with
     /// their accessed bits clear (a new mapping has not been walked yet).
+    #[inline(always)]
     pub fn insert_run(&mut self, first: u64, pages: u64, mut pte: impl FnMut(u64) -> Pte) {
         if pages == 1 {
-            // One page (every 4 KiB fault's map): no run loop.
+            // One page (every 4 KiB fault's map): no run loop, inlined into the map.
             let (b, k) = split(first);
             let leaf = self.leaf_or_new(b);
             let slot = &mut leaf.ptes[k];
@@ -128,6 +139,12 @@ impl Table {
             leaf.accessed[k / 64] &= !(1 << (k % 64));
             return;
         }
+        self.insert_many(first, pages, pte);
+    }
+
+    /// [`Table::insert_run`] of more than one page, out of line.
+    #[inline(never)]
+    fn insert_many(&mut self, first: u64, pages: u64, mut pte: impl FnMut(u64) -> Pte) {
         let mut v = first;
         while v < first + pages {
             let (b, k0) = split(v);
