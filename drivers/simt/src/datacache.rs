@@ -59,16 +59,25 @@ impl DataCache {
     #[inline]
     pub(crate) fn touch(&mut self, pa: u64) -> bool {
         let line = pa / TRANSACTION;
-        let set = self.set(line);
-        let (hit, end) = match set.iter().position(|&l| l == line) {
-            Some(i) => (true, i),
-            // The least recent way (or an empty one: empties are at the end) goes.
-            None => (false, set.len() - 1),
-        };
-        // One shift of the more recent lines; the line goes in front.
-        set.copy_within(..end, 1);
-        set[0] = line;
-        hit
+        // One pass both finds the line and shifts the more recent lines down by one,
+        // `line` going in front: each way takes the line before it until the way that
+        // held `line` (a hit: it is overwritten, every line now one way later, the set
+        // otherwise as it was) or an empty way (a miss on a set not full: empties are
+        // only at the end, so the rest are empties and stay so), or off the end (a
+        // miss on a full set: the least recent line drops). The same set as a search
+        // followed by one shift of the ways before the found (or last) one.
+        let mut carry = line;
+        for way in self.set(line) {
+            let held = core::mem::replace(way, carry);
+            if held == line {
+                return true;
+            }
+            if held == EMPTY {
+                return false;
+            }
+            carry = held;
+        }
+        false
     }
 }
 
