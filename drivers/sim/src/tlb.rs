@@ -28,6 +28,10 @@
 
 use std::fmt;
 
+mod scan;
+
+use scan::{Group, BLOCK, EMPTY_GROUP};
+
 /// How a full set picks its victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replacement {
@@ -138,8 +142,8 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 
 /// A set-associative TLB caching values of type `V`.
 ///
-/// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (four
-/// ways per compare, whatever page sizes the set holds) and one record per way
+/// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (sixteen
+/// ways per SSE2 step on x86-64, whatever page sizes the set holds; module `scan`) and one record per way
 /// (key, asid, value, recency links) where a candidate is confirmed on its full key
 /// and asid; an LRU or FIFO victim is the tail of the set's recency list.
 #[derive(Clone, Debug)]
@@ -148,7 +152,7 @@ pub struct Tlb<V> {
     /// Each slot's entry and recency links, one record per way: a confirmed candidate,
     /// a fill or an LRU refresh touches one record (one bounds check).
     slots: Vec<Slot<V>>,
-    /// What a lookup scans: each set's ways four at a time (`groups` per set, the last
+    /// What a lookup scans: each set's ways four to a group (`groups` per set, the last
     /// one padded with empty lanes). Way `w` of set `s` is lane `w % 4` of group
     /// `s * groups + w / 4`.
     probes: Vec<Group>,
@@ -228,36 +232,6 @@ struct Slot<V> {
     older: u32,
     /// The cached value (`None` when empty).
     value: Option<V>,
-}
-
-/// The probe words of four ways. Lane `k` is a candidate for a lookup of word `x`
-/// ([`probe_word`]) when `x & masks[k] == words[k]`: `masks[k]` is [`page_mask`] of the
-/// way's page shift and `words[k]` the probe word of its page and asid under that mask;
-/// an empty lane has mask 0 and word 1, which nothing matches. So one pass finds the
-/// candidates of every page size; each is confirmed on the full key and asid.
-#[derive(Clone, Copy, Debug)]
-struct Group {
-    masks: [u32; 4],
-    words: [u32; 4],
-}
-
-const EMPTY_GROUP: Group = Group {
-    masks: [0; 4],
-    words: [1; 4],
-};
-
-impl Group {
-    /// Bit `k` set where lane `k` is a candidate for `x`: and, compare-equal and
-    /// move-mask, four lanes at once (SSE2), no branch per lane.
-    #[inline(always)]
-    fn candidates(&self, x: u32) -> u32 {
-        let mut b = 0u32;
-        for k in 0..4 {
-            // All ones where the lane is a candidate, kept at bit `k`.
-            b |= 0u32.wrapping_sub(u32::from(x & self.masks[k] == self.words[k])) & (1 << k);
-        }
-        b
-    }
 }
 
 impl<V: Copy> Tlb<V> {
@@ -369,20 +343,37 @@ impl<V: Copy> Tlb<V> {
         if !self.mixed && asid != self.asid0 {
             return None;
         }
-        // The set's probe words four ways at a time; each candidate is confirmed on
-        // the full key and asid (a key is in a set once per asid).
+        // The set's probe words 32 ways per step ([`scan::block`]); each candidate is
+        // confirmed on the full key and asid (a key is in a set once per asid).
         let x = probe_word(va, asid);
         let set = self.set_index(tag);
         let (start, first) = (set * self.config.ways, set * self.groups);
-        for (n, g) in self.probes[first..first + self.groups].iter().enumerate() {
-            let mut m = g.candidates(x);
-            while m != 0 {
-                let i = start + n * 4 + m.trailing_zeros() as usize;
-                if self.slots[i].key == k && self.slots[i].asid == asid {
+        let probes = &self.probes[first..first + self.groups];
+        if probes.len() <= BLOCK {
+            // One block (up to 32 ways, the common case): no loop over blocks.
+            return self.confirm(scan::block(probes, x), start, k, asid);
+        }
+        for (n, b) in probes.chunks(BLOCK).enumerate() {
+            let hit = self.confirm(scan::block(b, x), start + n * 4 * BLOCK, k, asid);
+            if hit.is_some() {
+                return hit;
+            }
+        }
+        None
+    }
+
+    /// The first candidate of `m` (bit `w` for slot `start + w`) whose key and asid are
+    /// `k` and `asid`.
+    #[inline(always)]
+    fn confirm(&self, mut m: u32, start: usize, k: u64, asid: u64) -> Option<usize> {
+        while m != 0 {
+            let i = start + m.trailing_zeros() as usize;
+            if let Some(s) = self.slots.get(i) {
+                if s.key == k && s.asid == asid {
                     return Some(i);
                 }
-                m &= m - 1;
             }
+            m &= m - 1;
         }
         None
     }
@@ -405,10 +396,10 @@ impl<V: Copy> Tlb<V> {
         }
         let x = probe_word(va, asid);
         let (mut best, mut best_shift) = (None, u64::MAX);
-        for (n, g) in self.probes.iter().enumerate() {
-            let mut m = g.candidates(x);
+        for (n, b) in self.probes.chunks(BLOCK).enumerate() {
+            let mut m = scan::block(b, x);
             while m != 0 {
-                let i = n * 4 + m.trailing_zeros() as usize;
+                let i = n * 4 * BLOCK + m.trailing_zeros() as usize;
                 let k = self.slots[i].key;
                 let s = k & 63;
                 if s < best_shift && k == key(va >> s, s as u8) && self.slots[i].asid == asid {
@@ -455,13 +446,16 @@ impl<V: Copy> Tlb<V> {
             self.mixed = true;
         }
         let mask = page_mask(shift);
-        self.slots[i].key = key(tag, shift);
         let (g, l) = self.lane(set, i);
-        self.probes[g].masks[l] = mask;
-        self.probes[g].words[l] = probe_word(tag << shift, asid) & mask;
-        self.slots[i].asid = asid;
-        self.slots[i].tag = tag;
-        self.slots[i].value = Some(value);
+        // One bounds check per array: the group's lane, then the slot's record.
+        let p = &mut self.probes[g];
+        p.masks[l] = mask;
+        p.words[l] = probe_word(tag << shift, asid) & mask;
+        let s = &mut self.slots[i];
+        s.key = key(tag, shift);
+        s.asid = asid;
+        s.tag = tag;
+        s.value = Some(value);
         old
     }
 
