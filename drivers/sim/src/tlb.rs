@@ -428,8 +428,7 @@ impl<V: Copy> Tlb<V> {
         let old = if k_old != INVALID {
             let old = (self.slots[i].asid, self.slots[i].tag, (k_old & 63) as u8);
             if self.head[set] != i as u32 {
-                self.unlink(set, i);
-                self.push_front(set, i);
+                self.raise(set, i);
             }
             Some(old)
         } else {
@@ -491,6 +490,28 @@ impl<V: Copy> Tlb<V> {
         } else {
             self.slots[o as usize].newer = n;
         }
+    }
+
+    /// Make valid slot `i`, which is not its set's most recent, the most recent: an
+    /// LRU hit, or the reuse of a full set's victim. The same list as [`Tlb::unlink`]
+    /// then [`Tlb::push_front`], with the branches those two take for a slot at the
+    /// head (none here) left out.
+    #[inline(always)]
+    fn raise(&mut self, set: usize, i: usize) {
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
+        debug_assert!(n != NIL, "raise of the most recent slot");
+        let h = self.head[set];
+        self.slots[n as usize].older = o;
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.slots[o as usize].newer = n;
+        }
+        let s = &mut self.slots[i];
+        s.newer = NIL;
+        s.older = h;
+        self.slots[h as usize].newer = i as u32;
+        self.head[set] = i as u32;
     }
 
     /// Make slot `i` (not in the list) its set's most recent.
@@ -599,8 +620,7 @@ impl<V: Copy> Tlb<V> {
                 self.stats.hits += 1;
                 if self.config.policy == Replacement::Lru && self.slots[i].newer != NIL {
                     let set = self.slot_set(i);
-                    self.unlink(set, i);
-                    self.push_front(set, i);
+                    self.raise(set, i);
                 }
                 Some(i)
             }
