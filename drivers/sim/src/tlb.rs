@@ -656,6 +656,7 @@ impl<V: Copy> Tlb<V> {
     /// [`Tlb::insert`] for a key the caller just looked up and missed (no entry of
     /// `asid` translates `va` in any size): skips the search for an entry to overwrite.
     /// Inserting a key that is present would duplicate it; use [`Tlb::insert`] then.
+    #[inline(always)]
     pub fn insert_missing(
         &mut self,
         asid: u64,
@@ -677,7 +678,7 @@ impl<V: Copy> Tlb<V> {
         self.insert_inner(asid, va, shift, value, false);
     }
 
-    #[inline]
+    #[inline(always)]
     fn insert_inner(
         &mut self,
         asid: u64,
