@@ -260,7 +260,7 @@ impl TlbHierarchy {
     #[inline]
     pub fn lookup_level(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         let u = self.unit(unit);
-        if let Some(leaf) = self.l1[u].lookup_ref(root, va) {
+        if let Some(leaf) = self.l1[u].lookup_ref_recent(root, va) {
             return Some((*leaf, Level::L1));
         }
         self.lookup_l2(u, root, va)

@@ -179,6 +179,9 @@ pub struct Tlb<V> {
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
     shifts: u64,
+    /// The key of the last [`Tlb::lookup_ref_recent`] (a hint: when the next one asks
+    /// for the same key, its set's most recent slot is checked before the scan).
+    last_key: u64,
     stats: TlbStats,
 }
 
@@ -286,6 +289,7 @@ impl<V: Copy> Tlb<V> {
             mixed: false,
             rng,
             shifts: 0,
+            last_key: INVALID,
             stats: TlbStats::default(),
         })
     }
@@ -339,14 +343,18 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
-        let k = key(tag, shift);
+        self.find_in(asid, va, key(tag, shift), self.set_index(tag))
+    }
+
+    /// [`Tlb::find`] of key `k` in set `set` (the caller computed both from `va`).
+    #[inline(always)]
+    fn find_in(&self, asid: u64, va: u64, k: u64, set: usize) -> Option<usize> {
         if !self.mixed && asid != self.asid0 {
             return None;
         }
         // The set's probe words 32 ways per step ([`scan::block`]); each candidate is
         // confirmed on the full key and asid (a key is in a set once per asid).
         let x = probe_word(va, asid);
-        let set = self.set_index(tag);
         let (start, first) = (set * self.config.ways, set * self.groups);
         let probes = &self.probes[first..first + self.groups];
         if probes.len() <= BLOCK {
@@ -556,6 +564,39 @@ impl<V: Copy> Tlb<V> {
     pub fn lookup_ref(&mut self, asid: u64, va: u64) -> Option<&V> {
         let i = self.lookup_any(asid, va)?;
         self.slots[i].value.as_ref()
+    }
+
+    /// [`Tlb::lookup_ref`] with a fast path for a repeated hit (consecutive accesses to
+    /// one page, as a unit's L1 sees them): when one page size is present and the
+    /// set's most recent slot holds the key, that slot is the hit, with no scan. A key
+    /// is in a set once per asid, so it is the slot the scan would find; the counters
+    /// and the recency order move as in [`Tlb::lookup_ref`].
+    #[inline(always)]
+    pub fn lookup_ref_recent(&mut self, asid: u64, va: u64) -> Option<&V> {
+        if self.shifts.is_power_of_two() {
+            let s = self.shifts.trailing_zeros() as u8;
+            let tag = va >> s;
+            let (k, set) = (key(tag, s), self.set_index(tag));
+            // Only a repeated key is checked against the most recent slot (a lookup of
+            // another page pays one compare, not the check).
+            let again = k == self.last_key;
+            self.last_key = k;
+            if again {
+                let h = self.head.get(set).map_or(NIL, |&h| h) as usize;
+                if let Some(slot) = self.slots.get(h) {
+                    if slot.key == k && slot.asid == asid {
+                        self.stats.hits += 1;
+                        // The most recent slot: no LRU refresh to do.
+                        return self.slots.get(h).and_then(|s| s.value.as_ref());
+                    }
+                }
+            }
+            // The scan, with the key and set computed above.
+            let hit = self.find_in(asid, va, k, set);
+            let i = self.count_hit(hit)?;
+            return self.slots[i].value.as_ref();
+        }
+        self.lookup_ref(asid, va)
     }
 
     /// The slot a lookup in any page size hits (counted and refreshed).
