@@ -260,9 +260,17 @@ impl TlbHierarchy {
     #[inline]
     pub fn lookup_level(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         let u = self.unit(unit);
-        if let Some(leaf) = self.l1[u].lookup_ref(root, va) {
+        if let Some(leaf) = self.l1[u].lookup_ref_recent(root, va) {
             return Some((*leaf, Level::L1));
         }
+        self.lookup_l2(u, root, va)
+    }
+
+    /// The L2 half of [`TlbHierarchy::lookup_level`] after unit `u`'s L1 missed `va`:
+    /// a hit fills the L1. Kept out of line so that the L1 hit, the common case, runs
+    /// in a small frame (no spills for the fill's registers).
+    #[inline(never)]
+    fn lookup_l2(&mut self, u: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         let leaf = *self.l2.as_mut()?.lookup_ref(root, va)?;
         // The L1 lookup just missed `va` in every size.
         self.l1[u].insert_missing(root, va, leaf.shift, leaf);

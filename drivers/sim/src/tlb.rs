@@ -28,6 +28,10 @@
 
 use std::fmt;
 
+mod scan;
+
+use scan::{Group, BLOCK, EMPTY_GROUP};
+
 /// How a full set picks its victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replacement {
@@ -138,8 +142,8 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 
 /// A set-associative TLB caching values of type `V`.
 ///
-/// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (four
-/// ways per compare, whatever page sizes the set holds) and one record per way
+/// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (sixteen
+/// ways per SSE2 step on x86-64, whatever page sizes the set holds; module `scan`) and one record per way
 /// (key, asid, value, recency links) where a candidate is confirmed on its full key
 /// and asid; an LRU or FIFO victim is the tail of the set's recency list.
 #[derive(Clone, Debug)]
@@ -148,7 +152,7 @@ pub struct Tlb<V> {
     /// Each slot's entry and recency links, one record per way: a confirmed candidate,
     /// a fill or an LRU refresh touches one record (one bounds check).
     slots: Vec<Slot<V>>,
-    /// What a lookup scans: each set's ways four at a time (`groups` per set, the last
+    /// What a lookup scans: each set's ways four to a group (`groups` per set, the last
     /// one padded with empty lanes). Way `w` of set `s` is lane `w % 4` of group
     /// `s * groups + w / 4`.
     probes: Vec<Group>,
@@ -175,6 +179,9 @@ pub struct Tlb<V> {
     rng: u64,
     /// Bit `s` set: entries of page shift `s` may be present.
     shifts: u64,
+    /// The key of the last [`Tlb::lookup_ref_recent`] (a hint: when the next one asks
+    /// for the same key, its set's most recent slot is checked before the scan).
+    last_key: u64,
     stats: TlbStats,
 }
 
@@ -230,36 +237,6 @@ struct Slot<V> {
     value: Option<V>,
 }
 
-/// The probe words of four ways. Lane `k` is a candidate for a lookup of word `x`
-/// ([`probe_word`]) when `x & masks[k] == words[k]`: `masks[k]` is [`page_mask`] of the
-/// way's page shift and `words[k]` the probe word of its page and asid under that mask;
-/// an empty lane has mask 0 and word 1, which nothing matches. So one pass finds the
-/// candidates of every page size; each is confirmed on the full key and asid.
-#[derive(Clone, Copy, Debug)]
-struct Group {
-    masks: [u32; 4],
-    words: [u32; 4],
-}
-
-const EMPTY_GROUP: Group = Group {
-    masks: [0; 4],
-    words: [1; 4],
-};
-
-impl Group {
-    /// Bit `k` set where lane `k` is a candidate for `x`: and, compare-equal and
-    /// move-mask, four lanes at once (SSE2), no branch per lane.
-    #[inline(always)]
-    fn candidates(&self, x: u32) -> u32 {
-        let mut b = 0u32;
-        for k in 0..4 {
-            // All ones where the lane is a candidate, kept at bit `k`.
-            b |= 0u32.wrapping_sub(u32::from(x & self.masks[k] == self.words[k])) & (1 << k);
-        }
-        b
-    }
-}
-
 impl<V: Copy> Tlb<V> {
     /// An empty TLB.
     ///
@@ -312,6 +289,7 @@ impl<V: Copy> Tlb<V> {
             mixed: false,
             rng,
             shifts: 0,
+            last_key: INVALID,
             stats: TlbStats::default(),
         })
     }
@@ -365,24 +343,45 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     fn find(&self, asid: u64, va: u64, shift: u8) -> Option<usize> {
         let tag = va >> shift;
-        let k = key(tag, shift);
+        self.find_in(asid, va, key(tag, shift), self.set_index(tag))
+    }
+
+    /// [`Tlb::find`] of key `k` in set `set` (the caller computed both from `va`).
+    #[inline(always)]
+    fn find_in(&self, asid: u64, va: u64, k: u64, set: usize) -> Option<usize> {
         if !self.mixed && asid != self.asid0 {
             return None;
         }
-        // The set's probe words four ways at a time; each candidate is confirmed on
-        // the full key and asid (a key is in a set once per asid).
+        // The set's probe words 32 ways per step ([`scan::block`]); each candidate is
+        // confirmed on the full key and asid (a key is in a set once per asid).
         let x = probe_word(va, asid);
-        let set = self.set_index(tag);
         let (start, first) = (set * self.config.ways, set * self.groups);
-        for (n, g) in self.probes[first..first + self.groups].iter().enumerate() {
-            let mut m = g.candidates(x);
-            while m != 0 {
-                let i = start + n * 4 + m.trailing_zeros() as usize;
-                if self.slots[i].key == k && self.slots[i].asid == asid {
+        let probes = &self.probes[first..first + self.groups];
+        if probes.len() <= BLOCK {
+            // One block (up to 32 ways, the common case): no loop over blocks.
+            return self.confirm(scan::block(probes, x), start, k, asid);
+        }
+        for (n, b) in probes.chunks(BLOCK).enumerate() {
+            let hit = self.confirm(scan::block(b, x), start + n * 4 * BLOCK, k, asid);
+            if hit.is_some() {
+                return hit;
+            }
+        }
+        None
+    }
+
+    /// The first candidate of `m` (bit `w` for slot `start + w`) whose key and asid are
+    /// `k` and `asid`.
+    #[inline(always)]
+    fn confirm(&self, mut m: u32, start: usize, k: u64, asid: u64) -> Option<usize> {
+        while m != 0 {
+            let i = start + m.trailing_zeros() as usize;
+            if let Some(s) = self.slots.get(i) {
+                if s.key == k && s.asid == asid {
                     return Some(i);
                 }
-                m &= m - 1;
             }
+            m &= m - 1;
         }
         None
     }
@@ -405,10 +404,10 @@ impl<V: Copy> Tlb<V> {
         }
         let x = probe_word(va, asid);
         let (mut best, mut best_shift) = (None, u64::MAX);
-        for (n, g) in self.probes.iter().enumerate() {
-            let mut m = g.candidates(x);
+        for (n, b) in self.probes.chunks(BLOCK).enumerate() {
+            let mut m = scan::block(b, x);
             while m != 0 {
-                let i = n * 4 + m.trailing_zeros() as usize;
+                let i = n * 4 * BLOCK + m.trailing_zeros() as usize;
                 let k = self.slots[i].key;
                 let s = k & 63;
                 if s < best_shift && k == key(va >> s, s as u8) && self.slots[i].asid == asid {
@@ -437,8 +436,7 @@ impl<V: Copy> Tlb<V> {
         let old = if k_old != INVALID {
             let old = (self.slots[i].asid, self.slots[i].tag, (k_old & 63) as u8);
             if self.head[set] != i as u32 {
-                self.unlink(set, i);
-                self.push_front(set, i);
+                self.raise(set, i);
             }
             Some(old)
         } else {
@@ -455,13 +453,16 @@ impl<V: Copy> Tlb<V> {
             self.mixed = true;
         }
         let mask = page_mask(shift);
-        self.slots[i].key = key(tag, shift);
         let (g, l) = self.lane(set, i);
-        self.probes[g].masks[l] = mask;
-        self.probes[g].words[l] = probe_word(tag << shift, asid) & mask;
-        self.slots[i].asid = asid;
-        self.slots[i].tag = tag;
-        self.slots[i].value = Some(value);
+        // One bounds check per array: the group's lane, then the slot's record.
+        let p = &mut self.probes[g];
+        p.masks[l] = mask;
+        p.words[l] = probe_word(tag << shift, asid) & mask;
+        let s = &mut self.slots[i];
+        s.key = key(tag, shift);
+        s.asid = asid;
+        s.tag = tag;
+        s.value = Some(value);
         old
     }
 
@@ -497,6 +498,28 @@ impl<V: Copy> Tlb<V> {
         } else {
             self.slots[o as usize].newer = n;
         }
+    }
+
+    /// Make valid slot `i`, which is not its set's most recent, the most recent: an
+    /// LRU hit, or the reuse of a full set's victim. The same list as [`Tlb::unlink`]
+    /// then [`Tlb::push_front`], with the branches those two take for a slot at the
+    /// head (none here) left out.
+    #[inline(always)]
+    fn raise(&mut self, set: usize, i: usize) {
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
+        debug_assert!(n != NIL, "raise of the most recent slot");
+        let h = self.head[set];
+        self.slots[n as usize].older = o;
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.slots[o as usize].newer = n;
+        }
+        let s = &mut self.slots[i];
+        s.newer = NIL;
+        s.older = h;
+        self.slots[h as usize].newer = i as u32;
+        self.head[set] = i as u32;
     }
 
     /// Make slot `i` (not in the list) its set's most recent.
@@ -541,6 +564,39 @@ impl<V: Copy> Tlb<V> {
     pub fn lookup_ref(&mut self, asid: u64, va: u64) -> Option<&V> {
         let i = self.lookup_any(asid, va)?;
         self.slots[i].value.as_ref()
+    }
+
+    /// [`Tlb::lookup_ref`] with a fast path for a repeated hit (consecutive accesses to
+    /// one page, as a unit's L1 sees them): when one page size is present and the
+    /// set's most recent slot holds the key, that slot is the hit, with no scan. A key
+    /// is in a set once per asid, so it is the slot the scan would find; the counters
+    /// and the recency order move as in [`Tlb::lookup_ref`].
+    #[inline(always)]
+    pub fn lookup_ref_recent(&mut self, asid: u64, va: u64) -> Option<&V> {
+        if self.shifts.is_power_of_two() {
+            let s = self.shifts.trailing_zeros() as u8;
+            let tag = va >> s;
+            let (k, set) = (key(tag, s), self.set_index(tag));
+            // Only a repeated key is checked against the most recent slot (a lookup of
+            // another page pays one compare, not the check).
+            let again = k == self.last_key;
+            self.last_key = k;
+            if again {
+                let h = self.head.get(set).map_or(NIL, |&h| h) as usize;
+                if let Some(slot) = self.slots.get(h) {
+                    if slot.key == k && slot.asid == asid {
+                        self.stats.hits += 1;
+                        // The most recent slot: no LRU refresh to do.
+                        return self.slots.get(h).and_then(|s| s.value.as_ref());
+                    }
+                }
+            }
+            // The scan, with the key and set computed above.
+            let hit = self.find_in(asid, va, k, set);
+            let i = self.count_hit(hit)?;
+            return self.slots[i].value.as_ref();
+        }
+        self.lookup_ref(asid, va)
     }
 
     /// The slot a lookup in any page size hits (counted and refreshed).
@@ -605,8 +661,7 @@ impl<V: Copy> Tlb<V> {
                 self.stats.hits += 1;
                 if self.config.policy == Replacement::Lru && self.slots[i].newer != NIL {
                     let set = self.slot_set(i);
-                    self.unlink(set, i);
-                    self.push_front(set, i);
+                    self.raise(set, i);
                 }
                 Some(i)
             }
@@ -642,6 +697,7 @@ impl<V: Copy> Tlb<V> {
     /// [`Tlb::insert`] for a key the caller just looked up and missed (no entry of
     /// `asid` translates `va` in any size): skips the search for an entry to overwrite.
     /// Inserting a key that is present would duplicate it; use [`Tlb::insert`] then.
+    #[inline(always)]
     pub fn insert_missing(
         &mut self,
         asid: u64,
@@ -663,7 +719,7 @@ impl<V: Copy> Tlb<V> {
         self.insert_inner(asid, va, shift, value, false);
     }
 
-    #[inline]
+    #[inline(always)]
     fn insert_inner(
         &mut self,
         asid: u64,

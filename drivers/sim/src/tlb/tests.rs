@@ -255,3 +255,57 @@ fn empty_or_huge_geometries_are_rejected() {
         Some(TlbConfigError::TooLarge { entries: 1 << 21 })
     );
 }
+
+/// [`Tlb::lookup_ref_recent`] against [`Tlb::lookup_ref`] on twin TLBs: the same
+/// answers, counters and later victims (so the same recency order), through runs of
+/// repeated pages (its fast path), other pages, removals, flushes and, at times, a
+/// second page size (its fallback).
+#[test]
+fn the_recent_slot_fast_path_is_the_plain_lookup() {
+    for policy in [Replacement::Lru, Replacement::Fifo] {
+        for (sets, ways) in [(1, 32), (4, 4), (3, 2)] {
+            let (mut a, mut b) = (tlb(sets, ways, policy), tlb(sets, ways, policy));
+            let mut x = 0x0dd_ba11_cafe_f00du64;
+            let mut page = 0;
+            let (mut prev, mut repeats) = (None, 0);
+            for step in 0..30_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x % 4 == 0 {
+                    // A new page; otherwise the run on the last one goes on.
+                    page = (x >> 8) % 61;
+                }
+                let asid = (x >> 62) & 1;
+                let va = page * P + (x >> 20) % P;
+                match (x >> 32) % 16 {
+                    0..=9 => {
+                        let got = b.lookup_ref_recent(asid, va).copied();
+                        assert_eq!(a.lookup_ref(asid, va).copied(), got, "step {step}");
+                        // A hit on the page of the lookup before: the fast path's case.
+                        repeats += u64::from(got.is_some() && prev == Some((asid, page)));
+                        prev = Some((asid, page));
+                    }
+                    10..=12 => {
+                        let e = a.insert(asid, va, 12, page);
+                        assert_eq!(b.insert(asid, va, 12, page), e, "step {step}");
+                    }
+                    13 => {
+                        assert_eq!(a.remove(asid, va), b.remove(asid, va), "step {step}");
+                    }
+                    14 => {
+                        let e = a.insert(asid, va, 21, page);
+                        assert_eq!(b.insert(asid, va, 21, page), e, "step {step}");
+                    }
+                    _ => {
+                        if x % 7 == 0 {
+                            assert_eq!(a.flush(), b.flush());
+                        }
+                    }
+                }
+                assert_eq!(a.stats(), b.stats(), "step {step}");
+            }
+            assert!(repeats > 100, "{repeats} repeated hits");
+        }
+    }
+}
