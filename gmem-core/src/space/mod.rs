@@ -202,6 +202,25 @@ pub(crate) struct RegionRec {
 }
 
 impl RegionRec {
+    /// A fresh region's record: read-write, default placement and attributes, no
+    /// frames given, not mapped, in no mapping set.
+    pub fn new(id: u64, len: u64, reserve_start: u64, reserve_len: u64) -> RegionRec {
+        RegionRec {
+            id,
+            len,
+            reserve_start,
+            reserve_len,
+            prot: Prot::RW,
+            placement: Placement::default(),
+            zero_fill_block: 0,
+            explicit: false,
+            mapped: false,
+            set: None,
+            busy: false,
+            attrs: Attrs::default(),
+        }
+    }
+
     /// The region's own protection and attributes (what its unsplit pages have).
     pub fn piece(&self) -> segments::Piece {
         segments::Piece {
@@ -443,23 +462,8 @@ impl SpaceState {
         }
         let id = self.next_region_id;
         self.next_region_id += 1;
-        self.regions.insert(
-            start,
-            RegionRec {
-                id,
-                len,
-                reserve_start,
-                reserve_len,
-                prot: Prot::RW,
-                placement: Placement::default(),
-                zero_fill_block: 0,
-                explicit: false,
-                mapped: false,
-                set: None,
-                busy: false,
-                attrs: Attrs::default(),
-            },
-        );
+        self.regions
+            .insert(start, RegionRec::new(id, len, reserve_start, reserve_len));
         Some(id)
     }
 

@@ -132,23 +132,9 @@ impl Regions {
 mod tests {
     use super::*;
     use crate::flags::Prot;
-    use crate::mmu::Attrs;
 
     fn rec(id: u64, len: u64) -> RegionRec {
-        RegionRec {
-            id,
-            len,
-            reserve_start: 0,
-            reserve_len: len,
-            prot: Prot::RW,
-            placement: Placement::default(),
-            zero_fill_block: 0,
-            explicit: false,
-            mapped: false,
-            set: None,
-            busy: false,
-            attrs: Attrs::default(),
-        }
+        RegionRec::new(id, len, 0, len)
     }
 
     #[test]
