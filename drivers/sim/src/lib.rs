@@ -30,6 +30,9 @@
 //! [`SimMemory`] the leaf points to. Every step counts what it did.
 //!
 //! Everything is deterministic: no clocks, no threads of its own, seeded randomness.
+//!
+//! The crate denies `unsafe`. The one exception is the TLB's SSE2 probe scan (the
+//! private module `tlb::scan`: two aligned 16-byte loads, each with its `// SAFETY:`).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
