@@ -536,9 +536,7 @@ pub fn run<K: Kernel>(
                 if w.queued > 0 {
                     w.waiting = true;
                     unit.parked += 1;
-                    // Not waiting in `wakes` (see there): nothing there goes stale.
-                    debug_assert!(!unit.wakes.is_pending(s));
-                    unit.ready_at[s] = PARKED;
+                    unit.set_ready_at_unwaited(s, PARKED);
                     if unit.masked {
                         unit.ready &= !(1u64 << s);
                     }
@@ -604,9 +602,7 @@ pub fn run<K: Kernel>(
                         }
                     } else {
                         unit.parked += 1;
-                        // Not waiting in `wakes` (see there): nothing there goes stale.
-                        debug_assert!(!unit.wakes.is_pending(s));
-                        unit.ready_at[s] = PARKED;
+                        unit.set_ready_at_unwaited(s, PARKED);
                         if unit.masked {
                             unit.ready &= !(1u64 << s);
                         }
@@ -657,9 +653,7 @@ pub fn run<K: Kernel>(
                 let slot = w.block_slot;
                 // The slot keeps the finished program for reuse; DEAD keeps it out of
                 // the schedulers.
-                // Not waiting in `wakes` (see there): nothing there goes stale.
-                debug_assert!(!unit.wakes.is_pending(s));
-                unit.ready_at[s] = DEAD;
+                unit.set_ready_at_unwaited(s, DEAD);
                 unit.ready &= !(1u64 << (s & 63));
                 unit.live -= 1;
                 unit.left[slot] -= 1;
@@ -708,6 +702,18 @@ fn clock<W>(u: &Unit<W>) -> u64 {
         u.now
     } else {
         IDLE
+    }
+}
+
+impl<W> Unit<W> {
+    /// Set slot `s`'s `ready_at` to `at` where the slot is not waiting in `wakes` (a
+    /// picked, parked or dead slot): the calendar's entries never go stale, because a
+    /// waiting slot's `ready_at` is written only by the push that made it wait (see
+    /// `wakes`).
+    #[inline]
+    fn set_ready_at_unwaited(&mut self, s: usize, at: u64) {
+        debug_assert!(!self.wakes.is_pending(s), "slot {s} waits in the calendar");
+        self.ready_at[s] = at;
     }
 }
 
@@ -760,9 +766,8 @@ fn place<K: Kernel>(
                 })
             }
         }
-        // Not waiting in `wakes` (see there): nothing there goes stale.
-        debug_assert!(!unit.wakes.is_pending(i));
-        unit.ready_at[i] = unit.now;
+        let now = unit.now;
+        unit.set_ready_at_unwaited(i, now);
         if unit.masked {
             unit.ready |= 1 << i;
         }
