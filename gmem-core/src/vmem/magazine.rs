@@ -10,10 +10,16 @@
 //! operations in one direction, and the loaded/previous swap guarantees that a CPU
 //! oscillating around a magazine boundary never thrashes the depot.
 //!
-//! A CPU's two magazines keep their rounds inline in its cache record (magazine `cur`
-//! is the loaded one, `cur ^ 1` the previous one, and the swap flips `cur`), behind
-//! a header with both fill levels and the counters, so a hit follows no pointer and
-//! touches the header's line and the round's; the refill and trade paths are out of line (`#[cold]`).
+//! A CPU's two magazines keep their rounds inline in its cache record, as one stack:
+//! the previous magazine is always full or empty, so it is the stack's bottom `cap`
+//! rounds when full, and the loaded magazine is the rest. The swap then moves and
+//! flips nothing (a pop or a push simply crosses the boundary), and only an empty
+//! stack (alloc) or a full one (free) leaves the hit path. The stack's height and the
+//! counters sit in a header in front of the rounds, so a hit follows no pointer and
+//! touches the header's line and the round's; the refill and trade paths are out of
+//! line (`#[cold]`). The arena's shared hit path takes the record's lock with
+//! `try_lock`: a record another thread holds (a stray CPU id, a reap, a stats
+//! snapshot) sends the operation to the full path, which waits for the lock.
 //! The depot stores magazines as vectors, and an exchange copies one magazine's rounds.
 //! Through an exclusive borrow (`alloc_mut`, `free_mut`) a hit takes no lock at all.
 //!
@@ -38,9 +44,11 @@ use crate::sync::Mutex;
 /// much of a small device aperture.
 pub(super) const MAGAZINE_ROUNDS: usize = 32;
 
-/// Masks a slot index into a magazine's `MAGAZINE_ROUNDS` slots.
-const ROUND_MASK: usize = MAGAZINE_ROUNDS - 1;
-const _: () = assert!(MAGAZINE_ROUNDS.is_power_of_two());
+/// Slots of a CPU's record: both of its magazines' rounds.
+const SLOTS: usize = 2 * MAGAZINE_ROUNDS;
+/// Masks a slot index into the record's `SLOTS` slots.
+const SLOT_MASK: usize = SLOTS - 1;
+const _: () = assert!(SLOTS.is_power_of_two());
 
 /// Quanta a magazine of a large size class holds: a class of `k` quanta gets
 /// `MAGAZINE_QUANTA / k` rounds (at most [`MAGAZINE_ROUNDS`], at least one), so sizes
@@ -91,92 +99,96 @@ pub(super) struct CacheCounts {
     pub frees: u64,
 }
 
-/// One CPU's pair of magazines and its counters. The *loaded* magazine is number
-/// `cur`, the *previous* one `cur ^ 1`: the swap of section 3.1 flips `cur` instead of
-/// moving rounds.
+/// One CPU's pair of magazines and its counters, as one stack of rounds.
 ///
-/// Layout: everything a hit reads or writes besides the round itself (the two fill
-/// levels, `cur`, `cap`, the hit and free counters) sits in a 48-byte header in front
-/// of the rounds, so that with the lock word it shares one cache line and a hit
-/// touches two lines of the class, the header and the round's (`repr(C)` keeps the
-/// order). With the levels stored beside their rounds, a hit touched four: the lock,
-/// `cur` and the counters behind the rounds, the level and the round. On the
-/// `iova_churn` fragmenting trace, whose 128 classes are each used about one
-/// operation in a hundred, those lines are cold more often than not.
+/// The previous magazine is always full or empty, so the pair is one stack of at most
+/// `2 * cap` rounds: the previous magazine (when full) is its bottom `cap` rounds, the
+/// loaded one the rest. The swap of section 3.1 then moves nothing and costs nothing:
+/// an alloc that empties the loaded magazine and goes on into a full previous one
+/// simply pops on, and a free past a full loaded magazine onto an empty previous one
+/// simply pushes on, with exactly the rounds, order and counters of the two-magazine
+/// algorithm (with `cap` rounds held, "previous full, loaded empty" and "previous
+/// empty, loaded full" behave identically on every later alloc and free). Only an
+/// empty stack (alloc) or a full one (free) visits the depot: an alloc loads a full
+/// magazine as the new stack, a free trades the bottom magazine (the previous one) for
+/// an empty one and shifts the top one (the full loaded one, which becomes the
+/// previous) down.
+///
+/// Layout: everything a hit reads or writes besides the round itself (the fill level,
+/// the bound, the hit and free counters) sits in a 40-byte header in front of the
+/// rounds, so that with the lock word it shares one cache line and a hit touches two
+/// lines of the class, the header and the round's (`repr(C)` keeps the order). A hit
+/// is a compare of the fill level with the bound, one masked slot access and the
+/// level's and a counter's update: no magazine index to load and no second array to
+/// select. On the `iova_churn` fragmenting trace, whose 128 classes are each used
+/// about one operation in a hundred, a record's lines are cold more often than not.
 #[repr(C)]
 pub(super) struct CpuCache {
-    /// Rounds held by magazine 0 and by magazine 1.
-    lens: [u32; 2],
-    /// Which magazine is loaded (0 or 1).
-    cur: u32,
-    /// Rounds per magazine of this class (at most [`MAGAZINE_ROUNDS`]).
-    cap: u32,
+    /// Rounds held by both magazines (the stack's height).
+    len: u32,
+    /// Rounds both magazines of this class hold together: twice its rounds per
+    /// magazine (`cap`, at most [`MAGAZINE_ROUNDS`]).
+    bound: u32,
     hits: u64,
     misses: u64,
     /// Served misses (the allocation after an import); allocations are this plus hits.
     filled: u64,
     frees: u64,
-    /// The rounds of magazine 0 and of magazine 1; a magazine of the class holds at
-    /// most `cap` of its `MAGAZINE_ROUNDS` slots.
-    rounds: [[u64; MAGAZINE_ROUNDS]; 2],
+    /// The stack: `len` rounds, oldest first; the class uses `bound` of the slots.
+    slots: [u64; SLOTS],
 }
 
 impl CpuCache {
     /// Two empty magazines of `cap` rounds (clamped to 1..=[`MAGAZINE_ROUNDS`]).
     pub(super) fn new(cap: usize) -> Self {
         Self {
-            lens: [0; 2],
-            cur: 0,
-            cap: cap.clamp(1, MAGAZINE_ROUNDS) as u32,
+            len: 0,
+            bound: 2 * cap.clamp(1, MAGAZINE_ROUNDS) as u32,
             hits: 0,
             misses: 0,
             filled: 0,
             frees: 0,
-            rounds: [[0; MAGAZINE_ROUNDS]; 2],
+            slots: [0; SLOTS],
         }
     }
 
-    #[inline(always)]
-    fn loaded_index(&self) -> usize {
-        (self.cur & 1) as usize
+    /// Rounds per magazine.
+    #[inline]
+    fn cap(&self) -> usize {
+        (self.bound / 2) as usize
     }
 
-    #[inline(always)]
-    fn previous_index(&self) -> usize {
-        self.loaded_index() ^ 1
-    }
-
-    /// Pop the loaded magazine's top round; `None` when it is empty.
+    /// Pop the top round (of the loaded magazine, or of a full previous one when the
+    /// loaded one is empty); `None` when both magazines are empty.
     ///
-    /// A fill level never exceeds `cap <= MAGAZINE_ROUNDS` (a power of two), so the
-    /// slot index is masked into range instead of bounds-checked: the mask changes
-    /// nothing and saves the hit path a compare and a branch.
+    /// The height never exceeds `bound <= SLOTS` (a power of two), so the slot index is
+    /// masked into range instead of bounds-checked: the mask changes nothing and saves
+    /// the hit path a compare and a branch.
     #[inline(always)]
     fn pop(&mut self) -> Option<u64> {
-        let m = self.loaded_index();
-        let n = self.lens[m].checked_sub(1)?;
-        let a = self.rounds[m][n as usize & ROUND_MASK];
-        self.lens[m] = n;
+        let n = self.len.checked_sub(1)?;
+        let a = self.slots[n as usize & SLOT_MASK];
+        self.len = n;
         Some(a)
     }
 
-    /// Push onto the loaded magazine; false (nothing changed) when it holds `cap`.
-    /// The slot index is masked into range as in [`Self::pop`] (`n < cap`).
+    /// Push a round (onto the loaded magazine, or onto an empty previous one when the
+    /// loaded one is full); false (nothing changed) when both magazines are full. The
+    /// slot index is masked into range as in [`Self::pop`] (`n < bound`).
     #[inline(always)]
     fn push(&mut self, addr: u64) -> bool {
-        let m = self.loaded_index();
-        let n = self.lens[m];
-        if n >= self.cap {
+        let n = self.len;
+        if n >= self.bound {
             return false;
         }
-        self.rounds[m][n as usize & ROUND_MASK] = addr;
-        self.lens[m] = n + 1;
+        self.slots[n as usize & SLOT_MASK] = addr;
+        self.len = n + 1;
         true
     }
 
-    /// A cache hit on allocation: pop the loaded magazine's top round and count the
-    /// hit; `None` (nothing changed, nothing counted) when the loaded magazine is
-    /// empty, which the caller then hands to [`MagazineLayer::alloc`].
+    /// A cache hit on allocation: pop a round and count the hit; `None` (nothing
+    /// changed, nothing counted) when both magazines are empty, which the caller then
+    /// hands to [`MagazineLayer::alloc`].
     #[inline(always)]
     pub(super) fn hit_pop(&mut self) -> Option<u64> {
         let a = self.pop()?;
@@ -184,9 +196,17 @@ impl CpuCache {
         Some(a)
     }
 
-    /// A cache hit on free: push onto the loaded magazine and count the free; false
-    /// (nothing changed, nothing counted) when it is full, which the caller then
-    /// hands to [`MagazineLayer::free`].
+    /// The top round, left in place (only for the deliberately broken hit path that
+    /// loom model `magazine_hits` must catch).
+    #[cfg(gmem_loom_bug = "magazine_hit_split")]
+    pub(super) fn peek(&self) -> Option<u64> {
+        let n = self.len.checked_sub(1)?;
+        Some(self.slots[n as usize & SLOT_MASK])
+    }
+
+    /// A cache hit on free: push a round and count the free; false (nothing changed,
+    /// nothing counted) when both magazines are full, which the caller then hands to
+    /// [`MagazineLayer::free`].
     #[inline(always)]
     pub(super) fn hit_push(&mut self, addr: u64) -> bool {
         let pushed = self.push(addr);
@@ -194,54 +214,32 @@ impl CpuCache {
         pushed
     }
 
-    #[inline]
-    fn swap(&mut self) {
-        self.cur ^= 1;
-    }
-
-    /// Rounds in the previous magazine.
-    #[inline]
-    fn previous_len(&self) -> u32 {
-        self.lens[self.previous_index()]
-    }
-
-    /// True when the previous magazine is full.
-    #[inline]
-    fn previous_full(&self) -> bool {
-        self.previous_len() >= self.cap
-    }
-
-    /// The previous magazine's rounds.
-    fn previous_rounds(&self) -> &[u64] {
-        let m = self.previous_index();
-        &self.rounds[m][..self.lens[m] as usize]
-    }
-
-    /// Empty the previous magazine.
-    fn clear_previous(&mut self) {
-        let m = self.previous_index();
-        self.lens[m] = 0;
-    }
-
-    /// Load the rounds of a full magazine from the depot into the (empty) loaded one.
+    /// Load the rounds of a full magazine from the depot into the (empty) stack.
     fn load(&mut self, from: &[u64]) {
-        let m = self.loaded_index();
-        let n = from.len().min(MAGAZINE_ROUNDS);
-        self.rounds[m][..n].copy_from_slice(&from[..n]);
-        self.lens[m] = n as u32;
+        let n = from.len().min(self.cap());
+        self.slots[..n].copy_from_slice(&from[..n]);
+        self.len = n as u32;
     }
 
-    /// Move every round of both magazines into `out`.
+    /// Both magazines are full: take the previous one's rounds (the bottom `cap`)
+    /// into `out`, and shift the loaded one's down, where it is the previous one.
+    fn trade_previous(&mut self, out: &mut Vec<u64>) {
+        let cap = self.cap();
+        debug_assert_eq!(self.len as usize, 2 * cap, "both magazines are full");
+        out.extend_from_slice(&self.slots[..cap]);
+        self.slots.copy_within(cap..2 * cap, 0);
+        self.len = cap as u32;
+    }
+
+    /// Move every round of both magazines into `out`, oldest first.
     fn drain_into(&mut self, out: &mut Vec<u64>) {
-        for m in 0..2 {
-            out.extend_from_slice(&self.rounds[m][..self.lens[m] as usize]);
-            self.lens[m] = 0;
-        }
+        out.extend_from_slice(&self.slots[..self.len as usize]);
+        self.len = 0;
     }
 
     /// Rounds held by both magazines.
     fn held(&self) -> u64 {
-        u64::from(self.lens[0]) + u64::from(self.lens[1])
+        u64::from(self.len)
     }
 }
 
@@ -289,7 +287,8 @@ impl MagazineLayer {
     }
 
     /// Pop a round from the CPU cache `cpu`: loaded, then previous, then a full
-    /// magazine from the depot. `None` (a miss) when all are empty.
+    /// magazine from the depot. `None` (a miss) when all are empty. Waits for the
+    /// CPU's lock (the hit path only tries it).
     #[inline(always)]
     pub fn alloc(&self, cpu: &Mutex<CpuCache>) -> Option<u64> {
         let mut g = cpu.lock();
@@ -302,15 +301,11 @@ impl MagazineLayer {
         Some(addr)
     }
 
-    /// The loaded magazine is empty: swap in a full previous one, or trade the empty
-    /// loaded magazine for a full one at the depot; pop from the result. `None` (a
-    /// miss, counted) when the depot has no full magazine either.
+    /// Both magazines are empty: trade the empty loaded magazine for a full one at the
+    /// depot and pop from it. `None` (a miss, counted) when the depot has no full
+    /// magazine either.
     #[cold]
     fn alloc_refill(&self, c: &mut CpuCache) -> Option<u64> {
-        if c.previous_len() != 0 {
-            c.swap();
-            return c.pop();
-        }
         #[cfg(gmem_loom_bug = "magazine_depot_race")]
         {
             // Deliberately broken (loom model `magazines` must catch it): the full
@@ -417,27 +412,19 @@ impl MagazineLayer {
         spill
     }
 
-    /// The free algorithm once the loaded magazine is full: swap in an empty previous
-    /// one, or trade the full previous magazine for an empty one at the depot.
+    /// The free algorithm once both magazines are full: trade the previous magazine
+    /// for an empty one at the depot (the full loaded one becomes the previous), push
+    /// onto the new loaded one, and hand back the depot's oldest full magazine when
+    /// the depot is over its bound.
     #[cold]
     fn put_full(&self, c: &mut CpuCache, addr: u64) -> Option<Vec<u64>> {
-        if c.previous_len() == 0 {
-            c.swap();
-            c.push(addr);
-            return None;
-        }
-        debug_assert!(c.previous_full(), "the previous magazine is full or empty");
         let mut d = self.depot.lock();
-        let rounds = c.cap as usize;
-        let mut full = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(rounds));
-        // The full previous magazine goes to the depot; the (full) loaded one becomes
-        // the previous, and the emptied one is loaded.
-        full.extend_from_slice(c.previous_rounds());
-        c.clear_previous();
-        c.swap();
+        let mut full = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(c.cap()));
+        c.trade_previous(&mut full);
         d.full.push_back(full);
         d.exchanges += 1;
-        c.push(addr);
+        let pushed = c.push(addr);
+        debug_assert!(pushed, "the loaded magazine is empty after a trade");
         if d.full.len() > d.max_full {
             d.full.pop_front()
         } else {
@@ -648,6 +635,28 @@ mod tests {
             }
         }
         assert_eq!(again.len(), M);
+    }
+
+    #[test]
+    fn crossing_between_the_two_magazines_is_lifo_and_never_visits_the_depot() {
+        let l = MagazineLayerTest::new(1, 2);
+        // Around the boundary of the loaded and previous magazines (two rounds each),
+        // back and forth: the stack stays on the CPU.
+        for a in 0..3u64 {
+            assert!(l.free(0, a).is_none());
+        }
+        assert_eq!(l.alloc(0), Some(2));
+        assert_eq!(l.alloc(0), Some(1));
+        assert!(l.free(0, 7).is_none());
+        assert!(l.free(0, 8).is_none());
+        assert!(l.free(0, 9).is_none());
+        assert_eq!(l.counts().exchanges, 0, "four rounds fit the two magazines");
+        // A fifth round trades the oldest magazine (0 and 7) to the depot.
+        assert!(l.free(0, 10).is_none());
+        let got: Vec<u64> = (0..5).filter_map(|_| l.alloc(0)).collect();
+        assert_eq!(got, [10, 9, 8, 7, 0]);
+        let n = l.counts();
+        assert_eq!((n.exchanges, n.objects, n.misses), (2, 0, 0));
     }
 
     #[test]

@@ -122,10 +122,14 @@
 //! magazines as vectors and an exchange copies one magazine's rounds (at most once per
 //! 32 operations in one direction). With magazines and trusted frees, `alloc` and
 //! `free` are inlined into their caller as a *hit path* only: the class from one shift
-//! and mask, the CPU's record from one multiply, then lock, pop or push, count,
-//! unlock (one locked read-modify-write; the unlock is a plain release store). Anything
-//! else (an empty or full loaded magazine, injection, next fit, checked frees, a bad
-//! size) declines without changing anything and takes the full path, out of line.
+//! and mask (and, for `alloc`, one compare against a gate that failure injection and
+//! next fit close), the CPU's record from one multiply (none on CPU 0), then
+//! `try_lock`, pop or push, count, unlock (one locked read-modify-write; the unlock is
+//! a plain release store). Anything else (both magazines empty or full, a record
+//! whose lock is held, injection, next fit, checked frees, a bad size) declines
+//! without changing anything and takes the full path, out of line, which waits for
+//! the lock. Since a CPU's two magazines are one stack in its record, the loaded /
+//! previous swap is a hit too.
 //!
 //! An owner holding the arena exclusively (`&mut`, e.g. one thread driving one IOMMU
 //! domain) may call [`Arena::alloc_mut`] and [`Arena::free_mut`]: the same caches and
@@ -268,6 +272,8 @@ impl Arena {
             config.check_frees,
             if config.magazines { ncpus } else { 1 },
         );
+        // Next-fit allocations bypass the caches (see `alloc_fit`): no alloc hit path.
+        caches.set_alloc_hits(config.fit != FitPolicy::NextFit);
         Ok(Arena {
             config,
             segments: Mutex::new(SegmentAllocator::new(quantum)),
@@ -310,15 +316,14 @@ impl Arena {
     }
 
     /// The hit path of [`Arena::alloc`], inlined into the caller: a size the per-CPU
-    /// magazines serve, no failure injection, a policy the caches serve, and a round in
-    /// the CPU's loaded magazine. Everything else (`None`, nothing changed) takes
-    /// [`Arena::alloc_fit`], out of line, which checks and counts as before.
+    /// magazines serve while the alloc hit path is on (no failure injection, a policy
+    /// the caches serve: one compare, see `QuantumCaches::hit_class_alloc`), the CPU's
+    /// record free to lock, and a round in its magazines. Everything else (`None`,
+    /// nothing changed) takes [`Arena::alloc_fit`], out of line, which checks and
+    /// counts as before.
     #[inline(always)]
     fn alloc_hit(&self, size: u64) -> Option<u64> {
-        let k = self.caches.hit_class(size)?;
-        if self.fail_every.load(Ordering::Relaxed) != 0 || self.config.fit == FitPolicy::NextFit {
-            return None;
-        }
+        let k = self.caches.hit_class_alloc(size)?;
         self.caches.hit_alloc(self.cpu(), k)
     }
 
@@ -368,13 +373,10 @@ impl Arena {
     /// As [`Arena::alloc`].
     #[inline(always)]
     pub fn alloc_mut(&mut self, size: u64) -> Result<u64, AllocError> {
-        if let Some(k) = self.caches.hit_class(size) {
-            if self.fail_every.load(Ordering::Relaxed) == 0 && self.config.fit != FitPolicy::NextFit
-            {
-                let cpu = self.cpu();
-                if let Some(addr) = self.caches.hit_alloc_mut(cpu, k) {
-                    return Ok(addr);
-                }
+        if let Some(k) = self.caches.hit_class_alloc(size) {
+            let cpu = self.cpu();
+            if let Some(addr) = self.caches.hit_alloc_mut(cpu, k) {
+                return Ok(addr);
             }
         }
         self.alloc_mut_slow(size)
@@ -580,7 +582,21 @@ impl Arena {
     /// [`AllocError::Injected`]; `0` turns injection off.
     pub fn set_fail_every(&self, n: u32) {
         self.attempts.store(0, Ordering::Relaxed);
-        self.fail_every.store(n, Ordering::Relaxed);
+        self.fail_every.store(n, Ordering::SeqCst);
+        // The alloc hit path does not count attempts: it is off while injecting. The
+        // gate follows the last value stored, whatever concurrent calls interleave:
+        // each caller re-reads the value after setting the gate from it, and sets it
+        // again if another call changed the value in between.
+        let next_fit = self.config.fit == FitPolicy::NextFit;
+        let mut seen = n;
+        loop {
+            self.caches.set_alloc_hits(seen == 0 && !next_fit);
+            let now = self.fail_every.load(Ordering::SeqCst);
+            if now == seen {
+                break;
+            }
+            seen = now;
+        }
     }
 
     /// True when `addr` lies inside a segment handed out, to a caller or to a quantum

@@ -18,7 +18,7 @@ use alloc::vec::Vec;
 use hashbrown::HashSet;
 
 use super::magazine::{rounds_for, CacheCounts, CpuCache, MagazineLayer, Padded};
-use crate::sync::Mutex;
+use crate::sync::{AtomicUsize, Mutex, Ordering};
 
 /// Objects a stack-mode class imports per miss.
 pub(super) const STACK_IMPORT: usize = 16;
@@ -49,9 +49,14 @@ pub(super) struct QuantumCaches {
     quantum_mask: u64,
     /// Number of classes.
     classes: usize,
-    /// Classes the hit path ([`Self::hit_class`]) serves: all of them with per-CPU
+    /// Classes the free hit path ([`Self::hit_class_free`]) serves: all of them with per-CPU
     /// magazines and trusted frees, none otherwise.
     hit_classes: usize,
+    /// Classes the alloc hit path ([`Self::hit_class_alloc`]) serves: `hit_classes`,
+    /// or none while the arena injects failures or allocates next fit (whose
+    /// allocations bypass the caches). One load and one compare on every alloc hit
+    /// replace a test of each (see [`Self::set_alloc_hits`]).
+    alloc_hit_classes: AtomicUsize,
     /// Per-CPU magazines of every class, CPU-major (empty without magazines).
     cpus: Vec<Padded<Mutex<CpuCache>>>,
     /// Each class's depot (empty without magazines).
@@ -117,6 +122,7 @@ impl QuantumCaches {
             quantum_mask: quantum - 1,
             classes: n,
             hit_classes: if magazines && !check_frees { n } else { 0 },
+            alloc_hit_classes: AtomicUsize::new(if magazines && !check_frees { n } else { 0 }),
             cpus,
             layers,
             stacks,
@@ -138,45 +144,83 @@ impl QuantumCaches {
         (k < self.classes).then_some(ClassMut { caches: self, k })
     }
 
-    /// The class of `size` for the hit path: `Some(k)` when `size` is a non-zero
-    /// multiple of the quantum whose class keeps per-CPU magazines and frees are
-    /// trusted (with `check_frees` every operation takes the full path). One shift,
-    /// one mask and one compare; the arena tries [`Self::hit_alloc`] or
-    /// [`Self::hit_free`] with it before anything else.
+    /// The class of `size` for the alloc hit path: `Some(k)` when `size` is a
+    /// non-zero multiple of the quantum whose class keeps per-CPU magazines, frees are
+    /// trusted (with `check_frees` every operation takes the full path) and the alloc
+    /// hit path is on (see [`Self::set_alloc_hits`]). One shift, one load, one mask
+    /// and one compare; the arena tries [`Self::hit_alloc`] with it before anything
+    /// else.
     #[inline(always)]
-    pub fn hit_class(&self, size: u64) -> Option<usize> {
+    pub fn hit_class_alloc(&self, size: u64) -> Option<usize> {
         let k = ((size >> self.quantum_shift) as usize).wrapping_sub(1);
-        (k < self.hit_classes && size & self.quantum_mask == 0).then_some(k)
+        let classes = self.alloc_hit_classes.load(Ordering::Relaxed);
+        (k < classes && size & self.quantum_mask == 0).then_some(k)
     }
 
-    /// [`Self::hit_class`] for a free of `[addr, addr + size)`: `addr` must be a
-    /// multiple of the quantum as well (one mask tests both).
+    /// Turn the alloc hit path on (every magazine class, frees trusted) or off
+    /// (no class: every allocation takes the full path). The arena turns it off while
+    /// it injects failures (every attempt must be counted) and for good when its
+    /// policy is next fit. Frees are not affected.
+    pub fn set_alloc_hits(&self, on: bool) {
+        let classes = if on { self.hit_classes } else { 0 };
+        self.alloc_hit_classes.store(classes, Ordering::SeqCst);
+    }
+
+    /// The class of a free of `[addr, addr + size)` for the free hit path: `size` a
+    /// non-zero multiple of the quantum whose class keeps per-CPU magazines with
+    /// trusted frees, and `addr` a multiple of the quantum as well (one mask tests
+    /// both). The arena tries [`Self::hit_free`] with it before anything else.
     #[inline(always)]
     pub fn hit_class_free(&self, addr: u64, size: u64) -> Option<usize> {
         let k = ((size >> self.quantum_shift) as usize).wrapping_sub(1);
         (k < self.hit_classes && (addr | size) & self.quantum_mask == 0).then_some(k)
     }
 
-    /// Pop a round from the loaded magazine of CPU `cpu`'s record of class `k` (from
-    /// [`Self::hit_class`]) under the record's lock. `None`, with nothing changed or
-    /// counted, when that magazine is empty or `cpu` is out of range: the caller then
-    /// takes the full path ([`Class::alloc`]), which swaps, trades with the depot or
-    /// counts the miss.
+    /// The index of CPU `cpu`'s record of class `k` in `cpus` (possibly out of
+    /// range for a stray CPU id). CPU 0 needs no multiply, and a one-CPU arena, whose
+    /// `cpu` is the constant 0 after inlining, none at all.
     #[inline(always)]
-    pub fn hit_alloc(&self, cpu: usize, k: usize) -> Option<u64> {
-        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
-        self.cpus.get(i)?.0.lock().hit_pop()
+    fn record(&self, cpu: usize, k: usize) -> usize {
+        if cpu == 0 {
+            k
+        } else {
+            cpu.wrapping_mul(self.classes).wrapping_add(k)
+        }
     }
 
-    /// Push `addr` onto the loaded magazine of CPU `cpu`'s record of class `k` (from
-    /// [`Self::hit_class`]) under the record's lock. False, with nothing changed or
-    /// counted, when that magazine is full or `cpu` is out of range: the caller then
-    /// takes the full path ([`Class::free`]).
+    /// Pop a round from CPU `cpu`'s record of class `k` (from
+    /// [`Self::hit_class_alloc`]) under the record's lock, if that lock is free.
+    /// `None`, with nothing changed or counted, when both of its magazines are empty,
+    /// its lock is held or `cpu` is out of range: the caller then takes the full path
+    /// ([`Class::alloc`]), which waits for the lock, trades with the depot or counts
+    /// the miss.
+    #[inline(always)]
+    pub fn hit_alloc(&self, cpu: usize, k: usize) -> Option<u64> {
+        let rec = &self.cpus.get(self.record(cpu, k))?.0;
+        #[cfg(gmem_loom_bug = "magazine_hit_split")]
+        {
+            // Deliberately broken (loom model `magazine_hits` must catch it): the
+            // round is read under one critical section and taken under another, so
+            // two threads on one record can both hand out the same round.
+            let top = rec.try_lock()?.peek()?;
+            let taken = rec.try_lock()?.hit_pop();
+            return taken.map(|_| top);
+        }
+        #[cfg(not(gmem_loom_bug = "magazine_hit_split"))]
+        rec.try_lock()?.hit_pop()
+    }
+
+    /// Push `addr` onto CPU `cpu`'s record of class `k` (from [`Self::hit_class_free`])
+    /// under the record's lock, if that lock is free. False, with nothing changed or
+    /// counted, when both of its magazines are full, its lock is held or `cpu` is out
+    /// of range: the caller then takes the full path ([`Class::free`]).
     #[inline(always)]
     pub fn hit_free(&self, cpu: usize, k: usize, addr: u64) -> bool {
-        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
-        match self.cpus.get(i) {
-            Some(c) => c.0.lock().hit_push(addr),
+        match self.cpus.get(self.record(cpu, k)) {
+            Some(c) => match c.0.try_lock() {
+                Some(mut g) => g.hit_push(addr),
+                None => false,
+            },
             None => false,
         }
     }
@@ -184,14 +228,14 @@ impl QuantumCaches {
     /// [`Self::hit_alloc`] through an exclusive borrow: no lock.
     #[inline(always)]
     pub fn hit_alloc_mut(&mut self, cpu: usize, k: usize) -> Option<u64> {
-        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
+        let i = self.record(cpu, k);
         self.cpus.get_mut(i)?.0.get_mut().hit_pop()
     }
 
     /// [`Self::hit_free`] through an exclusive borrow: no lock.
     #[inline(always)]
     pub fn hit_free_mut(&mut self, cpu: usize, k: usize, addr: u64) -> bool {
-        let i = cpu.wrapping_mul(self.classes).wrapping_add(k);
+        let i = self.record(cpu, k);
         match self.cpus.get_mut(i) {
             Some(c) => c.0.get_mut().hit_push(addr),
             None => false,
@@ -446,6 +490,45 @@ mod tests {
         let qt = QuantumCaches::new(0x1000, 0x1000, true, false, 1);
         let trusted = qt.class_of(0x1000).expect("cached size");
         assert!(trusted.untrack(0x6000));
+    }
+
+    #[test]
+    fn the_hit_paths_decline_a_held_record_and_the_full_path_then_serves_it() {
+        let qc = QuantumCaches::new(0x1000, 0x1000, true, false, 1);
+        let c = qc.class_of(0x1000).expect("cached size");
+        assert!(qc.hit_free(0, 0, 0xa000));
+        let held = qc.cpus[0].0.lock();
+        assert_eq!(
+            qc.hit_alloc(0, 0),
+            None,
+            "a held record declines the alloc hit"
+        );
+        assert!(!qc.hit_free(0, 0, 0xb000), "and the free hit");
+        drop(held);
+        assert!(c.free(0, 0xb000).is_none());
+        assert_eq!(qc.hit_alloc(0, 0), Some(0xb000));
+        assert_eq!(c.alloc(0), Some(0xa000));
+        let n = c.counts();
+        assert_eq!((n.hits, n.frees, n.objects), (2, 2, 0));
+    }
+
+    #[test]
+    fn the_alloc_hit_gate_closes_and_reopens_without_touching_frees() {
+        let qc = QuantumCaches::new(0x1000, 0x2000, true, false, 1);
+        assert_eq!(qc.hit_class_alloc(0x2000), Some(1));
+        qc.set_alloc_hits(false);
+        assert_eq!(qc.hit_class_alloc(0x1000), None);
+        assert_eq!(qc.hit_class_free(0x4000, 0x1000), Some(0));
+        qc.set_alloc_hits(true);
+        assert_eq!(qc.hit_class_alloc(0x1000), Some(0));
+        assert_eq!(qc.hit_class_alloc(0x1800), None, "not a quantum multiple");
+        let checked = QuantumCaches::new(0x1000, 0x2000, true, true, 1);
+        checked.set_alloc_hits(true);
+        assert_eq!(
+            checked.hit_class_alloc(0x1000),
+            None,
+            "checked frees: no hits"
+        );
     }
 
     #[test]
