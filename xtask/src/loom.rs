@@ -18,6 +18,7 @@ use std::time::Instant;
 pub const BUGS: &[(&str, &str)] = &[
     ("fault_unbinds_before_locking", "entry"),
     ("magazine_depot_race", "magazines"),
+    ("magazine_hit_split", "magazine_hits"),
     ("callback_before_invalidation", "queue"),
     ("frames_before_invalidation", "queue, faults"),
     ("iommu_cas_plain_store", "iommu"),
