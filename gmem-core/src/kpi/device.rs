@@ -442,8 +442,10 @@ impl Gmem {
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        match st.slot_of(id) {
-            Some(slot) if st.is_alive() => st.fault(&self.context(), space, dev, slot, va, access),
+        match st.attachment_of(id) {
+            Some((slot, table)) if st.is_alive() => {
+                st.fault(&self.context(), space, dev, slot, table, va, access)
+            }
             _ => Err(FaultError::NotActive(id)),
         }
     }

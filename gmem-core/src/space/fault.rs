@@ -23,15 +23,18 @@ use crate::sync::Arc;
 const MOVE_RUN_MAX: u64 = 512;
 
 impl SpaceState {
-    /// Serve a fault of `dev`, the device in attachment `slot` (the caller's reference
-    /// keeps it alive for the whole fault, so the path borrows it instead of cloning
-    /// the attachment's).
+    /// Serve a fault of `dev`, the device in attachment `slot`, which uses table `t`
+    /// (both from [`SpaceState::attachment_of`]; the caller's reference keeps `dev`
+    /// alive for the whole fault, so the path borrows it instead of cloning the
+    /// attachment's).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn fault<'c>(
         &mut self,
         cx: &Ctx<'c>,
         space: &SpaceInner,
         dev: &'c Arc<DeviceInner>,
         slot: usize,
+        t: usize,
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
@@ -63,14 +66,12 @@ impl SpaceState {
             self.drain(stats, &space.arena);
             e = self.lpt.get(vpn);
         }
-        let att = self.attached[slot]
-            .as_ref()
-            .expect("faulting device is attached");
         debug_assert!(
-            Arc::ptr_eq(&att.dev, dev),
-            "slot {slot} is not the faulter's"
+            self.attached[slot]
+                .as_ref()
+                .is_some_and(|a| Arc::ptr_eq(&a.dev, dev) && a.table == t),
+            "slot {slot} is not the faulter's, or table {t} not its table"
         );
-        let t = att.table;
         let (dev_id, dev_sizes) = (dev.id, dev.page_sizes);
         let target = self.target_of(cx, dev, placement.target);
 
