@@ -280,9 +280,17 @@ impl SpaceState {
                 alloc_placed(target, g, g, space.id, b0, placement, cx.counters)
             })
             .flatten();
-        let (first, pages, run) = match block {
-            Some(run) => (b0, g, run),
-            None => (vpn, 1, self.alloc_frame(cx, space, target, vpn, asker)?),
+        // The pages first, then the run bound once (no tuple holding the run: its
+        // moves cost a copy each on the 4 KiB path).
+        let (first, pages) = if block.is_some() { (b0, g) } else { (vpn, 1) };
+        let run = match block {
+            Some(run) => run,
+            None => match SpaceState::alloc_frame_first(space, target, vpn, asker) {
+                Ok(run) => run,
+                Err((placement, tried)) => {
+                    self.alloc_frame_placed(cx, space, target, vpn, placement, tried)?
+                }
+            },
         };
         let pfn = run.pfn();
         let memory = target
@@ -369,6 +377,25 @@ impl SpaceState {
         vpn: Vpn,
         asker: Asker,
     ) -> Result<FrameRun<'d>, MoveError> {
+        match SpaceState::alloc_frame_first(space, target, vpn, asker) {
+            Ok(run) => Ok(run),
+            Err((placement, tried)) => {
+                self.alloc_frame_placed(cx, space, target, vpn, placement, tried)
+            }
+        }
+    }
+
+    /// [`SpaceState::alloc_frame`]'s common case alone: the run, or the driver's
+    /// answer and whether the first attempt was made, for
+    /// [`SpaceState::alloc_frame_placed`]. The 4 KiB zero-fill calls it directly, so
+    /// that its run is not copied through a `Result<_, MoveError>`.
+    #[inline(always)]
+    fn alloc_frame_first<'d>(
+        space: &SpaceInner,
+        target: &'d Arc<DeviceInner>,
+        vpn: Vpn,
+        asker: Asker,
+    ) -> Result<FrameRun<'d>, (Placed, bool)> {
         let placement = frame_placement(target, space.id, vpn, 1, asker);
         let tried = matches!(placement.placement, FramePlacement::Any);
         if tried {
@@ -378,7 +405,7 @@ impl SpaceState {
                 return Ok(run);
             }
         }
-        self.alloc_frame_placed(cx, space, target, vpn, placement, tried)
+        Err((placement, tried))
     }
 
     /// [`SpaceState::alloc_frame`] past its common case: `tried` says the first
