@@ -84,13 +84,17 @@ impl SpaceState {
             } else {
                 dev_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
             };
-            // A block is mapped with one protection: split regions fall back to pages.
-            let g = match self
-                .segments
-                .uniform(region, vpn.align_down(g.max(1)), g.max(1))
+            // A block is mapped with one protection: split regions fall back to pages
+            // (a single page is uniform: no question to ask).
+            let g = if g > 1
+                && self
+                    .segments
+                    .uniform(region, vpn.align_down(g), g)
+                    .is_none()
             {
-                Some(_) => g,
-                None => 1,
+                1
+            } else {
+                g
             };
             let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
             return Ok(self.zero_fill(
