@@ -10,6 +10,11 @@
 //! Peer: `mmap(MAP_PRIVATE | MAP_ANONYMOUS)` of `BATCH` pages, one write per page (each
 //! a page fault that allocates, zeroes and maps a page), `munmap` untimed. Linux's number
 //! includes zeroing 4 KiB, ours does not: read the ratio with that in mind.
+//!
+//! Floor: the round trip of the core's spin lock (one `lock cmpxchg` to take it, a
+//! release store to drop it), timed alone in the same run, times the atomic
+//! read-modify-writes a fault executes ([`ATOMICS_PER_FAULT`]): what the fault's
+//! atomics cost on this machine, whatever its instructions.
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use gmem_core::testing::TestSystem;
@@ -22,6 +27,13 @@ mod timing;
 use timing::{medians, Stopwatch, Timed};
 
 const BATCH: u64 = 4096;
+
+/// Atomic read-modify-writes per 4 KiB first-touch fault of this bench, as
+/// `python3 gmem-core/benches/fault_stages.py --atomics` counts them: the binding lock
+/// and the space `try_lock` (`dev_fault`), the physical-memory lock
+/// (`DeviceInner::alloc_pages`), the test driver's table lock (`TestMmu::map`) and
+/// store lock (`TestMemory::zero`). Update it with that count when the path changes.
+const ATOMICS_PER_FAULT: f64 = 5.0;
 
 struct Setup {
     sys: TestSystem,
@@ -62,6 +74,17 @@ fn gmem_batch(s: &Setup) -> Timed {
     let d = t.stop();
     gm.region_dealloc(r, MapFlags::empty(), None).unwrap();
     d
+}
+
+/// Time `BATCH` round trips of the core's spin lock, uncontended: `lock` (a
+/// compare-and-swap) and the guard's drop (a release store), as each of the fault's
+/// locks does once.
+fn spin_batch(m: &gmem_core::sync::Mutex<u64>) -> Timed {
+    let t = Stopwatch::start();
+    for _ in 0..BATCH {
+        *std::hint::black_box(m).lock() += 1;
+    }
+    t.stop()
 }
 
 /// Time `BATCH` first-touch faults of Linux anonymous memory.
@@ -106,13 +129,17 @@ fn bench(c: &mut Criterion) {
 
     // Alternated samples: a neighbour's load hits both sides alike.
     const SAMPLES: usize = 31;
-    let (mut o, mut l) = (Vec::new(), Vec::new());
+    let lock = gmem_core::sync::Mutex::new(0u64);
+    let (mut o, mut l, mut k) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..SAMPLES {
         o.push(gmem_batch(&s));
         l.push(linux_batch());
+        k.push(spin_batch(&lock));
     }
+    assert_eq!(*lock.lock(), SAMPLES as u64 * BATCH, "every round trip ran");
     let (ours, ours_cpu) = medians(&o, BATCH as f64, 1e9);
     let (linux, linux_cpu) = medians(&l, BATCH as f64, 1e9);
+    let (spin, spin_cpu) = medians(&k, BATCH as f64, 1e9);
     println!();
     println!("first-touch 4 KiB fault, median of {SAMPLES} alternated batches of {BATCH} faults (wall / thread CPU):");
     println!(
@@ -125,6 +152,17 @@ fn bench(c: &mut Criterion) {
         "  ratio Linux / gmem                          {:>8.2} / {:>8.2}x",
         linux / ours,
         linux_cpu / ours_cpu
+    );
+    println!(
+        "  {:<43} {spin:>8.1} / {spin_cpu:>8.1} ns",
+        "spin lock round trip (cmpxchg + store)"
+    );
+    println!(
+        "  {:<43} {:>8.1} / {:>8.1} ns/fault ({:.0}% of gmem's wall)",
+        format!("floor: {ATOMICS_PER_FAULT} atomics x round trip"),
+        spin * ATOMICS_PER_FAULT,
+        spin_cpu * ATOMICS_PER_FAULT,
+        100.0 * spin * ATOMICS_PER_FAULT / ours
     );
     println!(
         "  target (issue 15): gmem <= 150 ns -> {}; Linux / gmem >= 10x -> {} (wall)",

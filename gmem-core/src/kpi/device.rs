@@ -48,6 +48,15 @@
 //! `gmem_loom_bug="fault_unbinds_before_locking"` drops the binding before it locks
 //! the space through the pointer, and the model sees the fault reach a destroyed,
 //! unregistered space.
+//!
+//! Why the binding lock stays (one of the fault's atomics): a lock-free read of the
+//! binding with a sequence count, checked again after the space `try_lock`, would
+//! not be sound. Between the unlocked read of the space pointer and the `try_lock`,
+//! nothing keeps the space alive: an `as_destroy` can clear the binding, bump the
+//! count, release the space lock and let the registry free the space, so the
+//! `try_lock` (and the check after it) would touch freed memory. The check comes
+//! too late; only holding the binding across the `try_lock`, as above, orders every
+//! destroy after the fault's use of the space.
 
 use crate::addr::{PhysAddr, VirtAddr};
 use crate::device::{DeviceDesc, DeviceInner};
@@ -442,8 +451,10 @@ impl Gmem {
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        match st.slot_of(id) {
-            Some(slot) if st.is_alive() => st.fault(&self.context(), space, dev, slot, va, access),
+        match st.attachment_of(id) {
+            Some((slot, table)) if st.is_alive() => {
+                st.fault(&self.context(), space, dev, slot, table, va, access)
+            }
             _ => Err(FaultError::NotActive(id)),
         }
     }

@@ -389,6 +389,14 @@ impl PhysMem {
         m.state = state;
         m.prev = tail;
         m.next = NIL;
+        self.link_tail(q, tail, i);
+    }
+
+    /// The rest of a push of frame `i` at the tail of queue `q` (whose tail was
+    /// `tail`), once the frame's own state and links are written (`prev = tail`,
+    /// `next = NIL`): the old tail (or the head) points to it, it is the tail.
+    #[inline]
+    fn link_tail(&mut self, q: usize, tail: u32, i: u32) {
         match tail {
             NIL => self.queues[q].head = i,
             t => self.frames[t as usize].next = i,

@@ -40,7 +40,7 @@
 //! A live reservation's block is one allocated segment of the arena (split into frames
 //! lazily: only when the reservation is broken with frames in use).
 
-use super::{FrameState, Owner, PhysMem};
+use super::{queue_of, FrameState, Owner, PhysMem, NIL};
 use crate::addr::{Pfn, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::handle::SpaceId;
 use crate::mmu::FrameConstraint;
@@ -274,12 +274,24 @@ impl PhysMem {
         }
         let resv = rs.record_mut(slot);
         let i = resv.first_index? + off as u32;
-        // The frame's record is found once, for the check and the owner.
+        // The frame's record is found once, for the check, the owner and the links.
         let frame = &mut self.frames[i as usize];
         if frame.state != FrameState::Reserved {
             return None;
         }
+        let state = if wired {
+            FrameState::Wired
+        } else {
+            FrameState::Active
+        };
+        // A reserved frame is on no queue and not pending: linking it at its queue's
+        // tail is the whole state change (as in `claim`, which calls `push_tail`).
+        let q = queue_of(state).expect("active and wired frames are queued");
+        let tail = self.queues[q].tail;
         frame.owner = Some(Owner { space, vpn });
+        frame.state = state;
+        frame.prev = tail;
+        frame.next = NIL;
         let base = resv.base;
         resv.used += 1;
         if resv.used == RESERVATION_PAGES {
@@ -287,14 +299,7 @@ impl PhysMem {
         }
         rs.reserved -= 1;
         rs.stats.frames_served += 1;
-        let state = if wired {
-            FrameState::Wired
-        } else {
-            FrameState::Active
-        };
-        // A reserved frame is on no queue and not pending: linking it is the whole
-        // state change (as in `claim`).
-        self.push_tail(i, state);
+        self.link_tail(q, tail, i);
         Some(Pfn(base + off))
     }
 

@@ -23,15 +23,18 @@ use crate::sync::Arc;
 const MOVE_RUN_MAX: u64 = 512;
 
 impl SpaceState {
-    /// Serve a fault of `dev`, the device in attachment `slot` (the caller's reference
-    /// keeps it alive for the whole fault, so the path borrows it instead of cloning
-    /// the attachment's).
+    /// Serve a fault of `dev`, the device in attachment `slot`, which uses table `t`
+    /// (both from [`SpaceState::attachment_of`]; the caller's reference keeps `dev`
+    /// alive for the whole fault, so the path borrows it instead of cloning the
+    /// attachment's).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn fault<'c>(
         &mut self,
         cx: &Ctx<'c>,
         space: &SpaceInner,
         dev: &'c Arc<DeviceInner>,
         slot: usize,
+        t: usize,
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
@@ -63,14 +66,12 @@ impl SpaceState {
             self.drain(stats, &space.arena);
             e = self.lpt.get(vpn);
         }
-        let att = self.attached[slot]
-            .as_ref()
-            .expect("faulting device is attached");
         debug_assert!(
-            Arc::ptr_eq(&att.dev, dev),
-            "slot {slot} is not the faulter's"
+            self.attached[slot]
+                .as_ref()
+                .is_some_and(|a| Arc::ptr_eq(&a.dev, dev) && a.table == t),
+            "slot {slot} is not the faulter's, or table {t} not its table"
         );
-        let t = att.table;
         let (dev_id, dev_sizes) = (dev.id, dev.page_sizes);
         let target = self.target_of(cx, dev, placement.target);
 
@@ -83,13 +84,17 @@ impl SpaceState {
             } else {
                 dev_sizes.largest().bytes().min(2 << 20) >> PAGE_SHIFT
             };
-            // A block is mapped with one protection: split regions fall back to pages.
-            let g = match self
-                .segments
-                .uniform(region, vpn.align_down(g.max(1)), g.max(1))
+            // A block is mapped with one protection: split regions fall back to pages
+            // (a single page is uniform: no question to ask).
+            let g = if g > 1
+                && self
+                    .segments
+                    .uniform(region, vpn.align_down(g), g)
+                    .is_none()
             {
-                Some(_) => g,
-                None => 1,
+                1
+            } else {
+                g
             };
             let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
             return Ok(self.zero_fill(
@@ -279,9 +284,17 @@ impl SpaceState {
                 alloc_placed(target, g, g, space.id, b0, placement, cx.counters)
             })
             .flatten();
-        let (first, pages, run) = match block {
-            Some(run) => (b0, g, run),
-            None => (vpn, 1, self.alloc_frame(cx, space, target, vpn, asker)?),
+        // The pages first, then the run bound once (no tuple holding the run: its
+        // moves cost a copy each on the 4 KiB path).
+        let (first, pages) = if block.is_some() { (b0, g) } else { (vpn, 1) };
+        let run = match block {
+            Some(run) => run,
+            None => match SpaceState::alloc_frame_first(space, target, vpn, asker) {
+                Ok(run) => run,
+                Err((placement, tried)) => {
+                    self.alloc_frame_placed(cx, space, target, vpn, placement, tried)?
+                }
+            },
         };
         let pfn = run.pfn();
         let memory = target
@@ -368,6 +381,25 @@ impl SpaceState {
         vpn: Vpn,
         asker: Asker,
     ) -> Result<FrameRun<'d>, MoveError> {
+        match SpaceState::alloc_frame_first(space, target, vpn, asker) {
+            Ok(run) => Ok(run),
+            Err((placement, tried)) => {
+                self.alloc_frame_placed(cx, space, target, vpn, placement, tried)
+            }
+        }
+    }
+
+    /// [`SpaceState::alloc_frame`]'s common case alone: the run, or the driver's
+    /// answer and whether the first attempt was made, for
+    /// [`SpaceState::alloc_frame_placed`]. The 4 KiB zero-fill calls it directly, so
+    /// that its run is not copied through a `Result<_, MoveError>`.
+    #[inline(always)]
+    fn alloc_frame_first<'d>(
+        space: &SpaceInner,
+        target: &'d Arc<DeviceInner>,
+        vpn: Vpn,
+        asker: Asker,
+    ) -> Result<FrameRun<'d>, (Placed, bool)> {
         let placement = frame_placement(target, space.id, vpn, 1, asker);
         let tried = matches!(placement.placement, FramePlacement::Any);
         if tried {
@@ -377,7 +409,7 @@ impl SpaceState {
                 return Ok(run);
             }
         }
-        self.alloc_frame_placed(cx, space, target, vpn, placement, tried)
+        Err((placement, tried))
     }
 
     /// [`SpaceState::alloc_frame`] past its common case: `tried` says the first

@@ -551,9 +551,22 @@ impl SpaceState {
             .position(|a| a.as_ref().is_some_and(|a| a.dev.id == dev))
     }
 
+    /// The attachment slot of a device and the index of the table it uses, found
+    /// together (the fault path needs both: one search, no second look at the slot).
+    #[inline]
+    pub(crate) fn attachment_of(&self, dev: DeviceId) -> Option<(usize, usize)> {
+        self.attached
+            .iter()
+            .enumerate()
+            .find_map(|(slot, a)| match a {
+                Some(a) if a.dev.id == dev => Some((slot, a.table)),
+                _ => None,
+            })
+    }
+
     /// The root of the page table device `dev` uses, if it is attached.
     pub fn root_of(&self, dev: DeviceId) -> Option<PageTableRoot> {
-        let t = self.attached[self.slot_of(dev)?].as_ref()?.table;
+        let (_, t) = self.attachment_of(dev)?;
         Some(self.tables.get(t)?.as_ref()?.root)
     }
 
