@@ -96,6 +96,23 @@ impl Earliest {
         }
     }
 
+    /// Set key `i` of the index [`Earliest::first`] returned (no key changed since) to
+    /// `key`, and whether `i` is certainly still first: its new key is not [`IDLE`] and
+    /// below every other. `false` may also mean that only a scan would tell; the next
+    /// call of [`Earliest::first`] answers either way.
+    #[inline]
+    pub(crate) fn keep_first(&mut self, i: usize, key: u64) -> bool {
+        debug_assert!(self.len > 0 && self.best[0] == pack(self.keys[i], i));
+        let new = pack(key, i);
+        if key != IDLE && new < self.best[1].min(self.bound) {
+            self.keys[i] = key;
+            self.best[0] = new;
+            return true;
+        }
+        self.set(i, key);
+        false
+    }
+
     /// The index with the smallest key (the lowest such index), unless every key is
     /// [`IDLE`].
     pub(crate) fn first(&mut self) -> Option<usize> {
