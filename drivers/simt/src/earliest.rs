@@ -48,6 +48,7 @@ impl Earliest {
     }
 
     /// Set key `i` (`i` below the count given to [`Earliest::new`]).
+    #[inline]
     pub(crate) fn set(&mut self, i: usize, key: u64) {
         if self.keys[i] == key {
             return;
@@ -59,6 +60,12 @@ impl Earliest {
             self.best[0] = new;
             return;
         }
+        self.reorder(old, new);
+    }
+
+    /// [`Earliest::set`] beyond its usual case: packed key `old` became `new`.
+    #[inline(never)]
+    fn reorder(&mut self, old: u128, new: u128) {
         // Below `bound` exactly when kept: the old one leaves `best`, the new one
         // joins it if it is below `bound`. (The engine steps the winner, whose key
         // usually moves past a few others: it is re-placed without a scan, or drops
@@ -115,6 +122,7 @@ impl Earliest {
 
     /// The index with the smallest key (the lowest such index), unless every key is
     /// [`IDLE`].
+    #[inline]
     pub(crate) fn first(&mut self) -> Option<usize> {
         if self.len == 0 {
             self.scan();
@@ -124,6 +132,7 @@ impl Earliest {
     }
 
     /// Keep the `KEPT` smallest packed keys and bound the rest by the next one.
+    #[inline(never)]
     fn scan(&mut self) {
         let mut top = [u128::MAX; KEPT + 1];
         for (i, &k) in self.keys.iter().enumerate() {
@@ -148,10 +157,12 @@ mod tests {
     use super::*;
 
     /// The winner equals a scan's first minimum over pseudo-random updates, for unit
-    /// counts that are and are not powers of two.
+    /// counts that are and are not powers of two; and [`Earliest::keep_first`], after
+    /// a winner's update, says it is still first only when it is.
     #[test]
     fn the_winner_is_the_scans_first_minimum() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut kept = 0;
         for n in [1usize, 2, 3, 5, 16, 17] {
             let mut e = Earliest::new(n);
             let mut keys = vec![IDLE; n];
@@ -176,7 +187,27 @@ mod tests {
                     .min_by_key(|&(_, &k)| k)
                     .map(|(i, _)| i);
                 assert_eq!(e.first(), want, "n {n}");
+                // The winner steps on (as the engine's unit does), perhaps to idle.
+                let Some(w) = want else { continue };
+                let k = match (x >> 40) % 9 {
+                    0 => IDLE,
+                    d => keys[w] + d / 3,
+                };
+                keys[w] = k;
+                let still = e.keep_first(w, k);
+                let want = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &k)| k != IDLE)
+                    .min_by_key(|&(_, &k)| k)
+                    .map(|(i, _)| i);
+                if still {
+                    assert_eq!(want, Some(w), "n {n}: kept first wrongly");
+                    kept += 1;
+                }
+                assert_eq!(e.first(), want, "n {n} after keep_first");
             }
         }
+        assert!(kept > 1000, "{kept} kept");
     }
 }

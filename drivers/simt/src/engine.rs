@@ -624,6 +624,8 @@ fn run_in<K: Kernel, const BURST: bool>(
             if !BURST || !placed.is_empty() {
                 continue 'step;
             }
+            // `keep_first` has set the unit's key either way.
+            touched = None;
             let key = clock(&units[u]);
             if !clocks.keep_first(u, key)
                 || queue
