@@ -174,6 +174,7 @@ impl Wakes {
         std::mem::take(&mut self.buckets[p])
     }
 
+    #[inline]
     fn drain(&mut self, now: u64) -> u64 {
         let mut got = std::mem::take(&mut self.due);
         // The buckets in cycle order from `base`'s: take each one up to `now`; the
