@@ -5,7 +5,9 @@
 //! and places the rest on units with a free block slot. A unit holds as many blocks as
 //! the [`OccupancyModel`] allows, so `W = blocks × warps per block` warps are resident.
 //! Each unit has its own cycle clock; the engine always advances the unit whose clock is
-//! earliest, so the units' requests reach the shared TLB and DRAM interleaved in time.
+//! earliest, so the units' requests reach the shared TLB and DRAM interleaved in time
+//! (a unit that is still the earliest after its step steps again at once, a burst,
+//! without the search: the same order).
 //! On a unit the [`WarpScheduler`] picks a ready warp, which issues one instruction
 //! (one cycle); a memory instruction's 32 lane addresses are coalesced into 128-byte
 //! transactions, each distinct page among them is one translation request by that unit
