@@ -260,9 +260,9 @@ pub(crate) fn run_stepwise<K: Kernel>(
 }
 
 /// [`run`], with burst runs if `BURST`: after a step, the unit just stepped steps again
-/// at once while it stays the earliest (by [`Earliest::keep_first`]), no dispatch
-/// placed a block elsewhere, and the walk queue's head is not due by its clock —
-/// exactly the step the search would pick next.
+/// at once while it stays the earliest (by [`Earliest::keep_first`]), the dispatcher
+/// placed no open block in the step, and the walk queue's head is not due by its
+/// clock — exactly the step the search would pick next.
 fn run_in<K: Kernel, const BURST: bool>(
     dev: Device<'_>,
     kernel: &K,
