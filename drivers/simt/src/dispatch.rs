@@ -94,6 +94,12 @@ pub trait WarpScheduler {
         let _ = ready;
         self.pick(ready_at, age, now)
     }
+    /// This scheduler as a [`LooseRoundRobin`], if it is one (the default: `None`).
+    /// The engine then holds that copy by value and calls it directly, without a
+    /// virtual call per pick; it picks exactly as this one would.
+    fn as_loose_round_robin(&self) -> Option<LooseRoundRobin> {
+        None
+    }
 }
 
 /// Loose round-robin: the next ready slot after the last one issued.
@@ -103,6 +109,7 @@ pub struct LooseRoundRobin {
 }
 
 impl WarpScheduler for LooseRoundRobin {
+    #[inline]
     fn pick(&mut self, ready_at: &[u64], _age: &[u64], now: u64) -> Option<usize> {
         let n = ready_at.len();
         let from = (self.last + 1).min(n);
@@ -114,6 +121,7 @@ impl WarpScheduler for LooseRoundRobin {
         self.last = i;
         Some(i)
     }
+    #[inline]
     fn pick_ready(
         &mut self,
         ready: u64,
@@ -135,6 +143,9 @@ impl WarpScheduler for LooseRoundRobin {
         let i = m.trailing_zeros() as usize;
         self.last = i;
         Some(i)
+    }
+    fn as_loose_round_robin(&self) -> Option<LooseRoundRobin> {
+        Some(*self)
     }
 }
 

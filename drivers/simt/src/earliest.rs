@@ -16,23 +16,27 @@ pub(crate) const IDLE: u64 = u64::MAX;
 /// How many of the smallest keys a scan keeps.
 const KEPT: usize = 4;
 
-/// A key and its index in one number, ordered as the pair: the lowest index first
-/// among equal keys.
-fn pack(key: u64, i: usize) -> u128 {
-    u128::from(key) << 64 | i as u128
+/// Bits of a packed key that hold the index for `n` keys (at least one, so that no
+/// packed key is `u64::MAX`, the filler of `best`).
+fn index_bits(n: usize) -> u32 {
+    (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1)
 }
 
 /// The earliest of a fixed number of keys, lowest index first on a tie.
 pub(crate) struct Earliest {
     /// Each unit's key, contiguous: the scan for the minimum reads a few cache lines.
     keys: Vec<u64>,
+    /// A packed key is `key << shift | index`, ordered as the pair: the lowest index
+    /// first among equal keys. [`IDLE`] packs as the largest key, `u64::MAX >> shift`
+    /// (no clock reaches it: it is 2^58 cycles or more below 64 units).
+    shift: u32,
     /// The smallest packed keys, ascending (the first `len`): every packed key below
     /// `bound` is here, and no other.
-    best: [u128; KEPT],
+    best: [u64; KEPT],
     len: usize,
-    /// A lower bound of every packed key not in `best` (`u128::MAX`: there is none
+    /// A lower bound of every packed key not in `best` (`u64::MAX`: there is none
     /// outside).
-    bound: u128,
+    bound: u64,
 }
 
 impl Earliest {
@@ -40,7 +44,8 @@ impl Earliest {
     pub(crate) fn new(n: usize) -> Earliest {
         Earliest {
             keys: vec![IDLE; n],
-            best: [u128::MAX; KEPT],
+            shift: index_bits(n),
+            best: [u64::MAX; KEPT],
             len: 0,
             // Nothing is known: the first call scans.
             bound: 0,
@@ -48,17 +53,24 @@ impl Earliest {
     }
 
     /// Set key `i` (`i` below the count given to [`Earliest::new`]).
+    #[inline]
     pub(crate) fn set(&mut self, i: usize, key: u64) {
         if self.keys[i] == key {
             return;
         }
-        let (old, new) = (pack(self.keys[i], i), pack(key, i));
+        let (old, new) = (self.pack(self.keys[i], i), self.pack(key, i));
         self.keys[i] = key;
         // The usual change: the winner's clock moves on and it stays ahead.
         if old == self.best[0] && new < self.best[1].min(self.bound) {
             self.best[0] = new;
             return;
         }
+        self.reorder(old, new);
+    }
+
+    /// [`Earliest::set`] beyond its usual case: packed key `old` became `new`.
+    #[inline(never)]
+    fn reorder(&mut self, old: u64, new: u64) {
         // Below `bound` exactly when kept: the old one leaves `best`, the new one
         // joins it if it is below `bound`. (The engine steps the winner, whose key
         // usually moves past a few others: it is re-placed without a scan, or drops
@@ -74,7 +86,7 @@ impl Earliest {
                 j += 1;
             }
             self.len -= 1;
-            self.best[self.len] = u128::MAX;
+            self.best[self.len] = u64::MAX;
         }
         if new < self.bound {
             if self.len == KEPT {
@@ -96,21 +108,51 @@ impl Earliest {
         }
     }
 
+    /// Set key `i` of the index [`Earliest::first`] returned (no key changed since) to
+    /// `key`, and whether `i` is certainly still first: its new key is not [`IDLE`] and
+    /// below every other. `false` may also mean that only a scan would tell; the next
+    /// call of [`Earliest::first`] answers either way.
+    #[inline]
+    pub(crate) fn keep_first(&mut self, i: usize, key: u64) -> bool {
+        debug_assert!(self.len > 0 && self.best[0] == self.pack(self.keys[i], i));
+        let new = self.pack(key, i);
+        if key != IDLE && new < self.best[1].min(self.bound) {
+            self.keys[i] = key;
+            self.best[0] = new;
+            return true;
+        }
+        self.set(i, key);
+        false
+    }
+
     /// The index with the smallest key (the lowest such index), unless every key is
     /// [`IDLE`].
+    #[inline]
     pub(crate) fn first(&mut self) -> Option<usize> {
         if self.len == 0 {
             self.scan();
         }
         let p = self.best[0];
-        ((p >> 64) as u64 != IDLE).then_some(p as u64 as usize)
+        (p >> self.shift != IDLE >> self.shift).then_some((p & ((1 << self.shift) - 1)) as usize)
+    }
+
+    /// Key `key` of index `i` packed (see `shift`).
+    #[inline]
+    fn pack(&self, key: u64, i: usize) -> u64 {
+        let top = IDLE >> self.shift;
+        debug_assert!(
+            key == IDLE || key < top,
+            "clock {key} beyond the packed range"
+        );
+        key.min(top) << self.shift | i as u64
     }
 
     /// Keep the `KEPT` smallest packed keys and bound the rest by the next one.
+    #[inline(never)]
     fn scan(&mut self) {
-        let mut top = [u128::MAX; KEPT + 1];
+        let mut top = [u64::MAX; KEPT + 1];
         for (i, &k) in self.keys.iter().enumerate() {
-            let p = pack(k, i);
+            let p = self.pack(k, i);
             if p < top[KEPT] {
                 let mut j = KEPT;
                 while j > 0 && top[j - 1] > p {
@@ -131,11 +173,13 @@ mod tests {
     use super::*;
 
     /// The winner equals a scan's first minimum over pseudo-random updates, for unit
-    /// counts that are and are not powers of two.
+    /// counts that are and are not powers of two (up to 65); and [`Earliest::keep_first`], after
+    /// a winner's update, says it is still first only when it is.
     #[test]
     fn the_winner_is_the_scans_first_minimum() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for n in [1usize, 2, 3, 5, 16, 17] {
+        let mut kept = 0;
+        for n in [1usize, 2, 3, 5, 16, 17, 64, 65] {
             let mut e = Earliest::new(n);
             let mut keys = vec![IDLE; n];
             assert_eq!(e.first(), None);
@@ -159,7 +203,27 @@ mod tests {
                     .min_by_key(|&(_, &k)| k)
                     .map(|(i, _)| i);
                 assert_eq!(e.first(), want, "n {n}");
+                // The winner steps on (as the engine's unit does), perhaps to idle.
+                let Some(w) = want else { continue };
+                let k = match (x >> 40) % 9 {
+                    0 => IDLE,
+                    d => keys[w] + d / 3,
+                };
+                keys[w] = k;
+                let still = e.keep_first(w, k);
+                let want = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &k)| k != IDLE)
+                    .min_by_key(|&(_, &k)| k)
+                    .map(|(i, _)| i);
+                if still {
+                    assert_eq!(want, Some(w), "n {n}: kept first wrongly");
+                    kept += 1;
+                }
+                assert_eq!(e.first(), want, "n {n} after keep_first");
             }
         }
+        assert!(kept > 1000, "{kept} kept");
     }
 }

@@ -5,7 +5,9 @@
 //! and places the rest on units with a free block slot. A unit holds as many blocks as
 //! the [`OccupancyModel`] allows, so `W = blocks × warps per block` warps are resident.
 //! Each unit has its own cycle clock; the engine always advances the unit whose clock is
-//! earliest, so the units' requests reach the shared TLB and DRAM interleaved in time.
+//! earliest, so the units' requests reach the shared TLB and DRAM interleaved in time
+//! (a unit that is still the earliest after its step steps again at once, a burst,
+//! without the search: the same order).
 //! On a unit the [`WarpScheduler`] picks a ready warp, which issues one instruction
 //! (one cycle); a memory instruction's 32 lane addresses are coalesced into 128-byte
 //! transactions, each distinct page among them is one translation request by that unit
@@ -52,144 +54,22 @@
 //! after the retry). Everything is deterministic.
 
 use crate::access::{fill_pages, held_mask, memory, Lanes, Memory, When};
-use crate::coalesce::{CoalesceError, LANES};
+use crate::coalesce::LANES;
 use crate::cost::CostModel;
 use crate::datacache::DataCache;
-use crate::dispatch::{Dispatch, WarpScheduler, DEAD};
+use crate::dispatch::{Dispatch, LooseRoundRobin, WarpScheduler, DEAD};
 use crate::earliest::{Earliest, IDLE};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
-use crate::occupancy::{Occupancy, OccupancyError, OccupancyModel};
+use crate::occupancy::{Occupancy, OccupancyModel};
 use crate::wakes::Wakes;
 use gmem_core::Gmem;
-use gmem_sim::{AccessError, Served};
+use gmem_sim::Served;
 use std::collections::VecDeque;
-use std::fmt;
 
-/// Why a launch failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SimtError {
-    /// The kernel does not fit a unit.
-    Occupancy(OccupancyError),
-    /// A warp's lane addresses were rejected.
-    Coalesce {
-        /// The block.
-        block: u64,
-        /// The error.
-        error: CoalesceError,
-    },
-    /// An access failed (fault not served, livelock, no memory, ...).
-    Access {
-        /// The block.
-        block: u64,
-        /// The error.
-        error: AccessError,
-    },
-    /// A cost-model cache geometry was rejected.
-    Geometry,
-    /// The device has no compute unit.
-    NoUnits,
-    /// A warp loaded into a register it had already loaded since its last
-    /// [`Op::Wait`], or into one beyond [`LOAD_REGS`], or exited with loads it never
-    /// waited for (a program error; the warp's earlier instructions stay done).
-    Register {
-        /// The block.
-        block: u64,
-        /// The register (`None`: exited with loads outstanding).
-        reg: Option<u8>,
-    },
-}
-
-impl fmt::Display for SimtError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SimtError::Occupancy(e) => write!(f, "occupancy: {e}"),
-            SimtError::Coalesce { block, error } => write!(f, "block {block}: {error:?}"),
-            SimtError::Access { block, error } => write!(f, "block {block}: {error}"),
-            SimtError::Geometry => write!(f, "bad data-cache geometry"),
-            SimtError::NoUnits => write!(f, "the device has no compute unit"),
-            SimtError::Register {
-                block,
-                reg: Some(r),
-            } => write!(
-                f,
-                "block {block}: register {r} loaded twice or out of range"
-            ),
-            SimtError::Register { block, reg: None } => {
-                write!(
-                    f,
-                    "block {block}: a warp exited with loads it did not wait for"
-                )
-            }
-        }
-    }
-}
-
-/// What a launch did.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RunStats {
-    /// Cycles until the last unit finished.
-    pub cycles: u64,
-    /// Thread blocks run.
-    pub blocks: u64,
-    /// Warps run.
-    pub warps: u64,
-    /// Resident warps per unit (the occupancy).
-    pub warps_per_unit: u32,
-    /// Warp instructions issued.
-    pub instructions: u64,
-    /// Of those, loads and stores.
-    pub memory_instructions: u64,
-    /// 128-byte transactions.
-    pub transactions: u64,
-    /// Translation requests (distinct pages per memory instruction).
-    pub translations: u64,
-    /// Requests served by the unit's L1 TLB.
-    pub served_l1: u64,
-    /// Requests served by the shared TLB.
-    pub served_l2: u64,
-    /// Requests that missed while a walk of their page was in flight (or missed at
-    /// issue and found the page filled by another request's walk) and waited for it:
-    /// neither a hit nor a walk of their own.
-    pub merged: u64,
-    /// Requests that walked.
-    pub walks: u64,
-    /// Table entries those walks read.
-    pub walk_reads: u64,
-    /// Transactions served by an L1 data cache.
-    pub l1_data_hits: u64,
-    /// Transactions served by the L2 data cache.
-    pub l2_data_hits: u64,
-    /// Transactions that went to DRAM.
-    pub dram_transactions: u64,
-    /// Cycles warps waited for translation (summed over memory instructions).
-    pub translation_cycles: u64,
-    /// Cycles warps waited for data (summed over memory instructions).
-    pub data_cycles: u64,
-}
-
-impl RunStats {
-    /// Add another launch's counters (cycles add: launches run one after another).
-    pub fn plus(&mut self, o: &RunStats) {
-        self.cycles += o.cycles;
-        self.blocks += o.blocks;
-        self.warps += o.warps;
-        self.warps_per_unit = self.warps_per_unit.max(o.warps_per_unit);
-        self.instructions += o.instructions;
-        self.memory_instructions += o.memory_instructions;
-        self.transactions += o.transactions;
-        self.translations += o.translations;
-        self.served_l1 += o.served_l1;
-        self.served_l2 += o.served_l2;
-        self.merged += o.merged;
-        self.walks += o.walks;
-        self.walk_reads += o.walk_reads;
-        self.l1_data_hits += o.l1_data_hits;
-        self.l2_data_hits += o.l2_data_hits;
-        self.dram_transactions += o.dram_transactions;
-        self.translation_cycles += o.translation_cycles;
-        self.data_cycles += o.data_cycles;
-    }
-}
+mod report;
+#[cfg(test)]
+mod tests;
+pub use report::{RunStats, SimtError};
 
 struct Warp<W> {
     prog: W,
@@ -227,12 +107,63 @@ struct Unit<W> {
     /// Live warps waiting in the walk queue (their slots hold [`PARKED`]).
     parked: usize,
     pinned: VecDeque<u64>,
-    sched: Box<dyn WarpScheduler>,
+    sched: Sched,
     l1d: Option<DataCache>,
-    /// Register files from earlier launches for this unit's new warps (boxed: a warp
-    /// takes one by moving a pointer, not 2.4 KiB).
-    #[allow(clippy::vec_box)]
-    spare_io: Vec<Box<WarpIo>>,
+    /// Register files from earlier launches for this unit's new warps.
+    spare_io: Spares,
+}
+
+/// A unit's warp scheduler: the default one by value (its picks inline), any other
+/// through its trait object.
+enum Sched {
+    Loose(LooseRoundRobin),
+    Other(Box<dyn WarpScheduler>),
+}
+
+impl Sched {
+    fn new(s: Box<dyn WarpScheduler>) -> Sched {
+        match s.as_loose_round_robin() {
+            Some(l) => Sched::Loose(l),
+            None => Sched::Other(s),
+        }
+    }
+
+    /// [`WarpScheduler::pick_ready`].
+    #[inline]
+    fn pick_ready(&mut self, ready: u64, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
+        match self {
+            Sched::Loose(l) => l.pick_ready(ready, ready_at, age, now),
+            Sched::Other(o) => o.pick_ready(ready, ready_at, age, now),
+        }
+    }
+
+    /// [`WarpScheduler::pick`].
+    #[inline]
+    fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
+        match self {
+            Sched::Loose(l) => l.pick(ready_at, age, now),
+            Sched::Other(o) => o.pick(ready_at, age, now),
+        }
+    }
+}
+
+/// A unit's spare register files, from earlier launches (boxed: a warp takes one by
+/// moving a pointer, not 2.4 KiB).
+#[allow(clippy::vec_box)]
+struct Spares(Vec<Box<WarpIo>>);
+
+impl Spares {
+    /// A register file for a new warp: a spare one as it is, with only the mask reset
+    /// (see [`WarpIo`] on what a warp may read), else a fresh one.
+    fn take(&mut self) -> Box<WarpIo> {
+        match self.0.pop() {
+            Some(mut io) => {
+                io.mask = 0;
+                io
+            }
+            None => Box::default(),
+        }
+    }
 }
 
 /// A device to run on: the core and the device's port.
@@ -309,6 +240,32 @@ struct Queued {
 pub fn run<K: Kernel>(
     dev: Device<'_>,
     kernel: &K,
+    launch: Launch<'_, '_>,
+) -> Result<RunStats, SimtError> {
+    run_in::<K, true>(dev, kernel, launch)
+}
+
+/// [`run`] without burst runs: every step goes back to the search for the earliest
+/// unit (what [`run`] does must equal this, counter for counter; a test checks it).
+///
+/// # Errors
+/// As [`run`].
+#[cfg(test)]
+pub(crate) fn run_stepwise<K: Kernel>(
+    dev: Device<'_>,
+    kernel: &K,
+    launch: Launch<'_, '_>,
+) -> Result<RunStats, SimtError> {
+    run_in::<K, false>(dev, kernel, launch)
+}
+
+/// [`run`], with burst runs if `BURST`: after a step, the unit just stepped steps again
+/// at once while it stays the earliest (by [`Earliest::keep_first`]), the dispatcher
+/// placed no open block in the step, and the walk queue's head is not due by its
+/// clock — exactly the step the search would pick next.
+fn run_in<K: Kernel, const BURST: bool>(
+    dev: Device<'_>,
+    kernel: &K,
     mut launch: Launch<'_, '_>,
 ) -> Result<RunStats, SimtError> {
     let res = kernel.resources();
@@ -354,11 +311,11 @@ pub fn run<K: Kernel>(
                 live: 0,
                 parked: 0,
                 pinned: VecDeque::new(),
-                sched: (launch.scheduler)(),
+                sched: Sched::new((launch.scheduler)()),
                 l1d: cache(cost.l1_data_geometry)?,
                 spare_io: {
                     let spare = &mut *launch.spare_io;
-                    spare.split_off(spare.len().saturating_sub(slots * wpb))
+                    Spares(spare.split_off(spare.len().saturating_sub(slots * wpb)))
                 },
             })
         })
@@ -482,11 +439,7 @@ pub fn run<K: Kernel>(
                 Some(ready)
             };
             if let Some(ready) = wake {
-                unit.parked -= 1;
-                unit.ready_at[q.slot] = ready;
-                if unit.masked {
-                    unit.wakes.push(ready, q.slot);
-                }
+                unit.unpark(q.slot, ready);
             }
             continue;
         }
@@ -494,200 +447,201 @@ pub fn run<K: Kernel>(
             break;
         };
         touched = Some(u);
-        let unit = &mut units[u];
-        // A warp that stalls at its wait takes no time, so the unit keeps its clock and
-        // stays the earliest with the walk queue as it was: it picks again at once
-        // (what the next step would do, without its scan).
-        let (now, s, op) = 'pick: loop {
-            let now = unit.now;
-            let picked = if unit.masked {
-                // Warps whose latency has elapsed join the ready mask.
-                unit.ready |= unit.wakes.take_due(now);
-                unit.sched
-                    .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
-            } else {
-                unit.sched.pick(&unit.ready_at, &unit.age, now)
-            };
-            let Some(s) = picked else {
-                unit.now = if unit.masked {
-                    // Nothing is ready: every live warp waits in `wakes`, so its earliest
-                    // wait is the minimum of `ready_at`.
-                    unit.wakes.earliest().expect("a live warp")
-                } else {
-                    unit.ready_at.iter().copied().min().expect("a live warp")
-                };
-                continue 'step;
-            };
-            let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
-            // A wait whose loads all have their data by now costs nothing: the program
-            // goes on to its next instruction in the same issue slot.
-            let op = loop {
-                let op = w.prog.next(&mut w.io);
-                if op != Op::Wait {
-                    break Some(op);
-                }
-                w.loaded = 0;
-                if w.queued > 0 || w.data_at > now {
-                    break None;
-                }
-            };
-            let Some(op) = op else {
-                // Stall at the first use of a loaded register (the scoreboard).
-                if w.queued > 0 {
-                    w.waiting = true;
-                    unit.parked += 1;
-                    unit.set_ready_at_unwaited(s, PARKED);
-                    if unit.masked {
-                        unit.ready &= !(1u64 << s);
-                    }
-                } else {
-                    unit.ready_at[s] = w.data_at;
-                    if unit.masked {
-                        unit.ready &= !(1u64 << s);
-                        unit.wakes.push(w.data_at, s);
-                    }
-                }
-                if unit.live > unit.parked {
-                    continue 'pick;
-                }
-                continue 'step;
-            };
-            break (now, s, op);
-        };
-        let w = unit.warps[s].as_mut().expect("the picked warp is live");
-        stats.instructions += 1;
-        let ready = match op {
-            Op::Compute(c) => now + 1 + u64::from(c),
-            Op::Wait => unreachable!("waits are taken above"),
-            Op::Load | Op::Store | Op::LoadTo(_) => {
-                let block = w.block;
-                stats.memory_instructions += 1;
-                if let Op::LoadTo(r) = op {
-                    if usize::from(r) >= LOAD_REGS || w.loaded & (1 << r) != 0 {
-                        return Err(SimtError::Register {
-                            block,
-                            reg: Some(r),
-                        });
-                    }
-                    w.loaded |= 1 << r;
-                }
-                mem.co
-                    .fill(&w.io.addr, w.io.mask, launch.page_shift)
-                    .map_err(|error| SimtError::Coalesce { block, error })?;
-                fill_pages(op, &mut mem);
-                let missed = if cost.timed_walks {
-                    held_mask(dev, u, &mem)
-                } else {
-                    0
-                };
-                if missed != 0 {
-                    // The instruction waits for a walker; a blocking one stalls its
-                    // warp until then, a non-blocking load lets it issue on.
-                    queue.push_back(Queued {
-                        unit: u,
-                        slot: s,
-                        op,
-                        issue: now,
-                        missed,
-                        addr: w.io.addr,
-                        mask: w.io.mask,
-                    });
-                    unit.now += 1;
-                    if let Op::LoadTo(_) = op {
-                        w.queued += 1;
-                        unit.ready_at[s] = now + 1;
-                        if unit.masked {
-                            unit.ready &= !(1u64 << s);
-                            unit.wakes.push(now + 1, s);
-                        }
+        // Unit `u` steps, then again while it stays first (a burst run).
+        loop {
+            'stepped: {
+                let unit = &mut units[u];
+                // A warp that stalls at its wait takes no time, so the unit keeps its clock and
+                // stays the earliest with the walk queue as it was: it picks again at once
+                // (what the next step would do, without its scan).
+                let (now, s, op) = 'pick: loop {
+                    let now = unit.now;
+                    let picked = if unit.masked {
+                        // Warps whose latency has elapsed join the ready mask.
+                        unit.ready |= unit.wakes.take_due(now);
+                        unit.sched
+                            .pick_ready(unit.ready, &unit.ready_at, &unit.age, now)
                     } else {
-                        unit.parked += 1;
-                        unit.set_ready_at_unwaited(s, PARKED);
-                        if unit.masked {
-                            unit.ready &= !(1u64 << s);
+                        unit.sched.pick(&unit.ready_at, &unit.age, now)
+                    };
+                    let Some(s) = picked else {
+                        unit.now = if unit.masked {
+                            // Nothing is ready: every live warp waits in `wakes`, so its earliest
+                            // wait is the minimum of `ready_at`.
+                            unit.wakes.earliest().expect("a live warp")
+                        } else {
+                            unit.ready_at.iter().copied().min().expect("a live warp")
+                        };
+                        break 'stepped;
+                    };
+                    let w = unit.warps[s].as_mut().expect("scheduler picks live warps");
+                    // A wait whose loads all have their data by now costs nothing: the program
+                    // goes on to its next instruction in the same issue slot.
+                    let op = loop {
+                        let op = w.prog.next(&mut w.io);
+                        if op != Op::Wait {
+                            break Some(op);
                         }
-                    }
-                    continue;
-                }
-                let (io, store) = (&mut w.io, op == Op::Store);
-                let value = match op {
-                    Op::LoadTo(r) => &mut io.regs[usize::from(r)],
-                    _ => &mut io.value,
+                        w.loaded = 0;
+                        if w.queued > 0 || w.data_at > now {
+                            break None;
+                        }
+                    };
+                    let Some(op) = op else {
+                        // Stall at the first use of a loaded register (the scoreboard).
+                        if w.queued > 0 {
+                            w.waiting = true;
+                            unit.park(s);
+                        } else {
+                            let at = w.data_at;
+                            unit.wait(s, at);
+                        }
+                        if unit.live > unit.parked {
+                            continue 'pick;
+                        }
+                        break 'stepped;
+                    };
+                    break (now, s, op);
                 };
-                let ready = memory(
-                    dev,
-                    u,
-                    Lanes {
-                        addr: &io.addr,
-                        mask: io.mask,
-                        value,
-                        store,
-                    },
-                    (cost, launch.page_shift),
-                    When {
-                        issue: now,
-                        run: now,
-                        missed: 0,
-                        horizon: queue.front().map_or(now, |q| q.issue),
-                    },
-                    &mut mem,
-                    &mut unit.l1d,
-                    &mut stats,
-                    &mut launch.observer,
-                )
-                .map_err(|error| SimtError::Access { block, error })?;
-                if let Op::LoadTo(_) = op {
-                    w.data_at = w.data_at.max(ready);
-                    now + 1
-                } else {
-                    ready
-                }
-            }
-            Op::Exit => {
-                if w.loaded != 0 {
-                    return Err(SimtError::Register {
-                        block: w.block,
-                        reg: None,
-                    });
-                }
-                let slot = w.block_slot;
-                // The slot keeps the finished program for reuse; DEAD keeps it out of
-                // the schedulers.
-                unit.set_ready_at_unwaited(s, DEAD);
-                unit.ready &= !(1u64 << (s & 63));
-                unit.live -= 1;
-                unit.left[slot] -= 1;
-                unit.now += 1;
-                if unit.left[slot] == 0 {
-                    unit.free += 1;
-                    if let Some(b) = unit.pinned.pop_front() {
-                        place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
-                    } else {
-                        fill_open(
-                            &mut units,
-                            &mut open,
-                            &mut *launch.dispatch,
-                            (kernel, wpb, now),
-                            &mut age,
+                let w = unit.warps[s].as_mut().expect("the picked warp is live");
+                stats.instructions += 1;
+                let ready = match op {
+                    Op::Compute(c) => now + 1 + u64::from(c),
+                    Op::Wait => unreachable!("waits are taken above"),
+                    Op::Load | Op::Store | Op::LoadTo(_) => {
+                        let block = w.block;
+                        stats.memory_instructions += 1;
+                        if let Op::LoadTo(r) = op {
+                            if usize::from(r) >= LOAD_REGS || w.loaded & (1 << r) != 0 {
+                                return Err(SimtError::Register {
+                                    block,
+                                    reg: Some(r),
+                                });
+                            }
+                            w.loaded |= 1 << r;
+                        }
+                        mem.co
+                            .fill(&w.io.addr, w.io.mask, launch.page_shift)
+                            .map_err(|error| SimtError::Coalesce { block, error })?;
+                        fill_pages(op, &mut mem);
+                        let missed = if cost.timed_walks {
+                            held_mask(dev, u, &mem)
+                        } else {
+                            0
+                        };
+                        if missed != 0 {
+                            // The instruction waits for a walker; a blocking one stalls its
+                            // warp until then, a non-blocking load lets it issue on.
+                            queue.push_back(Queued {
+                                unit: u,
+                                slot: s,
+                                op,
+                                issue: now,
+                                missed,
+                                addr: w.io.addr,
+                                mask: w.io.mask,
+                            });
+                            unit.now += 1;
+                            if let Op::LoadTo(_) = op {
+                                w.queued += 1;
+                                unit.wait(s, now + 1);
+                            } else {
+                                unit.park(s);
+                            }
+                            break 'stepped;
+                        }
+                        let (io, store) = (&mut w.io, op == Op::Store);
+                        let value = match op {
+                            Op::LoadTo(r) => &mut io.regs[usize::from(r)],
+                            _ => &mut io.value,
+                        };
+                        let ready = memory(
+                            dev,
+                            u,
+                            Lanes {
+                                addr: &io.addr,
+                                mask: io.mask,
+                                value,
+                                store,
+                            },
+                            (cost, launch.page_shift),
+                            When {
+                                issue: now,
+                                run: now,
+                                missed: 0,
+                                horizon: queue.front().map_or(now, |q| q.issue),
+                            },
+                            &mut mem,
+                            &mut unit.l1d,
                             &mut stats,
-                            (&mut cands, &mut placed),
-                        );
+                            &mut launch.observer,
+                        )
+                        .map_err(|error| SimtError::Access { block, error })?;
+                        if let Op::LoadTo(_) = op {
+                            w.data_at = w.data_at.max(ready);
+                            now + 1
+                        } else {
+                            ready
+                        }
                     }
-                }
-                continue;
+                    Op::Exit => {
+                        if w.loaded != 0 {
+                            return Err(SimtError::Register {
+                                block: w.block,
+                                reg: None,
+                            });
+                        }
+                        let slot = w.block_slot;
+                        // The slot keeps the finished program for reuse; DEAD keeps it out of
+                        // the schedulers.
+                        unit.set_ready_at_unwaited(s, DEAD);
+                        unit.ready &= !(1u64 << (s & 63));
+                        unit.live -= 1;
+                        unit.left[slot] -= 1;
+                        unit.now += 1;
+                        if unit.left[slot] == 0 {
+                            unit.free += 1;
+                            if let Some(b) = unit.pinned.pop_front() {
+                                place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
+                            } else {
+                                fill_open(
+                                    &mut units,
+                                    &mut open,
+                                    &mut *launch.dispatch,
+                                    (kernel, wpb, now),
+                                    &mut age,
+                                    &mut stats,
+                                    (&mut cands, &mut placed),
+                                );
+                            }
+                        }
+                        break 'stepped;
+                    }
+                };
+                unit.wait(s, ready);
+                unit.now += 1;
             }
-        };
-        unit.ready_at[s] = ready;
-        if unit.masked {
-            unit.ready &= !(1u64 << s);
-            unit.wakes.push(ready, s);
+            // The next step is this unit's again when it stays the earliest, no other unit
+            // changed, and the walk queue's head is not due by its clock.
+            if !BURST || !placed.is_empty() {
+                continue 'step;
+            }
+            // `keep_first` has set the unit's key either way.
+            touched = None;
+            let key = clock(&units[u]);
+            if !clocks.keep_first(u, key)
+                || queue
+                    .front()
+                    .is_some_and(|q| (q.issue + pwb).max(mem.walkers.next_free()) <= key)
+            {
+                continue 'step;
+            }
         }
-        unit.now += 1;
     }
     stats.cycles = units.iter().map(|u| u.now).max().unwrap_or(0);
     for u in units {
         launch.spare_wakes.0.push(u.wakes);
-        launch.spare_io.extend(u.spare_io);
+        launch.spare_io.extend(u.spare_io.0);
         launch
             .spare_io
             .extend(u.warps.into_iter().flatten().map(|w| w.io));
@@ -714,6 +668,39 @@ impl<W> Unit<W> {
     fn set_ready_at_unwaited(&mut self, s: usize, at: u64) {
         debug_assert!(!self.wakes.is_pending(s), "slot {s} waits in the calendar");
         self.ready_at[s] = at;
+    }
+
+    /// Picked slot `s` waits until cycle `at`: it leaves the ready mask and joins the
+    /// calendar (with `masked`).
+    #[inline]
+    fn wait(&mut self, s: usize, at: u64) {
+        self.ready_at[s] = at;
+        if self.masked {
+            self.ready &= !(1u64 << s);
+            self.wakes.push(at, s);
+        }
+    }
+
+    /// Picked slot `s` waits in the walk queue: it counts as parked, holds [`PARKED`]
+    /// and leaves the ready mask (with `masked`).
+    #[inline]
+    fn park(&mut self, s: usize) {
+        self.parked += 1;
+        self.set_ready_at_unwaited(s, PARKED);
+        if self.masked {
+            self.ready &= !(1u64 << s);
+        }
+    }
+
+    /// Parked slot `s` left the walk queue and waits until cycle `at` (which may be
+    /// before the unit's clock: then it is due at the next pick).
+    #[inline]
+    fn unpark(&mut self, s: usize, at: u64) {
+        self.parked -= 1;
+        self.set_ready_at_unwaited(s, at);
+        if self.masked {
+            self.wakes.push(at, s);
+        }
     }
 }
 
@@ -748,15 +735,9 @@ fn place<K: Kernel>(
             None => {
                 unit.warps[i] = Some(Warp {
                     prog: kernel.warp(block, w as u32),
-                    io: match unit.spare_io.pop() {
-                        // A register file of an earlier launch's warp, as a finished
-                        // warp's is reused above: only the mask is reset.
-                        Some(mut io) => {
-                            io.mask = 0;
-                            io
-                        }
-                        None => Box::default(),
-                    },
+                    // A register file of an earlier launch's warp, as a finished warp's is
+                    // reused above: only the mask is reset.
+                    io: unit.spare_io.take(),
                     block,
                     block_slot: slot,
                     loaded: 0,

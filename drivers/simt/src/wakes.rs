@@ -14,7 +14,9 @@
 //! non-zero words, find the next one in two bitmap reads. A wait beyond the ring goes to a small heap (`far`)
 //! and moves into the ring when `base` comes near it; one at a cycle already drained
 //! (a walk-queue instruction that ran before its unit's clock) is due at once. `next`
-//! caches the earliest cycle held, so a pick before it costs one compare.
+//! caches the earliest cycle held, so a pick before it costs one compare, and a drain
+//! takes that cycle's bucket without the bitmap search (it searches only for the
+//! buckets after it).
 //!
 //! ## Why there are no stale entries
 //! The heap skipped an entry whose slot's `ready_at` had changed since the push. The
@@ -161,6 +163,18 @@ impl Wakes {
         (m != 0).then(|| w * 64 + m.trailing_zeros() as usize)
     }
 
+    /// Empty bucket `p`, returning its slots.
+    #[inline]
+    fn take_bucket(&mut self, p: usize) -> u64 {
+        let w = p / 64;
+        self.occupied[w] &= !(1 << (p % 64));
+        if self.occupied[w] == 0 {
+            self.words &= !(1 << w);
+        }
+        std::mem::take(&mut self.buckets[p])
+    }
+
+    #[inline]
     fn drain(&mut self, now: u64) -> u64 {
         let mut got = std::mem::take(&mut self.due);
         // The buckets in cycle order from `base`'s: take each one up to `now`; the
@@ -168,6 +182,15 @@ impl Wakes {
         // cyclic search never comes back to one before `from`.)
         let start = (self.base % RING) as usize;
         let mut from = start;
+        if self.next >= self.base && self.next - self.base < RING {
+            // The earliest wait is in the ring (not in `due`, nor in `far`, which holds
+            // only cycles from `base + RING` on), and due (`take_due` drains at or
+            // after it): its bucket is taken without the search.
+            let p = (self.next % RING) as usize;
+            debug_assert!(self.next <= now && self.buckets[p] != 0);
+            got |= self.take_bucket(p);
+            from = (p + 1) % RING as usize;
+        }
         let mut next = u64::MAX;
         while let Some(p) = self.first_from(from) {
             let t = self.base + ((p + RING as usize - start) % RING as usize) as u64;
@@ -175,12 +198,7 @@ impl Wakes {
                 next = t;
                 break;
             }
-            got |= std::mem::take(&mut self.buckets[p]);
-            let w = p / 64;
-            self.occupied[w] &= !(1 << (p % 64));
-            if self.occupied[w] == 0 {
-                self.words &= !(1 << w);
-            }
+            got |= self.take_bucket(p);
             from = (p + 1) % RING as usize;
         }
         // `take_due` drains only at or after the earliest wait, so `base <= now + 1`.
