@@ -532,21 +532,29 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
     ) {
         let mut g = lock(&self.state);
         let g = &mut *g;
-        for (i, &(va, access)) in pages.iter().enumerate() {
-            let (r, served) = match g.root {
-                // Untraced, a clean hit (the common case) is answered here; anything
-                // else takes the one path of `translate_in` from the same lookup.
-                Some(root) if g.trace.is_none() => {
+        match g.root {
+            // Untraced, a clean hit (the common case) is answered here; anything else
+            // takes the one path of `translate_in` from the same lookup. Neither
+            // changes the root or the recording, so they are read once per batch.
+            Some(root) if g.trace.is_none() => {
+                for (i, &(va, access)) in pages.iter().enumerate() {
                     let cached = g.caches.lookup(unit, root.0, va.as_u64());
-                    match clean_hit(cached, access) {
+                    let (r, served) = match clean_hit(cached, access) {
                         Some((leaf, level)) => (Ok(leaf), served_at(level)),
                         None => self.translate_missed(g, unit, root, va, access, cached),
+                    };
+                    if !each(i, r, served) {
+                        return;
                     }
                 }
-                _ => self.translate_locked(g, unit, va, access),
-            };
-            if !each(i, r, served) {
-                return;
+            }
+            _ => {
+                for (i, &(va, access)) in pages.iter().enumerate() {
+                    let (r, served) = self.translate_locked(g, unit, va, access);
+                    if !each(i, r, served) {
+                        return;
+                    }
+                }
             }
         }
     }
