@@ -132,6 +132,10 @@ impl std::ops::DerefMut for PageBytes {
     }
 }
 
+/// What a page never written holds: the bytes [`SimMemory::read_with`] hands out for
+/// one.
+static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
+
 type PageMap = HashMap<u64, Box<PageBytes>, std::hash::BuildHasherDefault<PfnHasher>>;
 
 #[derive(Default)]
@@ -283,78 +287,115 @@ impl SimMemory {
         Ok(())
     }
 
-    /// Read `bufs[i].len()` bytes at physical address `pas[i]` into `bufs[i]`, for each
-    /// `i` below the shorter length, under one lock of the memory (a warp's cache
-    /// lines: the same bytes and counters as one [`SimMemory::read`] per buffer).
+    /// Hand `f` the `N` bytes at physical address `pas[i]`, with `i`, for each `i` in
+    /// order, under one lock of the memory (a warp's cache lines: the same bytes and
+    /// counters as one [`SimMemory::read`] per line). A line within one page is handed
+    /// in place (a page never written reads as zeros), so no bytes are copied unless
+    /// `f` copies them; one that straddles pages is gathered first.
     ///
     /// # Errors
     /// [`BoundsError::OutOfRange`] for the first range not inside this memory; then
-    /// nothing is read.
-    pub fn read_each<const N: usize>(
+    /// nothing is read and `f` is not called.
+    pub fn read_each_with<const N: usize>(
         &self,
         pas: &[u64],
-        bufs: &mut [[u8; N]],
+        mut f: impl FnMut(usize, &[u8; N]),
     ) -> Result<(), BoundsError> {
-        for &pa in pas.iter().take(bufs.len()) {
+        for &pa in pas {
             self.check(PhysAddr::new(pa), N as u64)?;
         }
         let mut g = lock(&self.inner);
-        let mut bytes = 0;
-        for (&pa, buf) in pas.iter().zip(bufs.iter_mut()) {
-            Self::pieces(pa, N as u64, |pfn, off, n, at| match g.pages.get(&pfn) {
-                Some(p) => buf[at..at + n].copy_from_slice(&p[off..off + n]),
-                None => buf[at..at + n].fill(0),
-            });
-            bytes += N as u64;
+        for (i, &pa) in pas.iter().enumerate() {
+            Self::with_line(&g.pages, pa, |line| f(i, line));
         }
-        g.stats.bytes_read += bytes;
+        g.stats.bytes_read += (pas.len() * N) as u64;
         Ok(())
     }
 
-    /// Read `buf.len()` bytes at `pa` into `buf`, let `f` change them, and write `buf`
-    /// back, under one lock of the memory (a partial store of a cache line: one lookup
-    /// of the page instead of a read and a write). Counted as a read and a write.
+    /// [`SimMemory::read_each_with`] for one line: `f` gets the `N` bytes at `pa` and
+    /// its answer is returned.
+    ///
+    /// # Errors
+    /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
+    /// read and `f` is not called.
+    pub fn read_with<const N: usize, R>(
+        &self,
+        pa: PhysAddr,
+        f: impl FnOnce(&[u8; N]) -> R,
+    ) -> Result<R, BoundsError> {
+        self.check(pa, N as u64)?;
+        let mut g = lock(&self.inner);
+        let r = Self::with_line(&g.pages, pa.as_u64(), f);
+        g.stats.bytes_read += N as u64;
+        Ok(r)
+    }
+
+    /// Call `f` on the `N` bytes at `pa` (inside the memory, checked by the caller):
+    /// in place when they lie in one page (the shared zero page for one never
+    /// written), else gathered into a copy.
+    #[inline]
+    fn with_line<const N: usize, R>(pages: &PageMap, pa: u64, f: impl FnOnce(&[u8; N]) -> R) -> R {
+        let off = (pa % PAGE_SIZE) as usize;
+        if let Some(end) = off.checked_add(N).filter(|&e| e <= PAGE) {
+            let page: &[u8; PAGE] = match pages.get(&(pa / PAGE_SIZE)) {
+                Some(p) => p,
+                None => &ZERO_PAGE,
+            };
+            if let Ok(line) = <&[u8; N]>::try_from(&page[off..end]) {
+                return f(line);
+            }
+        }
+        let mut line = [0u8; N];
+        Self::pieces(pa, N as u64, |pfn, off, n, at| {
+            if let Some(p) = pages.get(&pfn) {
+                line[at..at + n].copy_from_slice(&p[off..off + n]);
+            }
+        });
+        f(&line)
+    }
+
+    /// Let `f` change the `len` bytes at `pa` in place, under one lock of the memory (a
+    /// partial store of a cache line: one lookup of its page, no copy of the line).
+    /// Counted as a read and a write of `len` bytes, as a read, a change and a write
+    /// back would be. The bytes' pages get storage (a page never written starts as
+    /// zeros). A range that straddles pages is gathered, changed and scattered back.
     ///
     /// # Errors
     /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
     /// read or written and `f` is not called.
-    pub fn read_modify_write(
+    pub fn modify(
         &self,
         pa: PhysAddr,
-        buf: &mut [u8],
+        len: usize,
         f: impl FnOnce(&mut [u8]),
     ) -> Result<(), BoundsError> {
-        let len = buf.len() as u64;
-        self.check(pa, len)?;
+        let n = len as u64;
+        self.check(pa, n)?;
         let mut g = lock(&self.inner);
+        let g = &mut *g;
         let off = (pa.as_u64() % PAGE_SIZE) as usize;
-        if off + buf.len() <= PAGE {
+        if off + len <= PAGE {
             // Within one page (a cache line always is): one lookup of the page.
             let p = g
                 .pages
                 .entry(pa.as_u64() / PAGE_SIZE)
                 .or_insert_with(PageBytes::zeroed);
-            let bytes = &mut p[off..off + buf.len()];
-            buf.copy_from_slice(bytes);
-            f(buf);
-            bytes.copy_from_slice(buf);
-            g.stats.bytes_read += len;
-            g.stats.bytes_written += len;
-            return Ok(());
+            f(&mut p[off..off + len]);
+        } else {
+            let mut buf = vec![0u8; len];
+            Self::pieces(pa.as_u64(), n, |pfn, off, n, at| {
+                if let Some(p) = g.pages.get(&pfn) {
+                    buf[at..at + n].copy_from_slice(&p[off..off + n]);
+                }
+            });
+            f(&mut buf);
+            Self::pieces(pa.as_u64(), n, |pfn, off, n, at| {
+                let p = g.pages.entry(pfn).or_insert_with(PageBytes::zeroed);
+                p[off..off + n].copy_from_slice(&buf[at..at + n]);
+            });
         }
-        Self::pieces(pa.as_u64(), len, |pfn, off, n, at| {
-            match g.pages.get(&pfn) {
-                Some(p) => buf[at..at + n].copy_from_slice(&p[off..off + n]),
-                None => buf[at..at + n].fill(0),
-            }
-        });
-        f(buf);
-        Self::pieces(pa.as_u64(), len, |pfn, off, n, at| {
-            let p = g.pages.entry(pfn).or_insert_with(PageBytes::zeroed);
-            p[off..off + n].copy_from_slice(&buf[at..at + n]);
-        });
-        g.stats.bytes_read += len;
-        g.stats.bytes_written += len;
+        g.stats.bytes_read += n;
+        g.stats.bytes_written += n;
         Ok(())
     }
 
@@ -540,58 +581,93 @@ mod tests {
         SimMemory::new("m", PhysAddr::new(0x10_000), 4 * PAGE_SIZE).unwrap()
     }
 
-    /// `read_each` gives the bytes and counters of one `read` per buffer (lines that
-    /// straddle a page, untouched pages reading 0) and reads nothing when one range is
-    /// out of bounds.
+    /// `read_each_with` gives the bytes and counters of one `read` per line (lines
+    /// that straddle a page, untouched pages reading 0), in order, and reads nothing
+    /// when one range is out of bounds; `read_with` is the same for one line.
     #[test]
-    fn read_each_equals_a_read_per_buffer_and_checks_every_range_first() {
+    fn read_each_with_equals_a_read_per_line_and_checks_every_range_first() {
         let m = mem();
         let data: Vec<u8> = (0..3 * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
         m.write(PhysAddr::new(0x10_000), &data).unwrap();
         let pas = [0x10_000u64, 0x10_ff8, 0x12_040, 0x13_f80];
         let mut lines = [[0xeeu8; 128]; 4];
+        let mut order = Vec::new();
         let before = m.stats().bytes_read;
-        m.read_each(&pas, &mut lines).unwrap();
+        m.read_each_with(&pas, |i, line: &[u8; 128]| {
+            order.push(i);
+            lines[i] = *line;
+        })
+        .unwrap();
+        assert_eq!(order, [0, 1, 2, 3]);
         assert_eq!(m.stats().bytes_read - before, 4 * 128);
         for (&pa, line) in pas.iter().zip(&lines) {
             let mut want = [0u8; 128];
             m.read(PhysAddr::new(pa), &mut want).unwrap();
             assert_eq!(line, &want);
+            let one = m.read_with(PhysAddr::new(pa), |l: &[u8; 128]| *l).unwrap();
+            assert_eq!(one, want);
         }
+        // The last line is in a page never written: zeros.
+        assert_eq!(lines[3], [0u8; 128]);
         let before = m.stats().bytes_read;
-        let mut lines = [[0xeeu8; 128]; 2];
-        assert!(m.read_each(&[0x10_000, 0x13_fc0], &mut lines).is_err());
-        assert_eq!(lines, [[0xeeu8; 128]; 2]);
+        let mut called = false;
+        assert!(m
+            .read_each_with(&[0x10_000, 0x13_fc0], |_, _: &[u8; 128]| called = true)
+            .is_err());
+        assert!(m
+            .read_with(PhysAddr::new(0x13_fc0), |_: &[u8; 128]| called = true)
+            .is_err());
+        assert!(!called);
         assert_eq!(m.stats().bytes_read, before);
     }
 
     #[test]
-    fn read_modify_write_changes_only_what_f_changes_and_checks_bounds_first() {
+    fn modify_changes_only_what_f_changes_and_checks_bounds_first() {
         let m = mem();
         m.write(PhysAddr::new(0x10_ff8), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
             .unwrap();
-        let mut line = [0xeeu8; 16];
-        m.read_modify_write(PhysAddr::new(0x10_ff8), &mut line, |b| b[9] = 42)
-            .unwrap();
+        // Across a page boundary: gathered, changed, scattered.
+        m.modify(PhysAddr::new(0x10_ff8), 16, |b| {
+            assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 0, 0, 0, 0]);
+            b[9] = 42;
+        })
+        .unwrap();
         let mut back = [0u8; 16];
         m.read(PhysAddr::new(0x10_ff8), &mut back).unwrap();
         assert_eq!(back, [1, 2, 3, 4, 5, 6, 7, 8, 9, 42, 0, 0, 0, 0, 0, 0]);
-        // Within one page.
-        let mut w = [0u8; 4];
-        m.read_modify_write(PhysAddr::new(0x10_ff8), &mut w, |b| b[0] = 7)
-            .unwrap();
+        // Within one page, in place.
+        m.modify(PhysAddr::new(0x10_ff8), 4, |b| {
+            assert_eq!(b, [1, 2, 3, 4]);
+            b[0] = 7;
+        })
+        .unwrap();
         m.read(PhysAddr::new(0x10_ff8), &mut back).unwrap();
         assert_eq!(back[..5], [7, 2, 3, 4, 5]);
+        // A page never written starts as zeros and gets storage.
+        let pages = m.stats().resident_pages;
+        m.modify(PhysAddr::new(0x12_080), 128, |b| {
+            assert_eq!(b, [0u8; 128]);
+            b[127] = 9;
+        })
+        .unwrap();
+        assert_eq!(m.stats().resident_pages, pages + 1);
         let end = PhysAddr::new(0x10_000 + 4 * PAGE_SIZE - 8);
         let mut called = false;
         assert!(matches!(
-            m.read_modify_write(end, &mut line, |_| called = true),
+            m.modify(end, 16, |_| called = true),
             Err(BoundsError::OutOfRange { .. })
         ));
         assert!(!called);
         assert!(m.check_range(end, 8).is_ok() && m.check_range(end, 9).is_err());
         let st = m.stats();
-        assert_eq!((st.bytes_read, st.bytes_written), (52, 30));
+        assert_eq!(
+            (st.bytes_read, st.bytes_written),
+            (16 + 16 + 4 + 16 + 128, 10 + 16 + 4 + 128)
+        );
+        let mut last = [0u8; 128];
+        m.read(PhysAddr::new(0x12_080), &mut last).unwrap();
+        assert_eq!(last[127], 9);
+        assert_eq!(last[..127], [0u8; 127]);
     }
 
     #[test]

@@ -29,7 +29,6 @@ pub(crate) struct Memory {
     /// The port's scratch list, kept across instructions so that its memories serve
     /// the next one; after an access its live entries are that access's pages.
     resolved: PageList,
-    lines: Vec<[u8; TRANSACTION as usize]>,
     /// Physical address of each transaction of the instruction in `co`.
     line_pa: [u64; 32],
     l2d: Option<DataCache>,
@@ -48,7 +47,6 @@ impl Memory {
             co: Coalesced::default(),
             pages: Vec::with_capacity(32),
             resolved: PageList::new(),
-            lines: vec![[0; TRANSACTION as usize]; 32],
             line_pa: [0; 32],
             l2d,
             link_free: 0,
@@ -135,7 +133,7 @@ pub(crate) fn memory(
     if m.co.transactions.is_empty() {
         return Ok(run + 1);
     }
-    let (co, lines, line_pa) = (&m.co, &mut m.lines, &mut m.line_pa);
+    let (co, line_pa) = (&m.co, &mut m.line_pa);
     let store = op == Op::Store;
     dev.port
         .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
@@ -153,62 +151,30 @@ pub(crate) fn memory(
                     .map_err(AccessError::Bounds)?;
             }
             let n = co.transactions.len();
-            if !store && n == 1 {
-                // One line (a coalesced load): a plain read.
-                res[co.transaction_page(0)]
-                    .memory
-                    .read(PhysAddr::new(line_pa[0]), &mut lines[0])
-                    .map_err(AccessError::Bounds)?;
-            } else if !store {
-                // Each run of transactions in one memory (usually all of them) read
-                // under one lock of it. This is inside `f`, so under the gate, as a
-                // read per line was: no shootdown completes until every line is read,
-                // and a racing migration cannot give the frames up before.
-                let mut s = 0;
-                while s < n {
-                    let memory = &res[co.transaction_page(s)].memory;
-                    let mut e = s + 1;
-                    while e < n && Arc::ptr_eq(&res[co.transaction_page(e)].memory, memory) {
-                        e += 1;
-                    }
-                    memory
-                        .read_each(&line_pa[s..e], &mut lines[s..e])
-                        .map_err(AccessError::Bounds)?;
-                    s = e;
-                }
-            }
             if co.whole_line() {
                 // One aligned line, lane `l` at its word `l` (all 32 lanes active): the
-                // values move as the line, without a lane loop or a lane's offset.
+                // values move as the line, in place in the memory, without a lane loop
+                // or a lane's offset.
+                let memory = &res[co.transaction_page(0)].memory;
+                let pa = PhysAddr::new(line_pa[0]);
                 if store {
-                    let r = &res[co.transaction_page(0)];
-                    return r
-                        .memory
-                        .read_modify_write(PhysAddr::new(line_pa[0]), &mut lines[0], |line| {
+                    return memory
+                        .modify(pa, TRANSACTION as usize, |line| {
                             for (w, v) in line.chunks_exact_mut(4).zip(io.value.iter()) {
                                 w.copy_from_slice(&v.to_le_bytes());
                             }
                         })
                         .map_err(AccessError::Bounds);
                 }
-                for (v, w) in io.value.iter_mut().zip(lines[0].chunks_exact(4)) {
-                    *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                }
-                return Ok(());
+                return memory
+                    .read_with(pa, |line: &[u8; TRANSACTION as usize]| {
+                        for (v, w) in io.value.iter_mut().zip(line.chunks_exact(4)) {
+                            *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                        }
+                    })
+                    .map_err(AccessError::Bounds);
             }
-            if !store {
-                let mut lanes = io.mask;
-                while lanes != 0 {
-                    let l = lanes.trailing_zeros() as usize;
-                    lanes &= lanes - 1;
-                    let off = (io.addr[l] % TRANSACTION) as usize;
-                    let w = &lines[co.lane_transaction(l)][off..off + 4];
-                    io.value[l] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                }
-                return Ok(());
-            }
-            // Each line read, its lanes' words written and written back under one lock
-            // of its memory.
+            // The active lanes of each transaction.
             let mut of_tx = [0u32; LANES];
             let mut lanes = io.mask;
             while lanes != 0 {
@@ -216,10 +182,42 @@ pub(crate) fn memory(
                 lanes &= lanes - 1;
                 of_tx[co.lane_transaction(l)] |= 1 << l;
             }
-            for (ti, &pa) in line_pa.iter().enumerate().take(co.transactions.len()) {
+            if !store {
+                // Each run of transactions in one memory (usually all of them) read in
+                // place under one lock of it, each line's lanes taking their words.
+                // This is inside `f`, so under the gate, as a read per line was: no
+                // shootdown completes until every line is read, and a racing migration
+                // cannot give the frames up before.
+                let value = &mut *io.value;
+                let mut s = 0;
+                while s < n {
+                    let memory = &res[co.transaction_page(s)].memory;
+                    let mut e = s + 1;
+                    while e < n && Arc::ptr_eq(&res[co.transaction_page(e)].memory, memory) {
+                        e += 1;
+                    }
+                    let first = s;
+                    memory
+                        .read_each_with(&line_pa[s..e], |i, line: &[u8; TRANSACTION as usize]| {
+                            let mut lanes = of_tx[first + i];
+                            while lanes != 0 {
+                                let l = lanes.trailing_zeros() as usize;
+                                lanes &= lanes - 1;
+                                let off = (io.addr[l] % TRANSACTION) as usize;
+                                let w = &line[off..off + 4];
+                                value[l] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                            }
+                        })
+                        .map_err(AccessError::Bounds)?;
+                    s = e;
+                }
+                return Ok(());
+            }
+            // Each line's lanes' words written in place under one lock of its memory.
+            for (ti, &pa) in line_pa.iter().enumerate().take(n) {
                 let r = &res[co.transaction_page(ti)];
                 r.memory
-                    .read_modify_write(PhysAddr::new(pa), &mut lines[ti], |line| {
+                    .modify(PhysAddr::new(pa), TRANSACTION as usize, |line| {
                         let mut lanes = of_tx[ti];
                         while lanes != 0 {
                             let l = lanes.trailing_zeros() as usize;
