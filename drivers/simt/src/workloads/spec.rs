@@ -216,8 +216,9 @@ impl<S: Spec> Kernel for SpecKernel<S> {
 /// without branches.
 #[inline(always)]
 fn affine_lanes(io: &mut WarpIo, a: Affine, base: u64, active: u32) {
-    // An induction over the lanes rather than a product per lane: the vectorised
-    // loop adds, where a 64-bit multiply would be emulated.
+    // An induction over the lanes rather than a product per lane: an add each (the
+    // compiler vectorises it for a constant stride; a 64-bit multiply per lane
+    // would be emulated in SSE2).
     let mut x = a.at(base);
     for y in io.addr.iter_mut() {
         *y = x;
