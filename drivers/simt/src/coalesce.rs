@@ -155,7 +155,8 @@ impl Coalesced {
     /// the value and returns true, else returns false having changed nothing. The
     /// check is one pass over the lanes, an add and a compare each (no multiply); the
     /// transactions then follow from `addr[0]` and `s` (for `s = 4`, the common
-    /// coalesced access, see [`Coalesced::fill_consecutive`]).
+    /// coalesced access, see [`Coalesced::fill_consecutive`]), and so do the pages
+    /// when the lanes are a page or more apart.
     fn fill_affine(&mut self, addr: &[u64; LANES], page_shift: u8) -> bool {
         let a0 = addr[0];
         let s = addr[1].wrapping_sub(a0);
@@ -198,6 +199,14 @@ impl Coalesced {
             self.transactions
                 .extend(addr.iter().map(|&a| a & !(TRANSACTION - 1)));
             self.lane_tx = IDENTITY;
+            if s.checked_shr(u32::from(page_shift)).unwrap_or(0) != 0 {
+                // Lanes at least a page apart: a page per lane too.
+                let pmask = !((1u64 << page_shift) - 1);
+                self.pages
+                    .extend(self.transactions.iter().map(|&t| t & pmask));
+                self.tx_page = IDENTITY;
+                return true;
+            }
         }
         self.pages_of_transactions(page_shift);
         true
