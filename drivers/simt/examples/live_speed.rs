@@ -8,10 +8,15 @@
 //!
 //! Each run checks every stored result (each is the thread's step count).
 //!
-//! `valgrind --tool=callgrind target/release/examples/live_speed stream 3`
+//! The kernels declare their addresses affine in the thread id ([`Spec::affine`],
+//! [`Spec::out_affine`]); a third argument `plain` runs them without the declaration
+//! (the warp calls `addr` and `out` per lane), to compare. The model's results are the
+//! same either way.
+//!
+//! `valgrind --tool=callgrind target/release/examples/live_speed stream 3 [plain]`
 
 use gmem_simt::machine::SimtMachine;
-use gmem_simt::workloads::spec::{Spec, SpecKernel, MAX_OPS};
+use gmem_simt::workloads::spec::{Affine, Spec, SpecKernel, MAX_OPS};
 
 /// `c[t] = a[t] + 1`, or a 64-step loop over `a` (`stride` 1: coalesced columns,
 /// `stride` `n`: a row per lane).
@@ -23,6 +28,8 @@ struct Loop {
     col: u64,
     a: u64,
     c: u64,
+    /// Declare the addresses affine (see the module documentation).
+    affine: bool,
 }
 
 impl Spec for Loop {
@@ -38,11 +45,23 @@ impl Spec for Loop {
     fn addr(&self, t: u64, k: u64, _op: usize) -> Option<u64> {
         Some(self.a + 4 * (t * self.row + k * self.col))
     }
+    fn affine(&self, k: u64, _op: usize) -> Option<Affine> {
+        self.affine.then_some(Affine {
+            base: self.a + 4 * k * self.col,
+            stride: 4 * self.row,
+        })
+    }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] += v[0];
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.c + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        self.affine.then_some(Affine {
+            base: self.c,
+            stride: 4,
+        })
     }
 }
 
@@ -50,6 +69,14 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let case = args.next().unwrap_or_else(|| "stream".into());
     let launches: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let affine = match args.next().as_deref() {
+        None => true,
+        Some("plain") => false,
+        Some(other) => {
+            eprintln!("unknown option {other}: plain or nothing");
+            std::process::exit(2);
+        }
+    };
     let n = 1u64 << 18;
     let m = SimtMachine::mesc(3 * n / 1024 + 2048).expect("machine");
     let a = m.upload_f32(&vec![1.0; n as usize]).expect("upload");
@@ -64,6 +91,7 @@ fn main() {
             col: 0,
             a,
             c,
+            affine,
         },
         "columns" => Loop {
             n: 4096,
@@ -72,6 +100,7 @@ fn main() {
             col: 4096,
             a,
             c,
+            affine,
         },
         "rows" => Loop {
             n: 256,
@@ -80,6 +109,7 @@ fn main() {
             col: 1,
             a,
             c,
+            affine,
         },
         other => {
             eprintln!("unknown case {other}: stream, columns or rows");
@@ -102,5 +132,6 @@ fn main() {
         eprintln!("{case}: {bad} of {threads} results wrong");
         std::process::exit(1);
     }
-    println!("{case}: {instrs} memory instructions per launch, {launches} launches");
+    let form = if affine { "affine" } else { "plain" };
+    println!("{case}: {instrs} memory instructions per launch, {launches} launches ({form})");
 }

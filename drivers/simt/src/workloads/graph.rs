@@ -8,7 +8,7 @@
 //! block ([`Op::Load`]); the two ends of a node's edge range do not depend on each
 //! other, so both issue before either is used ([`Op::LoadTo`], then [`Op::Wait`]).
 
-use super::spec::{Spec, SpecKernel, MAX_OPS};
+use super::spec::{Affine, Spec, SpecKernel, MAX_OPS};
 use super::{max_rel_error, Outcome, Size};
 use crate::engine::RunStats;
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram};
@@ -428,11 +428,23 @@ impl Spec for Contrib {
     fn addr(&self, t: u64, _k: u64, op: usize) -> Option<u64> {
         Some(if op == 0 { self.rank } else { self.inv_deg } + 4 * t)
     }
+    fn affine(&self, _k: u64, op: usize) -> Option<Affine> {
+        Some(Affine {
+            base: if op == 0 { self.rank } else { self.inv_deg },
+            stride: 4,
+        })
+    }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] = v[0] * v[1];
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.out + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.out,
+            stride: 4,
+        })
     }
 }
 

@@ -29,7 +29,7 @@ use crate::engine::RunStats;
 use crate::machine::SimtMachine;
 use polybench::polybench;
 use rodinia::{backprop, backprop_inputs, hotspot, kmeans, kmeans_size};
-use spec::{Spec, SpecKernel, MAX_OPS};
+use spec::{Affine, Spec, SpecKernel, MAX_OPS};
 
 /// Problem sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,11 +218,23 @@ impl Spec for VecAdd {
     fn addr(&self, t: u64, _k: u64, op: usize) -> Option<u64> {
         Some(if op == 0 { self.a } else { self.b } + 4 * t)
     }
+    fn affine(&self, _k: u64, op: usize) -> Option<Affine> {
+        Some(Affine {
+            base: if op == 0 { self.a } else { self.b },
+            stride: 4,
+        })
+    }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] = v[0] + v[1];
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.c + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.c,
+            stride: 4,
+        })
     }
 }
 
@@ -278,6 +290,15 @@ impl Spec for Conv2d {
         let (i, j) = (t / self.n, t % self.n);
         let (di, dj) = (op as u64 / 3, op as u64 % 3);
         Some(self.a + 4 * ((i + di - 1) * self.n + (j + dj - 1)))
+    }
+    fn affine(&self, _k: u64, op: usize) -> Option<Affine> {
+        // `(i + di - 1)·n + j + dj - 1 = t + (di - 1)·n + dj - 1` for the interior
+        // threads (those that store): an offset from `4 t`, negative for `di = 0`.
+        let (di, dj) = (op as u64 / 3, op as u64 % 3);
+        Some(Affine {
+            base: (self.a + 4 * (di * self.n + dj)).wrapping_sub(4 * (self.n + 1)),
+            stride: 4,
+        })
     }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] = (0..9).fold(0.0, |s, q| s + CONV[q] * v[q]);
@@ -356,6 +377,12 @@ impl Spec for Sgemm {
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.c + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.c,
+            stride: 4,
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! or column, each verified against a CPU reference. The translation-sensitive class of
 //! the MESC paper: walking `A` by rows puts a different page under every lane.
 
-use super::spec::{Spec, MAX_OPS};
+use super::spec::{Affine, Spec, MAX_OPS};
 use super::{launch, max_rel_error, values, Outcome, TOLERANCE};
 use crate::engine::RunStats;
 use crate::machine::SimtMachine;
@@ -41,11 +41,25 @@ impl Spec for MatVec {
             _ => self.v + 4 * k,
         })
     }
+    fn affine(&self, k: u64, op: usize) -> Option<Affine> {
+        let (base, stride) = match op {
+            0 if self.rows => (self.a + 4 * k, 4 * self.n),
+            0 => (self.a + 4 * k * self.n, 4),
+            _ => (self.v + 4 * k, 0),
+        };
+        Some(Affine { base, stride })
+    }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] += v[0] * v[1];
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.out + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.out,
+            stride: 4,
+        })
     }
 }
 
@@ -78,12 +92,26 @@ impl Spec for Gesummv {
             _ => self.x + 4 * k,
         })
     }
+    fn affine(&self, k: u64, op: usize) -> Option<Affine> {
+        let (base, stride) = match op {
+            0 => (self.a + 4 * k, 4 * self.n),
+            1 => (self.b + 4 * k, 4 * self.n),
+            _ => (self.x + 4 * k, 0),
+        };
+        Some(Affine { base, stride })
+    }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] += v[0] * v[2];
         acc[1] += v[1] * v[2];
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.y + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.y,
+            stride: 4,
+        })
     }
     fn result(&self, _t: u64, acc: &[f32; 4]) -> f32 {
         ALPHA * acc[0] + BETA * acc[1]

@@ -1,7 +1,7 @@
 //! Rodinia-style workloads: the hotspot stencil, the k-means membership kernel and
 //! back-propagation, each verified against a CPU reference.
 
-use super::spec::{Spec, SpecKernel, MAX_OPS};
+use super::spec::{Affine, Spec, SpecKernel, MAX_OPS};
 use super::{launch, max_rel_error, values, Outcome, Size, TOLERANCE};
 use crate::engine::RunStats;
 use crate::machine::SimtMachine;
@@ -47,11 +47,26 @@ impl Spec for Hotspot {
             _ => self.power + 4 * t,
         })
     }
+    fn affine(&self, _k: u64, op: usize) -> Option<Affine> {
+        // The centre cell and the power; the neighbours clamp at the edges.
+        let base = match op {
+            0 => self.temp,
+            5 => self.power,
+            _ => return None,
+        };
+        Some(Affine { base, stride: 4 })
+    }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] = hotspot_cell(v[0], v[1], v[2], v[3], v[4], v[5]);
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.out + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.out,
+            stride: 4,
+        })
     }
     fn cycles(&self) -> u32 {
         12
@@ -138,6 +153,15 @@ impl Spec for KmeansAssign {
             self.clusters + 4 * (c * self.f + f)
         })
     }
+    fn affine(&self, s: u64, op: usize) -> Option<Affine> {
+        let (c, f) = (s / self.f, s % self.f);
+        let (base, stride) = if op == 0 {
+            (self.feat + 4 * f * self.n, 4)
+        } else {
+            (self.clusters + 4 * (c * self.f + f), 0)
+        };
+        Some(Affine { base, stride })
+    }
     fn fold(&self, _t: u64, s: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         let (c, f) = (s / self.f, s % self.f);
         let d = v[0] - v[1];
@@ -152,6 +176,12 @@ impl Spec for KmeansAssign {
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.out + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.out,
+            stride: 4,
+        })
     }
     fn result(&self, _t: u64, acc: &[f32; 4]) -> f32 {
         acc[2]
@@ -276,6 +306,14 @@ impl Spec for BpForward {
             self.w + 4 * (i * (self.hid + 1) + t)
         })
     }
+    fn affine(&self, i: u64, op: usize) -> Option<Affine> {
+        let (base, stride) = if op == 0 {
+            (self.input + 4 * i, 0)
+        } else {
+            (self.w + 4 * i * (self.hid + 1), 4)
+        };
+        Some(Affine { base, stride })
+    }
     fn fold(&self, _t: u64, _i: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] += v[0] * v[1];
     }
@@ -320,11 +358,26 @@ impl Spec for BpAdjust {
             _ => self.w + 4 * t,
         })
     }
+    fn affine(&self, _k: u64, op: usize) -> Option<Affine> {
+        // The weights; `delta[j]` and `input[i]` follow `t`'s row and column.
+        let base = match op {
+            2 => self.oldw,
+            3 => self.w,
+            _ => return None,
+        };
+        Some(Affine { base, stride: 4 })
+    }
     fn fold(&self, _t: u64, _k: u64, acc: &mut [f32; 4], v: &[f32; MAX_OPS]) {
         acc[0] = v[3] + (ETA * v[0] * v[1] + MOMENTUM * v[2]);
     }
     fn out(&self, t: u64) -> Option<u64> {
         Some(self.w + 4 * t)
+    }
+    fn out_affine(&self) -> Option<Affine> {
+        Some(Affine {
+            base: self.w,
+            stride: 4,
+        })
     }
 }
 
