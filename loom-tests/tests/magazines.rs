@@ -19,7 +19,6 @@
 mod common;
 
 use std::cell::Cell;
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use gmem_core::vmem::{Arena, ArenaConfig, FitPolicy};
@@ -97,20 +96,6 @@ fn magazines_and_depot_hand_out_each_range_once_and_lose_none() {
         for t in threads {
             held.extend(t.join().unwrap());
         }
-        let mut seen = HashSet::new();
-        for &a in &held {
-            assert!(seen.insert(a), "object {a:#x} handed out twice");
-        }
-        for a in held {
-            arena.free(a, Q).unwrap();
-        }
-        arena.reap();
-        let s = arena.stats();
-        assert_eq!(
-            (s.allocated, s.cached, s.segments, s.free_segments),
-            (0, 0, 1, 1),
-            "every object came back and coalesced: {s:?}"
-        );
-        assert_eq!(s.allocs, s.frees);
+        common::assert_each_once_then_all_back(&arena, held, Q);
     });
 }

@@ -132,3 +132,29 @@ pub fn space(s: &TestSystem, bytes: u64, devices: &[usize]) -> SpaceId {
     }
     space
 }
+
+/// The end check of the magazine models: no object of `held` is held twice (nothing
+/// was handed out twice); after freeing them all (each `quantum` bytes) and reaping,
+/// the arena is one free segment again (nothing lost), with as many allocations as
+/// frees counted.
+pub fn assert_each_once_then_all_back(
+    arena: &gmem_core::vmem::Arena,
+    held: Vec<u64>,
+    quantum: u64,
+) {
+    let mut seen = HashSet::new();
+    for &a in &held {
+        assert!(seen.insert(a), "object {a:#x} handed out twice");
+    }
+    for a in held {
+        arena.free(a, quantum).unwrap();
+    }
+    arena.reap();
+    let s = arena.stats();
+    assert_eq!(
+        (s.allocated, s.cached, s.segments, s.free_segments),
+        (0, 0, 1, 1),
+        "every object came back and coalesced: {s:?}"
+    );
+    assert_eq!(s.allocs, s.frees);
+}
