@@ -64,22 +64,7 @@ fn shared_hits_on_one_record_hand_out_each_range_once_and_lose_none() {
         );
         let give: Vec<u64> = main.drain(..2).collect();
 
-        let threads: Vec<_> = give
-            .into_iter()
-            .map(|given| {
-                let arena = arena.clone();
-                loom::thread::spawn(move || {
-                    let x = arena.alloc(Q).unwrap();
-                    arena.free(given, Q).unwrap();
-                    let y = arena.alloc(Q).unwrap();
-                    vec![x, y]
-                })
-            })
-            .collect();
-        let mut held = main;
-        for t in threads {
-            held.extend(t.join().unwrap());
-        }
+        let held = common::alloc_free_alloc_threads(&arena, give, Q, |_| {}, main);
         common::assert_each_once_then_all_back(&arena, held, Q);
     });
 }

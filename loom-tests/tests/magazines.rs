@@ -78,24 +78,7 @@ fn magazines_and_depot_hand_out_each_range_once_and_lose_none() {
         );
         let give: Vec<u64> = main.drain(..2).collect();
 
-        let threads: Vec<_> = give
-            .into_iter()
-            .enumerate()
-            .map(|(cpu, given)| {
-                let arena = arena.clone();
-                loom::thread::spawn(move || {
-                    on_cpu(cpu);
-                    let x = arena.alloc(Q).unwrap();
-                    arena.free(given, Q).unwrap();
-                    let y = arena.alloc(Q).unwrap();
-                    vec![x, y]
-                })
-            })
-            .collect();
-        let mut held = main;
-        for t in threads {
-            held.extend(t.join().unwrap());
-        }
+        let held = common::alloc_free_alloc_threads(&arena, give, Q, on_cpu, main);
         common::assert_each_once_then_all_back(&arena, held, Q);
     });
 }

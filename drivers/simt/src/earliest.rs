@@ -175,6 +175,15 @@ mod tests {
     /// The winner equals a scan's first minimum over pseudo-random updates, for unit
     /// counts that are and are not powers of two (up to 65); and [`Earliest::keep_first`], after
     /// a winner's update, says it is still first only when it is.
+    /// The index of the first smallest key that is not [`IDLE`], by a plain scan.
+    fn scan_first(keys: &[u64]) -> Option<usize> {
+        keys.iter()
+            .enumerate()
+            .filter(|&(_, &k)| k != IDLE)
+            .min_by_key(|&(_, &k)| k)
+            .map(|(i, _)| i)
+    }
+
     #[test]
     fn the_winner_is_the_scans_first_minimum() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -196,12 +205,7 @@ mod tests {
                 };
                 keys[i] = k;
                 e.set(i, k);
-                let want = keys
-                    .iter()
-                    .enumerate()
-                    .filter(|&(_, &k)| k != IDLE)
-                    .min_by_key(|&(_, &k)| k)
-                    .map(|(i, _)| i);
+                let want = scan_first(&keys);
                 assert_eq!(e.first(), want, "n {n}");
                 // The winner steps on (as the engine's unit does), perhaps to idle.
                 let Some(w) = want else { continue };
@@ -211,12 +215,7 @@ mod tests {
                 };
                 keys[w] = k;
                 let still = e.keep_first(w, k);
-                let want = keys
-                    .iter()
-                    .enumerate()
-                    .filter(|&(_, &k)| k != IDLE)
-                    .min_by_key(|&(_, &k)| k)
-                    .map(|(i, _)| i);
+                let want = scan_first(&keys);
                 if still {
                     assert_eq!(want, Some(w), "n {n}: kept first wrongly");
                     kept += 1;

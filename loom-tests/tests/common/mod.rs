@@ -158,3 +158,34 @@ pub fn assert_each_once_then_all_back(
     );
     assert_eq!(s.allocs, s.frees);
 }
+
+/// The magazine models' racing step: a loom thread per object of `give`, which calls
+/// `start(its index)` (say, which CPU it runs on), allocates `quantum` bytes, frees
+/// its given object and allocates again; returns `held` with what every thread holds
+/// at the end appended.
+pub fn alloc_free_alloc_threads(
+    arena: &std::sync::Arc<gmem_core::vmem::Arena>,
+    give: Vec<u64>,
+    quantum: u64,
+    start: fn(usize),
+    mut held: Vec<u64>,
+) -> Vec<u64> {
+    let threads: Vec<_> = give
+        .into_iter()
+        .enumerate()
+        .map(|(i, given)| {
+            let arena = arena.clone();
+            loom::thread::spawn(move || {
+                start(i);
+                let x = arena.alloc(quantum).unwrap();
+                arena.free(given, quantum).unwrap();
+                let y = arena.alloc(quantum).unwrap();
+                vec![x, y]
+            })
+        })
+        .collect();
+    for t in threads {
+        held.extend(t.join().unwrap());
+    }
+    held
+}
