@@ -90,10 +90,19 @@ mod imp {
         #[inline]
         pub fn lock(&self) -> MutexGuard<'_, T> {
             let held = super::order::Held::wait_for(self.rank);
-            MutexGuard {
-                guard: self.lock.lock(),
-                _held: held,
-            }
+            // The uncontended case inline; the wait out of line, so that the callers'
+            // fast paths do not carry the spin loop.
+            let guard = match self.lock.try_lock() {
+                Some(guard) => guard,
+                None => self.lock_contended(),
+            };
+            MutexGuard { guard, _held: held }
+        }
+        /// [`Self::lock`]'s wait, when the first attempt found the lock taken.
+        #[cold]
+        #[inline(never)]
+        fn lock_contended(&self) -> spin::mutex::MutexGuard<'_, T> {
+            self.lock.lock()
         }
         /// Lock if free (never waits, so it may be taken out of order).
         #[inline]
