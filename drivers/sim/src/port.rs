@@ -349,6 +349,11 @@ impl Port {
     /// keep one list per caller across calls so that the memories found for one access
     /// serve the next. At most [`Port::max_faults`] faults per page are taken.
     ///
+    /// A list of one page (most accesses) is translated without the batch:
+    /// [`Translator::translate_served`] under the gate, its memory kept or resolved as
+    /// the batch would for its first page, the gate dropped before a fault and held
+    /// from the translation until `f` returns, as for any list.
+    ///
     /// # Keeping memories across accesses
     /// An entry of `out` keeps its memory when the next call's leaf resolves to the
     /// same one: a local leaf to the same port's local memory; a non-local leaf to a
