@@ -318,6 +318,9 @@ impl SimMemory {
     /// # Errors
     /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
     /// read and `f` is not called.
+    // Always inlined, as `modify`: a device's one-line access, run in its caller's
+    // frame (no call, no spills around it).
+    #[inline(always)]
     pub fn read_with<const N: usize, R>(
         &self,
         pa: PhysAddr,
@@ -363,6 +366,8 @@ impl SimMemory {
     /// # Errors
     /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
     /// read or written and `f` is not called.
+    // Always inlined: a device's one-line store, run in its caller's frame.
+    #[inline(always)]
     pub fn modify(
         &self,
         pa: PhysAddr,
