@@ -380,12 +380,15 @@ impl SimMemory {
         let g = &mut *g;
         let off = (pa.as_u64() % PAGE_SIZE) as usize;
         if off + len <= PAGE {
-            // Within one page (a cache line always is): one lookup of the page.
-            let p = g
-                .pages
-                .entry(pa.as_u64() / PAGE_SIZE)
-                .or_insert_with(PageBytes::zeroed);
-            f(&mut p[off..off + len]);
+            // Within one page (a cache line always is): one lookup of the page when it
+            // holds storage (the usual case, without the entry API's out-of-line call).
+            let pfn = pa.as_u64() / PAGE_SIZE;
+            match g.pages.get_mut(&pfn) {
+                Some(p) => f(&mut p[off..off + len]),
+                None => {
+                    f(&mut g.pages.entry(pfn).or_insert_with(PageBytes::zeroed)[off..off + len])
+                }
+            }
         } else {
             let mut buf = vec![0u8; len];
             Self::pieces(pa.as_u64(), n, |pfn, off, n, at| {
