@@ -68,6 +68,15 @@ pub trait TranslationCaches: Send + 'static {
     /// Look `va` up for `unit` (modulo [`TranslationCaches::units`]); returns the leaf
     /// and the level that held it, refilling upper levels as the organisation does.
     fn lookup(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)>;
+    /// [`TranslationCaches::lookup`] when a check small enough to inline where the
+    /// caches are asked answers it (a repeated hit in the unit's first level, say):
+    /// `Some` with `lookup`'s answer, counted as `lookup` counts it; otherwise `None`
+    /// with nothing changed, and the caller asks `lookup`. The default never answers.
+    #[inline(always)]
+    fn lookup_repeated(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
+        let _ = (unit, root, va);
+        None
+    }
     /// Whether some level holds `va` for `unit` (no counter moves).
     fn holds(&self, unit: usize, root: u64, va: u64) -> bool;
     /// Cache a walked leaf for `unit`.
@@ -102,6 +111,10 @@ impl TranslationCaches for TlbHierarchy {
     }
     fn lookup(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
         self.lookup_level(unit, root, va)
+    }
+    #[inline(always)]
+    fn lookup_repeated(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
+        TlbHierarchy::lookup_repeated(self, unit, root, va)
     }
     fn holds(&self, unit: usize, root: u64, va: u64) -> bool {
         TlbHierarchy::holds(self, unit, root, va)
@@ -264,6 +277,18 @@ impl TlbHierarchy {
             return Some((*leaf, Level::L1));
         }
         self.lookup_l2(u, root, va)
+    }
+
+    /// [`TlbHierarchy::lookup_level`] when a repeated hit in the unit's L1 answers it
+    /// (the same page as that L1's last lookup, in its set's most recent slot:
+    /// consecutive accesses to one page; see [`Tlb::lookup_repeated`]), counted as that
+    /// lookup counts it; otherwise `None` with nothing changed.
+    #[inline(always)]
+    pub fn lookup_repeated(&mut self, unit: usize, root: u64, va: u64) -> Option<(Leaf, Level)> {
+        let u = self.unit(unit);
+        self.l1[u]
+            .lookup_repeated(root, va)
+            .map(|leaf| (*leaf, Level::L1))
     }
 
     /// The L2 half of [`TlbHierarchy::lookup_level`] after unit `u`'s L1 missed `va`:

@@ -318,6 +318,9 @@ impl SimMemory {
     /// # Errors
     /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
     /// read and `f` is not called.
+    // Always inlined, as `modify`: a device's one-line access, run in its caller's
+    // frame (no call, no spills around it).
+    #[inline(always)]
     pub fn read_with<const N: usize, R>(
         &self,
         pa: PhysAddr,
@@ -363,6 +366,8 @@ impl SimMemory {
     /// # Errors
     /// [`BoundsError::OutOfRange`] if the range is not inside this memory; nothing is
     /// read or written and `f` is not called.
+    // Always inlined: a device's one-line store, run in its caller's frame.
+    #[inline(always)]
     pub fn modify(
         &self,
         pa: PhysAddr,
@@ -375,12 +380,15 @@ impl SimMemory {
         let g = &mut *g;
         let off = (pa.as_u64() % PAGE_SIZE) as usize;
         if off + len <= PAGE {
-            // Within one page (a cache line always is): one lookup of the page.
-            let p = g
-                .pages
-                .entry(pa.as_u64() / PAGE_SIZE)
-                .or_insert_with(PageBytes::zeroed);
-            f(&mut p[off..off + len]);
+            // Within one page (a cache line always is): one lookup of the page when it
+            // holds storage (the usual case, without the entry API's out-of-line call).
+            let pfn = pa.as_u64() / PAGE_SIZE;
+            match g.pages.get_mut(&pfn) {
+                Some(p) => f(&mut p[off..off + len]),
+                None => {
+                    f(&mut g.pages.entry(pfn).or_insert_with(PageBytes::zeroed)[off..off + len])
+                }
+            }
         } else {
             let mut buf = vec![0u8; len];
             Self::pieces(pa.as_u64(), n, |pfn, off, n, at| {

@@ -234,8 +234,9 @@ pub(crate) fn translate_in<C: TranslationCaches>(
 
 /// A hit that serves `access` as it is: a cached leaf that permits it and, for a
 /// store, is dirty. [`translate_in`] answers such a hit with the leaf and its level,
-/// moving nothing more; the one home of that condition (the batch's fast path in
-/// `SimMmu::translate_batch` asks it too).
+/// moving nothing more; the one home of that condition (the fast path of
+/// `SimMmu::translate_served` and `SimMmu::translate_batch`, `translate_untraced`, asks
+/// it too).
 #[inline]
 fn clean_hit(cached: Option<(Leaf, Level)>, access: Prot) -> Option<(Leaf, Level)> {
     cached.filter(|(leaf, _)| {
@@ -523,7 +524,20 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
         access: Prot,
     ) -> (Result<Leaf, Miss>, Served) {
         let mut g = lock(&self.state);
-        self.translate_locked(&mut g, unit, va, access)
+        let g = &mut *g;
+        match g.root {
+            // As one page of `translate_batch`: a clean hit answered here, anything
+            // else through the one path of `translate_in`.
+            Some(root) if g.trace.is_none() => {
+                // A repeated hit (consecutive accesses to one page) answered inline.
+                let cached = match g.caches.lookup_repeated(unit, root.0, va.as_u64()) {
+                    Some(hit) => Some(hit),
+                    None => g.caches.lookup(unit, root.0, va.as_u64()),
+                };
+                self.translate_untraced(g, unit, root, va, access, cached)
+            }
+            _ => self.translate_locked(g, unit, va, access),
+        }
     }
 
     fn translate_batch(
@@ -541,10 +555,7 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
             Some(root) if g.trace.is_none() => {
                 for (i, &(va, access)) in pages.iter().enumerate() {
                     let cached = g.caches.lookup(unit, root.0, va.as_u64());
-                    let (r, served) = match clean_hit(cached, access) {
-                        Some((leaf, level)) => (Ok(leaf), served_at(level)),
-                        None => self.translate_missed(g, unit, root, va, access, cached),
-                    };
+                    let (r, served) = self.translate_untraced(g, unit, root, va, access, cached);
                     if !each(i, r, served) {
                         return;
                     }
@@ -586,8 +597,29 @@ impl<F: TableFormat, C: TranslationCaches> Translator for SimMmu<F, C> {
 }
 
 impl<F: TableFormat, C: TranslationCaches> SimMmu<F, C> {
+    /// One translation with the state locked, active (`root`) and not recording, once
+    /// the caches' lookup of `va` answered `cached`: a clean hit (the common case)
+    /// answered from it, anything else the rest of [`translate_in`] from the same
+    /// lookup ([`SimMmu::translate_missed`]). The same answer and counters as
+    /// [`SimMmu::translate_locked`] then.
+    #[inline(always)]
+    fn translate_untraced(
+        &self,
+        st: &mut State<C>,
+        unit: usize,
+        root: PageTableRoot,
+        va: VirtAddr,
+        access: Prot,
+        cached: Option<(Leaf, Level)>,
+    ) -> (Result<Leaf, Miss>, Served) {
+        match clean_hit(cached, access) {
+            Some((leaf, level)) => (Ok(leaf), served_at(level)),
+            None => self.translate_missed(st, unit, root, va, access, cached),
+        }
+    }
+
     /// An untraced translation whose cache lookup answered `cached`, not a clean hit
-    /// (see [`SimMmu::translate_batch`]): the rest of [`translate_in`]. Out of line so
+    /// (see [`SimMmu::translate_untraced`]): the rest of [`translate_in`]. Out of line so
     /// that the hit path stays small.
     #[inline(never)]
     fn translate_missed(
@@ -819,10 +851,13 @@ mod tests {
     /// `translate_batch` (its clean hits answered without the general path) gives the
     /// answers, the levels and the counters of one `translate_served` per page, in
     /// order, and stops where `each` says: walks, L1 and L2 hits, a store through a
-    /// clean cached leaf, a store a read-only leaf refuses, an unmapped page.
+    /// clean cached leaf, a store a read-only leaf refuses, an unmapped page. Both give
+    /// those of a recording MMU's `translate_served`, which takes the general path
+    /// (`translate_locked`) for every page.
     #[test]
     fn batch_equals_a_translation_per_page() {
-        let (batch, single) = (mmu(), mmu());
+        let (batch, single, traced) = (mmu(), mmu(), mmu());
+        traced.start_recording();
         let (rw, ro, none) = (0x40_0000u64, 0x40_1000u64, 0x40_2000u64);
         let va = |a: u64| VirtAddr::new(a + 0x48);
         // (unit, pages, answers `each` takes before it stops the batch)
@@ -850,6 +885,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, &(va, access))| {
                     let (r, served) = single.translate_served(unit, va, access);
+                    assert_eq!(traced.translate_served(unit, va, access), (r, served));
                     (i, r, served)
                 })
                 .collect();
@@ -857,6 +893,8 @@ mod tests {
             served_seen.extend(got.iter().map(|&(_, r, s)| (r.is_ok(), s)));
         }
         assert_eq!(batch.stats(), single.stats());
+        assert_eq!(traced.stats(), single.stats());
+        assert!(traced.take_recording().translations() > 0);
         assert_eq!(
             batch.with_cache_state(|c| c.stats()),
             single.with_cache_state(|c| c.stats())

@@ -17,14 +17,13 @@
 //! This is the device-independent half of every simulated driver: the drivers differ
 //! only in the [`Translator`] (format and caches) behind the port.
 
-use crate::format::Leaf;
 use crate::map::MemoryMap;
 use crate::memory::{BoundsError, SimMemory};
 use crate::mmu::{AccessGate, Miss, Served, Translator};
 use gmem_core::{DeviceId, FaultError, FaultKind, Gmem, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLockReadGuard};
 
 /// Why an access failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -350,6 +349,11 @@ impl Port {
     /// keep one list per caller across calls so that the memories found for one access
     /// serve the next. At most [`Port::max_faults`] faults per page are taken.
     ///
+    /// A list of one page (most accesses) is translated without the batch:
+    /// [`Translator::translate_served`] under the gate, its memory kept or resolved as
+    /// the batch would for its first page, the gate dropped before a fault and held
+    /// from the translation until `f` returns, as for any list.
+    ///
     /// # Keeping memories across accesses
     /// An entry of `out` keeps its memory when the next call's leaf resolves to the
     /// same one: a local leaf to the same port's local memory; a non-local leaf to a
@@ -381,15 +385,99 @@ impl Port {
         f: impl FnOnce(&[Resolved]) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
         let id = self.id().ok_or(AccessError::NotCreated)?;
-        let limit = self.max_faults.saturating_mul(pages.len().max(1) as u32);
-        let mut faults = 0;
         // Nothing is live until every page of this call is translated.
         out.live = 0;
+        let gate = match *pages {
+            [page] => self.translate_page(gm, id, unit, page, out)?,
+            _ => self.translate_pages(gm, id, unit, pages, out)?,
+        };
+        // `f` runs with the gate held: invalidations of this device wait until it returns.
+        let r = f(out.live());
+        drop(gate);
+        r
+    }
+
+    /// The translation half of [`Port::with_pages`] for a list of one page (most
+    /// accesses: a load or store within a page, a coalesced instruction whose lines
+    /// share a page), with `out.live` 0: the same steps as [`Port::translate_pages`]
+    /// with no batch around them. The page is translated with
+    /// [`Translator::translate_served`] (what the default batch calls per page, and what
+    /// an MMU's batch answers page by page) under the gate, its memory kept in or
+    /// resolved into `out`'s first entry exactly as the batch does for its first page,
+    /// and a miss faulted with the gate dropped, at most [`Port::max_faults`] times.
+    /// Returns the gate, held, with the page live in `out`.
+    #[inline]
+    fn translate_page(
+        &self,
+        gm: &Gmem,
+        id: DeviceId,
+        unit: usize,
+        (va, access): (VirtAddr, Prot),
+        out: &mut PageList,
+    ) -> Result<Option<RwLockReadGuard<'_, ()>>, AccessError> {
+        let mut faults = 0;
+        loop {
+            let gate = self.translator.gate().map(AccessGate::enter);
+            // Read after entering the gate; see "Keeping memories across accesses" on
+            // `with_pages`.
+            let generation = self.map.generation();
+            let (r, served) = self.translator.translate_served(unit, va, access);
+            let leaf = match r {
+                Ok(leaf) => leaf,
+                Err(m) => {
+                    // Never hold the gate across a fault: serving it may invalidate this
+                    // very device.
+                    drop(gate);
+                    self.fault(gm, id, va, access, m, &mut faults, self.max_faults)?;
+                    continue;
+                }
+            };
+            let pa = leaf.translate(va);
+            match out.entries.first_mut() {
+                Some(e) if e.still_holds(leaf.local, pa, self.local.as_ref(), generation) => {
+                    // The same memory as this entry's last use: no map lookup, no count
+                    // change on the memory.
+                    e.pa = pa;
+                    e.served = served;
+                }
+                first => {
+                    let e = Resolved {
+                        pa,
+                        memory: self.memory_of(leaf.local, pa)?,
+                        served,
+                        local: leaf.local,
+                        generation,
+                    };
+                    match first {
+                        Some(old) => *old = e,
+                        None => out.entries.push(e),
+                    }
+                }
+            }
+            out.live = 1;
+            return Ok(gate);
+        }
+    }
+
+    /// The translation half of [`Port::with_pages`] for any list, with `out.live` 0:
+    /// every page translated in one batch under the gate, the whole list faulted and
+    /// retried after a miss. Returns the gate, held, with the pages live in `out`.
+    #[inline]
+    fn translate_pages(
+        &self,
+        gm: &Gmem,
+        id: DeviceId,
+        unit: usize,
+        pages: &[(VirtAddr, Prot)],
+        out: &mut PageList,
+    ) -> Result<Option<RwLockReadGuard<'_, ()>>, AccessError> {
+        let limit = self.max_faults.saturating_mul(pages.len().max(1) as u32);
+        let mut faults = 0;
         let entries = &mut out.entries;
         loop {
             let gate = self.translator.gate().map(AccessGate::enter);
             // Read after entering the gate; see "Keeping memories across accesses"
-            // above for why a cached memory is still right.
+            // on `with_pages` for why a cached memory is still right.
             let generation = self.map.generation();
             let mut missed = None;
             let mut failed = None;
@@ -421,7 +509,7 @@ impl Port {
                         }
                         let memory = match last.map(|j| &entries[j].memory) {
                             Some(m) if !leaf.local && m.contains(pa) => m.clone(),
-                            _ => match self.memory_of(&leaf, pa) {
+                            _ => match self.memory_of(leaf.local, pa) {
                                 Ok(m) => m,
                                 Err(e) => {
                                     failed = Some(e);
@@ -458,9 +546,7 @@ impl Port {
             match missed {
                 None => {
                     out.live = n;
-                    let r = f(out.live());
-                    drop(gate);
-                    return r;
+                    return Ok(gate);
                 }
                 Some((va, access, m)) => {
                     // Never hold the gate across a fault: serving it may invalidate
@@ -472,8 +558,10 @@ impl Port {
         }
     }
 
-    fn memory_of(&self, leaf: &Leaf, pa: PhysAddr) -> Result<Arc<SimMemory>, AccessError> {
-        let memory = if leaf.local {
+    /// The memory a leaf with the local aperture `local` (or not) translating to `pa`
+    /// points at.
+    fn memory_of(&self, local: bool, pa: PhysAddr) -> Result<Arc<SimMemory>, AccessError> {
+        let memory = if local {
             self.local.clone()
         } else {
             self.map.at(pa).map(|(_, m)| m)

@@ -599,6 +599,34 @@ impl<V: Copy> Tlb<V> {
         self.lookup_ref(asid, va)
     }
 
+    /// The repeated-hit half of [`Tlb::lookup_ref_recent`] alone: its answer when one
+    /// page size is present, the key is the last one looked up and the set's most
+    /// recent slot holds it (counted as that hit is), otherwise `None` with nothing
+    /// changed — the caller then makes the whole [`Tlb::lookup_ref_recent`], which
+    /// answers and counts exactly as if this had not been asked. Small, so that the
+    /// common case inlines where a whole lookup would not.
+    #[inline(always)]
+    pub fn lookup_repeated(&mut self, asid: u64, va: u64) -> Option<&V> {
+        if !self.shifts.is_power_of_two() {
+            return None;
+        }
+        let s = self.shifts.trailing_zeros() as u8;
+        let tag = va >> s;
+        let k = key(tag, s);
+        if k != self.last_key {
+            return None;
+        }
+        let h = self.head.get(self.set_index(tag)).map_or(NIL, |&h| h) as usize;
+        match self.slots.get(h) {
+            Some(slot) if slot.key == k && slot.asid == asid => {
+                self.stats.hits += 1;
+                // The most recent slot: no LRU refresh to do; `last_key` is `k` already.
+                self.slots.get(h).and_then(|s| s.value.as_ref())
+            }
+            _ => None,
+        }
+    }
+
     /// The slot a lookup in any page size hits (counted and refreshed).
     #[inline(always)]
     fn lookup_any(&mut self, asid: u64, va: u64) -> Option<usize> {

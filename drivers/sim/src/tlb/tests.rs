@@ -259,12 +259,16 @@ fn empty_or_huge_geometries_are_rejected() {
 /// [`Tlb::lookup_ref_recent`] against [`Tlb::lookup_ref`] on twin TLBs: the same
 /// answers, counters and later victims (so the same recency order), through runs of
 /// repeated pages (its fast path), other pages, removals, flushes and, at times, a
-/// second page size (its fallback).
+/// second page size (its fallback). A third twin asks [`Tlb::lookup_repeated`] first
+/// and [`Tlb::lookup_ref_recent`] when it says nothing (as
+/// `TlbHierarchy::lookup_level` does): the same again.
 #[test]
 fn the_recent_slot_fast_path_is_the_plain_lookup() {
     for policy in [Replacement::Lru, Replacement::Fifo] {
         for (sets, ways) in [(1, 32), (4, 4), (3, 2)] {
             let (mut a, mut b) = (tlb(sets, ways, policy), tlb(sets, ways, policy));
+            let mut c = tlb(sets, ways, policy);
+            let mut answered = 0u64;
             let mut x = 0x0dd_ba11_cafe_f00du64;
             let mut page = 0;
             let (mut prev, mut repeats) = (None, 0);
@@ -282,6 +286,14 @@ fn the_recent_slot_fast_path_is_the_plain_lookup() {
                     0..=9 => {
                         let got = b.lookup_ref_recent(asid, va).copied();
                         assert_eq!(a.lookup_ref(asid, va).copied(), got, "step {step}");
+                        let split = match c.lookup_repeated(asid, va).copied() {
+                            Some(v) => {
+                                answered += 1;
+                                Some(v)
+                            }
+                            None => c.lookup_ref_recent(asid, va).copied(),
+                        };
+                        assert_eq!(split, got, "step {step}");
                         // A hit on the page of the lookup before: the fast path's case.
                         repeats += u64::from(got.is_some() && prev == Some((asid, page)));
                         prev = Some((asid, page));
@@ -289,23 +301,31 @@ fn the_recent_slot_fast_path_is_the_plain_lookup() {
                     10..=12 => {
                         let e = a.insert(asid, va, 12, page);
                         assert_eq!(b.insert(asid, va, 12, page), e, "step {step}");
+                        assert_eq!(c.insert(asid, va, 12, page), e, "step {step}");
                     }
                     13 => {
-                        assert_eq!(a.remove(asid, va), b.remove(asid, va), "step {step}");
+                        let e = a.remove(asid, va);
+                        assert_eq!(b.remove(asid, va), e, "step {step}");
+                        assert_eq!(c.remove(asid, va), e, "step {step}");
                     }
                     14 => {
                         let e = a.insert(asid, va, 21, page);
                         assert_eq!(b.insert(asid, va, 21, page), e, "step {step}");
+                        assert_eq!(c.insert(asid, va, 21, page), e, "step {step}");
                     }
                     _ => {
                         if x % 7 == 0 {
-                            assert_eq!(a.flush(), b.flush());
+                            let e = a.flush();
+                            assert_eq!(b.flush(), e);
+                            assert_eq!(c.flush(), e);
                         }
                     }
                 }
                 assert_eq!(a.stats(), b.stats(), "step {step}");
+                assert_eq!(a.stats(), c.stats(), "step {step}");
             }
             assert!(repeats > 100, "{repeats} repeated hits");
+            assert!(answered > 100, "{answered} answered by lookup_repeated");
         }
     }
 }
