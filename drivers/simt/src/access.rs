@@ -66,7 +66,9 @@ pub(crate) fn held_mask(dev: Device<'_>, u: usize, m: &Memory) -> u64 {
 
 /// Fill `m.pages` with the coalesced instruction's pages (`m.co`), each with the access
 /// `op` makes. Built once per run of an instruction: the issue-time probe
-/// ([`held_mask`]) and the translation ([`memory`]) share it.
+/// ([`held_mask`]) and the translation ([`memory`]) share it. Inlined: it is a few
+/// instructions for the usual one page, fewer than a call's.
+#[inline]
 pub(crate) fn fill_pages(op: Op, m: &mut Memory) {
     let access = if op == Op::Store {
         Prot::WRITE
@@ -313,6 +315,11 @@ fn untimed(
 
 /// Charge the data of the instruction in `m` (issued at `issue`) once its translations
 /// are ready at `ready`; returns the cycle the warp is ready again.
+///
+/// One transaction (a coalesced warp's usual instruction) is charged straight; more go
+/// through [`data_each`], in order. Either way each transaction is charged as
+/// [`transaction`] says, in ascending order, so the caches and the DRAM link see the
+/// same sequence.
 fn data(
     cost: &CostModel,
     issue: u64,
@@ -325,28 +332,72 @@ fn data(
     let translation = ready - (issue + 1);
     // Data cost: the slowest transaction.
     let t0 = ready;
-    let mut data = 0u64;
-    let link = m.link;
-    for &pa in &m.line_pa[..m.co.transactions.len()] {
-        stats.transactions += 1;
-        // Each cache a transaction misses is filled: the L1 for a load (from the L2 or
-        // DRAM), the L2 always. `touch` is a lookup and that fill in one.
-        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.touch(pa));
-        let c = if l1_hit {
-            stats.l1_data_hits += 1;
-            cost.l1_data
-        } else if m.l2d.as_mut().is_some_and(|c| c.touch(pa)) {
-            stats.l2_data_hits += 1;
-            cost.l2_data
-        } else {
-            stats.dram_transactions += 1;
-            let start = t0.max(m.link_free);
-            m.link_free = start + link;
-            (m.link_free - t0) + cost.dram
-        };
-        data = data.max(c);
-    }
+    let n = m.co.transactions.len();
+    let load = op == Op::Load;
+    let Memory {
+        line_pa,
+        l2d,
+        link_free,
+        link,
+        ..
+    } = m;
+    let dram = (&mut *link_free, *link);
+    let data = if n == 1 {
+        transaction(cost, t0, line_pa[0], (l1d, l2d), dram, stats, load)
+    } else {
+        data_each(cost, t0, &line_pa[..n], (l1d, l2d), dram, stats, load)
+    };
+    stats.transactions += n as u64;
     stats.translation_cycles += translation;
     stats.data_cycles += data;
     t0 + data
+}
+
+/// [`data`] for the transactions at `line_pa`: the slowest one's cost.
+#[inline(never)]
+fn data_each(
+    cost: &CostModel,
+    t0: u64,
+    line_pa: &[u64],
+    (l1d, l2d): (&mut Option<DataCache>, &mut Option<DataCache>),
+    (link_free, link): (&mut u64, u64),
+    stats: &mut RunStats,
+    load: bool,
+) -> u64 {
+    let mut data = 0u64;
+    for &pa in line_pa {
+        let c = transaction(cost, t0, pa, (l1d, l2d), (link_free, link), stats, load);
+        data = data.max(c);
+    }
+    data
+}
+
+/// The cost of one transaction at physical address `pa` whose translation is ready at
+/// `t0`, with the unit's L1 and the shared L2 data caches and the DRAM link (the cycle
+/// it is free, the cycles a transaction holds it). Each cache it misses is filled: the
+/// L1 for a load (from the L2 or DRAM), the L2 always (`touch` is a lookup and that
+/// fill in one); a DRAM transaction holds the link from when it is free.
+#[inline(always)]
+fn transaction(
+    cost: &CostModel,
+    t0: u64,
+    pa: u64,
+    (l1d, l2d): (&mut Option<DataCache>, &mut Option<DataCache>),
+    (link_free, link): (&mut u64, u64),
+    stats: &mut RunStats,
+    load: bool,
+) -> u64 {
+    let l1_hit = load && l1d.as_mut().is_some_and(|c| c.touch(pa));
+    if l1_hit {
+        stats.l1_data_hits += 1;
+        cost.l1_data
+    } else if l2d.as_mut().is_some_and(|c| c.touch(pa)) {
+        stats.l2_data_hits += 1;
+        cost.l2_data
+    } else {
+        stats.dram_transactions += 1;
+        let start = t0.max(*link_free);
+        *link_free = start + link;
+        (*link_free - t0) + cost.dram
+    }
 }
