@@ -139,9 +139,40 @@ pub(crate) fn memory(
     let store = op == Op::Store;
     dev.port
         .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
+            let in_page = (1u64 << page_shift) - 1;
+            if co.whole_line() {
+                // One aligned line, lane `l` at its word `l` (all 32 lanes active): the
+                // values move as the line, in place in the memory, without a lane loop
+                // or a lane's offset. Its range is checked by `modify` / `read_with`
+                // before anything moves, as the loop below checks each line's.
+                let r = &res[co.transaction_page(0)];
+                let pa = PhysAddr::new(r.pa.as_u64() + (co.transactions[0] & in_page));
+                line_pa[0] = pa.as_u64();
+                if let Some(o) = observer.as_mut() {
+                    o.transaction(u, pa.as_u64(), store, r.served);
+                }
+                if store {
+                    return r
+                        .memory
+                        .modify(pa, TRANSACTION as usize, |line| {
+                            for (w, v) in line.chunks_exact_mut(4).zip(io.value.iter()) {
+                                w.copy_from_slice(&v.to_le_bytes());
+                            }
+                        })
+                        .map_err(AccessError::Bounds);
+                }
+                return r
+                    .memory
+                    .read_with(pa, |line: &[u8; TRANSACTION as usize]| {
+                        for (v, w) in io.value.iter_mut().zip(line.chunks_exact(4)) {
+                            *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                        }
+                    })
+                    .map_err(AccessError::Bounds);
+            }
             for (ti, &t) in co.transactions.iter().enumerate() {
                 let r = &res[co.transaction_page(ti)];
-                let pa = PhysAddr::new(r.pa.as_u64() + (t & ((1u64 << page_shift) - 1)));
+                let pa = PhysAddr::new(r.pa.as_u64() + (t & in_page));
                 line_pa[ti] = pa.as_u64();
                 if let Some(o) = observer.as_mut() {
                     o.transaction(u, pa.as_u64(), store, r.served);
@@ -153,29 +184,6 @@ pub(crate) fn memory(
                     .map_err(AccessError::Bounds)?;
             }
             let n = co.transactions.len();
-            if co.whole_line() {
-                // One aligned line, lane `l` at its word `l` (all 32 lanes active): the
-                // values move as the line, in place in the memory, without a lane loop
-                // or a lane's offset.
-                let memory = &res[co.transaction_page(0)].memory;
-                let pa = PhysAddr::new(line_pa[0]);
-                if store {
-                    return memory
-                        .modify(pa, TRANSACTION as usize, |line| {
-                            for (w, v) in line.chunks_exact_mut(4).zip(io.value.iter()) {
-                                w.copy_from_slice(&v.to_le_bytes());
-                            }
-                        })
-                        .map_err(AccessError::Bounds);
-                }
-                return memory
-                    .read_with(pa, |line: &[u8; TRANSACTION as usize]| {
-                        for (v, w) in io.value.iter_mut().zip(line.chunks_exact(4)) {
-                            *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                        }
-                    })
-                    .map_err(AccessError::Bounds);
-            }
             // The active lanes of each transaction.
             let mut of_tx = [0u32; LANES];
             let mut lanes = io.mask;
@@ -309,7 +317,13 @@ fn untimed(
         };
         worst = worst.max(c);
     }
-    let translation = worst + (walks.saturating_sub(1) / cost.walkers.max(1)) * worst_walk;
+    // Walks beyond the walker count queue (none to divide for the usual 0 or 1 walk).
+    let queued = if walks > 1 {
+        ((walks - 1) / cost.walkers.max(1)) * worst_walk
+    } else {
+        0
+    };
+    let translation = worst + queued;
     data(cost, issue, issue + 1 + translation, m, l1d, stats, op)
 }
 
@@ -319,7 +333,9 @@ fn untimed(
 /// One transaction (a coalesced warp's usual instruction) is charged straight; more go
 /// through [`data_each`], in order. Either way each transaction is charged as
 /// [`transaction`] says, in ascending order, so the caches and the DRAM link see the
-/// same sequence.
+/// same sequence. Inlined into its two callers (a call and its register saves cost
+/// more than the single transaction's charge).
+#[inline(always)]
 fn data(
     cost: &CostModel,
     issue: u64,
