@@ -295,20 +295,21 @@ fn untimed(
     op: Op,
 ) -> u64 {
     let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
-    for r in m.resolved.live() {
-        stats.translations += 1;
+    // The page counts in locals, added to `stats` once (kept in registers in the loop).
+    let (mut l1, mut l2, mut walk_reads) = (0u64, 0u64, 0u64);
+    let live = m.resolved.live();
+    for r in live {
         let c = match r.served {
             Served::L1 | Served::Unknown => {
-                stats.served_l1 += u64::from(r.served == Served::L1);
+                l1 += u64::from(r.served == Served::L1);
                 cost.l1_tlb
             }
             Served::L2 => {
-                stats.served_l2 += 1;
+                l2 += 1;
                 cost.l1_tlb + cost.l2_tlb
             }
             Served::Walk { reads } => {
-                stats.walks += 1;
-                stats.walk_reads += u64::from(reads);
+                walk_reads += u64::from(reads);
                 walks += 1;
                 let c = cost.l1_tlb + cost.l2_tlb + cost.walk_cache + u64::from(reads) * cost.dram;
                 worst_walk = worst_walk.max(c);
@@ -317,6 +318,11 @@ fn untimed(
         };
         worst = worst.max(c);
     }
+    stats.translations += live.len() as u64;
+    stats.served_l1 += l1;
+    stats.served_l2 += l2;
+    stats.walks += walks;
+    stats.walk_reads += walk_reads;
     // Walks beyond the walker count queue (none to divide for the usual 0 or 1 walk).
     let queued = if walks > 1 {
         ((walks - 1) / cost.walkers.max(1)) * worst_walk
