@@ -47,7 +47,8 @@ impl DataCache {
         } else {
             line % self.sets
         } as usize;
-        &mut self.lines[s * self.ways..(s + 1) * self.ways]
+        let start = s * self.ways;
+        &mut self.lines[start..start + self.ways]
     }
 
     /// Whether the line holding physical address `pa` is cached; either way it becomes
