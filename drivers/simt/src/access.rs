@@ -66,7 +66,9 @@ pub(crate) fn held_mask(dev: Device<'_>, u: usize, m: &Memory) -> u64 {
 
 /// Fill `m.pages` with the coalesced instruction's pages (`m.co`), each with the access
 /// `op` makes. Built once per run of an instruction: the issue-time probe
-/// ([`held_mask`]) and the translation ([`memory`]) share it.
+/// ([`held_mask`]) and the translation ([`memory`]) share it. Inlined: it is a few
+/// instructions for the usual one page, fewer than a call's.
+#[inline]
 pub(crate) fn fill_pages(op: Op, m: &mut Memory) {
     let access = if op == Op::Store {
         Prot::WRITE
@@ -137,9 +139,40 @@ pub(crate) fn memory(
     let store = op == Op::Store;
     dev.port
         .with_pages(dev.gm, u, &m.pages, &mut m.resolved, |res| {
+            let in_page = (1u64 << page_shift) - 1;
+            if co.whole_line() {
+                // One aligned line, lane `l` at its word `l` (all 32 lanes active): the
+                // values move as the line, in place in the memory, without a lane loop
+                // or a lane's offset. Its range is checked by `modify` / `read_with`
+                // before anything moves, as the loop below checks each line's.
+                let r = &res[co.transaction_page(0)];
+                let pa = PhysAddr::new(r.pa.as_u64() + (co.transactions[0] & in_page));
+                line_pa[0] = pa.as_u64();
+                if let Some(o) = observer.as_mut() {
+                    o.transaction(u, pa.as_u64(), store, r.served);
+                }
+                if store {
+                    return r
+                        .memory
+                        .modify(pa, TRANSACTION as usize, |line| {
+                            for (w, v) in line.chunks_exact_mut(4).zip(io.value.iter()) {
+                                w.copy_from_slice(&v.to_le_bytes());
+                            }
+                        })
+                        .map_err(AccessError::Bounds);
+                }
+                return r
+                    .memory
+                    .read_with(pa, |line: &[u8; TRANSACTION as usize]| {
+                        for (v, w) in io.value.iter_mut().zip(line.chunks_exact(4)) {
+                            *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                        }
+                    })
+                    .map_err(AccessError::Bounds);
+            }
             for (ti, &t) in co.transactions.iter().enumerate() {
                 let r = &res[co.transaction_page(ti)];
-                let pa = PhysAddr::new(r.pa.as_u64() + (t & ((1u64 << page_shift) - 1)));
+                let pa = PhysAddr::new(r.pa.as_u64() + (t & in_page));
                 line_pa[ti] = pa.as_u64();
                 if let Some(o) = observer.as_mut() {
                     o.transaction(u, pa.as_u64(), store, r.served);
@@ -151,29 +184,6 @@ pub(crate) fn memory(
                     .map_err(AccessError::Bounds)?;
             }
             let n = co.transactions.len();
-            if co.whole_line() {
-                // One aligned line, lane `l` at its word `l` (all 32 lanes active): the
-                // values move as the line, in place in the memory, without a lane loop
-                // or a lane's offset.
-                let memory = &res[co.transaction_page(0)].memory;
-                let pa = PhysAddr::new(line_pa[0]);
-                if store {
-                    return memory
-                        .modify(pa, TRANSACTION as usize, |line| {
-                            for (w, v) in line.chunks_exact_mut(4).zip(io.value.iter()) {
-                                w.copy_from_slice(&v.to_le_bytes());
-                            }
-                        })
-                        .map_err(AccessError::Bounds);
-                }
-                return memory
-                    .read_with(pa, |line: &[u8; TRANSACTION as usize]| {
-                        for (v, w) in io.value.iter_mut().zip(line.chunks_exact(4)) {
-                            *v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                        }
-                    })
-                    .map_err(AccessError::Bounds);
-            }
             // The active lanes of each transaction.
             let mut of_tx = [0u32; LANES];
             let mut lanes = io.mask;
@@ -285,20 +295,21 @@ fn untimed(
     op: Op,
 ) -> u64 {
     let (mut worst, mut walks, mut worst_walk) = (0u64, 0u64, 0u64);
-    for r in m.resolved.live() {
-        stats.translations += 1;
+    // The page counts in locals, added to `stats` once (kept in registers in the loop).
+    let (mut l1, mut l2, mut walk_reads) = (0u64, 0u64, 0u64);
+    let live = m.resolved.live();
+    for r in live {
         let c = match r.served {
             Served::L1 | Served::Unknown => {
-                stats.served_l1 += u64::from(r.served == Served::L1);
+                l1 += u64::from(r.served == Served::L1);
                 cost.l1_tlb
             }
             Served::L2 => {
-                stats.served_l2 += 1;
+                l2 += 1;
                 cost.l1_tlb + cost.l2_tlb
             }
             Served::Walk { reads } => {
-                stats.walks += 1;
-                stats.walk_reads += u64::from(reads);
+                walk_reads += u64::from(reads);
                 walks += 1;
                 let c = cost.l1_tlb + cost.l2_tlb + cost.walk_cache + u64::from(reads) * cost.dram;
                 worst_walk = worst_walk.max(c);
@@ -307,12 +318,30 @@ fn untimed(
         };
         worst = worst.max(c);
     }
-    let translation = worst + (walks.saturating_sub(1) / cost.walkers.max(1)) * worst_walk;
+    stats.translations += live.len() as u64;
+    stats.served_l1 += l1;
+    stats.served_l2 += l2;
+    stats.walks += walks;
+    stats.walk_reads += walk_reads;
+    // Walks beyond the walker count queue (none to divide for the usual 0 or 1 walk).
+    let queued = if walks > 1 {
+        ((walks - 1) / cost.walkers.max(1)) * worst_walk
+    } else {
+        0
+    };
+    let translation = worst + queued;
     data(cost, issue, issue + 1 + translation, m, l1d, stats, op)
 }
 
 /// Charge the data of the instruction in `m` (issued at `issue`) once its translations
 /// are ready at `ready`; returns the cycle the warp is ready again.
+///
+/// One transaction (a coalesced warp's usual instruction) is charged straight; more go
+/// through [`data_each`], in order. Either way each transaction is charged as
+/// [`transaction`] says, in ascending order, so the caches and the DRAM link see the
+/// same sequence. Inlined into its two callers (a call and its register saves cost
+/// more than the single transaction's charge).
+#[inline(always)]
 fn data(
     cost: &CostModel,
     issue: u64,
@@ -325,28 +354,72 @@ fn data(
     let translation = ready - (issue + 1);
     // Data cost: the slowest transaction.
     let t0 = ready;
-    let mut data = 0u64;
-    let link = m.link;
-    for &pa in &m.line_pa[..m.co.transactions.len()] {
-        stats.transactions += 1;
-        // Each cache a transaction misses is filled: the L1 for a load (from the L2 or
-        // DRAM), the L2 always. `touch` is a lookup and that fill in one.
-        let l1_hit = op == Op::Load && l1d.as_mut().is_some_and(|c| c.touch(pa));
-        let c = if l1_hit {
-            stats.l1_data_hits += 1;
-            cost.l1_data
-        } else if m.l2d.as_mut().is_some_and(|c| c.touch(pa)) {
-            stats.l2_data_hits += 1;
-            cost.l2_data
-        } else {
-            stats.dram_transactions += 1;
-            let start = t0.max(m.link_free);
-            m.link_free = start + link;
-            (m.link_free - t0) + cost.dram
-        };
-        data = data.max(c);
-    }
+    let n = m.co.transactions.len();
+    let load = op == Op::Load;
+    let Memory {
+        line_pa,
+        l2d,
+        link_free,
+        link,
+        ..
+    } = m;
+    let dram = (&mut *link_free, *link);
+    let data = if n == 1 {
+        transaction(cost, t0, line_pa[0], (l1d, l2d), dram, stats, load)
+    } else {
+        data_each(cost, t0, &line_pa[..n], (l1d, l2d), dram, stats, load)
+    };
+    stats.transactions += n as u64;
     stats.translation_cycles += translation;
     stats.data_cycles += data;
     t0 + data
+}
+
+/// [`data`] for the transactions at `line_pa`: the slowest one's cost.
+#[inline(never)]
+fn data_each(
+    cost: &CostModel,
+    t0: u64,
+    line_pa: &[u64],
+    (l1d, l2d): (&mut Option<DataCache>, &mut Option<DataCache>),
+    (link_free, link): (&mut u64, u64),
+    stats: &mut RunStats,
+    load: bool,
+) -> u64 {
+    let mut data = 0u64;
+    for &pa in line_pa {
+        let c = transaction(cost, t0, pa, (l1d, l2d), (link_free, link), stats, load);
+        data = data.max(c);
+    }
+    data
+}
+
+/// The cost of one transaction at physical address `pa` whose translation is ready at
+/// `t0`, with the unit's L1 and the shared L2 data caches and the DRAM link (the cycle
+/// it is free, the cycles a transaction holds it). Each cache it misses is filled: the
+/// L1 for a load (from the L2 or DRAM), the L2 always (`touch` is a lookup and that
+/// fill in one); a DRAM transaction holds the link from when it is free.
+#[inline(always)]
+fn transaction(
+    cost: &CostModel,
+    t0: u64,
+    pa: u64,
+    (l1d, l2d): (&mut Option<DataCache>, &mut Option<DataCache>),
+    (link_free, link): (&mut u64, u64),
+    stats: &mut RunStats,
+    load: bool,
+) -> u64 {
+    let l1_hit = load && l1d.as_mut().is_some_and(|c| c.touch(pa));
+    if l1_hit {
+        stats.l1_data_hits += 1;
+        cost.l1_data
+    } else if l2d.as_mut().is_some_and(|c| c.touch(pa)) {
+        stats.l2_data_hits += 1;
+        cost.l2_data
+    } else {
+        stats.dram_transactions += 1;
+        let start = t0.max(*link_free);
+        *link_free = start + link;
+        (*link_free - t0) + cost.dram
+    }
 }

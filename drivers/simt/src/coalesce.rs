@@ -222,25 +222,24 @@ impl Coalesced {
         self.transactions.push(first);
         self.pages.push(first & pmask);
         self.tx_page[0] = 0;
-        if last != first {
-            self.transactions.push(last);
-            if last & pmask != first & pmask {
-                self.pages.push(last & pmask);
-            }
-            self.tx_page[1] = (self.pages.len() - 1) as u8;
+        if last == first {
+            // The 32 words (128 bytes) in one line: they start it, and are the whole line.
+            self.lane_tx = [0; LANES];
+            self.whole = true;
+            return;
         }
+        self.transactions.push(last);
+        if last & pmask != first & pmask {
+            self.pages.push(last & pmask);
+        }
+        self.tx_page[1] = (self.pages.len() - 1) as u8;
         // Lanes before the second line's first word are in the first transaction.
-        let split = if last == first {
-            LANES
-        } else {
-            ((last - a0) / 4) as usize
-        };
+        let split = ((last - a0) / 4) as usize;
         // Lane `l` gets `SPLIT[LANES - split + l]`, which is 1 exactly when `l >= split`:
         // one fixed-size copy instead of two fills of run-time lengths (two `memset`
         // calls).
         self.lane_tx
             .copy_from_slice(&SPLIT[LANES - split..2 * LANES - split]);
-        self.whole = a0 % TRANSACTION == 0;
     }
 
     /// Whether the last [`Coalesced::fill`] found one whole transaction: all 32 lanes

@@ -219,10 +219,20 @@ fn affine_lanes(io: &mut WarpIo, a: Affine, base: u64, active: u32) {
     // An induction over the lanes rather than a product per lane: an add each (the
     // compiler vectorises it for a constant stride; a 64-bit multiply per lane
     // would be emulated in SSE2).
-    let mut x = a.at(base);
-    for y in io.addr.iter_mut() {
-        *y = x;
-        x = x.wrapping_add(a.stride);
+    let x = a.at(base);
+    if a.stride == 4 {
+        // The coalesced access: constant offsets, which the compiler adds two lanes at
+        // a time (the induction below stays scalar for a stride known only at run
+        // time).
+        for (l, y) in io.addr.iter_mut().enumerate() {
+            *y = x.wrapping_add(4 * l as u64);
+        }
+    } else {
+        let mut x = x;
+        for y in io.addr.iter_mut() {
+            *y = x;
+            x = x.wrapping_add(a.stride);
+        }
     }
     io.mask = active;
 }
