@@ -245,8 +245,9 @@ pub fn run<K: Kernel>(
     run_in::<K, true>(dev, kernel, launch)
 }
 
-/// [`run`] without burst runs: every step goes back to the search for the earliest
-/// unit (what [`run`] does must equal this, counter for counter; a test checks it).
+/// [`run`] without its fast paths: every step goes back to the search for the
+/// earliest unit, and every waiting warp passes through its unit's wake calendar
+/// (what [`run`] does must equal this, counter for counter; a test checks it).
 ///
 /// # Errors
 /// As [`run`].
@@ -259,11 +260,13 @@ pub(crate) fn run_stepwise<K: Kernel>(
     run_in::<K, false>(dev, kernel, launch)
 }
 
-/// [`run`], with burst runs if `BURST`: after a step, the unit just stepped steps again
-/// at once while it stays the earliest (by [`Earliest::keep_first`]), the dispatcher
-/// placed no open block in the step, and the walk queue's head is not due by its
-/// clock — exactly the step the search would pick next.
-fn run_in<K: Kernel, const BURST: bool>(
+/// [`run`], with its fast paths if `FAST`: burst runs — after a step, the unit just
+/// stepped steps again at once while it stays the earliest (by
+/// [`Earliest::keep_first`]), the dispatcher placed no open block in the step, and the
+/// walk queue's head is not due by its clock, exactly the step the search would pick
+/// next — and a warp due again by its unit's next clock kept in the ready mask
+/// (`Unit::wait_issued`).
+fn run_in<K: Kernel, const FAST: bool>(
     dev: Device<'_>,
     kernel: &K,
     mut launch: Launch<'_, '_>,
@@ -544,7 +547,7 @@ fn run_in<K: Kernel, const BURST: bool>(
                             unit.now += 1;
                             if let Op::LoadTo(_) = op {
                                 w.queued += 1;
-                                unit.wait(s, now + 1);
+                                unit.wait_issued::<FAST>(s, now + 1);
                             } else {
                                 unit.park(s);
                             }
@@ -618,12 +621,12 @@ fn run_in<K: Kernel, const BURST: bool>(
                         break 'stepped;
                     }
                 };
-                unit.wait(s, ready);
                 unit.now += 1;
+                unit.wait_issued::<FAST>(s, ready);
             }
             // The next step is this unit's again when it stays the earliest, no other unit
             // changed, and the walk queue's head is not due by its clock.
-            if !BURST || !placed.is_empty() {
+            if !FAST || !placed.is_empty() {
                 continue 'step;
             }
             // `keep_first` has set the unit's key either way.
@@ -679,6 +682,21 @@ impl<W> Unit<W> {
             self.ready &= !(1u64 << s);
             self.wakes.push(at, s);
         }
+    }
+
+    /// Picked slot `s` issued (the unit's clock has moved past the issue cycle) and
+    /// waits until cycle `at`. With `masked`, a slot due by the unit's clock (`at` is
+    /// at most `now`, e.g. after a non-blocking load) stays in the ready mask instead
+    /// of passing through the calendar: the unit's next pick is at `now` or later,
+    /// where the calendar would give it back, so that pick sees the same mask. (Only
+    /// if `FAST`: `run_stepwise` takes the calendar's way, for the comparison.)
+    #[inline]
+    fn wait_issued<const FAST: bool>(&mut self, s: usize, at: u64) {
+        if FAST && self.masked && at <= self.now {
+            self.set_ready_at_unwaited(s, at);
+            return;
+        }
+        self.wait(s, at);
     }
 
     /// Picked slot `s` waits in the walk queue: it counts as parked, holds [`PARKED`]

@@ -1,5 +1,6 @@
-//! Burst runs are exact: [`run`] and [`run_stepwise`] (every step back through the
-//! search for the earliest unit) agree on every counter, cycle and stored word.
+//! The engine's fast paths are exact: [`run`] and [`run_stepwise`] (every step back
+//! through the search for the earliest unit, every wait through the wake calendar)
+//! agree on every counter, cycle and stored word.
 
 use super::{run, run_stepwise, Device, Launch, RunStats, SimtError, SpareWakes};
 use crate::dispatch::{
@@ -181,7 +182,8 @@ fn launches(case: u64, stepwise: bool) -> (Vec<Result<RunStats, SimtError>>, Mmu
 
 /// Twelve random kernels on random machines (1 to 16 units, integrated or discrete,
 /// timed walks or not, both warp schedulers, three dispatch policies), each launched
-/// twice: burst runs give the stepwise statistics (every counter and the cycles), MMU
+/// twice: the fast paths (burst runs, warps due by the next clock kept in the ready
+/// mask) give the stepwise statistics (every counter and the cycles), MMU
 /// counters and memory.
 #[test]
 fn burst_runs_equal_stepwise_runs() {
