@@ -116,13 +116,37 @@ impl Earliest {
     pub(crate) fn keep_first(&mut self, i: usize, key: u64) -> bool {
         debug_assert!(self.len > 0 && self.best[0] == self.pack(self.keys[i], i));
         let new = self.pack(key, i);
+        self.keys[i] = key;
         if key != IDLE && new < self.best[1].min(self.bound) {
-            self.keys[i] = key;
             self.best[0] = new;
             return true;
         }
-        self.set(i, key);
+        self.first_moved(new);
         false
+    }
+
+    /// [`Earliest::keep_first`] beyond its usual case: the first kept key became the
+    /// packed key `new`, which is not below the second or the bound. (What
+    /// [`Earliest::reorder`] does for this case, without searching for the old key:
+    /// the kept keys below `new` move forward one place over it.)
+    #[inline(never)]
+    fn first_moved(&mut self, new: u64) {
+        let mut j = 1;
+        while j < self.len && self.best[j] < new {
+            self.best[j - 1] = self.best[j];
+            j += 1;
+        }
+        if new < self.bound {
+            self.best[j - 1] = new;
+        } else {
+            // It drops out: the kept keys after it move forward too.
+            while j < self.len {
+                self.best[j - 1] = self.best[j];
+                j += 1;
+            }
+            self.len -= 1;
+            self.best[self.len] = u64::MAX;
+        }
     }
 
     /// The index with the smallest key (the lowest such index), unless every key is
@@ -172,9 +196,6 @@ impl Earliest {
 mod tests {
     use super::*;
 
-    /// The winner equals a scan's first minimum over pseudo-random updates, for unit
-    /// counts that are and are not powers of two (up to 65); and [`Earliest::keep_first`], after
-    /// a winner's update, says it is still first only when it is.
     /// The index of the first smallest key that is not [`IDLE`], by a plain scan.
     fn scan_first(keys: &[u64]) -> Option<usize> {
         keys.iter()
@@ -184,6 +205,10 @@ mod tests {
             .map(|(i, _)| i)
     }
 
+    /// The winner equals a scan's first minimum over pseudo-random updates, for unit
+    /// counts that are and are not powers of two (up to 65); and
+    /// [`Earliest::keep_first`], after a winner's update (its new place found by
+    /// `first_moved` when it is not kept first), says it is still first only when it is.
     #[test]
     fn the_winner_is_the_scans_first_minimum() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
