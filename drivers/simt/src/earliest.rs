@@ -22,9 +22,21 @@ fn index_bits(n: usize) -> u32 {
     (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1)
 }
 
+/// Key `key` of index `i` packed with `shift` index bits (see [`Earliest`]'s `shift`).
+#[inline]
+fn pack(shift: u32, key: u64, i: usize) -> u64 {
+    let top = IDLE >> shift;
+    debug_assert!(
+        key == IDLE || key < top,
+        "clock {key} beyond the packed range"
+    );
+    key.min(top) << shift | i as u64
+}
+
 /// The earliest of a fixed number of keys, lowest index first on a tie.
 pub(crate) struct Earliest {
-    /// Each unit's key, contiguous: the scan for the minimum reads a few cache lines.
+    /// Each unit's key, packed (see `shift`), contiguous: the scan for the minimum
+    /// reads a few cache lines and compares them as they are.
     keys: Vec<u64>,
     /// A packed key is `key << shift | index`, ordered as the pair: the lowest index
     /// first among equal keys. [`IDLE`] packs as the largest key, `u64::MAX >> shift`
@@ -42,9 +54,10 @@ pub(crate) struct Earliest {
 impl Earliest {
     /// `n` keys, all [`IDLE`].
     pub(crate) fn new(n: usize) -> Earliest {
+        let shift = index_bits(n);
         Earliest {
-            keys: vec![IDLE; n],
-            shift: index_bits(n),
+            keys: (0..n).map(|i| pack(shift, IDLE, i)).collect(),
+            shift,
             best: [u64::MAX; KEPT],
             len: 0,
             // Nothing is known: the first call scans.
@@ -55,11 +68,11 @@ impl Earliest {
     /// Set key `i` (`i` below the count given to [`Earliest::new`]).
     #[inline]
     pub(crate) fn set(&mut self, i: usize, key: u64) {
-        if self.keys[i] == key {
+        let (old, new) = (self.keys[i], self.pack(key, i));
+        if old == new {
             return;
         }
-        let (old, new) = (self.pack(self.keys[i], i), self.pack(key, i));
-        self.keys[i] = key;
+        self.keys[i] = new;
         // The usual change: the winner's clock moves on and it stays ahead.
         if old == self.best[0] && new < self.best[1].min(self.bound) {
             self.best[0] = new;
@@ -114,9 +127,9 @@ impl Earliest {
     /// call of [`Earliest::first`] answers either way.
     #[inline]
     pub(crate) fn keep_first(&mut self, i: usize, key: u64) -> bool {
-        debug_assert!(self.len > 0 && self.best[0] == self.pack(self.keys[i], i));
+        debug_assert!(self.len > 0 && self.best[0] == self.keys[i]);
         let new = self.pack(key, i);
-        self.keys[i] = key;
+        self.keys[i] = new;
         if key != IDLE && new < self.best[1].min(self.bound) {
             self.best[0] = new;
             return true;
@@ -163,20 +176,14 @@ impl Earliest {
     /// Key `key` of index `i` packed (see `shift`).
     #[inline]
     fn pack(&self, key: u64, i: usize) -> u64 {
-        let top = IDLE >> self.shift;
-        debug_assert!(
-            key == IDLE || key < top,
-            "clock {key} beyond the packed range"
-        );
-        key.min(top) << self.shift | i as u64
+        pack(self.shift, key, i)
     }
 
     /// Keep the `KEPT` smallest packed keys and bound the rest by the next one.
     #[inline(never)]
     fn scan(&mut self) {
         let mut top = [u64::MAX; KEPT + 1];
-        for (i, &k) in self.keys.iter().enumerate() {
-            let p = self.pack(k, i);
+        for &p in &self.keys {
             if p < top[KEPT] {
                 let mut j = KEPT;
                 while j > 0 && top[j - 1] > p {

@@ -87,7 +87,7 @@ struct Warp<W> {
     waiting: bool,
 }
 
-struct Unit<W> {
+struct Unit<W, S> {
     now: u64,
     warps: Vec<Option<Warp<W>>>,
     ready_at: Vec<u64>,
@@ -107,44 +107,12 @@ struct Unit<W> {
     /// Live warps waiting in the walk queue (their slots hold [`PARKED`]).
     parked: usize,
     pinned: VecDeque<u64>,
-    sched: Sched,
+    /// Its warp scheduler (a [`LooseRoundRobin`] by value when every unit has one:
+    /// its picks inline; else the boxed ones).
+    sched: S,
     l1d: Option<DataCache>,
     /// Register files from earlier launches for this unit's new warps.
     spare_io: Spares,
-}
-
-/// A unit's warp scheduler: the default one by value (its picks inline), any other
-/// through its trait object.
-enum Sched {
-    Loose(LooseRoundRobin),
-    Other(Box<dyn WarpScheduler>),
-}
-
-impl Sched {
-    fn new(s: Box<dyn WarpScheduler>) -> Sched {
-        match s.as_loose_round_robin() {
-            Some(l) => Sched::Loose(l),
-            None => Sched::Other(s),
-        }
-    }
-
-    /// [`WarpScheduler::pick_ready`].
-    #[inline]
-    fn pick_ready(&mut self, ready: u64, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
-        match self {
-            Sched::Loose(l) => l.pick_ready(ready, ready_at, age, now),
-            Sched::Other(o) => o.pick_ready(ready, ready_at, age, now),
-        }
-    }
-
-    /// [`WarpScheduler::pick`].
-    #[inline]
-    fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
-        match self {
-            Sched::Loose(l) => l.pick(ready_at, age, now),
-            Sched::Other(o) => o.pick(ready_at, age, now),
-        }
-    }
 }
 
 /// A unit's spare register files, from earlier launches (boxed: a warp takes one by
@@ -269,7 +237,29 @@ pub(crate) fn run_stepwise<K: Kernel>(
 fn run_in<K: Kernel, const FAST: bool>(
     dev: Device<'_>,
     kernel: &K,
+    launch: Launch<'_, '_>,
+) -> Result<RunStats, SimtError> {
+    // The units' schedulers: the default one by value (the engine is compiled for it,
+    // its picks inline), any other through its trait object.
+    let scheds: Vec<Box<dyn WarpScheduler>> = (0..dev.port.units())
+        .map(|_| (launch.scheduler)())
+        .collect();
+    match scheds
+        .iter()
+        .map(|s| s.as_loose_round_robin())
+        .collect::<Option<Vec<LooseRoundRobin>>>()
+    {
+        Some(loose) => run_units::<K, LooseRoundRobin, FAST>(dev, kernel, launch, loose),
+        None => run_units::<K, Box<dyn WarpScheduler>, FAST>(dev, kernel, launch, scheds),
+    }
+}
+
+/// [`run_in`] with unit `u`'s warp scheduler `scheds[u]`.
+fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
+    dev: Device<'_>,
+    kernel: &K,
     mut launch: Launch<'_, '_>,
+    scheds: Vec<S>,
 ) -> Result<RunStats, SimtError> {
     let res = kernel.resources();
     let Occupancy {
@@ -295,8 +285,9 @@ fn run_in<K: Kernel, const FAST: bool>(
     };
     let wpb = res.threads_per_block.div_ceil(32) as usize;
     let slots = blocks_per_sm as usize;
-    let mut units: Vec<Unit<K::Warp>> = (0..n_units)
-        .map(|_| {
+    let mut units: Vec<Unit<K::Warp, S>> = scheds
+        .into_iter()
+        .map(|sched| {
             Ok(Unit {
                 now: 0,
                 warps: (0..slots * wpb).map(|_| None).collect(),
@@ -314,7 +305,7 @@ fn run_in<K: Kernel, const FAST: bool>(
                 live: 0,
                 parked: 0,
                 pinned: VecDeque::new(),
-                sched: Sched::new((launch.scheduler)()),
+                sched,
                 l1d: cache(cost.l1_data_geometry)?,
                 spare_io: {
                     let spare = &mut *launch.spare_io;
@@ -654,7 +645,7 @@ fn run_in<K: Kernel, const FAST: bool>(
 
 /// A unit's key for [`Earliest`]: its clock while a warp may issue (a live warp not
 /// waiting in the walk queue), else [`IDLE`] (no clock reaches it).
-fn clock<W>(u: &Unit<W>) -> u64 {
+fn clock<W, S>(u: &Unit<W, S>) -> u64 {
     if u.live > u.parked {
         u.now
     } else {
@@ -662,7 +653,7 @@ fn clock<W>(u: &Unit<W>) -> u64 {
     }
 }
 
-impl<W> Unit<W> {
+impl<W, S> Unit<W, S> {
     /// Set slot `s`'s `ready_at` to `at` where the slot is not waiting in `wakes` (a
     /// picked, parked or dead slot): the calendar's entries never go stale, because a
     /// waiting slot's `ready_at` is written only by the push that made it wait (see
@@ -722,15 +713,15 @@ impl<W> Unit<W> {
     }
 }
 
-fn free_slot<W>(u: &Unit<W>) -> Option<usize> {
+fn free_slot<W, S>(u: &Unit<W, S>) -> Option<usize> {
     if u.free == 0 {
         return None;
     }
     u.left.iter().position(|&l| l == 0)
 }
 
-fn place<K: Kernel>(
-    unit: &mut Unit<K::Warp>,
+fn place<K: Kernel, S>(
+    unit: &mut Unit<K::Warp, S>,
     kernel: &K,
     block: u64,
     slot: usize,
@@ -780,8 +771,8 @@ fn place<K: Kernel>(
     stats.warps += wpb as u64;
 }
 
-fn fill_open<K: Kernel>(
-    units: &mut [Unit<K::Warp>],
+fn fill_open<K: Kernel, S>(
+    units: &mut [Unit<K::Warp, S>],
     open: &mut VecDeque<u64>,
     dispatch: &mut dyn Dispatch,
     (kernel, wpb, now): (&K, usize, u64),

@@ -113,7 +113,7 @@ impl Wakes {
 
     /// The slots due at cycle `now` (their cycle is at most `now`); they stop waiting.
     /// `now` never decreases between calls.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_due(&mut self, now: u64) -> u64 {
         if now < self.next {
             return 0;
