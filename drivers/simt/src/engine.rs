@@ -448,7 +448,7 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                 // A warp that stalls at its wait takes no time, so the unit keeps its clock and
                 // stays the earliest with the walk queue as it was: it picks again at once
                 // (what the next step would do, without its scan).
-                let (now, s, op) = 'pick: loop {
+                let (now, s, op, w) = 'pick: loop {
                     let now = unit.now;
                     let picked = if unit.masked {
                         // Warps whose latency has elapsed join the ready mask.
@@ -495,9 +495,8 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                         }
                         break 'stepped;
                     };
-                    break (now, s, op);
+                    break (now, s, op, w);
                 };
-                let w = unit.warps[s].as_mut().expect("the picked warp is live");
                 stats.instructions += 1;
                 let ready = match op {
                     Op::Compute(c) => now + 1 + u64::from(c),
