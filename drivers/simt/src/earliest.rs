@@ -2,11 +2,14 @@
 //! those that have a warp able to issue, the lowest-numbered on a tie.
 //!
 //! [`Earliest`] keeps the units' keys (a unit's clock, or [`IDLE`] when none of its
-//! warps can issue) in one contiguous array, so the engine's scan for the earliest
-//! reads one word per unit instead of each unit's whole state; a key changes by one
-//! store. A scan keeps the few smallest keys, sorted, and a lower bound of the others:
-//! a changed key is moved within them, or drops out, or joins them if below the bound,
-//! and only when none is left does the next call scan again. (A tournament tree, which
+//! warps can issue), packed with the unit's index so that one compare orders them, in
+//! one contiguous array, so the engine's scan for the earliest reads one word per unit
+//! instead of each unit's whole state; a key changes by one store. A scan keeps the
+//! few smallest keys, sorted, and a lower bound of the others: a changed key is moved
+//! within them, or drops out, or joins them if below the bound, and only when none is
+//! left does the next call scan again. The engine's usual change, the winner's clock
+//! moving on, has its own path ([`Earliest::keep_first`]): the key stays first, or
+//! moves back past the kept keys below it. (A tournament tree, which
 //! replays one path per change, measured slower at the 16 units of the MESC geometry:
 //! its data-dependent branches cost more than the scan.)
 
