@@ -91,13 +91,10 @@ struct Unit<W, S> {
     now: u64,
     warps: Vec<Option<Warp<W>>>,
     ready_at: Vec<u64>,
-    /// With at most 64 slots (`masked`): bit `i` set exactly when `ready_at[i] <= now`.
+    /// With at most 64 slots (`MASKED` in the engine): bit `i` set exactly when `ready_at[i] <= now`.
     ready: u64,
-    /// With `masked`: the warps waiting on a latency, by the cycle they become ready.
+    /// With `MASKED`: the warps waiting on a latency, by the cycle they become ready.
     wakes: Wakes,
-    /// The unit has at most 64 slots, so `ready` and `wakes` are kept and the scheduler
-    /// picks from the mask.
-    masked: bool,
     age: Vec<u64>,
     /// Warps left in each block slot (0 = free).
     left: Vec<u32>,
@@ -239,34 +236,8 @@ fn run_in<K: Kernel, const FAST: bool>(
     kernel: &K,
     launch: Launch<'_, '_>,
 ) -> Result<RunStats, SimtError> {
-    // The units' schedulers: the default one by value (the engine is compiled for it,
-    // its picks inline), any other through its trait object.
-    let scheds: Vec<Box<dyn WarpScheduler>> = (0..dev.port.units())
-        .map(|_| (launch.scheduler)())
-        .collect();
-    match scheds
-        .iter()
-        .map(|s| s.as_loose_round_robin())
-        .collect::<Option<Vec<LooseRoundRobin>>>()
-    {
-        Some(loose) => run_units::<K, LooseRoundRobin, FAST>(dev, kernel, launch, loose),
-        None => run_units::<K, Box<dyn WarpScheduler>, FAST>(dev, kernel, launch, scheds),
-    }
-}
-
-/// [`run_in`] with unit `u`'s warp scheduler `scheds[u]`.
-fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
-    dev: Device<'_>,
-    kernel: &K,
-    mut launch: Launch<'_, '_>,
-    scheds: Vec<S>,
-) -> Result<RunStats, SimtError> {
     let res = kernel.resources();
-    let Occupancy {
-        blocks_per_sm,
-        warps_per_sm,
-        ..
-    } = launch
+    let occ = launch
         .occupancy
         .occupancy(&res)
         .map_err(SimtError::Occupancy)?;
@@ -274,6 +245,39 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
     if n_units == 0 {
         return Err(SimtError::NoUnits);
     }
+    // A unit with at most 64 slots keeps the ready mask and the wake calendar.
+    let masked = occ.blocks_per_sm as usize * res.threads_per_block.div_ceil(32) as usize <= 64;
+    // The units' schedulers: the default one by value (the engine is compiled for it,
+    // its picks inline), any other through its trait object.
+    let scheds: Vec<Box<dyn WarpScheduler>> = (0..n_units).map(|_| (launch.scheduler)()).collect();
+    let loose = scheds
+        .iter()
+        .map(|s| s.as_loose_round_robin())
+        .collect::<Option<Vec<LooseRoundRobin>>>();
+    match (loose, masked) {
+        (Some(l), true) => run_units::<K, _, FAST, true>(dev, kernel, launch, l, occ),
+        (Some(l), false) => run_units::<K, _, FAST, false>(dev, kernel, launch, l, occ),
+        (None, true) => run_units::<K, _, FAST, true>(dev, kernel, launch, scheds, occ),
+        (None, false) => run_units::<K, _, FAST, false>(dev, kernel, launch, scheds, occ),
+    }
+}
+
+/// [`run_in`] with unit `u`'s warp scheduler `scheds[u]`, occupancy `occ`, and the
+/// ready mask and wake calendar kept if `MASKED` (at most 64 slots per unit).
+fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool, const MASKED: bool>(
+    dev: Device<'_>,
+    kernel: &K,
+    mut launch: Launch<'_, '_>,
+    scheds: Vec<S>,
+    occ: Occupancy,
+) -> Result<RunStats, SimtError> {
+    let res = kernel.resources();
+    let Occupancy {
+        blocks_per_sm,
+        warps_per_sm,
+        ..
+    } = occ;
+    let n_units = scheds.len();
     let cost = launch.cost;
     let cache = |(sets, ways): (usize, usize)| -> Result<Option<DataCache>, SimtError> {
         if !cost.data_caches {
@@ -298,7 +302,6 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                     .0
                     .pop()
                     .map_or_else(Wakes::new, Wakes::reused),
-                masked: slots * wpb <= 64,
                 age: vec![0; slots * wpb],
                 left: vec![0; slots],
                 free: slots,
@@ -337,10 +340,10 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
             let Some(b) = unit.pinned.pop_front() else {
                 break;
             };
-            place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
+            place::<K, S, MASKED>(unit, kernel, b, slot, wpb, &mut age, &mut stats);
         }
     }
-    fill_open(
+    fill_open::<K, _, MASKED>(
         &mut units,
         &mut open,
         &mut *launch.dispatch,
@@ -433,7 +436,7 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                 Some(ready)
             };
             if let Some(ready) = wake {
-                unit.unpark(q.slot, ready);
+                unit.unpark::<MASKED>(q.slot, ready);
             }
             continue;
         }
@@ -450,7 +453,7 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                 // (what the next step would do, without its scan).
                 let (now, s, op, w) = 'pick: loop {
                     let now = unit.now;
-                    let picked = if unit.masked {
+                    let picked = if MASKED {
                         // Warps whose latency has elapsed join the ready mask.
                         unit.ready |= unit.wakes.take_due(now);
                         unit.sched
@@ -459,7 +462,7 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                         unit.sched.pick(&unit.ready_at, &unit.age, now)
                     };
                     let Some(s) = picked else {
-                        unit.now = if unit.masked {
+                        unit.now = if MASKED {
                             // Nothing is ready: every live warp waits in `wakes`, so its earliest
                             // wait is the minimum of `ready_at`.
                             unit.wakes.earliest().expect("a live warp")
@@ -485,10 +488,10 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                         // Stall at the first use of a loaded register (the scoreboard).
                         if w.queued > 0 {
                             w.waiting = true;
-                            unit.park(s);
+                            unit.park::<MASKED>(s);
                         } else {
                             let at = w.data_at;
-                            unit.wait(s, at);
+                            unit.wait::<MASKED>(s, at);
                         }
                         if unit.live > unit.parked {
                             continue 'pick;
@@ -537,9 +540,9 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                             unit.now += 1;
                             if let Op::LoadTo(_) = op {
                                 w.queued += 1;
-                                unit.wait_issued::<FAST>(s, now + 1);
+                                unit.wait_issued::<FAST, MASKED>(s, now + 1);
                             } else {
-                                unit.park(s);
+                                unit.park::<MASKED>(s);
                             }
                             break 'stepped;
                         }
@@ -595,9 +598,11 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                         if unit.left[slot] == 0 {
                             unit.free += 1;
                             if let Some(b) = unit.pinned.pop_front() {
-                                place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
+                                place::<K, S, MASKED>(
+                                    unit, kernel, b, slot, wpb, &mut age, &mut stats,
+                                );
                             } else {
-                                fill_open(
+                                fill_open::<K, _, MASKED>(
                                     &mut units,
                                     &mut open,
                                     &mut *launch.dispatch,
@@ -612,7 +617,7 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool>(
                     }
                 };
                 unit.now += 1;
-                unit.wait_issued::<FAST>(s, ready);
+                unit.wait_issued::<FAST, MASKED>(s, ready);
             }
             // The next step is this unit's again when it stays the earliest, no other unit
             // changed, and the walk queue's head is not due by its clock.
@@ -664,38 +669,38 @@ impl<W, S> Unit<W, S> {
     }
 
     /// Picked slot `s` waits until cycle `at`: it leaves the ready mask and joins the
-    /// calendar (with `masked`).
+    /// calendar (with `MASKED`).
     #[inline]
-    fn wait(&mut self, s: usize, at: u64) {
+    fn wait<const MASKED: bool>(&mut self, s: usize, at: u64) {
         self.ready_at[s] = at;
-        if self.masked {
+        if MASKED {
             self.ready &= !(1u64 << s);
             self.wakes.push(at, s);
         }
     }
 
     /// Picked slot `s` issued (the unit's clock has moved past the issue cycle) and
-    /// waits until cycle `at`. With `masked`, a slot due by the unit's clock (`at` is
+    /// waits until cycle `at`. With `MASKED`, a slot due by the unit's clock (`at` is
     /// at most `now`, e.g. after a non-blocking load) stays in the ready mask instead
     /// of passing through the calendar: the unit's next pick is at `now` or later,
     /// where the calendar would give it back, so that pick sees the same mask. (Only
     /// if `FAST`: `run_stepwise` takes the calendar's way, for the comparison.)
     #[inline]
-    fn wait_issued<const FAST: bool>(&mut self, s: usize, at: u64) {
-        if FAST && self.masked && at <= self.now {
+    fn wait_issued<const FAST: bool, const MASKED: bool>(&mut self, s: usize, at: u64) {
+        if FAST && MASKED && at <= self.now {
             self.set_ready_at_unwaited(s, at);
             return;
         }
-        self.wait(s, at);
+        self.wait::<MASKED>(s, at);
     }
 
     /// Picked slot `s` waits in the walk queue: it counts as parked, holds [`PARKED`]
-    /// and leaves the ready mask (with `masked`).
+    /// and leaves the ready mask (with `MASKED`).
     #[inline]
-    fn park(&mut self, s: usize) {
+    fn park<const MASKED: bool>(&mut self, s: usize) {
         self.parked += 1;
         self.set_ready_at_unwaited(s, PARKED);
-        if self.masked {
+        if MASKED {
             self.ready &= !(1u64 << s);
         }
     }
@@ -703,10 +708,10 @@ impl<W, S> Unit<W, S> {
     /// Parked slot `s` left the walk queue and waits until cycle `at` (which may be
     /// before the unit's clock: then it is due at the next pick).
     #[inline]
-    fn unpark(&mut self, s: usize, at: u64) {
+    fn unpark<const MASKED: bool>(&mut self, s: usize, at: u64) {
         self.parked -= 1;
         self.set_ready_at_unwaited(s, at);
-        if self.masked {
+        if MASKED {
             self.wakes.push(at, s);
         }
     }
@@ -719,7 +724,7 @@ fn free_slot<W, S>(u: &Unit<W, S>) -> Option<usize> {
     u.left.iter().position(|&l| l == 0)
 }
 
-fn place<K: Kernel, S>(
+fn place<K: Kernel, S, const MASKED: bool>(
     unit: &mut Unit<K::Warp, S>,
     kernel: &K,
     block: u64,
@@ -757,7 +762,7 @@ fn place<K: Kernel, S>(
         }
         let now = unit.now;
         unit.set_ready_at_unwaited(i, now);
-        if unit.masked {
+        if MASKED {
             unit.ready |= 1 << i;
         }
         unit.age[i] = *age;
@@ -770,7 +775,7 @@ fn place<K: Kernel, S>(
     stats.warps += wpb as u64;
 }
 
-fn fill_open<K: Kernel, S>(
+fn fill_open<K: Kernel, S, const MASKED: bool>(
     units: &mut [Unit<K::Warp, S>],
     open: &mut VecDeque<u64>,
     dispatch: &mut dyn Dispatch,
@@ -792,7 +797,7 @@ fn fill_open<K: Kernel, S>(
         // A unit whose warps all wait for walkers kept the clock of its last issue:
         // the block starts now, not then.
         units[u].now = units[u].now.max(now);
-        place(&mut units[u], kernel, b, slot, wpb, age, stats);
+        place::<K, S, MASKED>(&mut units[u], kernel, b, slot, wpb, age, stats);
         placed.push(u);
     }
 }

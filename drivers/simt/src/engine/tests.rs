@@ -9,7 +9,7 @@ use crate::dispatch::{
 };
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::machine::{mesc_tlbs, GpuKind, SimtMachine};
-use crate::occupancy::KernelResources;
+use crate::occupancy::{KernelResources, OccupancyModel, SmConfig};
 use gmem_sim::MmuStats;
 
 /// A xorshift step.
@@ -172,6 +172,18 @@ fn launches(case: u64, mode: Mode) -> (Vec<Result<RunStats, SimtError>>, MmuStat
         }
     };
     let pick = next(&mut x) % 3;
+    // Some units with four times the threads and registers: up to 128 warp slots, more
+    // than the ready mask's 64 (the engine's unmasked version).
+    let big = SmConfig {
+        max_threads: 4 * 2048,
+        registers: 4 * 65_536,
+        ..SmConfig::maxwell()
+    };
+    let occupancy: &dyn OccupancyModel = if next(&mut x) % 3 == 0 {
+        &big
+    } else {
+        &*m.occupancy
+    };
     let (mut spare_io, mut spare_wakes) = (Vec::new(), SpareWakes::default());
     let mut stats = Vec::new();
     for _ in 0..2 {
@@ -188,7 +200,7 @@ fn launches(case: u64, mode: Mode) -> (Vec<Result<RunStats, SimtError>>, MmuStat
             port: m.port(),
         };
         let launch = Launch {
-            occupancy: &*m.occupancy,
+            occupancy,
             dispatch,
             scheduler: &scheduler,
             cost: &m.cost,
@@ -208,14 +220,15 @@ fn launches(case: u64, mode: Mode) -> (Vec<Result<RunStats, SimtError>>, MmuStat
 }
 
 /// Twelve random kernels on random machines (1 to 16 units, integrated or discrete,
-/// timed walks or not, both warp schedulers, three dispatch policies), each launched
+/// timed walks or not, both warp schedulers, three dispatch policies, up to 64 or up
+/// to 128 warp slots per unit), each launched
 /// twice: the fast paths (burst runs, warps due by the next clock kept in the ready
 /// mask) give the stepwise statistics (every counter and the cycles), MMU
 /// counters and memory; and the engine compiled for loose round-robin gives what it
 /// gives with that scheduler behind a trait object.
 #[test]
 fn burst_runs_equal_stepwise_runs() {
-    let mut instructions = 0;
+    let (mut instructions, mut unmasked) = (0, 0);
     for case in 0..12 {
         let burst = launches(case, Mode::Fast);
         let stepwise = launches(case, Mode::Stepwise);
@@ -237,8 +250,13 @@ fn burst_runs_equal_stepwise_runs() {
         assert!(burst.2 == stepwise.2, "case {case}: memory");
         for s in burst.0.iter().flatten() {
             instructions += s.memory_instructions;
+            unmasked += u32::from(s.warps_per_unit > 64);
         }
     }
     // The kernels ran (a test of nothing would pass too).
     assert!(instructions > 10_000, "{instructions} memory instructions");
+    assert!(
+        unmasked > 0,
+        "no launch had more than 64 warp slots per unit"
+    );
 }
