@@ -60,7 +60,7 @@ use crate::datacache::DataCache;
 use crate::dispatch::{Dispatch, LooseRoundRobin, WarpScheduler, DEAD};
 use crate::earliest::{Earliest, IDLE};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
-use crate::occupancy::{Occupancy, OccupancyModel};
+use crate::occupancy::{KernelResources, Occupancy, OccupancyModel};
 use crate::wakes::Wakes;
 use gmem_core::Gmem;
 use gmem_sim::Served;
@@ -91,7 +91,8 @@ struct Unit<W, S> {
     now: u64,
     warps: Vec<Option<Warp<W>>>,
     ready_at: Vec<u64>,
-    /// With at most 64 slots (`MASKED` in the engine): bit `i` set exactly when `ready_at[i] <= now`.
+    /// With at most 64 slots (`MASKED` in the engine): bit `i` set exactly when
+    /// `ready_at[i] <= now`.
     ready: u64,
     /// With `MASKED`: the warps waiting on a latency, by the cycle they become ready.
     wakes: Wakes,
@@ -255,23 +256,23 @@ fn run_in<K: Kernel, const FAST: bool>(
         .map(|s| s.as_loose_round_robin())
         .collect::<Option<Vec<LooseRoundRobin>>>();
     match (loose, masked) {
-        (Some(l), true) => run_units::<K, _, FAST, true>(dev, kernel, launch, l, occ),
-        (Some(l), false) => run_units::<K, _, FAST, false>(dev, kernel, launch, l, occ),
-        (None, true) => run_units::<K, _, FAST, true>(dev, kernel, launch, scheds, occ),
-        (None, false) => run_units::<K, _, FAST, false>(dev, kernel, launch, scheds, occ),
+        (Some(l), true) => run_units::<K, _, FAST, true>(dev, kernel, launch, l, (res, occ)),
+        (Some(l), false) => run_units::<K, _, FAST, false>(dev, kernel, launch, l, (res, occ)),
+        (None, true) => run_units::<K, _, FAST, true>(dev, kernel, launch, scheds, (res, occ)),
+        (None, false) => run_units::<K, _, FAST, false>(dev, kernel, launch, scheds, (res, occ)),
     }
 }
 
-/// [`run_in`] with unit `u`'s warp scheduler `scheds[u]`, occupancy `occ`, and the
-/// ready mask and wake calendar kept if `MASKED` (at most 64 slots per unit).
+/// [`run_in`] with unit `u`'s warp scheduler `scheds[u]`, the kernel's resources `res`
+/// and occupancy `occ`, and the ready mask and wake calendar kept if `MASKED` (at most
+/// 64 slots per unit).
 fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool, const MASKED: bool>(
     dev: Device<'_>,
     kernel: &K,
     mut launch: Launch<'_, '_>,
     scheds: Vec<S>,
-    occ: Occupancy,
+    (res, occ): (KernelResources, Occupancy),
 ) -> Result<RunStats, SimtError> {
-    let res = kernel.resources();
     let Occupancy {
         blocks_per_sm,
         warps_per_sm,
