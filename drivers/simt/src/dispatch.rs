@@ -95,10 +95,24 @@ pub trait WarpScheduler {
         self.pick(ready_at, age, now)
     }
     /// This scheduler as a [`LooseRoundRobin`], if it is one (the default: `None`).
-    /// The engine then holds that copy by value and calls it directly, without a
-    /// virtual call per pick; it picks exactly as this one would.
+    /// When every unit's is one, the engine holds those copies by value and runs a
+    /// version of itself compiled for them, without a virtual call per pick; they pick
+    /// exactly as these would.
     fn as_loose_round_robin(&self) -> Option<LooseRoundRobin> {
         None
+    }
+}
+
+/// A boxed scheduler picks as the one in the box.
+impl WarpScheduler for Box<dyn WarpScheduler> {
+    fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
+        (**self).pick(ready_at, age, now)
+    }
+    fn pick_ready(&mut self, ready: u64, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
+        (**self).pick_ready(ready, ready_at, age, now)
+    }
+    fn as_loose_round_robin(&self) -> Option<LooseRoundRobin> {
+        (**self).as_loose_round_robin()
     }
 }
 

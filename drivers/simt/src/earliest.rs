@@ -2,11 +2,14 @@
 //! those that have a warp able to issue, the lowest-numbered on a tie.
 //!
 //! [`Earliest`] keeps the units' keys (a unit's clock, or [`IDLE`] when none of its
-//! warps can issue) in one contiguous array, so the engine's scan for the earliest
-//! reads one word per unit instead of each unit's whole state; a key changes by one
-//! store. A scan keeps the few smallest keys, sorted, and a lower bound of the others:
-//! a changed key is moved within them, or drops out, or joins them if below the bound,
-//! and only when none is left does the next call scan again. (A tournament tree, which
+//! warps can issue), packed with the unit's index so that one compare orders them, in
+//! one contiguous array, so the engine's scan for the earliest reads one word per unit
+//! instead of each unit's whole state; a key changes by one store. A scan keeps the
+//! few smallest keys, sorted, and a lower bound of the others: a changed key is moved
+//! within them, or drops out, or joins them if below the bound, and only when none is
+//! left does the next call scan again. The engine's usual change, the winner's clock
+//! moving on, has its own path ([`Earliest::keep_first`]): the key stays first, or
+//! moves back past the kept keys below it. (A tournament tree, which
 //! replays one path per change, measured slower at the 16 units of the MESC geometry:
 //! its data-dependent branches cost more than the scan.)
 
@@ -22,9 +25,21 @@ fn index_bits(n: usize) -> u32 {
     (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1)
 }
 
+/// Key `key` of index `i` packed with `shift` index bits (see [`Earliest`]'s `shift`).
+#[inline]
+fn pack(shift: u32, key: u64, i: usize) -> u64 {
+    let top = IDLE >> shift;
+    debug_assert!(
+        key == IDLE || key < top,
+        "clock {key} beyond the packed range"
+    );
+    key.min(top) << shift | i as u64
+}
+
 /// The earliest of a fixed number of keys, lowest index first on a tie.
 pub(crate) struct Earliest {
-    /// Each unit's key, contiguous: the scan for the minimum reads a few cache lines.
+    /// Each unit's key, packed (see `shift`), contiguous: the scan for the minimum
+    /// reads a few cache lines and compares them as they are.
     keys: Vec<u64>,
     /// A packed key is `key << shift | index`, ordered as the pair: the lowest index
     /// first among equal keys. [`IDLE`] packs as the largest key, `u64::MAX >> shift`
@@ -42,9 +57,10 @@ pub(crate) struct Earliest {
 impl Earliest {
     /// `n` keys, all [`IDLE`].
     pub(crate) fn new(n: usize) -> Earliest {
+        let shift = index_bits(n);
         Earliest {
-            keys: vec![IDLE; n],
-            shift: index_bits(n),
+            keys: (0..n).map(|i| pack(shift, IDLE, i)).collect(),
+            shift,
             best: [u64::MAX; KEPT],
             len: 0,
             // Nothing is known: the first call scans.
@@ -55,11 +71,11 @@ impl Earliest {
     /// Set key `i` (`i` below the count given to [`Earliest::new`]).
     #[inline]
     pub(crate) fn set(&mut self, i: usize, key: u64) {
-        if self.keys[i] == key {
+        let (old, new) = (self.keys[i], self.pack(key, i));
+        if old == new {
             return;
         }
-        let (old, new) = (self.pack(self.keys[i], i), self.pack(key, i));
-        self.keys[i] = key;
+        self.keys[i] = new;
         // The usual change: the winner's clock moves on and it stays ahead.
         if old == self.best[0] && new < self.best[1].min(self.bound) {
             self.best[0] = new;
@@ -114,15 +130,39 @@ impl Earliest {
     /// call of [`Earliest::first`] answers either way.
     #[inline]
     pub(crate) fn keep_first(&mut self, i: usize, key: u64) -> bool {
-        debug_assert!(self.len > 0 && self.best[0] == self.pack(self.keys[i], i));
+        debug_assert!(self.len > 0 && self.best[0] == self.keys[i]);
         let new = self.pack(key, i);
+        self.keys[i] = new;
         if key != IDLE && new < self.best[1].min(self.bound) {
-            self.keys[i] = key;
             self.best[0] = new;
             return true;
         }
-        self.set(i, key);
+        self.first_moved(new);
         false
+    }
+
+    /// [`Earliest::keep_first`] beyond its usual case: the first kept key became the
+    /// packed key `new`, which is not below the second or the bound. (What
+    /// [`Earliest::reorder`] does for this case, without searching for the old key:
+    /// the kept keys below `new` move forward one place over it.)
+    #[inline(never)]
+    fn first_moved(&mut self, new: u64) {
+        let mut j = 1;
+        while j < self.len && self.best[j] < new {
+            self.best[j - 1] = self.best[j];
+            j += 1;
+        }
+        if new < self.bound {
+            self.best[j - 1] = new;
+        } else {
+            // It drops out: the kept keys after it move forward too.
+            while j < self.len {
+                self.best[j - 1] = self.best[j];
+                j += 1;
+            }
+            self.len -= 1;
+            self.best[self.len] = u64::MAX;
+        }
     }
 
     /// The index with the smallest key (the lowest such index), unless every key is
@@ -139,20 +179,14 @@ impl Earliest {
     /// Key `key` of index `i` packed (see `shift`).
     #[inline]
     fn pack(&self, key: u64, i: usize) -> u64 {
-        let top = IDLE >> self.shift;
-        debug_assert!(
-            key == IDLE || key < top,
-            "clock {key} beyond the packed range"
-        );
-        key.min(top) << self.shift | i as u64
+        pack(self.shift, key, i)
     }
 
     /// Keep the `KEPT` smallest packed keys and bound the rest by the next one.
     #[inline(never)]
     fn scan(&mut self) {
         let mut top = [u64::MAX; KEPT + 1];
-        for (i, &k) in self.keys.iter().enumerate() {
-            let p = self.pack(k, i);
+        for &p in &self.keys {
             if p < top[KEPT] {
                 let mut j = KEPT;
                 while j > 0 && top[j - 1] > p {
@@ -172,9 +206,6 @@ impl Earliest {
 mod tests {
     use super::*;
 
-    /// The winner equals a scan's first minimum over pseudo-random updates, for unit
-    /// counts that are and are not powers of two (up to 65); and [`Earliest::keep_first`], after
-    /// a winner's update, says it is still first only when it is.
     /// The index of the first smallest key that is not [`IDLE`], by a plain scan.
     fn scan_first(keys: &[u64]) -> Option<usize> {
         keys.iter()
@@ -184,6 +215,10 @@ mod tests {
             .map(|(i, _)| i)
     }
 
+    /// The winner equals a scan's first minimum over pseudo-random updates, for unit
+    /// counts that are and are not powers of two (up to 65); and
+    /// [`Earliest::keep_first`], after a winner's update (its new place found by
+    /// `first_moved` when it is not kept first), says it is still first only when it is.
     #[test]
     fn the_winner_is_the_scans_first_minimum() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;

@@ -60,7 +60,7 @@ use crate::datacache::DataCache;
 use crate::dispatch::{Dispatch, LooseRoundRobin, WarpScheduler, DEAD};
 use crate::earliest::{Earliest, IDLE};
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
-use crate::occupancy::{Occupancy, OccupancyModel};
+use crate::occupancy::{KernelResources, Occupancy, OccupancyModel};
 use crate::wakes::Wakes;
 use gmem_core::Gmem;
 use gmem_sim::Served;
@@ -87,17 +87,15 @@ struct Warp<W> {
     waiting: bool,
 }
 
-struct Unit<W> {
+struct Unit<W, S> {
     now: u64,
     warps: Vec<Option<Warp<W>>>,
     ready_at: Vec<u64>,
-    /// With at most 64 slots (`masked`): bit `i` set exactly when `ready_at[i] <= now`.
+    /// With at most 64 slots (`MASKED` in the engine): bit `i` set exactly when
+    /// `ready_at[i] <= now`.
     ready: u64,
-    /// With `masked`: the warps waiting on a latency, by the cycle they become ready.
+    /// With `MASKED`: the warps waiting on a latency, by the cycle they become ready.
     wakes: Wakes,
-    /// The unit has at most 64 slots, so `ready` and `wakes` are kept and the scheduler
-    /// picks from the mask.
-    masked: bool,
     age: Vec<u64>,
     /// Warps left in each block slot (0 = free).
     left: Vec<u32>,
@@ -107,44 +105,12 @@ struct Unit<W> {
     /// Live warps waiting in the walk queue (their slots hold [`PARKED`]).
     parked: usize,
     pinned: VecDeque<u64>,
-    sched: Sched,
+    /// Its warp scheduler (a [`LooseRoundRobin`] by value when every unit has one:
+    /// its picks inline; else the boxed ones).
+    sched: S,
     l1d: Option<DataCache>,
     /// Register files from earlier launches for this unit's new warps.
     spare_io: Spares,
-}
-
-/// A unit's warp scheduler: the default one by value (its picks inline), any other
-/// through its trait object.
-enum Sched {
-    Loose(LooseRoundRobin),
-    Other(Box<dyn WarpScheduler>),
-}
-
-impl Sched {
-    fn new(s: Box<dyn WarpScheduler>) -> Sched {
-        match s.as_loose_round_robin() {
-            Some(l) => Sched::Loose(l),
-            None => Sched::Other(s),
-        }
-    }
-
-    /// [`WarpScheduler::pick_ready`].
-    #[inline]
-    fn pick_ready(&mut self, ready: u64, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
-        match self {
-            Sched::Loose(l) => l.pick_ready(ready, ready_at, age, now),
-            Sched::Other(o) => o.pick_ready(ready, ready_at, age, now),
-        }
-    }
-
-    /// [`WarpScheduler::pick`].
-    #[inline]
-    fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
-        match self {
-            Sched::Loose(l) => l.pick(ready_at, age, now),
-            Sched::Other(o) => o.pick(ready_at, age, now),
-        }
-    }
 }
 
 /// A unit's spare register files, from earlier launches (boxed: a warp takes one by
@@ -245,8 +211,9 @@ pub fn run<K: Kernel>(
     run_in::<K, true>(dev, kernel, launch)
 }
 
-/// [`run`] without burst runs: every step goes back to the search for the earliest
-/// unit (what [`run`] does must equal this, counter for counter; a test checks it).
+/// [`run`] without its fast paths: every step goes back to the search for the
+/// earliest unit, and every waiting warp passes through its unit's wake calendar
+/// (what [`run`] does must equal this, counter for counter; a test checks it).
 ///
 /// # Errors
 /// As [`run`].
@@ -259,21 +226,19 @@ pub(crate) fn run_stepwise<K: Kernel>(
     run_in::<K, false>(dev, kernel, launch)
 }
 
-/// [`run`], with burst runs if `BURST`: after a step, the unit just stepped steps again
-/// at once while it stays the earliest (by [`Earliest::keep_first`]), the dispatcher
-/// placed no open block in the step, and the walk queue's head is not due by its
-/// clock — exactly the step the search would pick next.
-fn run_in<K: Kernel, const BURST: bool>(
+/// [`run`], with its fast paths if `FAST`: burst runs — after a step, the unit just
+/// stepped steps again at once while it stays the earliest (by
+/// [`Earliest::keep_first`]), the dispatcher placed no open block in the step, and the
+/// walk queue's head is not due by its clock, exactly the step the search would pick
+/// next — and a warp due again by its unit's next clock kept in the ready mask
+/// (`Unit::wait_issued`).
+fn run_in<K: Kernel, const FAST: bool>(
     dev: Device<'_>,
     kernel: &K,
-    mut launch: Launch<'_, '_>,
+    launch: Launch<'_, '_>,
 ) -> Result<RunStats, SimtError> {
     let res = kernel.resources();
-    let Occupancy {
-        blocks_per_sm,
-        warps_per_sm,
-        ..
-    } = launch
+    let occ = launch
         .occupancy
         .occupancy(&res)
         .map_err(SimtError::Occupancy)?;
@@ -281,6 +246,39 @@ fn run_in<K: Kernel, const BURST: bool>(
     if n_units == 0 {
         return Err(SimtError::NoUnits);
     }
+    // A unit with at most 64 slots keeps the ready mask and the wake calendar.
+    let masked = occ.blocks_per_sm as usize * res.threads_per_block.div_ceil(32) as usize <= 64;
+    // The units' schedulers: the default one by value (the engine is compiled for it,
+    // its picks inline), any other through its trait object.
+    let scheds: Vec<Box<dyn WarpScheduler>> = (0..n_units).map(|_| (launch.scheduler)()).collect();
+    let loose = scheds
+        .iter()
+        .map(|s| s.as_loose_round_robin())
+        .collect::<Option<Vec<LooseRoundRobin>>>();
+    match (loose, masked) {
+        (Some(l), true) => run_units::<K, _, FAST, true>(dev, kernel, launch, l, (res, occ)),
+        (Some(l), false) => run_units::<K, _, FAST, false>(dev, kernel, launch, l, (res, occ)),
+        (None, true) => run_units::<K, _, FAST, true>(dev, kernel, launch, scheds, (res, occ)),
+        (None, false) => run_units::<K, _, FAST, false>(dev, kernel, launch, scheds, (res, occ)),
+    }
+}
+
+/// [`run_in`] with unit `u`'s warp scheduler `scheds[u]`, the kernel's resources `res`
+/// and occupancy `occ`, and the ready mask and wake calendar kept if `MASKED` (at most
+/// 64 slots per unit).
+fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool, const MASKED: bool>(
+    dev: Device<'_>,
+    kernel: &K,
+    mut launch: Launch<'_, '_>,
+    scheds: Vec<S>,
+    (res, occ): (KernelResources, Occupancy),
+) -> Result<RunStats, SimtError> {
+    let Occupancy {
+        blocks_per_sm,
+        warps_per_sm,
+        ..
+    } = occ;
+    let n_units = scheds.len();
     let cost = launch.cost;
     let cache = |(sets, ways): (usize, usize)| -> Result<Option<DataCache>, SimtError> {
         if !cost.data_caches {
@@ -292,8 +290,9 @@ fn run_in<K: Kernel, const BURST: bool>(
     };
     let wpb = res.threads_per_block.div_ceil(32) as usize;
     let slots = blocks_per_sm as usize;
-    let mut units: Vec<Unit<K::Warp>> = (0..n_units)
-        .map(|_| {
+    let mut units: Vec<Unit<K::Warp, S>> = scheds
+        .into_iter()
+        .map(|sched| {
             Ok(Unit {
                 now: 0,
                 warps: (0..slots * wpb).map(|_| None).collect(),
@@ -304,14 +303,13 @@ fn run_in<K: Kernel, const BURST: bool>(
                     .0
                     .pop()
                     .map_or_else(Wakes::new, Wakes::reused),
-                masked: slots * wpb <= 64,
                 age: vec![0; slots * wpb],
                 left: vec![0; slots],
                 free: slots,
                 live: 0,
                 parked: 0,
                 pinned: VecDeque::new(),
-                sched: Sched::new((launch.scheduler)()),
+                sched,
                 l1d: cache(cost.l1_data_geometry)?,
                 spare_io: {
                     let spare = &mut *launch.spare_io;
@@ -343,10 +341,10 @@ fn run_in<K: Kernel, const BURST: bool>(
             let Some(b) = unit.pinned.pop_front() else {
                 break;
             };
-            place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
+            place::<K, S, MASKED>(unit, kernel, b, slot, wpb, &mut age, &mut stats);
         }
     }
-    fill_open(
+    fill_open::<K, _, MASKED>(
         &mut units,
         &mut open,
         &mut *launch.dispatch,
@@ -439,7 +437,7 @@ fn run_in<K: Kernel, const BURST: bool>(
                 Some(ready)
             };
             if let Some(ready) = wake {
-                unit.unpark(q.slot, ready);
+                unit.unpark::<MASKED>(q.slot, ready);
             }
             continue;
         }
@@ -454,9 +452,9 @@ fn run_in<K: Kernel, const BURST: bool>(
                 // A warp that stalls at its wait takes no time, so the unit keeps its clock and
                 // stays the earliest with the walk queue as it was: it picks again at once
                 // (what the next step would do, without its scan).
-                let (now, s, op) = 'pick: loop {
+                let (now, s, op, w) = 'pick: loop {
                     let now = unit.now;
-                    let picked = if unit.masked {
+                    let picked = if MASKED {
                         // Warps whose latency has elapsed join the ready mask.
                         unit.ready |= unit.wakes.take_due(now);
                         unit.sched
@@ -465,7 +463,7 @@ fn run_in<K: Kernel, const BURST: bool>(
                         unit.sched.pick(&unit.ready_at, &unit.age, now)
                     };
                     let Some(s) = picked else {
-                        unit.now = if unit.masked {
+                        unit.now = if MASKED {
                             // Nothing is ready: every live warp waits in `wakes`, so its earliest
                             // wait is the minimum of `ready_at`.
                             unit.wakes.earliest().expect("a live warp")
@@ -491,19 +489,18 @@ fn run_in<K: Kernel, const BURST: bool>(
                         // Stall at the first use of a loaded register (the scoreboard).
                         if w.queued > 0 {
                             w.waiting = true;
-                            unit.park(s);
+                            unit.park::<MASKED>(s);
                         } else {
                             let at = w.data_at;
-                            unit.wait(s, at);
+                            unit.wait::<MASKED>(s, at);
                         }
                         if unit.live > unit.parked {
                             continue 'pick;
                         }
                         break 'stepped;
                     };
-                    break (now, s, op);
+                    break (now, s, op, w);
                 };
-                let w = unit.warps[s].as_mut().expect("the picked warp is live");
                 stats.instructions += 1;
                 let ready = match op {
                     Op::Compute(c) => now + 1 + u64::from(c),
@@ -544,9 +541,9 @@ fn run_in<K: Kernel, const BURST: bool>(
                             unit.now += 1;
                             if let Op::LoadTo(_) = op {
                                 w.queued += 1;
-                                unit.wait(s, now + 1);
+                                unit.wait_issued::<FAST, MASKED>(s, now + 1);
                             } else {
-                                unit.park(s);
+                                unit.park::<MASKED>(s);
                             }
                             break 'stepped;
                         }
@@ -602,9 +599,11 @@ fn run_in<K: Kernel, const BURST: bool>(
                         if unit.left[slot] == 0 {
                             unit.free += 1;
                             if let Some(b) = unit.pinned.pop_front() {
-                                place(unit, kernel, b, slot, wpb, &mut age, &mut stats);
+                                place::<K, S, MASKED>(
+                                    unit, kernel, b, slot, wpb, &mut age, &mut stats,
+                                );
                             } else {
-                                fill_open(
+                                fill_open::<K, _, MASKED>(
                                     &mut units,
                                     &mut open,
                                     &mut *launch.dispatch,
@@ -618,12 +617,12 @@ fn run_in<K: Kernel, const BURST: bool>(
                         break 'stepped;
                     }
                 };
-                unit.wait(s, ready);
                 unit.now += 1;
+                unit.wait_issued::<FAST, MASKED>(s, ready);
             }
             // The next step is this unit's again when it stays the earliest, no other unit
             // changed, and the walk queue's head is not due by its clock.
-            if !BURST || !placed.is_empty() {
+            if !FAST || !placed.is_empty() {
                 continue 'step;
             }
             // `keep_first` has set the unit's key either way.
@@ -651,7 +650,7 @@ fn run_in<K: Kernel, const BURST: bool>(
 
 /// A unit's key for [`Earliest`]: its clock while a warp may issue (a live warp not
 /// waiting in the walk queue), else [`IDLE`] (no clock reaches it).
-fn clock<W>(u: &Unit<W>) -> u64 {
+fn clock<W, S>(u: &Unit<W, S>) -> u64 {
     if u.live > u.parked {
         u.now
     } else {
@@ -659,7 +658,7 @@ fn clock<W>(u: &Unit<W>) -> u64 {
     }
 }
 
-impl<W> Unit<W> {
+impl<W, S> Unit<W, S> {
     /// Set slot `s`'s `ready_at` to `at` where the slot is not waiting in `wakes` (a
     /// picked, parked or dead slot): the calendar's entries never go stale, because a
     /// waiting slot's `ready_at` is written only by the push that made it wait (see
@@ -671,23 +670,38 @@ impl<W> Unit<W> {
     }
 
     /// Picked slot `s` waits until cycle `at`: it leaves the ready mask and joins the
-    /// calendar (with `masked`).
+    /// calendar (with `MASKED`).
     #[inline]
-    fn wait(&mut self, s: usize, at: u64) {
+    fn wait<const MASKED: bool>(&mut self, s: usize, at: u64) {
         self.ready_at[s] = at;
-        if self.masked {
+        if MASKED {
             self.ready &= !(1u64 << s);
             self.wakes.push(at, s);
         }
     }
 
-    /// Picked slot `s` waits in the walk queue: it counts as parked, holds [`PARKED`]
-    /// and leaves the ready mask (with `masked`).
+    /// Picked slot `s` issued (the unit's clock has moved past the issue cycle) and
+    /// waits until cycle `at`. With `MASKED`, a slot due by the unit's clock (`at` is
+    /// at most `now`, e.g. after a non-blocking load) stays in the ready mask instead
+    /// of passing through the calendar: the unit's next pick is at `now` or later,
+    /// where the calendar would give it back, so that pick sees the same mask. (Only
+    /// if `FAST`: `run_stepwise` takes the calendar's way, for the comparison.)
     #[inline]
-    fn park(&mut self, s: usize) {
+    fn wait_issued<const FAST: bool, const MASKED: bool>(&mut self, s: usize, at: u64) {
+        if FAST && MASKED && at <= self.now {
+            self.set_ready_at_unwaited(s, at);
+            return;
+        }
+        self.wait::<MASKED>(s, at);
+    }
+
+    /// Picked slot `s` waits in the walk queue: it counts as parked, holds [`PARKED`]
+    /// and leaves the ready mask (with `MASKED`).
+    #[inline]
+    fn park<const MASKED: bool>(&mut self, s: usize) {
         self.parked += 1;
         self.set_ready_at_unwaited(s, PARKED);
-        if self.masked {
+        if MASKED {
             self.ready &= !(1u64 << s);
         }
     }
@@ -695,24 +709,24 @@ impl<W> Unit<W> {
     /// Parked slot `s` left the walk queue and waits until cycle `at` (which may be
     /// before the unit's clock: then it is due at the next pick).
     #[inline]
-    fn unpark(&mut self, s: usize, at: u64) {
+    fn unpark<const MASKED: bool>(&mut self, s: usize, at: u64) {
         self.parked -= 1;
         self.set_ready_at_unwaited(s, at);
-        if self.masked {
+        if MASKED {
             self.wakes.push(at, s);
         }
     }
 }
 
-fn free_slot<W>(u: &Unit<W>) -> Option<usize> {
+fn free_slot<W, S>(u: &Unit<W, S>) -> Option<usize> {
     if u.free == 0 {
         return None;
     }
     u.left.iter().position(|&l| l == 0)
 }
 
-fn place<K: Kernel>(
-    unit: &mut Unit<K::Warp>,
+fn place<K: Kernel, S, const MASKED: bool>(
+    unit: &mut Unit<K::Warp, S>,
     kernel: &K,
     block: u64,
     slot: usize,
@@ -749,7 +763,7 @@ fn place<K: Kernel>(
         }
         let now = unit.now;
         unit.set_ready_at_unwaited(i, now);
-        if unit.masked {
+        if MASKED {
             unit.ready |= 1 << i;
         }
         unit.age[i] = *age;
@@ -762,8 +776,8 @@ fn place<K: Kernel>(
     stats.warps += wpb as u64;
 }
 
-fn fill_open<K: Kernel>(
-    units: &mut [Unit<K::Warp>],
+fn fill_open<K: Kernel, S, const MASKED: bool>(
+    units: &mut [Unit<K::Warp, S>],
     open: &mut VecDeque<u64>,
     dispatch: &mut dyn Dispatch,
     (kernel, wpb, now): (&K, usize, u64),
@@ -784,7 +798,7 @@ fn fill_open<K: Kernel>(
         // A unit whose warps all wait for walkers kept the clock of its last issue:
         // the block starts now, not then.
         units[u].now = units[u].now.max(now);
-        place(&mut units[u], kernel, b, slot, wpb, age, stats);
+        place::<K, S, MASKED>(&mut units[u], kernel, b, slot, wpb, age, stats);
         placed.push(u);
     }
 }

@@ -1,7 +1,9 @@
 //! When a unit's waiting warps become ready: a calendar of per-cycle slot masks.
 //!
 //! A unit with at most 64 warp slots keeps a ready mask; a warp that issues waits for a
-//! latency and then rejoins it. [`Wakes`] holds those waits. It answers the two
+//! latency and then rejoins it. [`Wakes`] holds those waits (except a wait that ends by
+//! the unit's next clock, as a non-blocking load's: the engine leaves that warp in the
+//! ready mask, where the next pick would find it either way). It answers the two
 //! questions the engine asks, exactly as the binary heap of `(cycle, slot)` it replaces:
 //! at a pick at cycle `now`, which waiting slots are due (their cycle is at most `now`;
 //! they leave the calendar), and, when nothing is ready, the earliest cycle a waiting
@@ -113,7 +115,7 @@ impl Wakes {
 
     /// The slots due at cycle `now` (their cycle is at most `now`); they stop waiting.
     /// `now` never decreases between calls.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_due(&mut self, now: u64) -> u64 {
         if now < self.next {
             return 0;

@@ -1,5 +1,7 @@
-//! Burst runs are exact: [`run`] and [`run_stepwise`] (every step back through the
-//! search for the earliest unit) agree on every counter, cycle and stored word.
+//! The engine's fast paths are exact: [`run`] and [`run_stepwise`] (every step back
+//! through the search for the earliest unit, every wait through the wake calendar)
+//! agree on every counter, cycle and stored word; so do the engine compiled for the
+//! default scheduler and the one that calls schedulers through their trait object.
 
 use super::{run, run_stepwise, Device, Launch, RunStats, SimtError, SpareWakes};
 use crate::dispatch::{
@@ -7,7 +9,7 @@ use crate::dispatch::{
 };
 use crate::kernel::{Kernel, Op, WarpIo, WarpProgram, LOAD_REGS};
 use crate::machine::{mesc_tlbs, GpuKind, SimtMachine};
-use crate::occupancy::KernelResources;
+use crate::occupancy::{KernelResources, OccupancyModel, SmConfig};
 use gmem_sim::MmuStats;
 
 /// A xorshift step.
@@ -110,10 +112,34 @@ impl WarpProgram for RandomWarp {
     }
 }
 
-/// One configuration's launches on a fresh machine, burst or stepwise: each launch's
+/// A loose round-robin scheduler that does not say it is one: the engine runs it
+/// through its trait object, as any other scheduler.
+struct Hidden(LooseRoundRobin);
+
+impl WarpScheduler for Hidden {
+    fn pick(&mut self, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
+        self.0.pick(ready_at, age, now)
+    }
+    fn pick_ready(&mut self, ready: u64, ready_at: &[u64], age: &[u64], now: u64) -> Option<usize> {
+        self.0.pick_ready(ready, ready_at, age, now)
+    }
+}
+
+/// How [`launches`] runs the engine.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// [`run`].
+    Fast,
+    /// [`run_stepwise`].
+    Stepwise,
+    /// [`run`], with a loose round-robin scheduler hidden behind [`Hidden`].
+    Hidden,
+}
+
+/// One configuration's launches on a fresh machine, run as `mode` says: each launch's
 /// statistics, the MMU's counters and the data words at the end.
 #[allow(clippy::type_complexity)]
-fn launches(case: u64, stepwise: bool) -> (Vec<Result<RunStats, SimtError>>, MmuStats, Vec<u32>) {
+fn launches(case: u64, mode: Mode) -> (Vec<Result<RunStats, SimtError>>, MmuStats, Vec<u32>) {
     let mut x = 0x2545_F491_4F6C_DD1D ^ case.wrapping_mul(0x9E37_79B9);
     next(&mut x);
     let units = [1usize, 3, 4, 16][(next(&mut x) % 4) as usize];
@@ -139,11 +165,25 @@ fn launches(case: u64, stepwise: bool) -> (Vec<Result<RunStats, SimtError>>, Mmu
     let scheduler = move || -> Box<dyn WarpScheduler> {
         if gto {
             Box::new(Gto::default())
+        } else if mode == Mode::Hidden {
+            Box::new(Hidden(LooseRoundRobin::default()))
         } else {
             Box::new(LooseRoundRobin::default())
         }
     };
     let pick = next(&mut x) % 3;
+    // Some units with four times the threads and registers: up to 128 warp slots, more
+    // than the ready mask's 64 (the engine's unmasked version).
+    let big = SmConfig {
+        max_threads: 4 * 2048,
+        registers: 4 * 65_536,
+        ..SmConfig::maxwell()
+    };
+    let occupancy: &dyn OccupancyModel = if next(&mut x) % 3 == 0 {
+        &big
+    } else {
+        &*m.occupancy
+    };
     let (mut spare_io, mut spare_wakes) = (Vec::new(), SpareWakes::default());
     let mut stats = Vec::new();
     for _ in 0..2 {
@@ -160,7 +200,7 @@ fn launches(case: u64, stepwise: bool) -> (Vec<Result<RunStats, SimtError>>, Mmu
             port: m.port(),
         };
         let launch = Launch {
-            occupancy: &*m.occupancy,
+            occupancy,
             dispatch,
             scheduler: &scheduler,
             cost: &m.cost,
@@ -169,7 +209,7 @@ fn launches(case: u64, stepwise: bool) -> (Vec<Result<RunStats, SimtError>>, Mmu
             spare_io: &mut spare_io,
             spare_wakes: &mut spare_wakes,
         };
-        stats.push(if stepwise {
+        stats.push(if mode == Mode::Stepwise {
             run_stepwise(dev, &kernel, launch)
         } else {
             run(dev, &kernel, launch)
@@ -180,22 +220,43 @@ fn launches(case: u64, stepwise: bool) -> (Vec<Result<RunStats, SimtError>>, Mmu
 }
 
 /// Twelve random kernels on random machines (1 to 16 units, integrated or discrete,
-/// timed walks or not, both warp schedulers, three dispatch policies), each launched
-/// twice: burst runs give the stepwise statistics (every counter and the cycles), MMU
-/// counters and memory.
+/// timed walks or not, both warp schedulers, three dispatch policies, up to 64 or up
+/// to 128 warp slots per unit), each launched
+/// twice: the fast paths (burst runs, warps due by the next clock kept in the ready
+/// mask) give the stepwise statistics (every counter and the cycles), MMU
+/// counters and memory; and the engine compiled for loose round-robin gives what it
+/// gives with that scheduler behind a trait object.
 #[test]
 fn burst_runs_equal_stepwise_runs() {
-    let mut instructions = 0;
+    let (mut instructions, mut unmasked) = (0, 0);
     for case in 0..12 {
-        let burst = launches(case, false);
-        let stepwise = launches(case, true);
+        let burst = launches(case, Mode::Fast);
+        let stepwise = launches(case, Mode::Stepwise);
+        let hidden = launches(case, Mode::Hidden);
+        assert_eq!(
+            burst.0, hidden.0,
+            "case {case}: statistics, scheduler by value"
+        );
+        assert_eq!(
+            burst.1, hidden.1,
+            "case {case}: MMU counters, scheduler by value"
+        );
+        assert!(
+            burst.2 == hidden.2,
+            "case {case}: memory, scheduler by value"
+        );
         assert_eq!(burst.0, stepwise.0, "case {case}: statistics");
         assert_eq!(burst.1, stepwise.1, "case {case}: MMU counters");
         assert!(burst.2 == stepwise.2, "case {case}: memory");
         for s in burst.0.iter().flatten() {
             instructions += s.memory_instructions;
+            unmasked += u32::from(s.warps_per_unit > 64);
         }
     }
     // The kernels ran (a test of nothing would pass too).
     assert!(instructions > 10_000, "{instructions} memory instructions");
+    assert!(
+        unmasked > 0,
+        "no launch had more than 64 warp slots per unit"
+    );
 }
