@@ -58,8 +58,9 @@ const TAG_SPAN: u32 = u32::MAX - 2;
 const TAG_ALLOC: u32 = u32::MAX - 3;
 const TAG_CACHED: u32 = u32::MAX - 4;
 const TAG_UNUSED: u32 = u32::MAX - 5;
-/// Indices stay below this, clear of [`NIL`] and the tags.
-const MAX_RECORDS: usize = (u32::MAX - 8) as usize;
+/// Records in use stay at or below this: the table is at most half full, so its
+/// slots, and every index, stay below 2^31, clear of [`NIL`] and the tags.
+const MAX_RECORDS: usize = 1 << 30;
 
 /// One boundary tag: 32 bytes, aligned to 32, so a record never straddles two cache
 /// lines and two records share one. The kind is not a field of its own: a free
