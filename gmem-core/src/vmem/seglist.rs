@@ -2,8 +2,8 @@
 //! address.
 //!
 //! Every span marker and every segment (free, allocated to a caller, or imported by a
-//! quantum cache) is one [`Seg`] in a `Vec` of 64-byte lines of two records, named by
-//! its `u32` index. The table is also a hash table keyed by start address: an address
+//! quantum cache) is one [`Seg`] in a `Vec`, two to a 64-byte line, named by its
+//! `u32` index. The table is also a hash table keyed by start address: an address
 //! names a *home line* ([`SegTable::home`], Fibonacci hashing of the address in quanta)
 //! and an allocated segment's record is put there when one of its two slots is unused
 //! ([`SegTable::take_home`]), so a free finds the record from the address alone, in
@@ -141,33 +141,31 @@ impl Seg {
     }
 }
 
-/// Two records sharing one 64-byte cache line: the unit the home hash names.
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(64))]
-struct Line([Seg; 2]);
-
-const _: () = assert!(core::mem::size_of::<Line>() == 64);
-
-const UNUSED_LINE: Line = Line(
-    [Seg {
-        start: 0,
-        size: 0,
-        anext: NIL,
-        aprev: NIL,
-        fnext: NIL,
-        fprev: TAG_UNUSED,
-    }; 2],
-);
+/// What an unused slot holds.
+const UNUSED_SEG: Seg = Seg {
+    start: 0,
+    size: 0,
+    anext: NIL,
+    aprev: NIL,
+    fnext: NIL,
+    fprev: TAG_UNUSED,
+};
 
 /// Lines of a new table (so 16 records).
 const MIN_LINES: usize = 8;
 
 /// The slab of boundary tags and its address-ordered list.
 pub(super) struct SegTable {
-    lines: Vec<Line>,
+    /// The records, one more than [`Self::slots`]: record `i` is `segs[i + off]`,
+    /// where `off` (0 or 1) makes records `2h` and `2h + 1` share a 64-byte line, the
+    /// home line `h` (the buffer is only 32-aligned, and never reallocated).
+    segs: Vec<Seg>,
+    off: usize,
+    /// Lines of two records: the number of homes.
+    lines: usize,
     /// `log2(quantum)`: homes hash the start address in quanta.
     qshift: u32,
-    /// `64 - log2(lines.len())`.
+    /// `64 - log2(lines)`.
     home_shift: u32,
     /// Candidates for [`Self::take`]: every unused slot is here, and entries whose
     /// slot was since taken at its home ([`Self::take_home`]) are skipped when popped.
@@ -209,8 +207,12 @@ impl SegTable {
     /// `lines` lines of unused slots.
     fn empty(lines: usize, qshift: u32) -> Self {
         let n = lines * 2;
+        let segs = vec![UNUSED_SEG; n + 1];
+        let off = usize::from(segs.as_ptr() as usize % 64 != 0);
         Self {
-            lines: vec![UNUSED_LINE; lines],
+            segs,
+            off,
+            lines,
             qshift,
             home_shift: 64 - lines.trailing_zeros(),
             unused: (0..n as u32).rev().collect(),
@@ -223,7 +225,7 @@ impl SegTable {
     /// Number of slots (used or not).
     #[inline]
     pub fn slots(&self) -> usize {
-        self.lines.len() * 2
+        self.lines * 2
     }
 
     /// The line whose two slots are the home of a segment starting at `start`.
@@ -243,7 +245,7 @@ impl SegTable {
     #[inline]
     pub fn find_home(&self, start: u64) -> Option<u32> {
         let h = self.home(start);
-        let line = &self.lines[h as usize].0;
+        let line = &self.segs[2 * h as usize + self.off..][..2];
         (0..2u32)
             .find(|&k| {
                 let s = &line[k as usize];
@@ -270,19 +272,19 @@ impl SegTable {
     /// The record at `i`.
     #[inline]
     pub fn get(&self, i: u32) -> &Seg {
-        &self.lines[(i / 2) as usize].0[(i % 2) as usize]
+        &self.segs[i as usize + self.off]
     }
 
     /// The record at `i`, mutably.
     #[inline]
     pub fn get_mut(&mut self, i: u32) -> &mut Seg {
-        &mut self.lines[(i / 2) as usize].0[(i % 2) as usize]
+        &mut self.segs[i as usize + self.off]
     }
 
     /// Start loading record `i` into the cache (a hint; `i` may be [`NIL`]).
     #[inline]
     pub fn prefetch(&self, i: u32) {
-        if let Some(l) = self.lines.get((i / 2) as usize) {
+        if let Some(l) = self.segs.get(i as usize + self.off) {
             super::prefetch(l);
         }
     }
@@ -290,7 +292,7 @@ impl SegTable {
     /// Start loading the home line of `start` into the cache (a hint).
     #[inline]
     pub fn prefetch_home(&self, start: u64) {
-        super::prefetch(&self.lines[self.home(start) as usize]);
+        super::prefetch(&self.segs[2 * self.home(start) as usize + self.off]);
     }
 
     /// True when `n` more records can be taken (indices stay below the tags).
@@ -378,7 +380,7 @@ impl SegTable {
     /// Returns the renaming, old index -> new index ([`NIL`] for unused slots), for
     /// the indices held outside the table (list heads, span markers, the rotor).
     pub fn grow(&mut self, n: usize) -> Vec<u32> {
-        let mut lines = self.lines.len();
+        let mut lines = self.lines;
         while self.live.saturating_add(n) > lines {
             lines *= 2;
         }
@@ -506,6 +508,43 @@ mod tests {
         let d = t.take(Seg::new(5, 1, Kind::Free));
         assert_eq!(d, b, "a released slot is reused first");
         assert!(t.can_take(2));
+    }
+
+    #[test]
+    fn a_home_line_is_one_cache_line_and_a_grown_table_renames_every_link() {
+        let mut t = SegTable::new(1);
+        let mut prev = SENTINEL;
+        for start in 0..40 {
+            assert!(t.can_take(1));
+            if t.needs_growth(1) {
+                let map = t.grow(1);
+                prev = map[prev as usize];
+            }
+            let i = t.take_home(Seg::new(start, 1, Kind::Alloc));
+            t.insert_after(prev, i);
+            prev = i;
+        }
+        assert_eq!(t.live(), 41);
+        assert!(!t.needs_growth(0) && t.slots() >= 2 * 41);
+        let mut at_home = 0;
+        let mut i = t.get(SENTINEL).anext;
+        for start in 0..40 {
+            assert_eq!(t.get(i).start, start, "address order survives renaming");
+            if t.at_home(i, start) {
+                at_home += 1;
+                assert_eq!(t.find_home(start), Some(i));
+            } else {
+                assert_eq!(t.find_home(start), None);
+            }
+            i = t.get(i).anext;
+        }
+        assert_eq!(i, SENTINEL);
+        assert!(at_home >= 30, "{at_home} of 40 at home");
+        for h in 0..t.slots() as u32 / 2 {
+            let a = core::ptr::from_ref(t.get(2 * h)) as usize;
+            let b = core::ptr::from_ref(t.get(2 * h + 1)) as usize;
+            assert_eq!((a % 64, b - a), (0, 32), "line {h}");
+        }
     }
 
     #[test]
