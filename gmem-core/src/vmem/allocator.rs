@@ -485,7 +485,8 @@ impl SegmentAllocator {
         let seg_last = seg.last();
         let alloc_last = addr + (size - 1);
         let (has_left, has_right) = (addr > seg.start, alloc_last < seg_last);
-        if !self.table.at_home(i, addr) && self.table.home_has_room(addr) {
+        let home = self.table.at_home(i, addr);
+        if !home && self.table.home_has_room(addr) {
             return self.carve_home(i, seg, addr, size, kind);
         }
         let (rotor_node, rotor_bound) = self.rotor;
@@ -517,7 +518,10 @@ impl SegmentAllocator {
         self.table.set_kind(i, kind);
         self.free_segs -= 1;
         self.free_bytes -= size;
-        self.index(addr, i);
+        if !home {
+            self.hash.insert(addr, i, &self.table);
+        }
+        self.allocated += 1;
         i
     }
 
@@ -563,7 +567,8 @@ impl SegmentAllocator {
             self.rotor.0 = if rotor_bound <= alloc_last { a } else { right };
         }
         self.free_bytes -= size;
-        self.index(addr, a);
+        // In its home line: in no map.
+        self.allocated += 1;
         a
     }
 
