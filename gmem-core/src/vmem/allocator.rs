@@ -258,7 +258,7 @@ impl SegmentAllocator {
     }
 
     /// Free a caller's allocation of `size` bytes at `addr`, validated against the
-    /// hash. A cached segment with the right size is in a cache: freeing it again is
+    /// record its address finds (in its home line or through the overflow map). A cached segment with the right size is in a cache: freeing it again is
     /// a double free.
     pub fn free(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
         let Some((at, i)) = self.lookup(addr) else {

@@ -94,7 +94,7 @@
 //! **6. Quantum caches.** Most requests are a few quanta. For sizes up to
 //! `qcache_max` the arena keeps one object cache per size (module `qcache`) of segments
 //! already carved out of the arena: an allocation pops one, a free pushes it back, and
-//! the arena lock, the freelists and the hash are not touched. A cache that runs dry
+//! the arena lock, the freelists and the segment table are not touched. A cache that runs dry
 //! imports a batch of segments under one arena lock; a cache that overflows returns
 //! the excess. When the arena itself runs out of space, every cache is reaped (all
 //! cached objects returned and coalesced) and the allocation retried once before it
@@ -487,7 +487,8 @@ impl Arena {
     /// Free `size` bytes at `addr`, allocated by [`Arena::alloc`], [`Arena::alloc_fit`]
     /// or [`Arena::xalloc`]. A free of a cached size goes to its quantum cache after
     /// validation (or trusted, without `check_frees`); any other free is validated
-    /// through the allocated-segment hash. On error nothing changes.
+    /// through the record its address finds (module documentation, section 3). On
+    /// error nothing changes.
     ///
     /// # Errors
     /// [`FreeError`] when `[addr, addr + size)` is not exactly an allocated segment (a
