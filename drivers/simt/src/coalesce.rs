@@ -81,10 +81,29 @@ impl Coalesced {
         mask: u32,
         page_shift: u8,
     ) -> Result<(), CoalesceError> {
+        self.fill_declared(addr, mask, 0, page_shift)
+    }
+
+    /// [`Coalesced::fill`] for lanes the program may have declared affine
+    /// ([`crate::kernel::WarpIo::set_affine`]): a non-zero `stride` with all 32 lanes
+    /// active says lane `l` is at `addr[0] + stride·l`, so the per-lane check is
+    /// skipped (debug builds still make it); 0 declares nothing. The result is that of
+    /// [`Coalesced::fill`] either way.
+    ///
+    /// # Errors
+    /// As [`Coalesced::fill`].
+    #[inline]
+    pub fn fill_declared(
+        &mut self,
+        addr: &[u64; LANES],
+        mask: u32,
+        stride: u64,
+        page_shift: u8,
+    ) -> Result<(), CoalesceError> {
         self.transactions.clear();
         self.pages.clear();
         self.whole = false;
-        if mask == u32::MAX && self.fill_affine(addr, page_shift) {
+        if mask == u32::MAX && self.fill_affine(addr, stride, page_shift) {
             return Ok(());
         }
         self.fill_lanes(addr, mask, page_shift)
@@ -153,11 +172,12 @@ impl Coalesced {
     /// A full warp whose lane `l` is at `addr[0] + s·l` for one stride `s ≥ 0`
     /// (`addr[1] - addr[0]`), every address aligned and the run not wrapping: fills
     /// the value and returns true, else returns false having changed nothing. The
-    /// check is one pass over the lanes, an add and a compare each (no multiply); the
+    /// check is one pass over the lanes, an add and a compare each (no multiply),
+    /// skipped when the program `declared` stride `s`; the
     /// transactions then follow from `addr[0]` and `s` (for `s = 4`, the common
     /// coalesced access, see [`Coalesced::fill_consecutive`]), and so do the pages
     /// when the lanes are a page or more apart.
-    fn fill_affine(&mut self, addr: &[u64; LANES], page_shift: u8) -> bool {
+    fn fill_affine(&mut self, addr: &[u64; LANES], declared: u64, page_shift: u8) -> bool {
         let a0 = addr[0];
         let s = addr[1].wrapping_sub(a0);
         if a0 % 4 != 0 || s % 4 != 0 {
@@ -172,13 +192,21 @@ impl Coalesced {
         };
         // An induction rather than a product per lane: an add per lane. (A vector
         // form, xor and or per pair of lanes, measured 18 instructions more.)
-        let (mut x, mut off) = (a0, 0u64);
-        for &a in addr {
-            off |= a ^ x;
-            x = x.wrapping_add(s);
-        }
-        if off != 0 {
-            return false;
+        let off = || {
+            let (mut x, mut off) = (a0, 0u64);
+            for &a in addr {
+                off |= a ^ x;
+                x = x.wrapping_add(s);
+            }
+            off
+        };
+        if declared == 0 || declared != s {
+            // No declaration (or one the lanes no longer match): check every lane.
+            if off() != 0 {
+                return false;
+            }
+        } else {
+            debug_assert_eq!(off(), 0, "lanes declared affine with stride {s} are not");
         }
         if s == 4 {
             self.fill_consecutive(a0, end, page_shift);
@@ -272,6 +300,7 @@ impl Coalesced {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::WarpIo;
 
     fn lanes(f: impl Fn(u64) -> u64) -> [u64; LANES] {
         std::array::from_fn(|i| f(i as u64))
@@ -360,6 +389,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Lanes declared affine ([`WarpIo::set_affine`]) coalesce exactly as checked ones
+    /// do, and a declaration the lanes do not match (another stride, as if the
+    /// addresses were rewritten after it) is not trusted.
+    #[test]
+    fn declared_lanes_coalesce_as_checked_ones() {
+        let mut io = WarpIo::default();
+        let runs = [
+            (0x1000, 4),
+            (0x1040, 4),
+            (0x1ff8, 4),
+            (0x2000, 8),
+            (0x3000, 132),
+            (0x10_0008, 4096),
+            (0x4000, 0),
+            (u64::MAX - 63, 4),
+            (u64::MAX - 60, 4),
+        ];
+        for (start, stride) in runs {
+            io.set_affine(start, stride);
+            assert_eq!(io.stride, stride);
+            for decl in [io.stride, 0, stride.wrapping_add(4)] {
+                let mut checked = Coalesced::default();
+                let a = checked.fill(&io.addr, io.mask, 12);
+                let mut declared = Coalesced::default();
+                let b = declared.fill_declared(&io.addr, io.mask, decl, 12);
+                assert_eq!(
+                    (a, checked),
+                    (b, declared),
+                    "start {start:#x} stride {stride}"
+                );
+            }
+        }
+        // Setting lanes one by one takes the declaration back.
+        io.lanes(|l| Some(4 * l as u64));
+        assert_eq!(io.stride, 0);
     }
 
     #[test]

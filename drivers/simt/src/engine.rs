@@ -119,12 +119,13 @@ struct Unit<W, S> {
 struct Spares(Vec<Box<WarpIo>>);
 
 impl Spares {
-    /// A register file for a new warp: a spare one as it is, with only the mask reset
+    /// A register file for a new warp: a spare one as it is, with only the mask and the declaration reset
     /// (see [`WarpIo`] on what a warp may read), else a fresh one.
     fn take(&mut self) -> Box<WarpIo> {
         match self.0.pop() {
             Some(mut io) => {
                 io.mask = 0;
+                io.stride = 0;
                 io
             }
             None => Box::default(),
@@ -157,7 +158,7 @@ pub struct Launch<'a, 'o> {
     /// lives, e.g. per memory stack), if given.
     pub observer: Option<&'o mut (dyn AccessObserver + 'o)>,
     /// Warp register files ([`WarpIo`]) kept from earlier launches: new warps take
-    /// them as they are (only the mask is cleared; see [`WarpIo`] on what a warp may
+    /// them as they are (only the mask and the declaration are cleared; see [`WarpIo`] on what a warp may
     /// read) instead of zeroing 2.4 KiB each, and the launch gives every warp's back
     /// when it ends. An empty list (or one lost to an error) only costs fresh ones.
     pub spare_io: &'a mut Vec<Box<WarpIo>>,
@@ -517,8 +518,10 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool, const MASKED: bool>(
                             }
                             w.loaded |= 1 << r;
                         }
+                        // The program's declaration holds for this instruction only.
+                        let stride = core::mem::take(&mut w.io.stride);
                         mem.co
-                            .fill(&w.io.addr, w.io.mask, launch.page_shift)
+                            .fill_declared(&w.io.addr, w.io.mask, stride, launch.page_shift)
                             .map_err(|error| SimtError::Coalesce { block, error })?;
                         fill_pages(op, &mut mem);
                         let missed = if cost.timed_walks {
@@ -741,6 +744,7 @@ fn place<K: Kernel, S, const MASKED: bool>(
             Some(old) => {
                 kernel.rewarp(&mut old.prog, block, w as u32);
                 old.io.mask = 0;
+                old.io.stride = 0;
                 old.block = block;
                 old.block_slot = slot;
                 old.loaded = 0;
@@ -750,7 +754,7 @@ fn place<K: Kernel, S, const MASKED: bool>(
                 unit.warps[i] = Some(Warp {
                     prog: kernel.warp(block, w as u32),
                     // A register file of an earlier launch's warp, as a finished warp's is
-                    // reused above: only the mask is reset.
+                    // reused above: only the mask and the declaration are reset.
                     io: unit.spare_io.take(),
                     block,
                     block_slot: slot,

@@ -53,8 +53,9 @@ pub enum Op {
 
 /// A warp instruction's operands and, after a load, its results.
 ///
-/// A new warp starts with no active lane ([`WarpIo::mask`] 0); the other fields hold
-/// whatever an earlier warp left there (the engine reuses register files within a
+/// A new warp starts with no active lane ([`WarpIo::mask`] 0) and no affine
+/// declaration ([`WarpIo::set_affine`]); the other fields hold whatever an earlier warp
+/// left there (the engine reuses register files within a
 /// launch and, through `Launch::spare_io`, across launches). Nothing reads them
 /// before they are written: the engine reads a lane's address and store value only
 /// for a lane of the mask the program set for that instruction, and writes a load's
@@ -72,6 +73,12 @@ pub struct WarpIo {
     /// The registers [`Op::LoadTo`] fills, each a value per lane (valid after the
     /// [`Op::Wait`] that follows the load).
     pub regs: [[u32; LANES]; LOAD_REGS],
+    /// A declaration for the next memory instruction: non-zero `s` says all 32 lanes
+    /// are active at `addr[0] + s·l` (written so by [`WarpIo::set_affine`]), so the
+    /// engine's coalescer skips its per-lane check; 0 declares nothing. The engine
+    /// clears it when it takes a memory instruction; [`WarpIo::lanes`] and
+    /// [`WarpIo::lanes_of`] clear it too.
+    pub(crate) stride: u64,
 }
 
 impl Default for WarpIo {
@@ -81,6 +88,7 @@ impl Default for WarpIo {
             value: [0; LANES],
             mask: 0,
             regs: [[0; LANES]; LOAD_REGS],
+            stride: 0,
         }
     }
 }
@@ -98,7 +106,31 @@ impl WarpIo {
             }
         }
         self.mask = mask;
+        self.stride = 0;
         mask != 0
+    }
+
+    /// All 32 lanes active, lane `l` at `start + stride·l` (wrapping), declared so for
+    /// the coalescer (which then skips its per-lane check; a run that wraps or is
+    /// unaligned still takes the general path, with its error).
+    #[inline(always)]
+    pub fn set_affine(&mut self, start: u64, stride: u64) {
+        if stride == 4 {
+            // The coalesced access: constant offsets, which the compiler adds two lanes
+            // at a time (the induction below stays scalar for a stride known only at
+            // run time; a 64-bit multiply per lane would be emulated in SSE2).
+            for (l, a) in self.addr.iter_mut().enumerate() {
+                *a = start.wrapping_add(4 * l as u64);
+            }
+        } else {
+            let mut x = start;
+            for a in self.addr.iter_mut() {
+                *a = x;
+                x = x.wrapping_add(stride);
+            }
+        }
+        self.mask = u32::MAX;
+        self.stride = stride;
     }
 
     /// [`WarpIo::lanes`] over the lanes of `candidates` only (the others are masked
@@ -120,6 +152,7 @@ impl WarpIo {
             }
         }
         self.mask = mask;
+        self.stride = 0;
         mask != 0
     }
 

@@ -677,6 +677,7 @@ mod tests {
             value: [0xa5a5_a5a5; LANES],
             mask: u32::MAX,
             regs: [[0x5a5a_5a5a; LANES]; LOAD_REGS],
+            stride: 4,
         };
         lock(&junk.spare_io).extend((0..256).map(|_| Box::new(bad.clone())));
         let (st_junk, got_junk) = launch_gather(&junk);

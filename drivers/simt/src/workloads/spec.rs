@@ -216,25 +216,13 @@ impl<S: Spec> Kernel for SpecKernel<S> {
 /// without branches.
 #[inline(always)]
 fn affine_lanes(io: &mut WarpIo, a: Affine, base: u64, active: u32) {
-    // An induction over the lanes rather than a product per lane: an add each (the
-    // compiler vectorises it for a constant stride; a 64-bit multiply per lane
-    // would be emulated in SSE2).
-    let x = a.at(base);
-    if a.stride == 4 {
-        // The coalesced access: constant offsets, which the compiler adds two lanes at
-        // a time (the induction below stays scalar for a stride known only at run
-        // time).
-        for (l, y) in io.addr.iter_mut().enumerate() {
-            *y = x.wrapping_add(4 * l as u64);
-        }
-    } else {
-        let mut x = x;
-        for y in io.addr.iter_mut() {
-            *y = x;
-            x = x.wrapping_add(a.stride);
-        }
+    // Written for all 32 lanes (a lane outside `active` is masked off, its address
+    // unread), and declared affine to the coalescer for a full warp.
+    io.set_affine(a.at(base), a.stride);
+    if active != u32::MAX {
+        io.mask = active;
+        io.stride = 0;
     }
-    io.mask = active;
 }
 
 /// Set each lane of `candidates` to `f(lane)`'s address, the mask to the lanes where
@@ -256,6 +244,7 @@ fn spec_lanes(io: &mut WarpIo, candidates: u32, f: impl Fn(usize) -> Option<u64>
         WarpIo::each_lane(candidates, &mut lane);
     }
     io.mask = mask;
+    io.stride = 0;
     mask != 0
 }
 
