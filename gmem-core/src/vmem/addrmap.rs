@@ -1,6 +1,4 @@
-//! The overflow hash: start address -> segment index of the allocated segments whose
-//! records are not in their home lines of the segment table ([`super::seglist`]; about
-//! one in ten at a million live segments), laid out for the cache.
+//! The allocated-segment hash: start address -> segment index, laid out for the cache.
 //!
 //! An open-addressing table with linear probing. Each slot is 8 bytes (eight per
 //! 64-byte line): the segment's index and a 32-bit tag, the start address in quanta
@@ -12,12 +10,9 @@
 //! bytes) halves the table: 16 MiB instead of 32 at a million entries, so more of it
 //! stays in the last-level cache beside the records (issue 15, alloc9).
 //!
-//! The home slot is multiplicative hashing of the tag (addresses are quantum multiples,
-//! so their low bits carry nothing; addresses 2^32 quanta apart share a home, which
-//! costs probe length, never correctness). The multiplier is not the segment table's
-//! ([`super::seglist`] hashes addresses to home lines by Fibonacci hashing): the keys
-//! this map holds are the ones whose home lines were full, which under one multiplier
-//! would share their leading hash bits and pile up in a few long probe runs here; the table doubles before it is 70% full, which
+//! The home slot is Fibonacci hashing of the tag (addresses are quantum multiples, so
+//! their low bits carry nothing; addresses 2^32 quanta apart share a home, which costs
+//! probe length, never correctness); the table doubles before it is 70% full, which
 //! keeps probe runs short; deletion shifts the following run back (no tombstones), so
 //! lookups never slow down with churn. Homes depend on the tag only, so growth and
 //! deletion never read a record.
@@ -61,8 +56,7 @@ const EMPTY: Slot = Slot { tag: 0, val: NIL };
 pub(super) struct Found(usize);
 const MIN_SLOTS: usize = 16;
 
-/// Start address of every allocated or cached segment not in its home line -> its
-/// index in the table.
+/// Start address of every allocated or cached segment -> its index in the table.
 pub(super) struct AddrMap {
     slots: Vec<Slot>,
     /// `log2(quantum)`.
@@ -84,7 +78,7 @@ impl AddrMap {
     }
 
     /// Number of entries.
-    #[cfg(test)]
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -102,7 +96,7 @@ impl AddrMap {
 
     #[inline]
     fn home(&self, tag: u32) -> usize {
-        (u64::from(tag).wrapping_mul(0xff51_afd7_ed55_8ccd) >> self.hash_shift) as usize
+        (u64::from(tag).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.hash_shift) as usize
     }
 
     /// The slot holding `key`, if any; `starts` gives the start address of the record
@@ -132,7 +126,7 @@ impl AddrMap {
 
     /// The value stored for `key`; `starts` gives the start address of the record an
     /// entry names (every entry's record is live).
-    #[cfg(test)]
+    #[inline]
     pub fn get(&self, key: u64, starts: &impl StartOf) -> Option<u32> {
         self.find(key, starts).map(|i| self.slots[i].val)
     }
@@ -173,7 +167,7 @@ impl AddrMap {
     }
 
     /// Remove `key`, returning its value; `starts` as for [`Self::get`].
-    #[cfg(test)]
+    #[inline]
     pub fn remove(&mut self, key: u64, starts: &impl StartOf) -> Option<u32> {
         let i = self.find(key, starts)?;
         let val = self.slots[i].val;

@@ -1,8 +1,7 @@
 //! The segment allocator: everything that runs under the arena lock.
 //!
-//! It owns the segment table ([`super::seglist`], which also places allocated segments
-//! by address), the freelists ([`super::freelist`]), the overflow hash of allocated
-//! segments not at home ([`super::addrmap`]) and the sorted span table,
+//! It owns the segment table ([`super::seglist`]), the freelists
+//! ([`super::freelist`]), the hash of allocated segments and the sorted span table,
 //! and implements adding spans, the four fit policies for plain and constrained
 //! requests, splitting a free segment into up to three parts, and freeing with
 //! coalescing. Callers (the [`super::Arena`]) validate their input and hold the lock.
@@ -11,12 +10,12 @@
 
 use alloc::vec::Vec;
 
-use super::addrmap::{AddrMap, Found};
+use super::addrmap::AddrMap;
 use super::config::FitPolicy;
 use super::constraint::Placement;
 use super::error::{FreeError, SpanError};
 use super::freelist::FreeLists;
-use super::seglist::{Kind, Seg, SegTable, NIL, SENTINEL};
+use super::seglist::{Kind, Seg, SegTable, SENTINEL};
 
 mod runs;
 
@@ -26,15 +25,6 @@ struct SpanRec {
     base: u64,
     last: u64,
     marker: u32,
-}
-
-/// Where [`SegmentAllocator::lookup`] found an allocated segment's record.
-#[derive(Clone, Copy, Debug)]
-enum Loc {
-    /// In the home line of its start address: in no map.
-    Home,
-    /// Elsewhere, through the overflow map.
-    Overflow(Found),
 }
 
 /// Counters of the segment layer, read by [`super::Arena::stats`].
@@ -54,11 +44,8 @@ pub(super) struct SegmentAllocator {
     quantum: u64,
     table: SegTable,
     lists: FreeLists,
-    /// Start address -> index of every `Alloc` and `Cached` segment whose record is
-    /// not in its home line (the others are found there, [`SegTable::find_home`]).
+    /// Start address -> index of every `Alloc` and `Cached` segment.
     hash: AddrMap,
-    /// Number of `Alloc` and `Cached` segments.
-    allocated: u64,
     /// Sorted by base.
     spans: Vec<SpanRec>,
     /// Next-fit rotor: the node to resume at and, when that node is a segment, the
@@ -78,10 +65,9 @@ impl SegmentAllocator {
     pub fn new(quantum: u64) -> Self {
         Self {
             quantum,
-            table: SegTable::new(quantum),
+            table: SegTable::new(),
             lists: FreeLists::new(quantum),
             hash: AddrMap::new(quantum),
-            allocated: 0,
             spans: Vec::new(),
             rotor: (SENTINEL, 0),
             total: 0,
@@ -98,7 +84,7 @@ impl SegmentAllocator {
             spans: self.spans.len() as u64,
             total: self.total,
             free: self.free_bytes,
-            segments: self.free_segs + self.allocated,
+            segments: self.free_segs + self.hash.len() as u64,
             free_segments: self.free_segs,
             allocs: self.allocs,
             frees: self.frees,
@@ -130,7 +116,6 @@ impl SegmentAllocator {
         if !self.table.can_take(2) {
             return Err(overflow);
         }
-        self.reserve(2);
         let before = self.spans.get(pos).map_or(SENTINEL, |s| s.marker);
         let marker = self.table.take(Seg::new(base, size, Kind::Span));
         self.table.insert_before(before, marker);
@@ -150,7 +135,6 @@ impl SegmentAllocator {
         if !self.table.can_take(2) {
             return None;
         }
-        self.reserve(2);
         let (i, addr) = match fit {
             FitPolicy::InstantFit => self.find_instant(p),
             FitPolicy::BestFit => self.find_best(p),
@@ -158,91 +142,12 @@ impl SegmentAllocator {
             FitPolicy::NextFit => self.find_next(p),
         }?;
         debug_assert!(p.satisfied_by(addr), "placement postcondition");
-        let i = self.carve(i, addr, p.size, kind);
+        self.carve(i, addr, p.size, kind);
         if fit == FitPolicy::NextFit {
             let after = self.table.get(i).anext;
             self.rotor = (after, addr.wrapping_add(p.size));
         }
         Some(addr)
-    }
-
-    /// Make room for `n` more records: rebuild the table larger when it would be
-    /// more than half full, and rename every index held outside it. Every index a
-    /// caller held before is stale afterwards.
-    #[inline]
-    fn reserve(&mut self, n: usize) {
-        if self.table.needs_growth(n) {
-            self.grow(n);
-        }
-    }
-
-    /// The rebuild of [`Self::reserve`]: amortised over the records taken since the
-    /// last one.
-    #[cold]
-    #[inline(never)]
-    fn grow(&mut self, n: usize) {
-        let map = self.table.grow(n);
-        let rename = |x: u32| if x == NIL { NIL } else { map[x as usize] };
-        self.lists.rename(&map);
-        for s in &mut self.spans {
-            s.marker = rename(s.marker);
-        }
-        self.rotor.0 = rename(self.rotor.0);
-        // Homes changed: the records left out of theirs go into a new overflow map.
-        self.hash = AddrMap::new(self.quantum);
-        let mut i = self.table.get(SENTINEL).anext;
-        while i != SENTINEL {
-            let s = *self.table.get(i);
-            if matches!(s.kind(), Kind::Alloc | Kind::Cached) && !self.table.at_home(i, s.start) {
-                self.hash.insert(s.start, i, &self.table);
-            }
-            i = s.anext;
-        }
-    }
-
-    /// The allocated or cached segment starting at `addr` and where it was found: its
-    /// home line first (the address alone names it), then the overflow map.
-    #[inline]
-    fn lookup(&self, addr: u64) -> Option<(Loc, u32)> {
-        if let Some(i) = self.table.find_home(addr) {
-            return Some((Loc::Home, i));
-        }
-        self.hash
-            .lookup(addr, &self.table)
-            .map(|(at, i)| (Loc::Overflow(at), i))
-    }
-
-    /// The allocated or cached segment starting at `addr`.
-    #[inline]
-    fn find_allocated(&self, addr: u64) -> Option<u32> {
-        self.lookup(addr).map(|(_, i)| i)
-    }
-
-    /// Forget the allocated segment [`Self::lookup`] found (nothing changed since).
-    #[inline]
-    fn unindex(&mut self, loc: Loc) {
-        if let Loc::Overflow(at) = loc {
-            self.hash.remove_found(at);
-        }
-        self.allocated -= 1;
-    }
-
-    /// Forget the allocated segment starting at `addr` (it is one).
-    #[inline]
-    fn unindex_addr(&mut self, addr: u64) {
-        if let Some((loc, _)) = self.lookup(addr) {
-            self.unindex(loc);
-        }
-    }
-
-    /// Make the allocated segment `i`, starting at `addr`, findable: through the
-    /// overflow map unless its record is in its home line.
-    #[inline]
-    fn index(&mut self, addr: u64, i: u32) {
-        if !self.table.at_home(i, addr) {
-            self.hash.insert(addr, i, &self.table);
-        }
-        self.allocated += 1;
     }
 
     /// Import up to `n` plain segments of `size` bytes for a quantum cache, appending
@@ -258,10 +163,10 @@ impl SegmentAllocator {
     }
 
     /// Free a caller's allocation of `size` bytes at `addr`, validated against the
-    /// record its address finds (in its home line or through the overflow map). A cached segment with the right size is in a cache: freeing it again is
+    /// hash. A cached segment with the right size is in a cache: freeing it again is
     /// a double free.
     pub fn free(&mut self, addr: u64, size: u64) -> Result<(), FreeError> {
-        let Some((at, i)) = self.lookup(addr) else {
+        let Some((at, i)) = self.hash.lookup(addr, &self.table) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -275,7 +180,7 @@ impl SegmentAllocator {
         if seg.kind() != Kind::Alloc {
             return Err(FreeError::NotAllocated { addr });
         }
-        self.unindex(at);
+        self.hash.remove_found(at);
         self.free_segment(i);
         self.frees += 1;
         Ok(())
@@ -284,9 +189,9 @@ impl SegmentAllocator {
     /// Give back an object a quantum cache held (imported, or freed into the cache by
     /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
     pub fn release_cached(&mut self, addr: u64) -> bool {
-        match self.lookup(addr) {
+        match self.hash.lookup(addr, &self.table) {
             Some((at, i)) => {
-                self.unindex(at);
+                self.hash.remove_found(at);
                 self.free_segment(i);
                 true
             }
@@ -452,45 +357,31 @@ impl SegmentAllocator {
 
     /// Instant-fit takes list heads, and lists are LIFO: `head`, just made the head of
     /// its list, is what the next allocation of its class will carve, and that
-    /// allocation will make `head`'s start findable (in its home line, or through the
-    /// overflow map) and make `head`'s successor the head. On a large arena all of
-    /// them are cold. This software pipeline starts loading the home line, the
-    /// overflow slot when the record is not at home, and the successor's record now
-    /// (`head`'s own record was prefetched when it became second in line), so that
-    /// allocation finds them in cache instead of waiting on memory twice in a row.
+    /// allocation will enter `head`'s start in the hash and make `head`'s successor
+    /// the head. On a large arena all three are cold. This software pipeline starts
+    /// loading the hash slot and the successor's record now (`head`'s own record was
+    /// prefetched when it became second in line), so that allocation finds them in
+    /// cache instead of waiting on memory twice in a row.
     #[inline]
     fn warm_head(&self, head: u32) {
-        if head == NIL {
+        if head == super::seglist::NIL {
             return;
         }
         let s = self.table.get(head);
-        if self.table.at_home(head, s.start) {
-            self.table.prefetch(s.fnext);
-            return;
-        }
-        self.table.prefetch_home(s.start);
         self.hash.prefetch(s.start);
         self.table.prefetch(s.fnext);
     }
 
-    /// Split free segment `i` into [free left][allocated `size` at `addr`][free right]
-    /// and return the allocated part's index. When there is a remainder and `i` is
-    /// not in the allocated part's home line but a slot there is unused, the
-    /// allocated part gets a record there and `i` keeps a remainder (so a free finds
-    /// it from the address alone); otherwise `i` keeps the allocated part.
-    fn carve(&mut self, i: u32, addr: u64, size: u64, kind: Kind) -> u32 {
+    /// Split free segment `i` into [free left][allocated `size` at `addr`][free right];
+    /// `i` keeps the allocated part.
+    fn carve(&mut self, i: u32, addr: u64, size: u64, kind: Kind) {
         let next_head = self.lists.remove(&mut self.table, i);
         self.warm_head(next_head);
         let seg = *self.table.get(i);
         let seg_last = seg.last();
         let alloc_last = addr + (size - 1);
-        let (has_left, has_right) = (addr > seg.start, alloc_last < seg_last);
-        let home = self.table.at_home(i, addr);
-        if !home && self.table.home_has_room(addr) {
-            return self.carve_home(i, seg, addr, size, kind);
-        }
         let (rotor_node, rotor_bound) = self.rotor;
-        if has_left {
+        if addr > seg.start {
             let left = self
                 .table
                 .take(Seg::new(seg.start, addr - seg.start, Kind::Free));
@@ -501,7 +392,7 @@ impl SegmentAllocator {
                 self.rotor.0 = left;
             }
         }
-        if has_right {
+        if alloc_last < seg_last {
             let right =
                 self.table
                     .take(Seg::new(alloc_last + 1, seg_last - alloc_last, Kind::Free));
@@ -518,64 +409,11 @@ impl SegmentAllocator {
         self.table.set_kind(i, kind);
         self.free_segs -= 1;
         self.free_bytes -= size;
-        if !home {
-            self.hash.insert(addr, i, &self.table);
-        }
-        self.allocated += 1;
-        i
+        self.hash.insert(addr, i, &self.table);
     }
 
-    /// [`Self::carve`] with the allocated part in a new record in its home line: `i`
-    /// (`seg`, off its list) keeps the left remainder if there is one, else the right
-    /// one, else it is released (its address neighbours are re-linked to the new
-    /// record: an exact fit of a segment whose record is not at home moves it home,
-    /// so that its free finds it from the address alone). Remainders go on their
-    /// lists left first, as the other way does, so the lists' order (and every later
-    /// fit) is the same.
-    fn carve_home(&mut self, i: u32, seg: Seg, addr: u64, size: u64, kind: Kind) -> u32 {
-        let seg_last = seg.last();
-        let alloc_last = addr + (size - 1);
-        let a = self.table.take_home(Seg::new(addr, size, kind));
-        let mut right = i;
-        if addr > seg.start {
-            self.table.get_mut(i).size = addr - seg.start;
-            self.table.insert_after(i, a);
-            self.lists.insert(&mut self.table, i);
-            if alloc_last < seg_last {
-                right =
-                    self.table
-                        .take(Seg::new(alloc_last + 1, seg_last - alloc_last, Kind::Free));
-                self.table.insert_after(a, right);
-                self.lists.insert(&mut self.table, right);
-                self.free_segs += 1;
-            }
-        } else if alloc_last < seg_last {
-            let s = self.table.get_mut(i);
-            s.start = alloc_last + 1;
-            s.size = seg_last - alloc_last;
-            self.table.insert_before(i, a);
-            self.lists.insert(&mut self.table, i);
-        } else {
-            self.table.insert_after(i, a);
-            self.table.unlink(i);
-            self.table.release(i);
-            self.free_segs -= 1;
-            right = a;
-        }
-        let (rotor_node, rotor_bound) = self.rotor;
-        if rotor_node == i && rotor_bound >= addr {
-            self.rotor.0 = if rotor_bound <= alloc_last { a } else { right };
-        }
-        self.free_bytes -= size;
-        // In its home line: in no map.
-        self.allocated += 1;
-        a
-    }
-
-    /// Turn the allocated segment `i` (already unindexed) free, coalescing with free
-    /// neighbours of the same span, and put it on its freelist. A free predecessor
-    /// absorbs `i` (its record keeps the merged segment's start, and with it the home
-    /// line it may already sit in).
+    /// Turn the allocated segment `i` (already out of the hash) free, coalescing with
+    /// free neighbours of the same span, and put it on its freelist.
     ///
     /// Whether a neighbour is free comes from the table's free bitmap, not from the
     /// neighbour's record: on a large arena both neighbours of a random segment are
@@ -590,43 +428,43 @@ impl SegmentAllocator {
         } = *self.table.get(i);
         self.free_bytes += size;
         self.table.set_kind(i, Kind::Free);
-        let mut keep = i;
         if self.table.is_free(prev) {
             self.lists.remove(&mut self.table, prev);
+            let p = *self.table.get(prev);
+            let s = self.table.get_mut(i);
+            s.start = p.start;
             // Both lie in one span: the sum is at most the span's size.
-            self.table.get_mut(prev).size += size;
-            self.table.unlink(i);
-            self.table.release(i);
+            s.size += p.size;
+            self.table.unlink(prev);
+            self.table.release(prev);
             self.free_segs -= 1;
-            self.retarget_rotor(i, prev);
-            keep = prev;
+            self.retarget_rotor(prev, i);
         }
+        // Merging the predecessor left the successor link alone.
         if self.table.is_free(next) {
             self.lists.remove(&mut self.table, next);
             let n_size = self.table.get(next).size;
-            self.table.get_mut(keep).size += n_size;
+            self.table.get_mut(i).size += n_size;
             self.table.unlink(next);
             self.table.release(next);
             self.free_segs -= 1;
-            self.retarget_rotor(next, keep);
+            self.retarget_rotor(next, i);
         }
-        self.lists.insert(&mut self.table, keep);
+        self.lists.insert(&mut self.table, i);
         self.free_segs += 1;
-        // Lists are LIFO: an allocation of this class takes `keep` next and makes its
-        // start findable; when its record is not at home, that is the overflow slot.
-        let start = self.table.get(keep).start;
-        if !self.table.at_home(keep, start) {
-            self.hash.prefetch(start);
-        }
+        // Lists are LIFO: an allocation of this class takes `i` next and enters its
+        // start in the hash. When `i` absorbed its predecessor that slot is cold.
+        self.hash.prefetch(self.table.get(i).start);
     }
 
     /// Check every structural invariant; the first violation found is returned.
     #[cfg(test)]
     pub fn check(&self) -> Result<(), &'static str> {
+        use super::seglist::NIL;
         let mut span_idx = 0;
         let mut i = self.table.get(SENTINEL).anext;
         let (mut free_bytes, mut free_segs, mut allocated) = (0u64, 0u64, 0u64);
-        let (mut on_lists, mut overflow) = (0u64, 0u64);
+        let mut on_lists = 0u64;
         while i != SENTINEL {
             let s = *self.table.get(i);
             if s.kind() != Kind::Span {
@@ -666,13 +504,10 @@ impl SegmentAllocator {
                         free_segs += 1;
                     }
                     _ => {
-                        if self.find_allocated(g.start) != Some(j) {
-                            return Err("allocated segment not found by its address");
+                        if self.hash.get(g.start, &self.table) != Some(j) {
+                            return Err("allocated segment missing from hash");
                         }
                         allocated += 1;
-                        if !self.table.at_home(j, g.start) {
-                            overflow += 1;
-                        }
                     }
                 }
                 prev_free = g.kind() == Kind::Free;
@@ -711,11 +546,8 @@ impl SegmentAllocator {
         if free_bytes != self.free_bytes {
             return Err("free byte count");
         }
-        if allocated != self.allocated {
-            return Err("allocated segment count");
-        }
-        if overflow != self.hash.len() as u64 {
-            return Err("overflow map holds stale entries");
+        if allocated != self.hash.len() as u64 {
+            return Err("hash holds stale entries");
         }
         if self.rotor_start() != self.rotor {
             return Err("stale rotor");
@@ -934,87 +766,6 @@ mod tests {
         assert!(a.contains_allocated(u64::MAX));
         assert!(!a.contains_allocated(top - 1));
         free(&mut a, top, Q);
-    }
-
-    /// Records live in their home lines or behind the overflow map, and the table is
-    /// rebuilt (every index renamed) as it grows from 16 slots to thousands: under
-    /// random churn with every fit policy, constrained requests, splits and runs, every
-    /// allocation stays findable by its address alone (its free succeeds, a free one
-    /// quantum in fails) and every invariant holds after every step.
-    #[test]
-    fn segments_stay_findable_through_home_moves_overflow_and_rebuilds() {
-        for fit in [
-            FitPolicy::InstantFit,
-            FitPolicy::BestFit,
-            FitPolicy::FirstFit,
-            FitPolicy::NextFit,
-        ] {
-            let mut a = arena(&[(0, 4096 * Q), (1 << 40, 512 * Q)]);
-            let mut live: Vec<(u64, u64)> = Vec::new();
-            let mut x = 0x2545_f491_4f6c_dd1du64;
-            let mut next = move || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
-            let mut rebuilt = 0;
-            for step in 0..6000 {
-                let r = next();
-                let slots_before = a.table.slots();
-                if r % 8 < 2 && !live.is_empty() {
-                    let (addr, size) = live.swap_remove((r >> 8) as usize % live.len());
-                    if size > Q {
-                        assert_eq!(
-                            a.free(addr + Q, Q),
-                            Err(FreeError::NotAllocated { addr: addr + Q })
-                        );
-                    }
-                    a.free(addr, size).unwrap();
-                } else if r % 8 == 2 && !live.is_empty() {
-                    // Split an allocation into quanta, then free the run at once or
-                    // the pieces one by one.
-                    let (addr, size) = live.swap_remove((r >> 8) as usize % live.len());
-                    a.split(addr, size, Q).unwrap();
-                    a.check().unwrap();
-                    if r & (1 << 20) == 0 {
-                        a.free_run(addr, size, Q).unwrap();
-                    } else {
-                        for k in 0..size / Q {
-                            a.free(addr + k * Q, Q).unwrap();
-                        }
-                    }
-                } else {
-                    let size = (r >> 8) % 8 * Q + Q;
-                    let p = if r & (1 << 30) == 0 {
-                        plain(size)
-                    } else {
-                        constrained(|c| {
-                            c.size = size;
-                            c.align = 4 * Q;
-                            c.phase = Q;
-                        })
-                    };
-                    if let Some(addr) = a.alloc(&p, fit, Kind::Alloc) {
-                        assert!(p.satisfied_by(addr));
-                        live.push((addr, size));
-                    }
-                }
-                if a.table.slots() != slots_before {
-                    rebuilt += 1;
-                }
-                a.check()
-                    .unwrap_or_else(|e| panic!("{fit:?}, step {step}: {e}"));
-            }
-            assert!(rebuilt >= 5, "{fit:?}: the table grew {rebuilt} times");
-            let counts = a.counts();
-            assert_eq!(counts.segments - counts.free_segments, live.len() as u64);
-            for (addr, size) in live.drain(..) {
-                a.free(addr, size).unwrap();
-            }
-            a.check().unwrap();
-            assert_eq!(a.counts().free_segments, 2);
-        }
     }
 
     #[test]

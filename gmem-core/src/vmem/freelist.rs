@@ -132,14 +132,6 @@ impl FreeLists {
         self.heads[c as usize]
     }
 
-    /// Rename the list heads after the table was rebuilt
-    /// ([`super::seglist::SegTable::grow`]: old index -> new index).
-    pub fn rename(&mut self, map: &[u32]) {
-        for h in self.heads.iter_mut().filter(|h| **h != NIL) {
-            *h = map[*h as usize];
-        }
-    }
-
     /// Put the free segment `i` at the head of its list.
     #[inline]
     pub fn insert(&mut self, t: &mut SegTable, i: u32) {
@@ -228,7 +220,7 @@ mod tests {
 
     #[test]
     fn bitmaps_track_non_empty_classes_through_inserts_and_removes() {
-        let mut t = SegTable::new(0x1000);
+        let mut t = SegTable::new();
         let mut f = FreeLists::new(0x1000);
         let a = t.take(Seg::new(0, 0x1000, Kind::Free));
         let b = t.take(Seg::new(0x1000, 0x1000, Kind::Free));

@@ -24,16 +24,12 @@
 //! successor in O(1), and never across a marker. After every operation no two free
 //! segments are adjacent.
 //!
-//! **3. Finding an allocated segment by its address.** The segment table is itself a
-//! hash table: the start address names a *home line* of two records (one cache line),
-//! and an allocated segment's record is put there when a slot is unused (about nine
-//! in ten at a million live segments, the table kept at most half full). The others
-//! are found through an overflow hash (module `addrmap`: linear probing, a 32-bit tag
-//! of the address and the index side by side in one 8-byte slot, the full address
-//! confirmed against the record). So a free is O(1), and usually one cache line
-//! found from the address alone: look the address up, check the size (a wrong size or
-//! an address that is not allocated is a typed [`FreeError`] and changes nothing),
-//! coalesce, and put the result on a freelist. The lookup is what makes a free of the
+//! **3. The allocated-segment hash.** Allocated segments are found by start address in
+//! a hash table (module `addrmap`: linear probing, a 32-bit tag of the address and the
+//! index side by side in one 8-byte slot, the full address confirmed against the
+//! record, so a lookup is usually one cache line), so a free is O(1): look the address up, check the size (a wrong size
+//! or an address that is not allocated is a typed [`FreeError`] and changes nothing),
+//! coalesce, and put the result on a freelist. The hash is what makes a free of the
 //! arena path always validated, whatever `check_frees` says.
 //!
 //! **4. Segregated freelists, and why instant-fit is O(1) and still a good fit.**
@@ -94,7 +90,7 @@
 //! **6. Quantum caches.** Most requests are a few quanta. For sizes up to
 //! `qcache_max` the arena keeps one object cache per size (module `qcache`) of segments
 //! already carved out of the arena: an allocation pops one, a free pushes it back, and
-//! the arena lock, the freelists and the segment table are not touched. A cache that runs dry
+//! the arena lock, the freelists and the hash are not touched. A cache that runs dry
 //! imports a batch of segments under one arena lock; a cache that overflows returns
 //! the excess. When the arena itself runs out of space, every cache is reaped (all
 //! cached objects returned and coalesced) and the allocation retried once before it
@@ -194,8 +190,7 @@ use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
 /// Ask the CPU to start loading the cache line holding `r`, without waiting for it.
 ///
 /// Used where the segment layer knows which cold record or hash slot the *next*
-/// operation will read (the new head of a freelist, the home line or overflow slot of
-/// its address), so
+/// operation will read (the new head of a freelist, the hash slot of its address), so
 /// that on a large arena the next operation finds it in cache instead of waiting on
 /// memory. A hint only: on targets without the instruction it does nothing.
 #[inline(always)]
@@ -487,8 +482,7 @@ impl Arena {
     /// Free `size` bytes at `addr`, allocated by [`Arena::alloc`], [`Arena::alloc_fit`]
     /// or [`Arena::xalloc`]. A free of a cached size goes to its quantum cache after
     /// validation (or trusted, without `check_frees`); any other free is validated
-    /// through the record its address finds (module documentation, section 3). On
-    /// error nothing changes.
+    /// through the allocated-segment hash. On error nothing changes.
     ///
     /// # Errors
     /// [`FreeError`] when `[addr, addr + size)` is not exactly an allocated segment (a

@@ -13,7 +13,7 @@ impl SegmentAllocator {
     /// run of frames allocated at once and released page by page). State is unchanged
     /// on error.
     pub fn split(&mut self, addr: u64, size: u64, piece: u64) -> Result<(), FreeError> {
-        let Some(i) = self.find_allocated(addr) else {
+        let Some(i) = self.hash.get(addr, &self.table) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let seg = *self.table.get(i);
@@ -34,18 +34,13 @@ impl SegmentAllocator {
         if n > u32::MAX as u64 || !self.table.can_take(n as usize) {
             return Err(FreeError::Unaligned { addr, size: piece });
         }
-        // Growing renames every record: find the segment again after it.
-        self.reserve(n as usize - 1);
-        let Some(i) = self.find_allocated(addr) else {
-            return Err(FreeError::NotAllocated { addr });
-        };
         self.table.get_mut(i).size = piece;
         let mut prev = i;
         for k in 1..n {
             let a = addr + k * piece;
-            let j = self.table.take_home(Seg::new(a, piece, Kind::Alloc));
+            let j = self.table.take(Seg::new(a, piece, Kind::Alloc));
             self.table.insert_after(prev, j);
-            self.index(a, j);
+            self.hash.insert(a, j, &self.table);
             prev = j;
         }
         self.allocs += n - 1;
@@ -62,14 +57,17 @@ impl SegmentAllocator {
             return Err(FreeError::Unaligned { addr, size: piece });
         }
         let n = size / piece;
-        let Some(first) = self.find_allocated(addr) else {
+        let Some(first) = self.hash.get(addr, &self.table) else {
             return Err(FreeError::NotAllocated { addr });
         };
         let mut i = first;
         for k in 0..n {
             let a = addr + k * piece;
             let seg = *self.table.get(i);
-            if seg.kind() != Kind::Alloc || seg.start != a || self.find_allocated(a) != Some(i) {
+            if seg.kind() != Kind::Alloc
+                || seg.start != a
+                || self.hash.get(a, &self.table) != Some(i)
+            {
                 return Err(FreeError::NotAllocated { addr: a });
             }
             if seg.size != piece {
@@ -84,13 +82,13 @@ impl SegmentAllocator {
         for _ in 1..n {
             let j = self.table.get(first).anext;
             let start = self.table.get(j).start;
-            self.unindex_addr(start);
+            self.hash.remove(start, &self.table);
             self.table.unlink(j);
             self.table.release(j);
             self.retarget_rotor(j, first);
         }
         self.table.get_mut(first).size = size;
-        self.unindex_addr(addr);
+        self.hash.remove(addr, &self.table);
         self.free_segment(first);
         self.frees += n;
         Ok(())
