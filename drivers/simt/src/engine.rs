@@ -119,8 +119,9 @@ struct Unit<W, S> {
 struct Spares(Vec<Box<WarpIo>>);
 
 impl Spares {
-    /// A register file for a new warp: a spare one as it is, with only the mask and the declaration reset
-    /// (see [`WarpIo`] on what a warp may read), else a fresh one.
+    /// A register file for a new warp: a spare one as it is, with only the mask and the
+    /// affine declaration reset (see [`WarpIo`] on what a warp may read), else a fresh
+    /// one.
     fn take(&mut self) -> Box<WarpIo> {
         match self.0.pop() {
             Some(mut io) => {
@@ -158,9 +159,10 @@ pub struct Launch<'a, 'o> {
     /// lives, e.g. per memory stack), if given.
     pub observer: Option<&'o mut (dyn AccessObserver + 'o)>,
     /// Warp register files ([`WarpIo`]) kept from earlier launches: new warps take
-    /// them as they are (only the mask and the declaration are cleared; see [`WarpIo`] on what a warp may
-    /// read) instead of zeroing 2.4 KiB each, and the launch gives every warp's back
-    /// when it ends. An empty list (or one lost to an error) only costs fresh ones.
+    /// them as they are (only the mask and the affine declaration are cleared; see
+    /// [`WarpIo`] on what a warp may read) instead of zeroing 2.4 KiB each, and the
+    /// launch gives every warp's back when it ends. An empty list (or one lost to an
+    /// error) only costs fresh ones.
     pub spare_io: &'a mut Vec<Box<WarpIo>>,
     /// The units' wake calendars kept from earlier launches (a launch would otherwise
     /// clear 32 KiB per unit); the launch gives them back when it ends.
