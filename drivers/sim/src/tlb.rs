@@ -582,13 +582,8 @@ impl<V: Copy> Tlb<V> {
             let again = k == self.last_key;
             self.last_key = k;
             if again {
-                let h = self.head.get(set).map_or(NIL, |&h| h) as usize;
-                if let Some(slot) = self.slots.get(h) {
-                    if slot.key == k && slot.asid == asid {
-                        self.stats.hits += 1;
-                        // The most recent slot: no LRU refresh to do.
-                        return self.slots.get(h).and_then(|s| s.value.as_ref());
-                    }
+                if let Some(h) = self.recent_hit(asid, k, set) {
+                    return self.slots[h].value.as_ref();
                 }
             }
             // The scan, with the key and set computed above.
@@ -616,15 +611,23 @@ impl<V: Copy> Tlb<V> {
         if k != self.last_key {
             return None;
         }
-        let h = self.head.get(self.set_index(tag)).map_or(NIL, |&h| h) as usize;
-        match self.slots.get(h) {
-            Some(slot) if slot.key == k && slot.asid == asid => {
-                self.stats.hits += 1;
-                // The most recent slot: no LRU refresh to do; `last_key` is `k` already.
-                self.slots.get(h).and_then(|s| s.value.as_ref())
-            }
-            _ => None,
+        // `last_key` is `k` already.
+        let h = self.recent_hit(asid, k, self.set_index(tag))?;
+        self.slots[h].value.as_ref()
+    }
+
+    /// The repeated-key check of both lookups above: set `set`'s most recent slot when
+    /// it holds key `k` of `asid`, counted as a hit (it needs no LRU refresh); `None`
+    /// with nothing changed otherwise.
+    #[inline(always)]
+    fn recent_hit(&mut self, asid: u64, k: u64, set: usize) -> Option<usize> {
+        let h = self.head.get(set).map_or(NIL, |&h| h) as usize;
+        let slot = self.slots.get(h)?;
+        if slot.key != k || slot.asid != asid {
+            return None;
         }
+        self.stats.hits += 1;
+        Some(h)
     }
 
     /// The slot a lookup in any page size hits (counted and refreshed).
