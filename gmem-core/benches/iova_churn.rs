@@ -32,7 +32,9 @@
 //! from [`Arena::stats`], range-alloc's from its allocated runs), allocation failures
 //! (a full or fragmented space: the slot stays empty) and the speed ratio of our cached
 //! arena against each peer. Then: uncached instant-fit at 1k..1M live ranges on the
-//! churn trace (with offset-allocator beside it), and the cached arena driven by one
+//! churn trace (with offset-allocator beside it, and the same arena with each free
+//! announced ahead through `Arena::prefetch_free`, as a caller that knows its next
+//! frees can), and the cached arena driven by one
 //! and by two threads (each with its own live set and CPU id) on one arena with a CPU
 //! record per CPU of the machine (at least 2) in both runs, in pairs per second; and
 //! as a same-run control two threads on an arena each (nothing shared: what the
@@ -56,7 +58,7 @@
 //! miss counts over N is the misses per pair, the fill excluded.
 //! `GMEM_BENCH_REPLAY=<live>:<pairs>:<trace>:<arena>` replays one of the three traces
 //! (`churn`, `fragmenting`, `iommu`, with the table's seeds) on `instant` (uncached),
-//! `cached` (shared, `alloc`/`free`) or `mut` (cached, `alloc_mut`/`free_mut`), so
+//! `announced` (uncached, frees announced ahead), `cached` (shared, `alloc`/`free`) or `mut` (cached, `alloc_mut`/`free_mut`), so
 //! the cached rows can be counted the same way.
 
 use std::cell::Cell;
@@ -193,6 +195,11 @@ trait Iova {
     /// `None` when the space is full (or too fragmented).
     fn alloc(&mut self, pages: u64) -> Option<Self::Handle>;
     fn free(&mut self, h: Self::Handle);
+    /// True when the replay loop should announce each free [`FREE_ANNOUNCE`] steps
+    /// ahead through [`Iova::prefetch_free`].
+    const ANNOUNCES: bool = false;
+    /// A free of `h` is coming (see [`Arena::prefetch_free`]).
+    fn prefetch_free(&mut self, _h: &Self::Handle) {}
     /// Free segments / free ranges, where the allocator can tell.
     fn fragments(&self) -> Option<u64> {
         None
@@ -299,6 +306,32 @@ impl Iova for Ours {
             eprintln!("{st:?}");
         }
         Some(st.free_segments)
+    }
+}
+
+/// Our uncached arena driven as [`Ours`], with every free announced
+/// [`FREE_ANNOUNCE`] steps ahead ([`Arena::prefetch_free`]), as a caller with a queue
+/// of frees (an IOMMU flush queue, an unmap of many ranges) can.
+struct OursAnnounced(Arc<Arena>);
+
+impl Iova for OursAnnounced {
+    type Handle = PageRun;
+    const ANNOUNCES: bool = true;
+    #[inline]
+    fn alloc(&mut self, pages: u64) -> Option<PageRun> {
+        let size = pages * PAGE;
+        self.0.alloc(size).ok().map(|a| PageRun::new(a, size))
+    }
+    #[inline]
+    fn free(&mut self, h: PageRun) {
+        self.0.free(h.addr(), h.bytes()).expect("arena free");
+    }
+    #[inline]
+    fn prefetch_free(&mut self, h: &PageRun) {
+        self.0.prefetch_free(h.addr(), h.bytes());
+    }
+    fn fragments(&self) -> Option<u64> {
+        Some(self.0.stats().free_segments)
     }
 }
 
@@ -417,7 +450,13 @@ fn filled<A: Iova>(make: &impl Fn() -> A, t: &Trace, failures: &mut u64) -> (A, 
 }
 
 /// How many steps ahead the replay loop prefetches the slot it will touch.
-const SLOT_PREFETCH: usize = 8;
+const SLOT_PREFETCH: usize = 16;
+
+/// How many steps ahead the replay loop announces a free to an allocator that takes
+/// announcements: twice the arena's [`gmem_core::vmem::FREE_AHEAD_CALLS`], so that
+/// both stages of its prefetch have that many steps to arrive. Below
+/// [`SLOT_PREFETCH`], so that reading the slot to announce finds it in cache.
+const FREE_ANNOUNCE: usize = 2 * gmem_core::vmem::FREE_AHEAD_CALLS;
 
 /// Hint the CPU to bring `p`'s cache line in (a no-op off x86_64).
 #[inline(always)]
@@ -451,6 +490,12 @@ fn replay<A: Iova>(
         let (slot, pages) = t.steps[*pos];
         let (ahead, _) = t.steps[(*pos + SLOT_PREFETCH) & (TRACE_STEPS - 1)];
         prefetch(slots.as_ptr().wrapping_add(ahead as usize));
+        if A::ANNOUNCES {
+            let (soon, _) = t.steps[(*pos + FREE_ANNOUNCE) & (TRACE_STEPS - 1)];
+            if let Some(h) = &slots[soon as usize] {
+                a.prefetch_free(h);
+            }
+        }
         *pos = (*pos + 1) & (TRACE_STEPS - 1);
         let slot = &mut slots[slot as usize];
         if let Some(h) = slot.take() {
@@ -666,8 +711,15 @@ fn replay_only() -> bool {
             pairs,
         ),
         "mut" => replay_timed(|| OursMut(arena(t.space, Variant::Cached, 1)), &t, pairs),
+        "announced" => replay_timed(
+            || OursAnnounced(Arc::new(arena(t.space, Variant::Instant, 1))),
+            &t,
+            pairs,
+        ),
         _ => {
-            eprintln!("GMEM_BENCH_REPLAY: arena is instant, cached or mut, got {kind:?}");
+            eprintln!(
+                "GMEM_BENCH_REPLAY: arena is instant, announced, cached or mut, got {kind:?}"
+            );
             std::process::exit(2);
         }
     };
@@ -736,6 +788,15 @@ fn main() {
             &t,
             true,
         );
+        // The same arena with every free announced ahead (`Arena::prefetch_free`).
+        let announced = churn(
+            &mut group,
+            &format!("announced_live_{live}"),
+            scale_samples,
+            || OursAnnounced(Arc::new(arena(t.space, Variant::Instant, 1))),
+            &t,
+            true,
+        );
         // The same churn on offset-allocator (O(1) bins), to tell the algorithm's
         // growth from the memory hierarchy's.
         let peer = churn(
@@ -751,7 +812,7 @@ fn main() {
             &t,
             true,
         );
-        curve.push((live, v, peer));
+        curve.push((live, v, announced, peer));
     }
     group.finish();
 
@@ -816,25 +877,38 @@ fn main() {
         if huge_pages() { "on" } else { "off" }
     );
     println!(
-        "{:>10} {:>10} {:>10} {:>16} {:>18} {:>10}",
-        "live", "ns/pair", "vs 1k", "free segments", "offset-alloc ns", "vs 1k"
+        "{:>10} {:>10} {:>8} {:>14} {:>14} {:>8} {:>16} {:>8}",
+        "live",
+        "ns/pair",
+        "vs 1k",
+        "free segments",
+        "announced ns",
+        "vs 1k",
+        "offset-alloc ns",
+        "vs 1k"
     );
-    let (base, peer_base) = (curve[0].1.ns, curve[0].2.ns);
+    let (base, ann_base, peer_base) = (curve[0].1.ns, curve[0].2.ns, curve[0].3.ns);
     let growth = |v: Option<f64>, b: Option<f64>| match (v, b) {
         (Some(v), Some(b)) if b > 0.0 => format!("{:.2}x", v / b),
         _ => "n/a".into(),
     };
-    for (live, o, peer) in &curve {
+    for (live, o, ann, peer) in &curve {
         println!(
-            "{:>10} {:>10} {:>10} {:>16} {:>18} {:>10}",
+            "{:>10} {:>10} {:>8} {:>14} {:>14} {:>8} {:>16} {:>8}",
             live,
             fmt_ns(o.ns),
             growth(o.ns, base),
             fmt_count(o.fragments),
+            fmt_ns(ann.ns),
+            growth(ann.ns, ann_base),
             fmt_ns(peer.ns),
             growth(peer.ns, peer_base)
         );
     }
+    println!(
+        "(announced: the same arena, each free announced {FREE_ANNOUNCE} frees ahead \
+         through Arena::prefetch_free, as a caller with a queue of frees can)"
+    );
     println!();
     print_threads(&threads);
 }

@@ -124,6 +124,27 @@ impl AddrMap {
         super::prefetch(&self.slots[self.home(self.tag(key))]);
     }
 
+    /// The value of the first entry whose tag is `key`'s, unconfirmed: for a prefetch
+    /// hint, which must not read the record it is about to ask for. Almost always
+    /// `key`'s own entry; a tag collision (addresses 2^32 quanta apart) or a stale key
+    /// names another live record, which is harmless for a hint.
+    #[inline]
+    pub fn candidate(&self, key: u64) -> Option<u32> {
+        let mask = self.mask();
+        let tag = self.tag(key);
+        let mut i = self.home(tag);
+        loop {
+            let s = self.slots[i];
+            if s.val == NIL {
+                return None;
+            }
+            if s.tag == tag {
+                return Some(s.val);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
     /// The value stored for `key`; `starts` gives the start address of the record an
     /// entry names (every entry's record is live).
     #[inline]
@@ -257,6 +278,20 @@ mod tests {
         for k in 0..4096u64 {
             let key = key_of(k);
             assert_eq!(m.get(key, &starts), r.get(&key).copied());
+            // The unconfirmed candidate is the key's own value when the key is
+            // present and alone with its tag; with the tag-sharing key also present
+            // it is one of the two; with neither, there is none.
+            let twin = key ^ (1 << 44);
+            let mine = r.get(&key).copied();
+            let theirs = r.get(&twin).copied();
+            match (mine, theirs) {
+                (None, None) => assert_eq!(m.candidate(key), None),
+                (Some(v), None) => assert_eq!(m.candidate(key), Some(v)),
+                (None, Some(v)) => assert_eq!(m.candidate(key), Some(v)),
+                (Some(v), Some(w)) => {
+                    assert!(matches!(m.candidate(key), Some(c) if c == v || c == w))
+                }
+            }
         }
     }
 }

@@ -218,6 +218,11 @@ fn prefetch<T>(r: &T) {
 /// until it is used; an unused class holds no address space.
 pub const MAX_QCACHE_CLASSES: u64 = 128;
 
+/// How many announced frees ([`Arena::prefetch_free`]) a hint waits before its second
+/// stage: the hash slot prefetched when a free is announced has this many
+/// announcements' time to arrive before it is read to find the record to prefetch.
+pub const FREE_AHEAD_CALLS: usize = 4;
+
 /// Per-CPU structures are sized by the platform's CPU count, capped at this.
 const MAX_CPUS: usize = 4096;
 
@@ -514,6 +519,30 @@ impl Arena {
             }
         }
         self.segments.lock().free(addr, size)
+    }
+
+    /// Announce a free of `size` bytes at `addr` that the caller will make soon, so
+    /// that the free finds its segment's hash slot and record in cache.
+    ///
+    /// On an arena of many live segments a free of a random one waits on two
+    /// dependent cache misses: the allocated-segment hash slot (found from the
+    /// address), then the record it names. A caller that knows its next frees (a queue
+    /// of unmaps, an IOMMU flush queue, a munmap of many ranges) announces each one,
+    /// in the order it will free them, a few frees ahead: the arena prefetches the
+    /// slot at once and, [`FREE_AHEAD_CALLS`] announcements later, reads the slot (by
+    /// then in cache) and prefetches the record. Announce about twice that many frees
+    /// ahead. A hint only: it changes nothing, and a wrong, stale or duplicate
+    /// announcement costs a wasted prefetch, never an error. A size a quantum cache
+    /// serves is ignored (its free will not reach the segment layer). The rest takes
+    /// the arena lock briefly, and only when it is free: a hint never waits for
+    /// another CPU (a dropped announcement only leaves its free unprefetched).
+    pub fn prefetch_free(&self, addr: u64, size: u64) {
+        if self.caches.class_of(size).is_some() {
+            return;
+        }
+        if let Some(mut segments) = self.segments.try_lock() {
+            segments.prefetch_free(addr);
+        }
     }
 
     /// Free `size / piece` adjacent allocations of `piece` bytes each from `addr` (the

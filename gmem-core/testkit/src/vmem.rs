@@ -131,6 +131,9 @@ pub enum VmemOp {
         /// Which.
         pick: u16,
         /// The CPU; through the exclusive-owner `free_mut` when its top bit is set.
+        /// When bit 6 is set the free is first announced (`prefetch_free`), together
+        /// with a stale address (the last one freed) and a misaligned one: hints that
+        /// must change nothing.
         cpu: u8,
     },
     /// Free an address that was freed before and is not live now.
@@ -397,6 +400,18 @@ impl VmemRunner {
                     return;
                 };
                 self.set_cpu(cpu);
+                if cpu & 0x40 != 0 {
+                    let before = self.arena.stats();
+                    let stale = self.freed.last().copied().unwrap_or((a, l.size));
+                    self.arena.prefetch_free(stale.0, stale.1);
+                    self.arena.prefetch_free(a | 1, l.size);
+                    self.arena.prefetch_free(a, l.size);
+                    assert_eq!(
+                        self.arena.stats(),
+                        before,
+                        "{ctx}: an announcement changed state"
+                    );
+                }
                 let r = if cpu & 0x80 != 0 {
                     self.arena.free_mut(a, l.size)
                 } else {
