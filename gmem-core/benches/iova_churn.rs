@@ -71,6 +71,8 @@ use gmem_core::vmem::{Arena, ArenaConfig, FitPolicy};
 
 #[path = "iova_churn/huge.rs"]
 mod huge;
+#[path = "iova_churn/latency.rs"]
+mod latency;
 #[path = "iova_churn/threads.rs"]
 mod threads;
 
@@ -909,6 +911,16 @@ fn main() {
         "(announced: the same arena, each free announced {FREE_ANNOUNCE} frees ahead \
          through Arena::prefetch_free, as a caller with a queue of frees can)"
     );
+    if let Some(b) = base {
+        let load = latency::dependent_load_ns(latency::CHASE_BYTES, 2_000_000);
+        println!(
+            "host floor: one dependent random load in {} MiB costs {load:.1} ns here, so a \
+             pair that waits on one at 1M live ranges grows at least {:.2}x from this \
+             run's {b:.1} ns at 1k",
+            latency::CHASE_BYTES >> 20,
+            (b + load) / b
+        );
+    }
     println!();
     print_threads(&threads);
 }
