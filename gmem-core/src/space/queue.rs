@@ -219,6 +219,13 @@ impl SpaceState {
                 }
             }
         }
+        // The batch's ranges return to the arena after the invalidation: announce
+        // them now, so that their hash slots and records load while the TLBs are
+        // invalidated instead of when each range is freed.
+        arena.prefetch_frees(requests.iter().filter_map(|r| match r.op {
+            Op::Unmap { va, .. } => va,
+            Op::Map { .. } => None,
+        }));
         // One invalidation per device for the whole batch.
         if !runs.is_empty() {
             let before = stats.invalidations.load(crate::sync::Ordering::Relaxed);

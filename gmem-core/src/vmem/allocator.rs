@@ -210,6 +210,21 @@ impl SegmentAllocator {
         }
     }
 
+    /// Announce a batch of frees at once (the ranges of a flush queue, say): every
+    /// hash slot is prefetched first, then every slot is read by tag and its record
+    /// prefetched, so the slots' misses overlap one another and the records' too.
+    /// Hints only, as [`Self::prefetch_free`]; the announcement ring is untouched.
+    pub fn prefetch_batch(&mut self, addrs: impl Iterator<Item = u64> + Clone) {
+        for a in addrs.clone() {
+            self.hash.prefetch(a);
+        }
+        for a in addrs {
+            if let Some(i) = self.hash.candidate(a) {
+                self.table.prefetch(i);
+            }
+        }
+    }
+
     /// Give back an object a quantum cache held (imported, or freed into the cache by
     /// a trusted caller). Returns false, changing nothing, if `addr` is not allocated.
     pub fn release_cached(&mut self, addr: u64) -> bool {
@@ -891,6 +906,7 @@ mod tests {
         for junk in [xs[1], 1, u64::MAX, 1 << 63, 40 * Q] {
             a.prefetch_free(junk);
         }
+        a.prefetch_batch(xs.iter().copied().chain([1, u64::MAX, 40 * Q]));
         assert_eq!(a.counts(), before);
         a.check().unwrap();
         for (k, &x) in xs.iter().enumerate().filter(|&(k, _)| k != 1) {

@@ -545,6 +545,26 @@ impl Arena {
         }
     }
 
+    /// Announce a batch of frees the caller will make soon, all at once: the ranges
+    /// of an unmap queue about to be released after its TLB invalidation, say.
+    /// Every hash slot is prefetched, then every record, so the misses of the batch
+    /// overlap one another and the invalidation. Hints only, as
+    /// [`Arena::prefetch_free`] (sizes a quantum cache serves are skipped, the lock is
+    /// only tried); the iterator is walked twice.
+    pub fn prefetch_frees<I>(&self, frees: I)
+    where
+        I: IntoIterator<Item = (u64, u64)>,
+        I::IntoIter: Clone,
+    {
+        let addrs = frees
+            .into_iter()
+            .filter(|&(_, size)| self.caches.class_of(size).is_none())
+            .map(|(addr, _)| addr);
+        if let Some(mut segments) = self.segments.try_lock() {
+            segments.prefetch_batch(addrs);
+        }
+    }
+
     /// Free `size / piece` adjacent allocations of `piece` bytes each from `addr` (the
     /// pieces of an [`Arena::split`] run, released together) in one step: each piece is
     /// validated as [`Arena::free`] would, then they coalesce once. A piece size served

@@ -131,9 +131,9 @@ pub enum VmemOp {
         /// Which.
         pick: u16,
         /// The CPU; through the exclusive-owner `free_mut` when its top bit is set.
-        /// When bit 6 is set the free is first announced (`prefetch_free`), together
-        /// with a stale address (the last one freed) and a misaligned one: hints that
-        /// must change nothing.
+        /// When bit 6 is set the free is first announced (`prefetch_free`, then
+        /// `prefetch_frees`), together with a stale address (the last one freed) and
+        /// a misaligned one: hints that must change nothing.
         cpu: u8,
     },
     /// Free an address that was freed before and is not live now.
@@ -406,6 +406,8 @@ impl VmemRunner {
                     self.arena.prefetch_free(stale.0, stale.1);
                     self.arena.prefetch_free(a | 1, l.size);
                     self.arena.prefetch_free(a, l.size);
+                    self.arena
+                        .prefetch_frees([stale, (a | 1, l.size), (a, l.size)]);
                     assert_eq!(
                         self.arena.stats(),
                         before,
