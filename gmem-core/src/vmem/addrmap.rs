@@ -99,10 +99,10 @@ impl AddrMap {
         (u64::from(tag).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.hash_shift) as usize
     }
 
-    /// The slot holding `key`, if any; `starts` gives the start address of the record
-    /// a slot names.
+    /// The first slot of `key`'s probe run whose tag is `key`'s and whose value
+    /// `confirm` accepts, if any.
     #[inline]
-    fn find(&self, key: u64, starts: &impl StartOf) -> Option<usize> {
+    fn probe(&self, key: u64, confirm: impl Fn(u32) -> bool) -> Option<usize> {
         let mask = self.mask();
         let tag = self.tag(key);
         let mut i = self.home(tag);
@@ -111,11 +111,18 @@ impl AddrMap {
             if s.val == NIL {
                 return None;
             }
-            if s.tag == tag && starts.start_of(s.val) == key {
+            if s.tag == tag && confirm(s.val) {
                 return Some(i);
             }
             i = (i + 1) & mask;
         }
+    }
+
+    /// The slot holding `key`, if any; `starts` gives the start address of the record
+    /// a slot names.
+    #[inline]
+    fn find(&self, key: u64, starts: &impl StartOf) -> Option<usize> {
+        self.probe(key, |val| starts.start_of(val) == key)
     }
 
     /// Start loading the home slot of `key` into the cache (a hint).
@@ -130,19 +137,7 @@ impl AddrMap {
     /// names another live record, which is harmless for a hint.
     #[inline]
     pub fn candidate(&self, key: u64) -> Option<u32> {
-        let mask = self.mask();
-        let tag = self.tag(key);
-        let mut i = self.home(tag);
-        loop {
-            let s = self.slots[i];
-            if s.val == NIL {
-                return None;
-            }
-            if s.tag == tag {
-                return Some(s.val);
-            }
-            i = (i + 1) & mask;
-        }
+        self.probe(key, |_| true).map(|i| self.slots[i].val)
     }
 
     /// The value stored for `key`; `starts` gives the start address of the record an
