@@ -763,64 +763,16 @@ impl<F: TableFormat, C: TranslationCaches> Mmu for SimMmu<F, C> {
 mod tests {
     use super::*;
     use crate::memory::SimMemory;
-    use crate::radix::{Entry, PteCodec, RadixTables};
+    use crate::radix::test_codec::TestCodec;
+    use crate::radix::RadixTables;
     use crate::tlb::{Replacement, TlbConfig};
     use gmem_core::{DeviceId, PageSize, PhysAddr, PAGE_SIZE};
-    use gmem_ptengine::Run;
-
-    /// Three levels; bit 0 valid, bits 1..3 R/W/X, bit 9 dirty (set by a store).
-    struct DirtyCodec;
-
-    impl PteCodec for DirtyCodec {
-        fn format(&self) -> PageTableFormat {
-            PageTableFormat(0xd1a7)
-        }
-        fn levels(&self) -> u32 {
-            3
-        }
-        fn va_ok(&self, va: u64, len: u64) -> bool {
-            len > 0 && va.checked_add(len).is_some_and(|e| e <= 1 << 39)
-        }
-        fn table(&self, table: PhysAddr) -> Option<u64> {
-            Some(table.as_u64() | 1)
-        }
-        fn leaf(&self, frame: PhysAddr, _: u32, run: &Run) -> Option<u64> {
-            Some(frame.as_u64() | 1 | u64::from(run.prot.bits()) << 1)
-        }
-        fn decode(&self, raw: u64, level: u32) -> Entry {
-            match (raw & 1, level) {
-                (0, _) => Entry::NotPresent,
-                (_, 1..) => Entry::Table(PhysAddr::new(raw & !0xfff)),
-                _ => Entry::Leaf(Leaf {
-                    frame: PhysAddr::new(raw & !0xfff),
-                    shift: 12,
-                    prot: Prot::from_bits_truncate(((raw >> 1) & 7) as u8),
-                    dirty: raw & 1 << 9 != 0,
-                    local: false,
-                    bits: 0,
-                }),
-            }
-        }
-        fn with_prot(&self, raw: u64, prot: Prot, _: u32) -> Option<u64> {
-            Some((raw & !0xe) | u64::from(prot.bits()) << 1)
-        }
-        fn split(&self, raw: u64, _: u32, _: u64) -> u64 {
-            raw
-        }
-        fn used(&self, raw: u64, access: Prot) -> u64 {
-            if access.contains(Prot::WRITE) {
-                raw | 1 << 9
-            } else {
-                raw
-            }
-        }
-    }
 
     /// An active MMU over fresh tables: a read-write page at 0x40_0000, a read-only
     /// one at 0x40_1000, nothing at 0x40_2000.
-    fn mmu() -> SimMmu<RadixTables<DirtyCodec>> {
+    fn mmu() -> SimMmu<RadixTables<TestCodec>> {
         let m = Arc::new(SimMemory::new("m", PhysAddr::new(0), 4 << 20).unwrap());
-        let tables = Arc::new(RadixTables::new(DirtyCodec, m, PhysAddr::new(0), 16).unwrap());
+        let tables = Arc::new(RadixTables::new(TestCodec, m, PhysAddr::new(0), 16).unwrap());
         let config = HierarchyConfig {
             units: 2,
             l1: TlbConfig::new(4, 2, Replacement::Lru),

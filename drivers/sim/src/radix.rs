@@ -358,22 +358,20 @@ pub fn walk_cached<C: PteCodec, M: TableMemory>(
     }
 }
 
+/// The page-table format of this crate's unit tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::hierarchy::HierarchyConfig;
-    use crate::mmu::{SimMmu, Translator};
-    use crate::tlb::{Replacement, TlbConfig};
-    use gmem_core::{DeviceId, Mmu, PageSize, PAGE_SIZE};
+pub(crate) mod test_codec {
+    use super::{Entry, PteCodec};
+    use gmem_core::{PageTableFormat, PhysAddr, Prot};
     use gmem_ptengine::{Leaf, Run};
 
-    /// Three levels; bit 0 valid, bits 1..3 R/W/X, bits 4..7 format bits, bit 8 a leaf
-    /// above level 0 (never used: no large leaves).
-    struct BitsCodec;
+    /// Three levels of 4 KiB leaves: bit 0 valid, bits 1..3 R/W/X, bits 4..7 format
+    /// bits, bit 9 dirty (set by a store through [`PteCodec::used`]).
+    pub(crate) struct TestCodec;
 
-    impl PteCodec for BitsCodec {
+    impl PteCodec for TestCodec {
         fn format(&self) -> PageTableFormat {
-            PageTableFormat(0xb175)
+            PageTableFormat(0x7e57)
         }
         fn levels(&self) -> u32 {
             3
@@ -398,7 +396,7 @@ mod tests {
                     frame: PhysAddr::new(raw & !0xfff),
                     shift: 12,
                     prot: Prot::from_bits_truncate(((raw >> 1) & 7) as u8),
-                    dirty: true,
+                    dirty: raw & 1 << 9 != 0,
                     local: false,
                     bits: (raw >> 4) & 0xf,
                 }),
@@ -410,12 +408,29 @@ mod tests {
         fn split(&self, raw: u64, _: u32, _: u64) -> u64 {
             raw
         }
+        fn used(&self, raw: u64, access: Prot) -> u64 {
+            if access.contains(Prot::WRITE) {
+                raw | 1 << 9
+            } else {
+                raw
+            }
+        }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_codec::TestCodec;
+    use super::*;
+    use crate::hierarchy::HierarchyConfig;
+    use crate::mmu::{SimMmu, Translator};
+    use crate::tlb::{Replacement, TlbConfig};
+    use gmem_core::{DeviceId, Mmu, PageSize, PAGE_SIZE};
 
     #[test]
     fn format_bits_reach_the_walk_and_stay_in_the_tlb_entry() {
         let m = Arc::new(SimMemory::new("m", PhysAddr::new(0), 4 << 20).unwrap());
-        let tables = Arc::new(RadixTables::new(BitsCodec, m, PhysAddr::new(0), 16).unwrap());
+        let tables = Arc::new(RadixTables::new(TestCodec, m, PhysAddr::new(0), 16).unwrap());
         let l1 = TlbConfig::new(4, 4, Replacement::Lru);
         let config = HierarchyConfig {
             units: 1,
