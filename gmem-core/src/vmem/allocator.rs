@@ -16,6 +16,7 @@ use super::constraint::Placement;
 use super::error::{FreeError, SpanError};
 use super::freelist::FreeLists;
 use super::seglist::{Kind, Seg, SegTable, SENTINEL};
+use super::FREE_AHEAD_CALLS as FREE_AHEAD;
 
 mod runs;
 
@@ -38,8 +39,6 @@ pub(super) struct SegmentCounts {
     pub allocs: u64,
     pub frees: u64,
 }
-
-use super::FREE_AHEAD_CALLS as FREE_AHEAD;
 
 /// The boundary-tag allocator of one arena.
 pub(super) struct SegmentAllocator {
