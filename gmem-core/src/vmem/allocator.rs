@@ -204,9 +204,7 @@ impl SegmentAllocator {
         self.hash.prefetch(addr);
         let older = core::mem::replace(&mut self.ahead[self.ahead_at], addr);
         self.ahead_at = (self.ahead_at + 1) % FREE_AHEAD;
-        if let Some(i) = self.hash.candidate(older) {
-            self.table.prefetch(i);
-        }
+        self.prefetch_record(older);
     }
 
     /// Announce a batch of frees at once (the ranges of a flush queue, say): every
@@ -218,9 +216,16 @@ impl SegmentAllocator {
             self.hash.prefetch(a);
         }
         for a in addrs {
-            if let Some(i) = self.hash.candidate(a) {
-                self.table.prefetch(i);
-            }
+            self.prefetch_record(a);
+        }
+    }
+
+    /// The second stage of both announcements: the record the hash slot of `addr`
+    /// names by tag (the slot expected in cache by now), prefetched.
+    #[inline]
+    fn prefetch_record(&self, addr: u64) {
+        if let Some(i) = self.hash.candidate(addr) {
+            self.table.prefetch(i);
         }
     }
 
