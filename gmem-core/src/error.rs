@@ -51,6 +51,11 @@ pub enum DeviceError {
         /// How many frames.
         frames: u64,
     },
+    /// A page-table edit or TLB invalidation that names the device is still running
+    /// in another thread (a table it was the last user of, kept until an unlocked
+    /// edit ends, or a strict `region_dealloc`'s invalidation listed before it
+    /// detached): nothing changed; destroy it once that call has returned.
+    EditsInFlight,
     /// The device has no [`crate::DeviceMemory`] to hold registered memory.
     NoMemoryInterface(DeviceId),
     /// The physical range was rejected.
@@ -246,6 +251,10 @@ pub enum FaultError {
     /// The space already names the most memories it can (255) and cannot place a page
     /// in one more: the device's memory is refused rather than aliased.
     TooManyMemories(DeviceId),
+    /// Another call is editing the page's translations right now (an unlocked
+    /// `region_map` of its region, see [`crate::Mmu::concurrent_edits`]): nothing
+    /// changed; retry the access (it succeeds once that call has returned).
+    Busy(VirtAddr),
 }
 
 /// Why the core could not allocate, fill or move a page: the failures the fault path
@@ -319,6 +328,9 @@ impl fmt::Display for DeviceError {
         match self {
             DeviceError::UnknownDevice(d) => write!(f, "no live device {d}"),
             DeviceError::IsHost => f.write_str("the host CPU device cannot be destroyed"),
+            DeviceError::EditsInFlight => f.write_str(
+                "a page-table edit or invalidation naming the device is still in flight",
+            ),
             DeviceError::StillAttached { spaces } => {
                 write!(f, "device still attached to {spaces} address space(s)")
             }
@@ -500,6 +512,12 @@ impl fmt::Display for FaultError {
             FaultError::Memory(e) => write!(f, "data mover failed: {e}"),
             FaultError::TooManyMemories(d) => {
                 write!(f, "the space names 255 memories and cannot name {d}'s")
+            }
+            FaultError::Busy(va) => {
+                write!(
+                    f,
+                    "{va:?} is being mapped by another call: retry the access"
+                )
             }
         }
     }

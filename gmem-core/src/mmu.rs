@@ -99,8 +99,13 @@
 //!
 //! ## Other contracts
 //! - Two MMUs with equal [`PageTableFormat`] can share one page table (shared mode):
-//!   the core then edits the table through the MMU of the device that created it and
+//!   the core then edits the table through the MMU of the device that created it
+//!   (when that device detaches while others still use the table, through one of
+//!   theirs from then on, so that a destroyed device's MMU is never called) and
 //!   invalidates the TLB of every sharer through its own MMU.
+//! - After [`crate::Gmem::dev_destroy`] returns `Ok`, the core never calls the
+//!   device's MMU again; it refuses ([`crate::DeviceError::EditsInFlight`]) while an
+//!   edit or invalidation running outside a space lock may still reach it.
 
 use crate::addr::{PageSize, PhysAddr, VaRange, VirtAddr};
 use crate::flags::{PageSizes, Prot};
@@ -264,9 +269,12 @@ pub trait Mmu: Send + Sync {
     ///
     /// The core may call this without the space lock (a strict `region_dealloc`
     /// invalidates outside it), concurrently with other calls on the same MMU, and for a
-    /// `root` that a concurrent detach destroyed meanwhile: the driver must then treat
-    /// it as a harmless flush (that detach already invalidated everything the table
-    /// held).
+    /// `root` that a concurrent detach destroyed meanwhile: the driver may then treat
+    /// it as a no-op. That is safe because the detach of a table's last user calls
+    /// [`Mmu::invalidate_all`] for the root (after clearing what the core still had
+    /// mapped, before [`Mmu::destroy_page_table`]), so every translation the table ever
+    /// held, including ranges a strict dealloc or a queued unmap cleared and had not
+    /// invalidated yet, is gone from that device's TLB before the table is.
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]);
     /// Invalidate every TLB entry of this device for `root`.
     fn invalidate_all(&self, root: PageTableRoot);
@@ -281,7 +289,10 @@ pub trait Mmu: Send + Sync {
     /// threads edit other ranges of the same table. It guarantees that the ranges of
     /// concurrent calls never overlap, that no `unmap` of a range runs with a `map` of
     /// it, and that [`Mmu::destroy_page_table`] waits until every unlocked edit of the
-    /// table has returned.
+    /// table has returned. While an unlocked `region_map` runs, a fault on its region
+    /// is answered [`crate::FaultError::Busy`] and a table attached meanwhile in shared
+    /// mode leaves that region's pages to the edit, so no call of the core maps them
+    /// into the same table at the same time.
     fn concurrent_edits(&self) -> bool {
         false
     }

@@ -26,6 +26,7 @@
 
 use crate::addr::VaRange;
 use crate::addr::{Pfn, Vpn};
+use crate::handle::DeviceId;
 use crate::mmu::{Mmu, MmuError, PageTableRoot};
 use crate::space::{Shootdown, SpaceInner, TableRun};
 use crate::stats::Counters;
@@ -55,6 +56,8 @@ pub(crate) struct Discard {
 /// One range of one table to unmap without the space lock.
 pub(crate) struct TableUnmap {
     pub mmu: Arc<dyn Mmu>,
+    /// The device `mmu` belongs to.
+    pub owner: DeviceId,
     pub root: PageTableRoot,
     pub range: VaRange,
 }
@@ -85,24 +88,37 @@ pub(crate) struct Request {
 /// its pages stay marked pending, its virtual range stays reserved in the arena. Only
 /// `region_dealloc` defers this way: the region is gone, so no fault, map or unmap can
 /// touch its pages meanwhile, and a concurrent detach or space destruction only makes
-/// the invalidation redundant (drivers accept an invalidation of a root destroyed
-/// meanwhile, see `Mmu::invalidate`).
+/// the invalidation redundant: the detach of a table's last user invalidates the whole
+/// table (`invalidate_all`) before destroying it, so a driver may skip the late
+/// invalidation of a root it no longer knows (see `Mmu::invalidate`). The devices
+/// the completion will call are listed in the space until it ends, and
+/// `dev_destroy` refuses them meanwhile.
 #[must_use = "complete() the invalidation, or its frames and range stay quarantined"]
 pub(crate) struct PendingInvalidation {
     pub(crate) space: Arc<SpaceInner>,
     pub(crate) shootdowns: Vec<Shootdown>,
+    /// What the completion releases under the lock again.
+    pub(crate) release: StrictRelease,
+}
+
+/// What a strict unmap holds back until its unlocked invalidation has run
+/// ([`PendingInvalidation`]), handed back to the space under its lock.
+pub(crate) struct StrictRelease {
     pub(crate) discard: Discard,
     pub(crate) va: Option<(u64, u64)>,
     pub(crate) callback: Option<Callback>,
     /// The space's attach epoch when the shootdowns were listed.
     pub(crate) epoch: u64,
+    /// Every device the unmaps and shootdowns name (listed in the space's
+    /// `strict_refs` until the completion: `dev_destroy` refuses meanwhile).
+    pub(crate) devices: Vec<DeviceId>,
 }
 
 impl PendingInvalidation {
     /// Unmap what is still mapped (tables that take concurrent edits) and invalidate,
     /// no lock held; then release what the unmap held back and make its callback ready.
     pub fn complete(self, stats: &Counters) {
-        for u in &self.discard.unlocked {
+        for u in &self.release.discard.unlocked {
             u.mmu.unmap(u.root, u.range);
             Counters::add(&stats.mmu_unmaps, 1);
         }
@@ -110,14 +126,9 @@ impl PendingInvalidation {
             s.run(stats);
         }
         let space = self.space;
-        space.lock().finish_strict(
-            stats,
-            self.discard,
-            self.va,
-            &space.arena,
-            self.callback,
-            self.epoch,
-        );
+        space
+            .lock()
+            .finish_strict(stats, &space.arena, self.release);
     }
 }
 

@@ -27,6 +27,8 @@ pub const BUGS: &[(&str, &str)] = &[
     ("attach_binds_after_unlock", "attach"),
     ("strict_release_before_invalidation", "strict"),
     ("destroy_table_during_unlocked_edit", "unlocked"),
+    ("fault_maps_busy_region", "unlocked"),
+    ("fill_mirrors_busy_pages", "unlocked"),
     ("stats_fold_after_unregister", "stats"),
 ];
 

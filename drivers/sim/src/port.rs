@@ -334,6 +334,13 @@ impl Port {
                 );
                 Ok(())
             }
+            // Another thread maps the region without the lock right now: nothing
+            // changed, the access retries (counted with the spurious faults).
+            Err(FaultError::Busy(_)) => {
+                add(&c.spurious, 1);
+                core::hint::spin_loop();
+                Ok(())
+            }
             Err(error) => {
                 add(&c.failed_faults, 1);
                 Err(AccessError::Fault { va, access, error })

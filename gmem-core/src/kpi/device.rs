@@ -100,7 +100,8 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::UnknownDevice`] for a stale handle, [`DeviceError::IsHost`] for the
     /// host, [`DeviceError::StillAttached`] and [`DeviceError::MemoryInUse`] when it is
-    /// still in use; the device is then unchanged.
+    /// still in use, [`DeviceError::EditsInFlight`] while a call running in another
+    /// thread may still reach its MMU; the device is then unchanged.
     pub fn dev_destroy(&self, id: DeviceId) -> Result<(), DeviceError> {
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         if dev.caps.contains(DevCaps::HOST) {
@@ -117,6 +118,16 @@ impl Gmem {
                 });
             }
             b.destroyed = true;
+        }
+        // Work that left a space's lock may still call the device's MMU: a table it
+        // detached from, doomed until an unlocked edit ends, or a strict dealloc's
+        // unmap and invalidation. No new such work can name it now (it is attached
+        // nowhere and `destroyed` refuses attaches), so one look at every space
+        // settles it.
+        let spaces = self.spaces.read().values();
+        if spaces.iter().any(|s| s.lock().refers_to_device(id)) {
+            dev.binding.lock().destroyed = false;
+            return Err(DeviceError::EditsInFlight);
         }
         let undo = |dev: &DeviceInner| {
             let registered = {
@@ -139,7 +150,6 @@ impl Gmem {
         }
         // Caller-given frames (`region_map`) are not on the device's queues: look for
         // pages naming the memory in every space before forgetting it anywhere.
-        let spaces = self.spaces.read().values();
         let mut external = 0;
         for space in &spaces {
             external += space.lock().pages_in_memory(id);

@@ -73,6 +73,7 @@ impl SpaceState {
                     mode,
                     users: 0,
                     faultable: true,
+                    owner: dev.id,
                 });
                 self.tables_changed();
                 (
@@ -195,11 +196,35 @@ impl SpaceState {
                 .map(|(v, _)| (v, 1u32 << t))
                 .collect();
             touched.sort_unstable();
-            self.unmap_entries(stats, &touched);
-            self.retire_table(t, dev.mmu.clone());
+            // The table's whole TLB goes, not only the ranges unmapped here: a strict
+            // dealloc whose invalidation has not run yet, or a queued unmap, cleared
+            // entries whose translations the device may still cache, and their late
+            // invalidation would name a root that no longer exists (see
+            // `Mmu::invalidate`: after this a driver may treat such a call as a no-op).
+            let super::OwedInvalidation(_covered) = self.clear_entries(stats, &touched);
+            if let Some(table) = &self.tables[t] {
+                dev.mmu.invalidate_all(table.root);
+                Counters::add(&stats.invalidations, 1);
+            }
+            self.retire_table(t, dev.id, dev.mmu.clone());
         } else {
+            // Remaining users of a shared table: if the leaving device made it, one of
+            // them takes it over, so that no edit of the table goes through the MMU
+            // of a device that may be destroyed next.
+            let heir = self
+                .attached
+                .iter()
+                .enumerate()
+                .filter(|(s, a)| *s != slot && a.as_ref().is_some_and(|a| a.table == t))
+                .find_map(|(_, a)| a.as_ref().map(|a| (a.dev.id, a.dev.mmu.clone())));
             let table = self.tables[t].as_mut().expect("live table");
             table.users = users;
+            if table.owner == dev.id {
+                if let Some((owner, mmu)) = heir {
+                    table.owner = owner;
+                    table.mmu = mmu;
+                }
+            }
             dev.mmu.invalidate_all(table.root);
             Counters::add(&stats.invalidations, 1);
         }

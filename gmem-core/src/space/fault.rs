@@ -42,6 +42,15 @@ impl SpaceState {
         let Some(fr) = self.regions.for_fault(va.as_u64()) else {
             return Err(FaultError::NotAllocated(va));
         };
+        // An unlocked `region_map` is writing the region's pages into tables right
+        // now: mapping them here too would edit a range that edit is editing (the
+        // `Mmu::concurrent_edits` promise). The device retries once it has finished.
+        // (Deliberately broken under `gmem_loom_bug = "fault_maps_busy_region"`: the
+        // loom model `unlocked` must catch the overlapping edit.)
+        #[cfg(not(gmem_loom_bug = "fault_maps_busy_region"))]
+        if fr.busy {
+            return Err(FaultError::Busy(va));
+        }
         let (rstart, region, placement, fill_block, explicit, rlen) = (
             fr.start,
             fr.piece,

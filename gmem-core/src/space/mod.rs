@@ -243,6 +243,9 @@ pub(crate) struct PageTable {
     pub users: u32,
     /// Whether any user can fault (tables of non-faultable users get wired pages eagerly).
     pub faultable: bool,
+    /// The device whose `mmu` this is (the creator, or the user that took the table
+    /// over when its creator detached from a shared table).
+    pub owner: DeviceId,
     /// Distinguishes this table from earlier and later ones in the same slot.
     pub generation: u64,
 }
@@ -405,6 +408,12 @@ pub(crate) struct SpaceState {
     unlocked_edits: u32,
     /// Tables detached while such edits ran, destroyed when the last one ends.
     doomed: Vec<unlocked::Doomed>,
+    /// The pages and tables each unlocked `region_map` in flight is editing: no other
+    /// edit of the core touches them until it has finished (`unlocked`).
+    in_flight_maps: Vec<unlocked::InFlightMap>,
+    /// The devices named by strict unmaps whose unlocked completion runs right now
+    /// (each once per pending unmap): `dev_destroy` refuses while one is listed.
+    strict_refs: Vec<DeviceId>,
     /// The space's counter block (`SpaceInner::counters`), bumped through
     /// [`SpaceState::local`].
     tally: Arc<SpaceCounters>,
@@ -430,6 +439,8 @@ impl SpaceState {
             attach_epoch: 0,
             unlocked_edits: 0,
             doomed: Vec::new(),
+            in_flight_maps: Vec::new(),
+            strict_refs: Vec::new(),
             tally,
         }
     }
@@ -689,6 +700,7 @@ impl SpaceState {
                     .expect("a mapping bit's table");
                 unlocked.push(TableUnmap {
                     mmu: table.mmu.clone(),
+                    owner: table.owner,
                     root: table.root,
                     range: run.range,
                 });

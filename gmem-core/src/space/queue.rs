@@ -2,6 +2,7 @@
 //! drain, release after invalidation, strict unmaps deferred out of the lock.
 
 use crate::addr::Vpn;
+use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MmuError;
 use crate::space::{SpaceInner, SpaceState, TableRun};
@@ -10,7 +11,7 @@ use crate::sync::Arc;
 use crate::vmem::Arena;
 use alloc::vec::Vec;
 
-use crate::queue::{Callback, Discard, Op, PendingInvalidation, Request};
+use crate::queue::{Callback, Discard, Op, PendingInvalidation, Request, StrictRelease};
 
 impl SpaceState {
     /// Queue an unmap whose entries are already cleared (`discard` came from
@@ -154,13 +155,22 @@ impl SpaceState {
         if !discard.unlocked.is_empty() {
             self.begin_unlocked_edit();
         }
+        let devices: Vec<DeviceId> = shootdowns
+            .iter()
+            .map(|s| s.device)
+            .chain(discard.unlocked.iter().map(|u| u.owner))
+            .collect();
+        self.strict_refs.extend_from_slice(&devices);
         Some(PendingInvalidation {
             space: space.clone(),
             shootdowns,
-            discard,
-            va,
-            callback,
-            epoch: self.attach_epoch,
+            release: StrictRelease {
+                discard,
+                va,
+                callback,
+                epoch: self.attach_epoch,
+                devices,
+            },
         })
     }
 
@@ -168,15 +178,19 @@ impl SpaceState {
     /// back and make its callback ready. A device attached since the invalidations
     /// were listed may have cached what the unlocked unmap removed: it is invalidated
     /// now, under the lock, before anything is released (a rare race).
-    pub(crate) fn finish_strict(
-        &mut self,
-        stats: &Counters,
-        discard: Discard,
-        va: Option<(u64, u64)>,
-        arena: &Arena,
-        callback: Option<Callback>,
-        epoch: u64,
-    ) {
+    pub(crate) fn finish_strict(&mut self, stats: &Counters, arena: &Arena, done: StrictRelease) {
+        let StrictRelease {
+            discard,
+            va,
+            callback,
+            epoch,
+            devices,
+        } = done;
+        for d in &devices {
+            if let Some(i) = self.strict_refs.iter().position(|x| x == d) {
+                self.strict_refs.swap_remove(i);
+            }
+        }
         let unlocked = !discard.unlocked.is_empty();
         if unlocked && epoch != self.attach_epoch {
             self.invalidate(stats, &discard.runs);

@@ -27,6 +27,8 @@ pub(crate) struct FaultRegion {
     pub placement: Placement,
     pub zero_fill_block: u64,
     pub explicit: bool,
+    /// An unlocked edit maps the region's pages right now ([`RegionRec::busy`]).
+    pub busy: bool,
 }
 
 impl FaultRegion {
@@ -38,6 +40,7 @@ impl FaultRegion {
             placement: r.placement,
             zero_fill_block: r.zero_fill_block,
             explicit: r.explicit,
+            busy: r.busy,
         }
     }
 }
@@ -124,6 +127,7 @@ impl Regions {
                 && now.placement == m.placement
                 && now.zero_fill_block == m.zero_fill_block
                 && now.explicit == m.explicit
+                && now.busy == m.busy
         })
     }
 }

@@ -11,6 +11,8 @@ pub(super) struct OwedInvalidation(pub(super) Vec<TableRun>);
 
 /// One device's TLB invalidation of ranges of one page table.
 pub(crate) struct Shootdown {
+    /// The device whose TLB it is.
+    pub(crate) device: DeviceId,
     mmu: Arc<dyn Mmu>,
     root: PageTableRoot,
     ranges: Vec<VaRange>,
@@ -88,7 +90,12 @@ impl SpaceState {
             let mut i = 0;
             while i < entries.len() {
                 let (v0, e0) = entries[i];
-                if e0.mapped & (1 << t) != 0 || self.private_in_table(t, v0) {
+                // A page an unlocked `region_map` is writing into this table right
+                // now is that edit's (its finish records the mapping bit).
+                if e0.mapped & (1 << t) != 0
+                    || self.private_in_table(t, v0)
+                    || self.edited_unlocked(t, v0)
+                {
                     i += 1;
                     continue;
                 }
@@ -114,6 +121,7 @@ impl SpaceState {
                         || e.pfn != e0.pfn + n
                         || e.mapped & (1 << t) != 0
                         || self.private_in_table(t, v)
+                        || self.edited_unlocked(t, v)
                         || self.segments.at(region, v) != piece
                     {
                         break;
@@ -194,6 +202,7 @@ impl SpaceState {
             }
             for a in self.attached.iter().flatten().filter(|a| a.table == t) {
                 out.push(Shootdown {
+                    device: a.dev.id,
                     mmu: a.dev.mmu.clone(),
                     root: table.root,
                     ranges: ranges.clone(),

@@ -28,10 +28,11 @@
 
 use super::segments::Piece;
 use super::{RegionRec, SpaceState};
+use crate::addr::Vpn;
 use crate::addr::{VaRange, PAGE_SHIFT};
-use crate::error::MapError;
+use crate::error::{MapError, RegionError};
 use crate::flags::Prot;
-use crate::handle::MappingSetId;
+use crate::handle::{DeviceId, MappingSetId};
 use crate::kpi::region::Checked;
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableRoot};
 use crate::queue::Callback;
@@ -42,10 +43,26 @@ use alloc::vec::Vec;
 /// A table detached while unlocked edits were in flight, waiting for them to end.
 pub(crate) struct Doomed {
     pub mmu: Arc<dyn Mmu>,
+    /// The device `mmu` belongs to.
+    pub owner: DeviceId,
     pub root: PageTableRoot,
     /// The MMU of the device that used it last (its TLB is invalidated for the root
     /// before the table goes).
     pub last_user: Arc<dyn Mmu>,
+    /// The device `last_user` belongs to.
+    pub last_user_id: DeviceId,
+}
+
+/// The pages of one unlocked `region_map` in flight and the tables it edits (slots,
+/// a bit each): no other edit of the core touches those pages in those tables until
+/// it has finished (`fill_table` leaves them to it; faults on the region answer
+/// [`crate::FaultError::Busy`]).
+pub(crate) struct InFlightMap {
+    /// The region's id (the key `finish` removes it by).
+    region: u64,
+    first: Vpn,
+    pages: u64,
+    tables: u32,
 }
 
 /// The runs of one table an unlocked edit maps or unmaps.
@@ -96,11 +113,43 @@ impl SpaceState {
         }
     }
 
-    /// Destroy a table whose last user detached — or doom it while unlocked edits may
-    /// still be editing it.
-    pub(crate) fn retire_table(&mut self, t: usize, last_user: Arc<dyn Mmu>) {
+    /// Whether device `id` is named by work still running outside the lock: a doomed
+    /// table (its driver's or its last user's) or a strict unmap's completion.
+    pub(crate) fn refers_to_device(&self, id: DeviceId) -> bool {
+        self.strict_refs.contains(&id)
+            || self
+                .doomed
+                .iter()
+                .any(|d| d.owner == id || d.last_user_id == id)
+    }
+
+    /// Whether an unlocked `region_map` in flight edits page `v` of table `t` (the
+    /// caller must leave it alone).
+    #[inline]
+    pub(crate) fn edited_unlocked(&self, t: usize, v: Vpn) -> bool {
+        // Deliberately broken (loom model `unlocked` must catch it): a fill mirrors
+        // the pages an unlocked map is writing into the same table.
+        if cfg!(gmem_loom_bug = "fill_mirrors_busy_pages") {
+            return false;
+        }
+        !self.in_flight_maps.is_empty()
+            && self
+                .in_flight_maps
+                .iter()
+                .any(|m| m.tables & (1 << t) != 0 && v >= m.first && v < m.first + m.pages)
+    }
+
+    /// Destroy a table whose last user (device `last_id`, MMU `last_user`) detached —
+    /// or doom it while unlocked edits may still be editing it.
+    pub(crate) fn retire_table(&mut self, t: usize, last_id: DeviceId, last_user: Arc<dyn Mmu>) {
         let table = self.tables[t].take().expect("live table");
         self.tables_changed();
+        // An unlocked map in flight no longer edits this slot's table (it finds the
+        // generation changed and undoes its runs on the doomed table): a table
+        // attached in the slot later is filled like any other.
+        for m in &mut self.in_flight_maps {
+            m.tables &= !(1 << t);
+        }
         // Deliberately broken (loom model `unlocked` must catch it): the table is
         // destroyed at once, under an edit that is still running without the lock.
         #[cfg(gmem_loom_bug = "destroy_table_during_unlocked_edit")]
@@ -112,8 +161,10 @@ impl SpaceState {
         } else {
             self.doomed.push(Doomed {
                 mmu: table.mmu,
+                owner: table.owner,
                 root: table.root,
                 last_user,
+                last_user_id: last_id,
             });
         }
     }
@@ -165,7 +216,7 @@ impl SpaceState {
             });
             i += n;
         }
-        let edits = self
+        let edits: Vec<TableEdit> = self
             .tables
             .iter()
             .enumerate()
@@ -181,6 +232,12 @@ impl SpaceState {
                 })
             })
             .collect();
+        self.in_flight_maps.push(InFlightMap {
+            region: c.rec.id,
+            first: c.first,
+            pages: c.pages,
+            tables: edits.iter().fold(0, |m, e: &TableEdit| m | 1 << e.table),
+        });
         self.put_region(
             c,
             RegionRec {
@@ -252,6 +309,7 @@ impl UnlockedMap {
             callback,
             edits,
         } = self;
+        st.in_flight_maps.retain(|m| m.region != c.rec.id);
         let alive = st.alive && st.region(c.region).is_some_and(|r| r.id == c.rec.id);
         let result = match edited {
             Ok(()) => {
@@ -279,9 +337,18 @@ impl UnlockedMap {
                             ..*st.region(c.region).expect("alive")
                         },
                     );
+                    st.queue.complete_now(callback, Ok(()));
+                    Ok(())
+                } else {
+                    // The space was destroyed during the call (a region cannot go
+                    // while busy otherwise): no mapping exists, say so; the callback
+                    // is dropped unrun, as on every error.
+                    Err(MapError::Region(if st.alive {
+                        RegionError::StaleRegion(c.region)
+                    } else {
+                        RegionError::UnknownSpace(c.region.space)
+                    }))
                 }
-                st.queue.complete_now(callback, Ok(()));
-                Ok(())
             }
             Err(err) => {
                 // A device may have walked a run before it was unmapped again.

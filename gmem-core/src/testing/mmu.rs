@@ -13,7 +13,7 @@ use crate::addr::{VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::flags::{PageSizes, Prot};
 use crate::handle::DeviceId;
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
-use crate::sync::{Arc, AtomicU32, Mutex, Ordering, RwLock};
+use crate::sync::{Arc, AtomicBool, AtomicU32, Mutex, Ordering, RwLock};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
@@ -151,6 +151,34 @@ pub struct TableStore {
     tables: Mutex<(u64, Tables)>,
     dead_edits: Mutex<u64>,
     large: Mutex<LargeLeaves>,
+    /// Edits of recording MMUs in flight, and how many began while another edit of
+    /// an overlapping range of the same table was in flight.
+    edits: Mutex<EditsInFlight>,
+}
+
+/// `(root, first vpn, pages)` of each edit in flight, and the overlaps seen so far.
+#[derive(Default)]
+struct EditsInFlight {
+    running: Vec<(u64, u64, u64)>,
+    overlaps: u64,
+}
+
+/// An edit of a table range in flight (see [`TableStore::overlapping_edits`]); it
+/// ends when dropped.
+struct EditInFlight<'a> {
+    store: &'a TableStore,
+    key: Option<(u64, u64, u64)>,
+}
+
+impl Drop for EditInFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            let mut e = self.store.edits.lock();
+            if let Some(i) = e.running.iter().position(|k| *k == key) {
+                e.running.swap_remove(i);
+            }
+        }
+    }
 }
 
 impl TableStore {
@@ -207,6 +235,44 @@ impl TableStore {
         self.tables.lock().1.len()
     }
 
+    /// `map`, `unmap` and `protect` calls of recording MMUs that began while another
+    /// such call on an overlapping range of the same table had not returned (the core
+    /// must never make one: it promises a driver whose tables take unlocked edits
+    /// disjoint ranges, see [`Mmu::concurrent_edits`]).
+    pub fn overlapping_edits(&self) -> u64 {
+        self.edits.lock().overlaps
+    }
+
+    /// Begin an edit of `pages` pages from `first` in `root` (`track`: a recording
+    /// MMU's; a benchmark's MMU skips the bookkeeping).
+    fn begin_edit(
+        &self,
+        track: bool,
+        root: PageTableRoot,
+        first: u64,
+        pages: u64,
+    ) -> EditInFlight<'_> {
+        if !track {
+            return EditInFlight {
+                store: self,
+                key: None,
+            };
+        }
+        let key = (root.0, first, pages);
+        let mut e = self.edits.lock();
+        if e.running
+            .iter()
+            .any(|&(r, f, n)| r == root.0 && f < first + pages && first < f + n)
+        {
+            e.overlaps += 1;
+        }
+        e.running.push(key);
+        EditInFlight {
+            store: self,
+            key: Some(key),
+        }
+    }
+
     /// `map`, `unmap` and `protect` calls that named a table already destroyed (the
     /// core must never make one: a real driver would write freed memory).
     pub fn edits_of_destroyed(&self) -> u64 {
@@ -261,6 +327,44 @@ impl TableStore {
 /// A shared, ordered log of MMU events.
 pub type EventLog = Arc<Mutex<Vec<MmuEvent>>>;
 
+/// The MMU calls a [`Gate`] can hold open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateCall {
+    /// [`Mmu::map`].
+    Map,
+    /// [`Mmu::unmap`].
+    Unmap,
+    /// [`Mmu::invalidate`].
+    Invalidate,
+}
+
+/// Holds one MMU call open, so that a test can make another call of the core run at a
+/// precise point of the first (see [`TestMmu::hold_next`]): the held call has started
+/// (its edit counts as in flight) and waits in the driver until [`Gate::open`].
+pub struct Gate {
+    held: AtomicBool,
+    open: AtomicBool,
+}
+
+impl Gate {
+    /// Whether the held call has arrived at the gate and is waiting there.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Let the held call go on (or, if it has not arrived yet, pass straight through).
+    pub fn open(&self) {
+        self.open.store(true, Ordering::Release);
+    }
+
+    fn wait(&self) {
+        self.held.store(true, Ordering::Release);
+        while !self.open.load(Ordering::Acquire) {
+            crate::sync::spin_wait();
+        }
+    }
+}
+
 struct TlbState {
     root: Option<PageTableRoot>,
     entries: HashMap<(u64, u64), Pte>,
@@ -280,6 +384,9 @@ pub struct TestMmu {
     fail_next_maps: AtomicU32,
     fail_next_protects: Mutex<u32>,
     concurrent: bool,
+    /// Whether a gate is armed (read by every call; the gate itself is behind a lock).
+    gate_armed: AtomicBool,
+    gate: Mutex<Option<(GateCall, Arc<Gate>)>>,
     /// Held shared by every access from translation to the end of its memory access,
     /// and exclusively by invalidation: an invalidation completes only after the
     /// accesses that may have used a stale translation have finished, as a real TLB
@@ -307,8 +414,44 @@ impl TestMmu {
             fail_next_maps: AtomicU32::new(0),
             fail_next_protects: Mutex::new(0),
             concurrent: false,
+            gate_armed: AtomicBool::new(false),
+            gate: Mutex::new(None),
             inflight: RwLock::new(()),
         }
+    }
+
+    /// Hold the next `call` of this MMU open at a gate until the returned
+    /// [`Gate::open`] (one call; later ones pass).
+    pub fn hold_next(&self, call: GateCall) -> Arc<Gate> {
+        let gate = Arc::new(Gate {
+            held: AtomicBool::new(false),
+            open: AtomicBool::new(false),
+        });
+        *self.gate.lock() = Some((call, gate.clone()));
+        self.gate_armed.store(true, Ordering::Release);
+        gate
+    }
+
+    /// Wait at the gate if it is armed for `call`.
+    #[inline]
+    fn pass_gate(&self, call: GateCall) {
+        if !self.gate_armed.load(Ordering::Relaxed) {
+            return;
+        }
+        let gate = {
+            let mut g = self.gate.lock();
+            match g.take() {
+                Some((c, gate)) if c == call => {
+                    self.gate_armed.store(false, Ordering::Relaxed);
+                    gate
+                }
+                other => {
+                    *g = other;
+                    return;
+                }
+            }
+        };
+        gate.wait();
     }
 
     /// Report these page sizes instead of 4 KiB only.
@@ -418,6 +561,10 @@ impl Mmu for TestMmu {
         self.log(MmuEvent::Destroy { mmu: self.id, root });
     }
     fn map(&self, root: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
+        let _edit = self
+            .store
+            .begin_edit(self.record, root, run.va.vpn().0, run.len >> PAGE_SHIFT);
+        self.pass_gate(GateCall::Map);
         // One relaxed load when no failure is armed (every map in a benchmark).
         if self.fail_next_maps.load(Ordering::Relaxed) > 0
             && self
@@ -472,6 +619,10 @@ impl Mmu for TestMmu {
         Ok(())
     }
     fn unmap(&self, root: PageTableRoot, range: VaRange) {
+        let _edit = self
+            .store
+            .begin_edit(self.record, root, range.first_vpn().0, range.pages());
+        self.pass_gate(GateCall::Unmap);
         {
             let mut t = self.store.tables.lock();
             self.store.note_edit(&t, root);
@@ -488,6 +639,9 @@ impl Mmu for TestMmu {
         });
     }
     fn protect(&self, root: PageTableRoot, range: VaRange, prot: Prot) -> Result<(), MmuError> {
+        let _edit = self
+            .store
+            .begin_edit(self.record, root, range.first_vpn().0, range.pages());
         let fail = {
             let mut f = self.fail_next_protects.lock();
             let fail = *f > 0;
@@ -521,6 +675,7 @@ impl Mmu for TestMmu {
         Ok(())
     }
     fn invalidate(&self, root: PageTableRoot, ranges: &[VaRange]) {
+        self.pass_gate(GateCall::Invalidate);
         let _drained = self.inflight.write();
         {
             let mut tlb = self.tlb.lock();

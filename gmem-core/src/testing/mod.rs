@@ -19,7 +19,11 @@ mod mmu;
 mod table;
 
 pub use memory::{MemCounts, TestMemory};
-pub use mmu::{EventLog, MmuEvent, Pte, TableStore, TestMmu};
+/// How many [`FaultError::Busy`] answers one access waits out before it reports the
+/// fault (an unlocked map takes microseconds; this bounds a stuck one).
+const BUSY_WAITS: u32 = 1 << 24;
+
+pub use mmu::{EventLog, Gate, GateCall, MmuEvent, Pte, TableStore, TestMmu};
 
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceDesc;
@@ -229,7 +233,10 @@ impl TestSystem {
     ) -> Result<R, AccessError> {
         let d = &self.devices[dev];
         let mut f = Some(f);
-        for _ in 0..4 {
+        // Faults served (the access must succeed within 4), and answers of `Busy`
+        // waited out (another thread's unlocked map of the region, bounded too).
+        let (mut served, mut waited) = (0, 0u32);
+        while served < 4 {
             {
                 let _inflight = d.mmu.inflight.read();
                 if let Some(p) = d.mmu.translate(va) {
@@ -249,10 +256,14 @@ impl TestSystem {
             }
             // A real MMU reports the fault and drops its cached translation.
             d.mmu.forget(va);
-            let _retry = self
-                .gm
-                .dev_fault(d.id, va, access)
-                .map_err(AccessError::Fault)?;
+            match self.gm.dev_fault(d.id, va, access) {
+                Ok(_) => served += 1,
+                Err(FaultError::Busy(_)) if waited < BUSY_WAITS => {
+                    waited += 1;
+                    crate::sync::spin_wait();
+                }
+                Err(e) => return Err(AccessError::Fault(e)),
+            }
         }
         Err(AccessError::Livelock(va))
     }

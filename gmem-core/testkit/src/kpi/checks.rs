@@ -114,6 +114,15 @@ impl KpiRunner {
             want.sort_unstable();
             assert_eq!(fired, want, "{ctx}: callbacks run (each exactly once)");
         }
+        // No two edits of one table range were ever in flight at once (the
+        // `Mmu::concurrent_edits` promise; the stores count it across threads too).
+        for d in &self.sys.devices {
+            assert_eq!(
+                d.mmu.store().overlapping_edits(),
+                0,
+                "{ctx}: two edits of one table range overlapped"
+            );
+        }
         for slot in self.live_slots() {
             let id = self.space(slot).id;
             if let Err(v) = self.sys.gm.check_invariants(id) {

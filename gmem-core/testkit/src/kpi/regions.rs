@@ -469,12 +469,48 @@ impl KpiRunner {
         }
         assert_eq!(res, Ok(()), "{ctx}");
         self.summary.succeeded += 1;
+        // Every page of the range, in every table of the space: nothing maps it with
+        // more than the new protection.
+        self.check_range_pages(slot, start, p0, n, |va, pte| {
+            if let Some(pte) = pte {
+                assert!(
+                    prot.contains(pte.prot),
+                    "{ctx}: {va:?} still mapped {:?} after protect {prot:?}",
+                    pte.prot
+                );
+            }
+        });
         let m = self.region_mut(slot, start);
         for p in p0..p0 + n {
             if prot == m.prot {
                 m.prots.remove(&p);
             } else {
                 m.prots.insert(p, prot);
+            }
+        }
+    }
+
+    /// Run `check` on every page `p0 .. p0 + n` of the region at `start` of `slot`
+    /// with its entry in each page table of the space (the roots the event log named).
+    fn check_range_pages(
+        &self,
+        slot: usize,
+        start: u64,
+        p0: u64,
+        n: u64,
+        check: impl Fn(VirtAddr, Option<gmem_core::testing::Pte>),
+    ) {
+        for (&(s, d), &root) in &self.roots {
+            if s != slot || !self.alive[d] {
+                continue;
+            }
+            let store = self.sys.devices[d].mmu.store();
+            if !store.is_live(root) {
+                continue;
+            }
+            for p in p0..p0 + n {
+                let va = VirtAddr::new(start + p * PAGE_SIZE);
+                check(va, store.lookup(root, va.vpn().0));
             }
         }
     }
@@ -500,6 +536,19 @@ impl KpiRunner {
         }
         assert_eq!(res, Ok(()), "{ctx}");
         self.summary.succeeded += 1;
+        // Every page of the range: no frame, and no table of the space maps it.
+        let id = self.space(slot).id;
+        self.check_range_pages(slot, start, p0, n, |va, pte| {
+            assert_eq!(pte, None, "{ctx}: {va:?} still mapped after unmap_range");
+        });
+        for p in p0..p0 + n {
+            let va = VirtAddr::new(start + p * PAGE_SIZE);
+            assert_eq!(
+                self.sys.gm.as_page_frame(id, va),
+                Ok(None),
+                "{ctx}: {va:?} still has a frame after unmap_range"
+            );
+        }
         let m = self.region_mut(slot, start);
         for p in p0..p0 + n {
             m.bytes.remove(&p);
