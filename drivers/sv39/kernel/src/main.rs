@@ -33,6 +33,8 @@ extern crate alloc;
 
 mod board;
 mod memory;
+mod sbi;
+mod smp;
 mod trap;
 
 use alloc::format;
@@ -42,16 +44,19 @@ use board::{exit_fail, exit_pass, RAM_BASE, RAM_END};
 use core::sync::atomic::Ordering;
 use gmem_core::{
     Activation, AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, Gmem,
-    MapFlags, MmuMode, PageSize, PageTableRoot, Prot, SingleCpu, VirtAddr, PAGE_SIZE,
+    MapFlags, MmuMode, PageSize, PageTableRoot, Prot, VirtAddr, PAGE_SIZE,
 };
 use gmem_sv39::{DirectHart, GlobalMapping, Sv39, Sv39Config};
 use memory::{DirectRam, FramePool, Layout};
+use sbi::{SmpHart, SmpPlatform};
 
 core::arch::global_asm!(
     ".section .text.boot",
     ".globl _start",
     "_start:",
     // OpenSBI passes the hart id in a0 and the device tree in a1; keep both for kmain.
+    // `tp` holds the hart id for the rest of the run (`board::hart_index`).
+    "mv tp, a0",
     "la sp, __boot_stack_top",
     "la t0, __bss_start",
     "la t1, __bss_end",
@@ -65,11 +70,25 @@ core::arch::global_asm!(
     "3:",
     "wfi",
     "j 3b",
+    // Harts started through SBI HSM: a0 = hart id, a1 = the top of its stack (the
+    // opaque word `smp::run` passed), translation off.
+    ".globl _secondary_start",
+    "_secondary_start:",
+    "mv tp, a0",
+    "mv sp, a1",
+    "call secondary_main",
+    "4:",
+    "wfi",
+    "j 4b",
     ".section .bss.stack",
     ".align 12",
     "__boot_stack_bottom:",
     ".space 65536",
     "__boot_stack_top:",
+    // One stack per hart id (`smp::HART_STACK` bytes each; the boot hart's slot unused).
+    ".globl __hart_stacks",
+    "__hart_stacks:",
+    ".space 65536 * 4",
 );
 
 /// What the trap handler needs: the core and the CPU's device id.
@@ -148,7 +167,7 @@ fn run(layout: &Layout) -> Result<(), String> {
     ];
     // SAFETY: paging is off now and RAM is identity mapped afterwards, so page-table
     // frames are reachable at their physical addresses (offset 0).
-    let hart = unsafe { DirectHart::new(0) };
+    let hart = SmpHart::new(unsafe { DirectHart::new(0) });
     // SAFETY: the pool's frames are the driver's alone and reachable through `hart`;
     // the global mappings cover the kernel image, stack, heap and MMIO it runs on.
     let mmu = Arc::new(
@@ -159,7 +178,7 @@ fn run(layout: &Layout) -> Result<(), String> {
     // hands it out.
     let ram = Arc::new(unsafe { DirectRam::new(layout.gmem.0, layout.gmem.1) });
     let gm = Gmem::new(
-        Arc::new(SingleCpu),
+        Arc::new(SmpPlatform),
         DeviceDesc {
             name: "hart0".into(),
             mmu: mmu.clone(),
@@ -339,14 +358,14 @@ fn run(layout: &Layout) -> Result<(), String> {
     check(s.faults_failed == 1, || {
         format!("{} faults refused, expected 1", s.faults_failed)
     })?;
-    Ok(())
+    smp::run(k, &mmu, root, space)
 }
 
 /// A 2 MiB-aligned region: one fault, one megapage, every word verified; then a
 /// partial protect splits the megapage and every word is verified again.
 fn megapage(
     gm: &Gmem,
-    mmu: &Sv39<DirectHart>,
+    mmu: &Sv39<SmpHart>,
     root: PageTableRoot,
     space: gmem_core::SpaceId,
     layout: &Layout,
