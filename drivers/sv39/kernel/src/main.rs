@@ -1,7 +1,7 @@
-//! # sv39-kernel: gmem-core serving a real hart's page faults
+//! # sv39-kernel: gmem-core serving real harts' page faults
 //!
 //! A minimal S-mode kernel for QEMU's `virt` machine (entered from OpenSBI at
-//! 0x8020_0000). It embeds `gmem-core` with the hart as the CPU device: the Sv39 driver
+//! 0x8020_0000). It embeds `gmem-core` with the harts as the CPU device: the Sv39 driver
 //! is its `Mmu`, direct RAM access its `DeviceMemory`. Then:
 //! 1. registers 16 MiB of RAM with the core and creates an address space;
 //! 2. attaches the CPU, which makes the driver write `satp`: paging is on, the kernel
@@ -20,9 +20,15 @@
 //!    without another fault; `region_protect_range` makes 4 of its pages read-only,
 //!    which splits the megapage into 512 4 KiB leaves (the driver builds the table in
 //!    the megapage's split reserve), and every word is verified again;
-//! 7. prints a summary and exits QEMU through the SiFive test device (pass `0x5555`,
+//! 7. prints a summary;
+//! 8. four harts (`smp`): starts the other harts through SBI HSM, each activating the
+//!    space's table, and runs the concurrent-fault, shootdown and stress checks on all
+//!    of them (the CPU device's driver fences the other harts through SBI remote fences,
+//!    `sbi::SmpHart`); then exits QEMU through the SiFive test device (pass `0x5555`,
 //!    fail `0x3333 | code << 16`; any panic fails).
 //!
+//! The core's platform is `sbi::SmpPlatform` (CPU `i` is hart `i`); the single-hart
+//! steps 1-7 run on the boot hart before the others start.
 //! `cargo xtask qemu` builds and boots it.
 
 #![no_std]
@@ -95,7 +101,7 @@ core::arch::global_asm!(
 pub struct Kernel {
     /// The memory manager.
     pub gm: Gmem,
-    /// The hart, as the core's host CPU device.
+    /// The harts, as the core's host CPU device (one device for all of them).
     pub cpu: DeviceId,
 }
 

@@ -70,10 +70,10 @@ static ABORT: AtomicBool = AtomicBool::new(false);
 /// What failed, per hart.
 static ERRORS: spin::Mutex<Vec<String>> = spin::Mutex::new(Vec::new());
 
-/// `time` ticks every wait may take: 30 s of QEMU virt's 10 MHz timebase (the
+/// `time` ticks every wait may take: 90 s of QEMU virt's 10 MHz timebase (the
 /// `timebase-frequency` of its device tree; assumption: QEMU's default, not read from
 /// the tree here).
-const WAIT_TICKS: u64 = 30 * 10_000_000;
+const WAIT_TICKS: u64 = 90 * 10_000_000;
 /// `time` ticks the asynchronous check leaves the spinners between the dealloc and
 /// the drain (20 ms).
 const ASYNC_WINDOW_TICKS: u64 = 200_000;
