@@ -441,7 +441,7 @@ pub fn run(
         .filter(|t| t.load(Ordering::Relaxed) > 1)
         .count();
     println!(
-        "smp: concurrent faults served: {traps} page faults on {MAX_HARTS} harts (per hart {per_hart:?}); {FAULT_PAGES} pages, all harts storing into each at once ({raced} pages faulted by 2+ harts), zero-filled once each ({FAULT_PAGES} distinct frames); one 2 MiB block all {MAX_HARTS} harts stored into at once ({} faults), zero-filled once (one megapage, {} pages); {} zero-fills, {spurious} spurious (the page was mapped by the time the core took the fault), {existing} mapped existing, 0 refused; {} words verified",
+        "smp: concurrent faults served: {traps} page faults on {MAX_HARTS} harts (per hart {per_hart:?}); {FAULT_PAGES} pages, all harts leaving a barrier to store into each ({raced} pages faulted by 2+ harts), zero-filled once each ({FAULT_PAGES} distinct frames); one 2 MiB block all {MAX_HARTS} harts left a barrier to store into ({} fault(s)), zero-filled once (one megapage, {} pages); {} zero-fills, {spurious} spurious (the page was mapped by the time the core took the fault), {existing} mapped existing, 0 refused; {} words verified",
         traps - PAGE_TRAPS.iter().map(|t| u64::from(t.load(Ordering::Relaxed))).sum::<u64>(),
         BLOCK / PAGE_SIZE,
         zero_fills,
