@@ -364,7 +364,7 @@ fn run(layout: &Layout) -> Result<(), String> {
     check(s.faults_failed == 1, || {
         format!("{} faults refused, expected 1", s.faults_failed)
     })?;
-    smp::run(k, &mmu, root, space)
+    smp::run(k, &mmu, root, space, layout)
 }
 
 /// A 2 MiB-aligned region: one fault, one megapage, every word verified; then a

@@ -33,6 +33,7 @@
 //! broken run ends with a `FAIL` line instead of a hang.
 
 use crate::board::{hart_index, MAX_HARTS};
+use crate::memory::{DirectRam, Layout};
 use crate::sbi::{self, SmpHart};
 use crate::trap::{self, probe_read, probe_write, HART_FAULTS};
 use crate::{check, println, Kernel};
@@ -42,8 +43,8 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use gmem_core::{
-    AllocRequest, FaultError, MapFlags, Mmu, PageSize, PageTableRoot, Prot, Region, SpaceId,
-    VaRange, VirtAddr, PAGE_SIZE,
+    AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, MapFlags, MigrateScope, Mmu, PageSize,
+    PageTableRoot, PhysAddr, Prot, Region, SpaceId, VaRange, VirtAddr, PAGE_SIZE,
 };
 use gmem_sv39::Sv39;
 
@@ -55,6 +56,8 @@ pub struct Smp {
     pub root: PageTableRoot,
     /// The space.
     pub space: SpaceId,
+    /// The memory device the stress run migrates pages to and from.
+    pub second: DeviceId,
 }
 
 static SMP: spin::Once<Smp> = spin::Once::new();
@@ -142,6 +145,8 @@ struct StressCounts {
     syncs: AtomicU64,
     deallocs: AtomicU64,
     shared_writes: AtomicU64,
+    migrations: AtomicU64,
+    pages_migrated: AtomicU64,
     words_verified: AtomicU64,
 }
 
@@ -156,6 +161,8 @@ static STRESS: StressCounts = StressCounts {
     syncs: AtomicU64::new(0),
     deallocs: AtomicU64::new(0),
     shared_writes: AtomicU64::new(0),
+    migrations: AtomicU64::new(0),
+    pages_migrated: AtomicU64::new(0),
     words_verified: AtomicU64::new(0),
 };
 
@@ -309,15 +316,37 @@ pub fn run(
     mmu: &Arc<Sv39<SmpHart>>,
     root: PageTableRoot,
     space: SpaceId,
+    layout: &Layout,
 ) -> Result<(), String> {
     let gm = &k.gm;
     let boot = hart_index();
     BOOT.store(boot as u32, Ordering::Relaxed);
     trap::QUIET.store(true, Ordering::Relaxed);
+    // A second memory to migrate pages to: a memory device (it never faults and is
+    // attached nowhere; its driver is never called).
+    // SAFETY: the range is free RAM (layout), identity mapped, and only the core hands
+    // it out.
+    let second_ram = Arc::new(unsafe { DirectRam::new(layout.second.0, layout.second.1) });
+    let second = gm
+        .dev_create(DeviceDesc {
+            name: "mem1".into(),
+            mmu: mmu.clone(),
+            memory: Some(second_ram),
+            caps: DevCaps::empty(),
+            data: None,
+        })
+        .map_err(|e| format!("dev_create: {e}"))?;
+    gm.dev_register_physmem(
+        second,
+        PhysAddr::new(layout.second.0),
+        PhysAddr::new(layout.second.1),
+    )
+    .map_err(|e| format!("dev_register_physmem: {e}"))?;
     SMP.call_once(|| Smp {
         mmu: mmu.clone(),
         root,
         space,
+        second,
     });
     UP.store(1, Ordering::Release);
     let entry = _secondary_start as *const () as usize;
@@ -532,6 +561,7 @@ pub fn run(
 
     // ---- 4. stress -----------------------------------------------------------------
     let registered = gm.dev_frames(k.cpu).map_err(|e| format!("{e}"))?;
+    let second_free = gm.dev_frames(second).map_err(|e| format!("{e}"))?.free;
     let shared = gm
         .as_alloc(space, AllocRequest::new(SHARED_PAGES * PAGE_SIZE))
         .map_err(|e| format!("as_alloc: {e}"))?;
@@ -580,6 +610,10 @@ pub fn run(
             after.free, registered.free
         )
     })?;
+    let second_after = gm.dev_frames(second).map_err(|e| format!("{e}"))?.free;
+    check(second_after == second_free, || {
+        format!("{second_after} frames of the second memory free after the stress run, {second_free} before")
+    })?;
     let s = gm.stats();
     let c = &STRESS;
     let ops = c.ops.load(Ordering::Relaxed);
@@ -587,7 +621,7 @@ pub fn run(
         format!("{ops} stress operations ran")
     })?;
     println!(
-        "smp: stress ok: {ops} operations on {MAX_HARTS} harts in {} ms ({} allocs, {} page writes, {} page verifies, {} protect/refused-write/unprotect, {} strict range unmaps, {} async range unmaps, {} synchronizes, {} deallocs, {} shared-page writes); {} faults served ({} zero-fills, {} spurious), {} async batches, {} SBI remote fences; invariants hold, {} words verified, every frame back",
+        "smp: stress ok: {ops} operations on {MAX_HARTS} harts in {} ms ({} allocs, {} page writes, {} page verifies, {} protect/refused-write/unprotect, {} strict range unmaps, {} async range unmaps, {} synchronizes, {} deallocs, {} shared-page writes, {} migrations moving {} pages between the two memories); {} faults served ({} zero-fills, {} migrations back, {} spurious), {} async batches, {} SBI remote fences; invariants hold, {} words verified, every frame back",
         ticks / 10_000,
         c.allocs.load(Ordering::Relaxed),
         c.writes.load(Ordering::Relaxed),
@@ -598,9 +632,20 @@ pub fn run(
         c.syncs.load(Ordering::Relaxed),
         c.deallocs.load(Ordering::Relaxed),
         c.shared_writes.load(Ordering::Relaxed),
-        (s.faults_zero_fill + s.faults_spurious + s.faults_map_existing)
-            - (before.faults_zero_fill + before.faults_spurious + before.faults_map_existing),
+        c.migrations.load(Ordering::Relaxed),
+        c.pages_migrated.load(Ordering::Relaxed),
+        (s.faults_zero_fill
+            + s.faults_spurious
+            + s.faults_map_existing
+            + s.faults_migrate
+            + s.faults_remote)
+            - (before.faults_zero_fill
+                + before.faults_spurious
+                + before.faults_map_existing
+                + before.faults_migrate
+                + before.faults_remote),
         s.faults_zero_fill - before.faults_zero_fill,
+        s.faults_migrate - before.faults_migrate,
         s.faults_spurious - before.faults_spurious,
         s.async_batches - before.async_batches,
         sbi::REMOTE_FENCES.load(Ordering::Relaxed) - fences_before,
@@ -932,7 +977,7 @@ fn stress(k: &Kernel, ctx: &Smp, hart: usize) -> Result<(), String> {
                     .map_err(|e| format!("op {op}: {e}"))?;
                 c.verifies.fetch_add(1, Ordering::Relaxed);
             }
-            (55..=64, Some(i)) => {
+            (55..=61, Some(i)) => {
                 settle(gm, ctx.space, &mut live)?;
                 let l = &live[i];
                 let (p, n) = sub_range(&mut rng, l.stamps.len() as u64);
@@ -954,7 +999,23 @@ fn stress(k: &Kernel, ctx: &Smp, hart: usize) -> Result<(), String> {
                     .map_err(|e| format!("op {op}: region_protect_range: {e}"))?;
                 c.protects.fetch_add(1, Ordering::Relaxed);
             }
-            (65..=82, Some(i)) => {
+            (62..=67, Some(i)) => {
+                // Pages move between the two memories; their contents must not change.
+                settle(gm, ctx.space, &mut live)?;
+                let l = &live[i];
+                let (p, n) = sub_range(&mut rng, l.stamps.len() as u64);
+                let range = VaRange::new(VirtAddr::new(l.base() + p * PAGE_SIZE), n * PAGE_SIZE)
+                    .map_err(|e| format!("{e}"))?;
+                let target = if rng.below(2) == 0 { ctx.second } else { k.cpu };
+                let moved = gm
+                    .region_migrate_range(l.region, range, target, MigrateScope::Populated)
+                    .map_err(|e| format!("op {op}: region_migrate_range: {e}"))?;
+                c.migrations.fetch_add(1, Ordering::Relaxed);
+                c.pages_migrated.fetch_add(moved, Ordering::Relaxed);
+                verify_page(l.base() + p * PAGE_SIZE, l.stamps[p as usize])
+                    .map_err(|e| format!("op {op}: after migration: {e}"))?;
+            }
+            (68..=82, Some(i)) => {
                 let asynchronous = roll >= 75;
                 let l = &mut live[i];
                 let (p, n) = sub_range(&mut rng, l.stamps.len() as u64);
