@@ -120,6 +120,10 @@ static STRICT_GO: AtomicBool = AtomicBool::new(false);
 /// Asynchronous check: 1 once the dealloc returned, 2 once the batch drained (and the
 /// freed frame holds `POISON`).
 static ASYNC_GO: AtomicU32 = AtomicU32::new(0);
+/// Migration check: the page moved and its new frame holds [`NEW_CONTENTS`].
+static MIGRATE_GO: AtomicBool = AtomicBool::new(false);
+/// What the migration check writes into the page's new frame.
+const NEW_CONTENTS: u64 = 0x4e45_5746_5241_4d45;
 /// Spinners' reads of the old contents after the asynchronous dealloc returned.
 static ASYNC_STALE_READS: AtomicU64 = AtomicU64::new(0);
 /// Spinners that took the fault (and read nothing after the invalidation completed).
@@ -261,7 +265,8 @@ fn run_phase(n: u32, hart: usize) {
         2 => strict_shootdown(hart),
         3 => protect_shootdown(hart),
         4 => async_shootdown(hart),
-        5 => stress(k, ctx, hart),
+        5 => migrate_shootdown(hart),
+        6 => stress(k, ctx, hart),
         _ => Ok(()),
     };
     if let Err(e) = r {
@@ -538,6 +543,37 @@ pub fn run(
     check(quarantined == 1 && drained == pending_before, || {
         format!("async dealloc: {quarantined} frame(s) quarantined until the drain, {drained} pending after it")
     })?;
+
+    // Migration: the page moves to the second memory; once the call returned and the
+    // new frame holds new contents, no hart may read the old frame.
+    let (r6, pa6) = spin_target(k, mmu, root, space)?;
+    let mut moved_to = 0;
+    phase_spinners(5, boot, || {
+        let range = VaRange::new(r6.start, PAGE_SIZE).map_err(|e| format!("{e}"))?;
+        let moved = gm
+            .region_migrate_range(r6, range, second, MigrateScope::Populated)
+            .map_err(|e| format!("region_migrate_range: {e}"))?;
+        let mut frame = None;
+        gm.as_frames(space, range, |_, dev, pa| frame = Some((dev, pa)))
+            .map_err(|e| format!("as_frames: {e}"))?;
+        let (dev, new) = frame.ok_or("the migrated page has no frame")?;
+        check(
+            moved == 1
+                && dev == second
+                && (layout.second.0..layout.second.1).contains(&new.as_u64()),
+            || format!("migration moved {moved} page(s) to {new} of {dev:?}"),
+        )?;
+        moved_to = new.as_u64();
+        // New contents in the new frame (as the memory device would write them).
+        // SAFETY: `new` is the page's frame now, in the second memory's identity-mapped
+        // RAM; one aligned store, as a device's DMA write would make.
+        unsafe { core::ptr::write_volatile(new.as_u64() as *mut u64, NEW_CONTENTS) };
+        MIGRATE_GO.store(true, Ordering::Release);
+        Ok(())
+    })?;
+    let migrate_read_new = FAULTED.swap(0, Ordering::AcqRel);
+    gm.region_dealloc(r6, MapFlags::empty(), None)
+        .map_err(|e| format!("region_dealloc: {e}"))?;
     let fences = sbi::REMOTE_FENCES.load(Ordering::Relaxed) - fences_before;
     let d = mmu.stats();
     check(
@@ -545,16 +581,18 @@ pub fn run(
         || "OpenSBI refused a remote fence".into(),
     )?;
     println!(
-        "smp: shootdown verified on {MAX_HARTS} harts: strict region_dealloc ({} spinners faulted, none read the page after it returned nor the freed frame's new contents), protect(READ) (the write after it refused on {refused} harts), async region_dealloc (frame quarantined, {} stale reads of the old contents before the batch drained, then {} spinners faulted); {fences} SBI remote fences ({} range, {} full)",
+        "smp: shootdown verified on {MAX_HARTS} harts: strict region_dealloc ({} spinners faulted, none read the page after it returned nor the freed frame's new contents), protect(READ) (the write after it refused on {refused} harts), async region_dealloc (frame quarantined, {} stale reads of the old contents before the batch drained, then {} spinners faulted), region_migrate_range to the second memory ({pa6:#x} -> {moved_to:#x}: {} spinners read the new frame's contents after it returned, none the old frame's); {fences} SBI remote fences ({} range, {} full)",
         strict_faulted,
         ASYNC_STALE_READS.load(Ordering::Relaxed),
         async_faulted,
+        migrate_read_new,
         d.remote_fences_range - d_before.remote_fences_range,
         d.remote_fences_all - d_before.remote_fences_all,
     );
     check(
         strict_faulted as usize == MAX_HARTS - 1
             && async_faulted as usize == MAX_HARTS - 1
+            && migrate_read_new as usize == MAX_HARTS - 1
             && refused as usize == MAX_HARTS,
         || "not every hart took part in the shootdown checks".into(),
     )?;
@@ -573,7 +611,7 @@ pub fn run(
     let before = gm.stats();
     let fences_before = sbi::REMOTE_FENCES.load(Ordering::Relaxed);
     let t0 = now();
-    phase(5, boot)?;
+    phase(6, boot)?;
     let ticks = now().wrapping_sub(t0);
     gm.as_synchronize(space)
         .map_err(|e| format!("as_synchronize: {e}"))?;
@@ -790,6 +828,50 @@ fn spin(
         if now().wrapping_sub(start) > WAIT_TICKS {
             ABORT.store(true, Ordering::Release);
             return Err(format!("hart {hart}: never faulted on {va}"));
+        }
+    }
+}
+
+/// Phase 5: the migration. The page is always readable (its faults are served): the
+/// old contents until the flag, then only the new frame's.
+fn migrate_shootdown(hart: usize) -> Result<(), String> {
+    if hart == boot_hart() {
+        return Ok(());
+    }
+    let plan = *PLAN.lock();
+    let va = VirtAddr::new(plan.a);
+    let mut reads = 0u64;
+    let start = now();
+    loop {
+        let go = MIGRATE_GO.load(Ordering::Acquire);
+        match probe_read(va) {
+            Ok(NEW_CONTENTS) if go => {
+                FAULTED.fetch_add(1, Ordering::AcqRel);
+                return Ok(());
+            }
+            Ok(NEW_CONTENTS) => {}
+            Ok(v) if v == plan.value && !go => {
+                reads += 1;
+                if reads == 1 {
+                    READY.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+            Ok(v) if v == plan.value => {
+                return Err(format!(
+                    "stale translation: hart {hart} read the old frame at {va} after region_migrate_range returned"
+                ))
+            }
+            Ok(v) => return Err(format!("hart {hart} read {v:#x} at {va} during a migration")),
+            Err(e) => return Err(format!("hart {hart}: probe of {va} during a migration: {e:?}")),
+        }
+        if ABORT.load(Ordering::Acquire) {
+            return Err("another hart failed".into());
+        }
+        if now().wrapping_sub(start) > WAIT_TICKS {
+            ABORT.store(true, Ordering::Release);
+            return Err(format!(
+                "hart {hart}: never read the migrated page's new contents"
+            ));
         }
     }
 }
