@@ -46,7 +46,7 @@ use gmem_core::{
     AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, MapFlags, MigrateScope, Mmu, PageSize,
     PageTableRoot, PhysAddr, Prot, Region, SpaceId, VaRange, VirtAddr, PAGE_SIZE,
 };
-use gmem_sv39::Sv39;
+use gmem_sv39::{Sv39, Sv39Hardware};
 
 /// What every hart needs: the driver, the space's table, the space.
 pub struct Smp {
@@ -93,6 +93,13 @@ const SHARED_PAGES: u64 = 16;
 const STRESS_LIVE: usize = 4;
 /// Largest region of the stress run, in pages.
 const STRESS_MAX_PAGES: u64 = 8;
+
+/// The deliberately broken build (`no-shootdown`): each shootdown check must fail with
+/// a [`STALE`] failure, and the run fails after all of them.
+const NEGATIVE: bool = cfg!(feature = "no-shootdown");
+/// What a shootdown check's failure says when a hart used a translation the core had
+/// invalidated (`cargo xtask qemu` looks for it).
+const STALE: &str = "stale translation";
 
 /// Contents written into a freed frame after its unmap returned.
 const POISON: u64 = 0x5057_4e45_445f_4652;
@@ -186,7 +193,7 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> Result<(), String> 
             return Ok(());
         }
         if ABORT.load(Ordering::Acquire) {
-            return Err(format!("{what}: another hart failed"));
+            return Err(format!("{what}: {GAVE_UP}"));
         }
         if now().wrapping_sub(start) > WAIT_TICKS {
             ABORT.store(true, Ordering::Release);
@@ -208,6 +215,11 @@ impl Barrier {
             arrived: AtomicU32::new(0),
             generation: AtomicU32::new(0),
         }
+    }
+
+    /// Forget the arrivals of harts that gave up (only when no hart is waiting).
+    fn reset(&self) {
+        self.arrived.store(0, Ordering::Release);
     }
 
     fn wait(&self, what: &str) -> Result<(), String> {
@@ -239,27 +251,43 @@ fn load(va: u64) -> u64 {
     unsafe { core::ptr::read_volatile(va as *const u64) }
 }
 
+/// Record `hart`'s failure, then make every wait give up.
 fn fail(hart: usize, e: String) {
-    ABORT.store(true, Ordering::Release);
     ERRORS.lock().push(format!("hart {hart}: {e}"));
+    ABORT.store(true, Ordering::Release);
 }
+
+/// What a hart that gave up because another failed reports.
+const GAVE_UP: &str = "another hart failed";
 
 /// The first failure (every one printed), if any hart failed.
 fn report_errors() -> Result<(), String> {
     let errors = ERRORS.lock();
-    for e in errors.iter().skip(1) {
-        println!("smp: also failed: {e}");
+    // The first failure of its own (not a hart that gave up because of it).
+    let Some(first) = errors
+        .iter()
+        .position(|e| !e.contains(GAVE_UP))
+        .or((!errors.is_empty()).then_some(0))
+    else {
+        return Ok(());
+    };
+    for (i, e) in errors.iter().enumerate() {
+        if i != first {
+            println!("smp: also failed: {e}");
+        }
     }
-    match errors.first() {
-        Some(e) => Err(format!("{e} ({} failure(s))", errors.len())),
-        None => Ok(()),
-    }
+    Err(format!("{} ({} failure(s))", errors[first], errors.len()))
 }
 
 /// Run phase `n` on this hart, recording its failure, and count it done.
 fn run_phase(n: u32, hart: usize) {
     let ctx = SMP.get().expect("set before any hart starts");
     let k = crate::KERNEL.get().expect("set before any hart starts");
+    if NEGATIVE && (2..=5).contains(&n) {
+        // The previous check left stale entries behind: start each check clean, so that
+        // each shows its own missing shootdown.
+        ctx.mmu.hardware().sfence_vma(None);
+    }
     let r = match n {
         1 => concurrent_faults(hart),
         2 => strict_shootdown(hart),
@@ -306,10 +334,31 @@ pub const HART_STACK: usize = 65536;
 fn phase(n: u32, hart: usize) -> Result<(), String> {
     PHASE.store(n, Ordering::Release);
     run_phase(n, hart);
+    finish(n)
+}
+
+/// Wait until every hart has finished phase `n` (failed or not; bounded), then take the
+/// failures and clear the failure state (abort flag, barrier) for the next phase.
+///
+/// # Errors
+/// The first failure of the phase (every one is printed).
+fn finish(n: u32) -> Result<(), String> {
     let harts = UP.load(Ordering::Acquire);
-    let all = wait_until("phase end", || DONE.load(Ordering::Acquire) >= n * harts);
-    report_errors()?;
-    all
+    let start = now();
+    while DONE.load(Ordering::Acquire) < n * harts {
+        if now().wrapping_sub(start) > WAIT_TICKS {
+            ERRORS
+                .lock()
+                .push(format!("phase {n}: a hart never finished"));
+            break;
+        }
+        core::hint::spin_loop();
+    }
+    let r = report_errors();
+    ERRORS.lock().clear();
+    ABORT.store(false, Ordering::Release);
+    BARRIER.reset();
+    r
 }
 
 /// Bring the other harts up and run the SMP checks.
@@ -490,14 +539,16 @@ pub fn run(
     let fences_before = sbi::REMOTE_FENCES.load(Ordering::Relaxed);
     let d_before = mmu.stats();
     // Strict: a dealloc returns only after every hart fenced.
+    let mut caught = Vec::new();
     let (r3, pa3) = spin_target(k, mmu, root, space)?;
-    phase_spinners(2, boot, || {
+    let r = phase_spinners(2, boot, || {
         gm.region_dealloc(r3, MapFlags::empty(), None)
             .map_err(|e| format!("region_dealloc: {e}"))?;
         poison(pa3);
         STRICT_GO.store(true, Ordering::Release);
         Ok(())
-    })?;
+    });
+    shootdown_check("strict dealloc", r, &mut caught)?;
     let strict_faulted = FAULTED.swap(0, Ordering::AcqRel);
 
     // protect(READ): a write after it faults on every hart.
@@ -513,7 +564,7 @@ pub fn run(
         b: 0,
         value: 0,
     };
-    phase(3, boot)?;
+    shootdown_check("protect(READ)", phase(3, boot), &mut caught)?;
     let refused = WRITES_REFUSED.load(Ordering::Acquire);
     gm.region_dealloc(r4, MapFlags::empty(), None)
         .map_err(|e| format!("region_dealloc: {e}"))?;
@@ -523,7 +574,7 @@ pub fn run(
     let pending_before = gm.dev_frames(k.cpu).map_err(|e| format!("{e}"))?.pending;
     let mut quarantined = 0;
     let mut drained = 0;
-    phase_spinners(4, boot, || {
+    let r = phase_spinners(4, boot, || {
         gm.region_dealloc(r5, MapFlags::ASYNC, None)
             .map_err(|e| format!("region_dealloc (async): {e}"))?;
         quarantined = gm.dev_frames(k.cpu).map_err(|e| format!("{e}"))?.pending - pending_before;
@@ -538,7 +589,8 @@ pub fn run(
         poison(pa5);
         ASYNC_GO.store(2, Ordering::Release);
         Ok(())
-    })?;
+    });
+    shootdown_check("async dealloc", r, &mut caught)?;
     let async_faulted = FAULTED.swap(0, Ordering::AcqRel);
     check(quarantined == 1 && drained == pending_before, || {
         format!("async dealloc: {quarantined} frame(s) quarantined until the drain, {drained} pending after it")
@@ -548,7 +600,7 @@ pub fn run(
     // new frame holds new contents, no hart may read the old frame.
     let (r6, pa6) = spin_target(k, mmu, root, space)?;
     let mut moved_to = 0;
-    phase_spinners(5, boot, || {
+    let r = phase_spinners(5, boot, || {
         let range = VaRange::new(r6.start, PAGE_SIZE).map_err(|e| format!("{e}"))?;
         let moved = gm
             .region_migrate_range(r6, range, second, MigrateScope::Populated)
@@ -570,7 +622,15 @@ pub fn run(
         unsafe { core::ptr::write_volatile(new.as_u64() as *mut u64, NEW_CONTENTS) };
         MIGRATE_GO.store(true, Ordering::Release);
         Ok(())
-    })?;
+    });
+    shootdown_check("migration", r, &mut caught)?;
+    if NEGATIVE {
+        return Err(format!(
+            "{STALE} caught by {} of 4 shootdown checks ({}): the no-shootdown build",
+            caught.len(),
+            caught.join(", ")
+        ));
+    }
     let migrate_read_new = FAULTED.swap(0, Ordering::AcqRel);
     gm.region_dealloc(r6, MapFlags::empty(), None)
         .map_err(|e| format!("region_dealloc: {e}"))?;
@@ -692,6 +752,27 @@ pub fn run(
     Ok(())
 }
 
+/// A shootdown check's outcome. In the real build a failure fails the run; in the
+/// `no-shootdown` build a [`STALE`] failure is what the check must show: it is noted in
+/// `caught` and the run goes on to the next check.
+///
+/// # Errors
+/// `r`'s failure, unless it is the expected one.
+fn shootdown_check(
+    name: &'static str,
+    r: Result<(), String>,
+    caught: &mut Vec<&'static str>,
+) -> Result<(), String> {
+    match r {
+        Err(e) if NEGATIVE && e.contains(STALE) => {
+            println!("smp: no-shootdown: the {name} check failed as it must: {e}");
+            caught.push(name);
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 /// A one-page region holding a known value, and its frame; published in the plan.
 fn spin_target(
     k: &Kernel,
@@ -743,10 +824,7 @@ fn phase_spinners(
         fail(boot, e);
     }
     run_phase(n, boot);
-    let harts = UP.load(Ordering::Acquire);
-    let all = wait_until("phase end", || DONE.load(Ordering::Acquire) >= n * harts);
-    report_errors()?;
-    all
+    finish(n)
 }
 
 /// Phase 1: every hart stores into the block and into every page of the region.
@@ -823,7 +901,7 @@ fn spin(
             Err(e) => return Err(format!("hart {hart}: probe of {va}: {e:?}")),
         }
         if ABORT.load(Ordering::Acquire) {
-            return Err("another hart failed".into());
+            return Err(GAVE_UP.into());
         }
         if now().wrapping_sub(start) > WAIT_TICKS {
             ABORT.store(true, Ordering::Release);
@@ -865,7 +943,7 @@ fn migrate_shootdown(hart: usize) -> Result<(), String> {
             Err(e) => return Err(format!("hart {hart}: probe of {va} during a migration: {e:?}")),
         }
         if ABORT.load(Ordering::Acquire) {
-            return Err("another hart failed".into());
+            return Err(GAVE_UP.into());
         }
         if now().wrapping_sub(start) > WAIT_TICKS {
             ABORT.store(true, Ordering::Release);
@@ -1166,7 +1244,7 @@ fn stress(k: &Kernel, ctx: &Smp, hart: usize) -> Result<(), String> {
         }
         c.ops.fetch_add(1, Ordering::Relaxed);
         if ABORT.load(Ordering::Acquire) {
-            return Err("another hart failed".into());
+            return Err(GAVE_UP.into());
         }
     }
     // Every byte of every region left, then free them.
