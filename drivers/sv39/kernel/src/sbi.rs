@@ -10,8 +10,9 @@
 //!   `u64::MAX`). OpenSBI (QEMU's `-bios default`) sends the harts a machine-mode IPI,
 //!   which they take even while supervisor interrupts are off (a hart spinning on a
 //!   core lock is fenced as well), and returns only when every one of them has
-//!   processed it (its `tlb_sync` waits for their acknowledgement): the driver's
-//!   `invalidate` returns after every hart dropped the stale entries.
+//!   processed it (its `tlb_sync` waits for their acknowledgement, handling the fences
+//!   sent to its own hart meanwhile, so two harts fencing each other do not deadlock):
+//!   the driver's `invalidate` returns after every hart dropped the stale entries.
 //!
 //! Built with the cargo feature `no-shootdown` (only for `cargo xtask qemu`'s negative
 //! boot), [`SmpHart`] skips the remote fence: the kernel's shootdown checks must then
