@@ -50,7 +50,9 @@
 //!   fence stays local (it made entries valid; another hart that cached the invalid
 //!   entry takes a spurious fault, and the core's answer to that is an `invalidate`).
 //!   The retired list is taken *before* the fences that free it, so a table unlinked
-//!   while they run waits for the next full fence.
+//!   while they run waits for the next full fence. A hart switches only its own `satp`:
+//!   before a table is destroyed, every hart still running on it must switch away
+//!   itself (`activate(None)` on that hart), or it would walk freed frames.
 //!
 //! The walk and the edits are the shared page-table engine's ([`gmem_ptengine`], plain
 //! discipline, the [`crate::codec::Sv39Codec`] encoding): this driver is the memory the
