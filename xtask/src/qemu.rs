@@ -32,7 +32,7 @@ const TARGET: &str = "riscv64gc-unknown-none-elf";
 const PASS_LINE: &str = "sv39-kernel: PASS";
 /// Lines the kernel must print before its pass line: the megapage demonstration (one
 /// fault served by one 2 MiB leaf, then split by a partial protect) and the four-hart
-/// checks (`drivers/sv39/kernel/src/smp.rs`).
+/// checks (`drivers/sv39/kernel/src/smp/`).
 const REQUIRED: [&str; 6] = [
     "megapage: ",
     "split: ",

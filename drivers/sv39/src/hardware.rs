@@ -10,7 +10,7 @@
 //! - **the other harts' TLBs**: which hart is running ([`Sv39Hardware::current_hart`])
 //!   and a remote fence that returns once every named hart has fenced
 //!   ([`Sv39Hardware::remote_sfence_vma`]; an SBI kernel uses the RFENCE extension,
-//!   see `drivers/sv39/kernel/src/smp.rs`).
+//!   see `drivers/sv39/kernel/src/sbi.rs`).
 //!
 //! `DirectHart` (only on `riscv64`) is the real implementation: volatile accesses
 //! through a fixed physical-to-virtual offset and inline assembly.
