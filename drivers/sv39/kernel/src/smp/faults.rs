@@ -1,6 +1,17 @@
 //! The concurrent faults: every hart stores into the same pages at once.
 
-use super::*;
+use super::{load, phase, store, tag, Plan, BARRIER, PLAN};
+use crate::board::MAX_HARTS;
+use crate::sbi::SmpHart;
+use crate::trap::HART_FAULTS;
+use crate::{check, println, Kernel};
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU32, Ordering};
+use gmem_core::{AllocRequest, MapFlags, PageSize, PageTableRoot, SpaceId, VirtAddr, PAGE_SIZE};
+use gmem_sv39::Sv39;
 
 /// Pages of the concurrent-fault region.
 const FAULT_PAGES: u64 = 64;

@@ -46,17 +46,14 @@ mod stress;
 use crate::board::{hart_index, MAX_HARTS};
 use crate::memory::{DirectRam, Layout};
 use crate::sbi::{self, SmpHart};
-use crate::trap::{self, probe_read, probe_write, HART_FAULTS};
+use crate::trap;
 use crate::{check, println, Kernel};
 use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use gmem_core::{
-    AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, MapFlags, MigrateScope, Mmu, PageSize,
-    PageTableRoot, PhysAddr, Prot, Region, SpaceId, VaRange, VirtAddr, PAGE_SIZE,
-};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use gmem_core::{DevCaps, DeviceDesc, DeviceId, Mmu, PageTableRoot, PhysAddr, SpaceId};
 use gmem_sv39::{Sv39, Sv39Hardware};
 
 /// What every hart needs: the driver, the space's table, the space.

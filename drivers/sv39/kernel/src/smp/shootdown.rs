@@ -1,7 +1,25 @@
 //! The TLB shootdown checks: strict dealloc, protect(READ), asynchronous dealloc,
 //! migration; each with the other harts spinning on the page.
 
-use super::*;
+use super::{
+    boot_hart, fail, finish, load, now, phase, run_phase, store, tag, wait_until, Plan, ABORT,
+    BARRIER, GAVE_UP, PHASE, PLAN, SMP, UP, WAIT_TICKS,
+};
+use crate::board::MAX_HARTS;
+use crate::memory::Layout;
+use crate::sbi::{self, SmpHart};
+use crate::trap::{probe_read, probe_write};
+use crate::{check, println, Kernel};
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use gmem_core::{
+    AllocRequest, DeviceId, FaultError, MapFlags, MigrateScope, PageTableRoot, Prot, Region,
+    SpaceId, VaRange, VirtAddr, PAGE_SIZE,
+};
+use gmem_sv39::Sv39;
 
 /// `time` ticks the asynchronous check leaves the spinners between the dealloc and
 /// the drain (20 ms).

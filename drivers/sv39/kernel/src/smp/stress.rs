@@ -1,7 +1,19 @@
 //! The stress run: a fixed number of mixed operations per hart against a model.
 
 use super::shootdown::POISON;
-use super::*;
+use super::{load, now, phase, store, tag, Plan, Smp, ABORT, BARRIER, GAVE_UP, PLAN};
+use crate::board::MAX_HARTS;
+use crate::sbi;
+use crate::trap::probe_write;
+use crate::{check, println, Kernel};
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
+use gmem_core::{
+    AllocRequest, DeviceId, FaultError, MapFlags, MigrateScope, Prot, Region, SpaceId, VaRange,
+    VirtAddr, PAGE_SIZE,
+};
 
 /// Operations each hart makes in the stress run.
 const STRESS_OPS_PER_HART: u64 = 100;
