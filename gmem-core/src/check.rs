@@ -46,6 +46,7 @@ impl Gmem {
     /// # Errors
     /// The first [`Violation`] found, or one naming a stale space handle.
     pub fn check_invariants(&self, id: SpaceId) -> Result<(), Violation> {
+        let _critical = self.critical();
         let Some(space) = self.space(id) else {
             return fail("unknown address space", None);
         };

@@ -21,6 +21,21 @@ use crate::space::SpaceInner;
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Mutex, Rank, RwLock};
 
+/// The embedder's critical section ([`Platform::enter_critical`]) held for one KPI
+/// call: it is left when dropped, after every lock of the call is released and its
+/// completion callbacks have run.
+pub(crate) struct Critical<'a> {
+    platform: &'a dyn Platform,
+    saved: usize,
+}
+
+impl Drop for Critical<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.platform.exit_critical(self.saved);
+    }
+}
+
 /// One GMEM instance: the memory manager of a kernel.
 pub struct Gmem {
     platform: Arc<dyn Platform>,
@@ -112,6 +127,7 @@ impl Gmem {
 
     /// A snapshot of the counters: the global ones plus every live space's.
     pub fn stats(&self) -> Stats {
+        let _critical = self.critical();
         // Under the registry's read lock: `as_destroy` folds a space's counters into
         // the global ones and unregisters it under the write lock, so every space's
         // counts are summed exactly once (see `crate::stats`).
@@ -127,6 +143,17 @@ impl Gmem {
 
     pub(crate) fn space(&self, id: SpaceId) -> Option<Arc<SpaceInner>> {
         self.spaces.read().get(id.index, id.generation).cloned()
+    }
+
+    /// Enter the platform's critical section for one KPI call (the first statement of
+    /// every public call that may take a lock; see [`Platform::enter_critical`]).
+    #[inline]
+    pub(crate) fn critical(&self) -> Critical<'_> {
+        let platform = &*self.platform;
+        Critical {
+            saved: platform.enter_critical(),
+            platform,
+        }
     }
 
     /// The context handed to the fault path and the space operations.

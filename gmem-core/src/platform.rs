@@ -1,7 +1,10 @@
 //! The platform trait: the few hooks the embedding kernel gives the core.
 //!
 //! The core never asks the OS for anything except through [`Platform`]: which CPU is
-//! running (to pick a per-CPU magazine in the vmem arenas) and how many CPUs there are.
+//! running (to pick a per-CPU magazine in the vmem arenas), how many CPUs there are,
+//! and a critical section around every KPI call (interrupts and preemption off, so
+//! that no interrupt handler on a CPU waits for a spin lock its own interrupted
+//! context holds).
 //! Memory for page-table pages is the drivers' business (an [`crate::Mmu`] gets it from
 //! wherever its hardware wants it); a kernel typically gives its drivers the same
 //! [`FrameSource`] it uses itself.
@@ -14,6 +17,27 @@ pub trait Platform: Send + Sync {
     fn current_cpu(&self) -> usize;
     /// The number of CPUs; per-CPU structures are sized by it.
     fn cpu_count(&self) -> usize;
+    /// Enter a critical section on the current CPU, before the core takes any lock:
+    /// every KPI call of [`crate::Gmem`] runs between this and
+    /// [`Platform::exit_critical`]. A kernel disables interrupts (and preemption) here
+    /// and returns what it must restore — the saved interrupt flag — as
+    /// `spin_lock_irqsave` does; then no interrupt handler can run on a CPU while the
+    /// core holds one of its spin locks there, so none can wait for it forever. Calls
+    /// nest (a completion callback runs inside its caller's section and may call the
+    /// KPI again): each exit restores what its own enter saved.
+    ///
+    /// The default does nothing, for hosts without interrupts (simulators, tests) and
+    /// kernels that never call the core from an interrupt handler.
+    #[inline]
+    fn enter_critical(&self) -> usize {
+        0
+    }
+    /// Leave the critical section [`Platform::enter_critical`] entered, restoring the
+    /// state it returned (`saved`).
+    #[inline]
+    fn exit_critical(&self, saved: usize) {
+        let _ = saved;
+    }
 }
 
 /// A source of 4 KiB frames for page-table pages, as a kernel hands them to its MMU

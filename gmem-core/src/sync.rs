@@ -26,7 +26,18 @@
 //! both ranks.
 //!
 //! Calls into drivers (`Mmu`, `DeviceMemory`) happen with the space lock (and, for
-//! `activate`, the binding) held; a driver must not call back into the core from them.
+//! `activate`, the binding) held; a driver must not call back into the core from them,
+//! except through `Gmem::dev_try_fault`, which takes every lock it needs with
+//! `try_lock`/`try_read` and answers `FaultError::Busy` instead of waiting.
+//!
+//! ## Interrupts
+//! These are spin locks: a CPU that waits for a lock its own interrupted context holds
+//! waits forever. Every KPI call therefore runs inside the embedder's critical section
+//! (`Platform::enter_critical` .. `Platform::exit_critical`, where a kernel disables
+//! interrupts and preemption on the current CPU, as `spin_lock_irqsave` does), so no
+//! interrupt arrives on a CPU while the core holds a lock there. What can still run on
+//! a CPU whose context holds a core lock — an exception taken inside a driver callback,
+//! or the callback itself calling back — must enter through `dev_try_fault`.
 //! Completion callbacks run after every lock is released (the space guard runs them
 //! on drop). `dev_destroy` takes the binding, then the physical memory, then each space
 //! in turn, never two at once.
@@ -196,6 +207,16 @@ mod imp {
                 _held: held,
             }
         }
+        /// Shared lock if no writer holds it (never waits, so it may be taken out of
+        /// order).
+        #[inline]
+        pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+            let guard = self.0.try_read()?;
+            Some(RwLockReadGuard {
+                guard,
+                _held: super::order::Held::took(Rank::Leaf),
+            })
+        }
     }
 }
 
@@ -325,6 +346,10 @@ mod imp {
         /// Exclusive lock.
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
             self.0.write().expect("loom rwlock poisoned")
+        }
+        /// Shared lock if no writer holds it.
+        pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+            self.0.try_read().ok()
         }
     }
 }

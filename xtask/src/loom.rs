@@ -29,6 +29,7 @@ pub const BUGS: &[(&str, &str)] = &[
     ("destroy_table_during_unlocked_edit", "unlocked"),
     ("fault_maps_busy_region", "unlocked"),
     ("fill_mirrors_busy_pages", "unlocked"),
+    ("try_fault_waits_for_the_space", "reentry"),
     ("stats_fold_after_unregister", "stats"),
 ];
 

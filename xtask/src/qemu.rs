@@ -2,12 +2,20 @@
 //!
 //! The kernel (`drivers/sv39/kernel`, its own cargo workspace) is format-checked, linted
 //! and built for `riscv64gc-unknown-none-elf`, then booted with
-//! `qemu-system-riscv64 -machine virt -nographic -bios default` (QEMU's OpenSBI). The
-//! UART output is streamed as it comes. The run passes when QEMU exits with status 0
-//! (the kernel wrote the SiFive test device's pass code) *and* the kernel printed its
-//! pass line and its megapage lines (`megapage:` one fault served by one 2 MiB leaf,
-//! `split:` the leaf split by a partial protect); a failure code, a missing line or the
-//! timeout fails it.
+//! `qemu-system-riscv64 -machine virt -smp 4 -nographic -bios default` (QEMU's
+//! OpenSBI). The UART output is streamed as it comes. The run passes when QEMU exits
+//! with status 0 (the kernel wrote the SiFive test device's pass code) *and* the kernel
+//! printed its pass line and every line of [`REQUIRED`]: the single-hart megapage lines
+//! (`megapage:` one fault served by one 2 MiB leaf, `split:` the leaf split by a
+//! partial protect) and the four-hart lines (`smp:` harts up, concurrent faults,
+//! shootdowns, stress); a failure code, a missing line or the timeout fails it.
+//!
+//! Then the **negative boot**, the way `xtask loom` runs its broken variants: the kernel
+//! is rebuilt with the cargo feature `no-shootdown` (the driver's remote fences are
+//! skipped, so the other harts keep stale translations) and booted again. It must fail
+//! *with* the line saying that each of its four shootdown checks saw a stale
+//! translation (a failure for another reason, a check that passes, a pass or a hang
+//! fails the task); the xtask then prints `smp: missing shootdown caught`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -22,11 +30,27 @@ const KERNEL_DIR: &str = "drivers/sv39/kernel";
 const TARGET: &str = "riscv64gc-unknown-none-elf";
 /// The line the kernel prints when every check passed.
 const PASS_LINE: &str = "sv39-kernel: PASS";
-/// Lines the kernel must print before its pass line (the megapage demonstration: one
-/// fault served by one 2 MiB leaf, then split by a partial protect).
-const REQUIRED: [&str; 2] = ["megapage: ", "split: "];
-/// How long the boot may take, OpenSBI included.
-const TIMEOUT: Duration = Duration::from_secs(60);
+/// Lines the kernel must print before its pass line: the megapage demonstration (one
+/// fault served by one 2 MiB leaf, then split by a partial protect) and the four-hart
+/// checks (`drivers/sv39/kernel/src/smp/`).
+const REQUIRED: [&str; 6] = [
+    "megapage: ",
+    "split: ",
+    "smp: 4 harts up",
+    "smp: concurrent faults served",
+    "smp: shootdown verified on 4 harts",
+    "smp: stress ok",
+];
+/// What the negative boot's kernel must fail with: each of its four shootdown checks
+/// (strict dealloc, protect, asynchronous dealloc, migration) saw a hart use a
+/// translation the core had invalidated.
+const STALE_LINE: &str = "stale translation caught by 4 of 4 shootdown checks";
+/// The feature that leaves the shootdown out.
+const NEGATIVE_FEATURE: &str = "no-shootdown";
+/// Harts QEMU gives the kernel.
+const HARTS: &str = "4";
+/// How long one boot may take, OpenSBI included.
+const TIMEOUT: Duration = Duration::from_secs(120);
 /// The QEMU binary.
 const QEMU: &str = "qemu-system-riscv64";
 
@@ -68,11 +92,72 @@ pub fn qemu() -> Result<(), String> {
     clippy.extend(common);
     clippy.extend(["--", "-D", "warnings"]);
     cargo_in(&dir, "kernel clippy", &clippy)?;
+    let elf = target_dir.join(TARGET).join("release").join("sv39-kernel");
+    // The negative kernel first, kept under its own name, so that the kernel left in
+    // the target directory is the real one.
+    let negative_elf = elf.with_file_name(format!("sv39-kernel-{NEGATIVE_FEATURE}"));
+    let mut negative = vec!["build"];
+    negative.extend(common);
+    negative.extend(["--features", NEGATIVE_FEATURE]);
+    cargo_in(&dir, "kernel build (negative: no-shootdown)", &negative)?;
+    std::fs::copy(&elf, &negative_elf)
+        .map_err(|e| format!("copy {} to {}: {e}", elf.display(), negative_elf.display()))?;
     let mut build = vec!["build"];
     build.extend(common);
     cargo_in(&dir, "kernel build", &build)?;
-    let elf = target_dir.join(TARGET).join("release").join("sv39-kernel");
-    boot(&elf)
+    judge(&boot(&elf)?)?;
+
+    // The negative boot: without the remote fences the shootdown check must fail.
+    let run = boot(&negative_elf)?;
+    let caught = run
+        .lines
+        .iter()
+        .find(|l| l.contains(STALE_LINE) && l.contains("FAIL"));
+    match (run.status, caught) {
+        (Some(code), Some(line)) if code != 0 => {
+            println!("smp: missing shootdown caught (`{NEGATIVE_FEATURE}` build: {})", line.trim());
+            Ok(())
+        }
+        (Some(0), _) => Err(format!(
+            "qemu (negative): the `{NEGATIVE_FEATURE}` kernel passed: the shootdown check cannot fail"
+        )),
+        _ => Err(format!(
+            "qemu (negative): the `{NEGATIVE_FEATURE}` kernel did not fail with a `{STALE_LINE}` line (status {:?})",
+            run.status
+        )),
+    }
+}
+
+/// What one boot printed and how QEMU exited.
+struct Run {
+    lines: Vec<String>,
+    /// QEMU's exit status (`None`: killed by a signal).
+    status: Option<i32>,
+}
+
+/// Judge a boot that must pass.
+fn judge(run: &Run) -> Result<(), String> {
+    let passed = run.lines.iter().any(|l| l.trim() == PASS_LINE);
+    if let Some(r) = REQUIRED
+        .iter()
+        .find(|r| !run.lines.iter().any(|l| l.starts_with(*r)))
+    {
+        return Err(format!(
+            "qemu: the kernel never printed its `{}` line",
+            r.trim()
+        ));
+    }
+    match (run.status, passed) {
+        (Some(0), true) => {
+            eprintln!("\nqemu: the kernel passed (test device: pass)");
+            Ok(())
+        }
+        (Some(0), false) => Err("qemu: exited 0 but the kernel never printed its pass line".into()),
+        (Some(code), _) => Err(format!(
+            "qemu: the kernel failed (exit status {code}: the kernel's failure code)"
+        )),
+        (None, _) => Err("qemu: killed by a signal".into()),
+    }
 }
 
 enum Output {
@@ -106,8 +191,8 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Boot `elf` and judge the run.
-fn boot(elf: &Path) -> Result<(), String> {
+/// Boot `elf`, stream its output, and collect it with QEMU's exit status.
+fn boot(elf: &Path) -> Result<Run, String> {
     let args = [
         "-machine",
         "virt",
@@ -117,7 +202,7 @@ fn boot(elf: &Path) -> Result<(), String> {
         "-m",
         "128M",
         "-smp",
-        "1",
+        HARTS,
         "-monitor",
         "none",
         "-no-reboot",
@@ -144,17 +229,13 @@ fn boot(elf: &Path) -> Result<(), String> {
     pump(child.stderr.take().expect("piped stderr"), tx);
     let deadline = Instant::now() + TIMEOUT;
     let mut open = 2;
-    let mut passed = false;
-    let mut seen = [false; REQUIRED.len()];
+    let mut lines = Vec::new();
     while open > 0 {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(Output::Line(line)) => {
-                passed |= line.trim() == PASS_LINE;
-                for (k, r) in REQUIRED.iter().enumerate() {
-                    seen[k] |= line.starts_with(r);
-                }
                 println!("{line}");
+                lines.push(line);
             }
             Ok(Output::Closed) => open -= 1,
             Err(_) => {
@@ -177,21 +258,8 @@ fn boot(elf: &Path) -> Result<(), String> {
             Err(e) => return Err(format!("qemu: {e}")),
         }
     };
-    if let Some(k) = seen.iter().position(|s| !s) {
-        return Err(format!(
-            "qemu: the kernel never printed its `{}` line",
-            REQUIRED[k].trim()
-        ));
-    }
-    match (status.code(), passed) {
-        (Some(0), true) => {
-            eprintln!("\nqemu: the kernel passed (test device: pass)");
-            Ok(())
-        }
-        (Some(0), false) => Err("qemu: exited 0 but the kernel never printed its pass line".into()),
-        (Some(code), _) => Err(format!(
-            "qemu: the kernel failed (exit status {code}: the kernel's failure code)"
-        )),
-        (None, _) => Err(format!("qemu: killed ({status})")),
-    }
+    Ok(Run {
+        lines,
+        status: status.code(),
+    })
 }

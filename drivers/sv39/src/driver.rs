@@ -36,15 +36,33 @@
 //!   keep using an invalid entry it read before, so without the fence the retried
 //!   access could fault again (the core would count it as spurious and fence then).
 //!   `activate` writes `satp` and fences everything (one ASID for every table).
+//! - **Several harts.** A kernel may run the driver's tables on several harts (one CPU
+//!   device of the core whose TLB is spread over them, as a Unix address space runs on
+//!   the CPUs of its `mm_cpumask`). The driver keeps the set of harts that activated
+//!   one of its tables ([`Sv39::harts`], bit `i` for hart
+//!   [`Sv39Hardware::current_hart`] `i`), set before the hart's `satp` is written and
+//!   cleared after it switched away and fenced. Every fence that invalidates —
+//!   `invalidate`, `invalidate_all`, and the full fence that frees retired tables — is
+//!   made on the calling hart and then on every other hart of the set through
+//!   [`Sv39Hardware::remote_sfence_vma`], which returns once they all acknowledged:
+//!   when `invalidate` returns, no hart can use a stale translation of the ranges, and
+//!   a retired table is freed only after every hart dropped its walk caches. `map`'s
+//!   fence stays local (it made entries valid; another hart that cached the invalid
+//!   entry takes a spurious fault, and the core's answer to that is an `invalidate`).
+//!   The retired list is taken *before* the fences that free it, so a table unlinked
+//!   while they run waits for the next full fence. A hart switches only its own `satp`:
+//!   before a table is destroyed, every hart still running on it must switch away
+//!   itself (`activate(None)` on that hart), or it would walk freed frames.
 //!
 //! The walk and the edits are the shared page-table engine's ([`gmem_ptengine`], plain
 //! discipline, the [`crate::codec::Sv39Codec`] encoding): this driver is the memory the
 //! engine edits (entries through [`Sv39Hardware`], frames from the frame source,
 //! retirement until the next full fence), the global slots and the fences.
 //!
-//! One driver instance drives one hart's `satp` and TLB; the core serialises calls on
-//! one table, and the driver's own shared state (live roots, retired tables, counters)
-//! is behind a lock or atomic.
+//! One driver instance drives the `satp` and TLB of every hart that activates its
+//! tables (each writes its own `satp` through `activate`); the core serialises calls on
+//! one table, and the driver's own shared state (live roots, retired tables, the hart
+//! set, counters) is behind a lock or atomic.
 
 use crate::codec::Sv39Codec;
 use crate::hardware::Sv39Hardware;
@@ -154,6 +172,10 @@ gmem_ptengine::counters! {
         fences_all,
         /// `satp` writes.
         satp_writes,
+        /// Remote fences of one range on other harts (each for every hart of the set).
+        remote_fences_range,
+        /// Remote fences of everything on other harts.
+        remote_fences_all,
     }
 }
 
@@ -203,7 +225,7 @@ impl<H: Sv39Hardware> TableMemory for Sv39Memory<H> {
     }
 }
 
-/// The Sv39 MMU driver of one hart.
+/// The Sv39 MMU driver of the harts that run its tables.
 pub struct Sv39<H: Sv39Hardware> {
     engine: Engine<Sv39Codec, Sv39Memory<H>>,
     config: Sv39Config,
@@ -215,9 +237,15 @@ pub struct Sv39<H: Sv39Hardware> {
     global_slots: [u64; ENTRIES / 64],
     /// Roots created and not yet destroyed.
     live: Mutex<Vec<u64>>,
-    /// Root in `satp` (0: the template or bare).
+    /// Root in `satp` (0: the template or bare), last written by any hart.
     active: AtomicU64,
+    /// Bit `i`: hart `i` runs (or may still cache translations of) one of the tables.
+    harts: AtomicU64,
 }
+
+/// More ranges than this in one invalidation make the remote fence a full one (each
+/// remote range fence is one round trip to every hart).
+const REMOTE_RANGES_MAX: usize = 4;
 
 impl<H: Sv39Hardware> Sv39<H> {
     /// A driver whose tables come from `frames` and contain `globals`.
@@ -260,6 +288,7 @@ impl<H: Sv39Hardware> Sv39<H> {
             global_slots: [0; ENTRIES / 64],
             live: Mutex::new(Vec::new()),
             active: AtomicU64::new(0),
+            harts: AtomicU64::new(0),
         };
         if Pte::table(d.template).is_none() {
             return Err(MmuError::Hardware(HW_BAD_FRAME));
@@ -329,6 +358,12 @@ impl<H: Sv39Hardware> Sv39<H> {
     /// The hardware interface.
     pub fn hardware(&self) -> &H {
         &self.engine.memory().hw
+    }
+
+    /// The harts that activated one of the driver's tables and have not switched away
+    /// (bit `i`: hart `i`): the harts an invalidation fences.
+    pub fn harts(&self) -> u64 {
+        self.harts.load(Ordering::Acquire)
     }
 
     /// The root holding only the global mappings (what the hart runs on when no table
@@ -414,13 +449,49 @@ impl<H: Sv39Hardware> Sv39<H> {
 
     // ----- fences --------------------------------------------------------------------
 
-    /// Fence everything, then free the retired tables: no cached walk can reach them.
+    /// The calling hart's bit.
+    fn me(&self) -> u64 {
+        1u64.checked_shl(self.hardware().current_hart() as u32)
+            .unwrap_or(0)
+    }
+
+    /// The harts other than the caller that may cache the driver's translations.
+    fn others(&self) -> u64 {
+        self.harts.load(Ordering::Acquire) & !self.me()
+    }
+
+    /// Fence everything on every hart, then free the tables retired before: no cached
+    /// walk can reach them any more.
     fn fence_all(&self) {
+        let retired = core::mem::take(&mut *self.engine.memory().retired.lock());
         self.hardware().sfence_vma(None);
         self.counters().fences_all.add(1);
-        let retired = core::mem::take(&mut *self.engine.memory().retired.lock());
+        self.fence_others(None);
         for f in retired {
             self.engine.memory().free(f.as_u64());
+        }
+    }
+
+    /// Fence `ranges` (`None`: everything) on the other harts of the set, and wait.
+    fn fence_others(&self, ranges: Option<&[VaRange]>) {
+        // The entry writes before the fence become visible to the other harts' walkers
+        // before they fence.
+        core::sync::atomic::fence(Ordering::SeqCst);
+        let others = self.others();
+        if others == 0 {
+            return;
+        }
+        match ranges {
+            Some(ranges) if ranges.len() <= REMOTE_RANGES_MAX => {
+                for r in ranges {
+                    self.hardware().remote_sfence_vma(others, Some(*r));
+                }
+                self.counters().remote_fences_range.add(ranges.len() as u64);
+            }
+            _ => {
+                self.hardware().remote_sfence_vma(others, None);
+                self.counters().remote_fences_all.add(1);
+            }
         }
     }
 
@@ -428,13 +499,14 @@ impl<H: Sv39Hardware> Sv39<H> {
         !self.engine.memory().retired.lock().is_empty()
     }
 
-    /// Fence the pages of `ranges` one by one, or everything when they are many or
-    /// tables wait to be freed.
-    fn fence_ranges(&self, ranges: &[VaRange]) {
+    /// Fence the pages of `ranges` on the calling hart one by one, or everything when
+    /// they are many; `false` when they were many.
+    fn fence_local(&self, ranges: &[VaRange]) -> bool {
         let pages = ranges.iter().fold(0u64, |n, r| n.saturating_add(r.pages()));
-        if pages > self.config.flush_all_above || self.retired_waiting() {
-            self.fence_all();
-            return;
+        if pages > self.config.flush_all_above {
+            self.hardware().sfence_vma(None);
+            self.counters().fences_all.add(1);
+            return false;
         }
         for r in ranges {
             for k in 0..r.pages() {
@@ -443,6 +515,19 @@ impl<H: Sv39Hardware> Sv39<H> {
             }
         }
         self.counters().fences_page.add(pages);
+        true
+    }
+
+    /// Invalidate `ranges` on every hart of the set: per page, or everything when they
+    /// are many or tables wait to be freed.
+    fn fence_ranges(&self, ranges: &[VaRange]) {
+        if self.retired_waiting() {
+            self.fence_all();
+        } else if self.fence_local(ranges) {
+            self.fence_others(Some(ranges));
+        } else {
+            self.fence_others(None);
+        }
     }
 
     fn switch_to(&self, root: Option<PageTableRoot>) {
@@ -451,6 +536,11 @@ impl<H: Sv39Hardware> Sv39<H> {
             None if self.globals.is_empty() => 0,
             None => self.satp_of(self.template_root()),
         };
+        let me = self.me();
+        if root.is_some() {
+            // In the set before this hart can cache anything of the table.
+            self.harts.fetch_or(me, Ordering::SeqCst);
+        }
         // SAFETY: `satp` is bare or names a live root of this driver or its template,
         // each carrying the global mappings that `new`'s contract says map the running
         // kernel; the full fence follows.
@@ -459,6 +549,10 @@ impl<H: Sv39Hardware> Sv39<H> {
         self.active
             .store(root.map_or(0, |r| r.0), Ordering::Release);
         self.fence_all();
+        if root.is_none() {
+            // Switched away and fenced: nothing of the tables is cached here any more.
+            self.harts.fetch_and(!me, Ordering::SeqCst);
+        }
     }
 }
 
@@ -563,7 +657,13 @@ impl<H: Sv39Hardware> Mmu for Sv39<H> {
             .map_limited(root.0, &r, large)
             .map_err(|e| e.to_mmu(HW_BAD_FRAME, HW_RESERVED_ENTRY))?;
         self.counters().pages_mapped.add(run.len / PAGE_SIZE);
-        self.fence_ranges(&[run.range()]);
+        // Only this hart may retry an access now (another hart that cached the invalid
+        // entry faults again, and the core invalidates); retired tables need everyone.
+        if self.retired_waiting() {
+            self.fence_all();
+        } else {
+            self.fence_local(&[run.range()]);
+        }
         Ok(())
     }
 

@@ -6,12 +6,16 @@
 //!   inside a page-table frame (a kernel reaches physical memory through an identity or
 //!   offset mapping; a host test through a `Vec`-backed model);
 //! - **the hart's translation control**: `sfence.vma` (one address or everything) and
-//!   writing `satp`.
+//!   writing `satp`;
+//! - **the other harts' TLBs**: which hart is running ([`Sv39Hardware::current_hart`])
+//!   and a remote fence that returns once every named hart has fenced
+//!   ([`Sv39Hardware::remote_sfence_vma`]; an SBI kernel uses the RFENCE extension,
+//!   see `drivers/sv39/kernel/src/sbi.rs`).
 //!
 //! `DirectHart` (only on `riscv64`) is the real implementation: volatile accesses
 //! through a fixed physical-to-virtual offset and inline assembly.
 
-use gmem_core::{PhysAddr, VirtAddr};
+use gmem_core::{PhysAddr, VaRange, VirtAddr};
 
 /// Access to page-table memory and to the hart's address-translation registers.
 pub trait Sv39Hardware: Send + Sync {
@@ -43,6 +47,23 @@ pub trait Sv39Hardware: Send + Sync {
     /// selects maps the code, stack and data the hart is running on (e.g. through the
     /// driver's global mappings).
     unsafe fn write_satp(&self, satp: u64);
+
+    /// The index of the hart running the caller, below 64 (the driver keeps one bit per
+    /// hart for the harts that may cache its translations; a larger index is not
+    /// tracked, so its TLB would never be shot down: a contract violation). A single-hart
+    /// implementation answers 0.
+    fn current_hart(&self) -> usize;
+
+    /// `sfence.vma` on every hart whose bit is set in `harts` (bit `i`: hart `i`; the
+    /// caller's own bit is never set, it fences itself with
+    /// [`Sv39Hardware::sfence_vma`]): with `Some(range)` for the leaf translations of
+    /// every page of `range`, with `None` for everything, non-leaf entries included.
+    /// It returns only when every named hart has fenced (acknowledged it), so that no
+    /// access through a stale translation is in flight there afterwards; the driver
+    /// frees unlinked tables and the core reuses frames on the strength of that.
+    /// Earlier entry writes of the caller are ordered before it (the driver issues a
+    /// full memory fence first). A single-hart implementation is never given a hart.
+    fn remote_sfence_vma(&self, harts: u64, range: Option<VaRange>);
 }
 
 #[cfg(target_arch = "riscv64")]
@@ -51,10 +72,16 @@ pub use self::riscv::DirectHart;
 #[cfg(target_arch = "riscv64")]
 mod riscv {
     use super::Sv39Hardware;
-    use gmem_core::{PhysAddr, VirtAddr};
+    use gmem_core::{PhysAddr, VaRange, VirtAddr};
 
     /// The real hart: page-table frames are reached at `pa + offset` (0 for a kernel
     /// whose global mappings identity-map its RAM), fences and `satp` by inline assembly.
+    ///
+    /// It drives **one** hart: it reports itself as hart 0 and has no way to reach
+    /// another hart's TLB. A kernel that runs the driver's tables on several harts wraps
+    /// it in a hardware of its own that answers [`Sv39Hardware::current_hart`] and
+    /// [`Sv39Hardware::remote_sfence_vma`] (the SMP Sv39 kernel's `SmpHart` does, with
+    /// SBI remote fences).
     #[derive(Clone, Copy, Debug)]
     pub struct DirectHart {
         offset: u64,
@@ -107,6 +134,14 @@ mod riscv {
             // SAFETY: the caller guarantees the new translation maps the running code,
             // stack and data; the caller's `sfence.vma` follows.
             unsafe { core::arch::asm!("csrw satp, {0}", in(reg) satp, options(nostack)) }
+        }
+
+        fn current_hart(&self) -> usize {
+            0
+        }
+
+        fn remote_sfence_vma(&self, _harts: u64, _range: Option<VaRange>) {
+            // One hart: the driver only ever tracks hart 0, which is the caller.
         }
     }
 }

@@ -71,14 +71,26 @@ unsafe impl FrameSource for TestFrames {
 enum Event {
     Fence(Option<u64>),
     Satp(u64),
+    /// A remote fence: the harts, the range (`None`: everything) and the table frames
+    /// the test memory still held when it was asked.
+    Remote(u64, Option<(u64, u64)>, u64),
 }
 
 struct TestHart {
     mem: Arc<TestFrames>,
     log: Mutex<Vec<Event>>,
+    /// The hart the test pretends to run on.
+    me: AtomicU64,
 }
 
 impl TestHart {
+    fn new(mem: Arc<TestFrames>) -> TestHart {
+        TestHart {
+            mem,
+            log: Mutex::new(Vec::new()),
+            me: AtomicU64::new(0),
+        }
+    }
     fn slot(&self, pa: PhysAddr) -> (u64, usize) {
         let a = pa.as_u64();
         assert_eq!(a % 8, 0, "unaligned entry access {a:#x}");
@@ -112,6 +124,22 @@ impl Sv39Hardware for TestHart {
     unsafe fn write_satp(&self, satp: u64) {
         self.log.lock().push(Event::Satp(satp));
     }
+    fn current_hart(&self) -> usize {
+        self.me.load(Ordering::Relaxed) as usize
+    }
+    fn remote_sfence_vma(&self, harts: u64, range: Option<VaRange>) {
+        assert_eq!(
+            harts & (1 << self.current_hart()),
+            0,
+            "a remote fence names the caller"
+        );
+        let held = self.mem.outstanding();
+        self.log.lock().push(Event::Remote(
+            harts,
+            range.map(|r| (r.start.as_u64(), r.len)),
+            held,
+        ));
+    }
 }
 
 struct Rig {
@@ -121,10 +149,7 @@ struct Rig {
 
 fn rig_with(config: Sv39Config, globals: &[GlobalMapping]) -> Result<Rig, MmuError> {
     let mem = TestFrames::new();
-    let hart = TestHart {
-        mem: mem.clone(),
-        log: Mutex::new(Vec::new()),
-    };
+    let hart = TestHart::new(mem.clone());
     // SAFETY: the test hart never translates; the frames are the test memory's own.
     let mmu = unsafe { Sv39::new(hart, mem.clone(), config, globals) }?;
     Ok(Rig { mem, mmu })
@@ -602,6 +627,100 @@ fn activation_writes_satp_then_fences_everything() {
     assert!(hart.take_log().is_empty());
 }
 
+// ----- several harts -----------------------------------------------------------------
+
+#[test]
+fn invalidations_fence_every_hart_that_activated_a_table_and_maps_only_the_caller() {
+    let r = rig();
+    let hart = r.mmu.hardware();
+    let root = r.mmu.create_page_table().unwrap();
+    r.mmu.activate(Some(root));
+    hart.me.store(2, Ordering::Relaxed);
+    r.mmu.activate(Some(root));
+    hart.me.store(0, Ordering::Relaxed);
+    assert_eq!(r.mmu.harts(), 0b101);
+    hart.take_log();
+    r.mmu
+        .map(root, &run(0x10_0000, 0x10_0000, 2, Prot::RW))
+        .unwrap();
+    assert_eq!(
+        hart.take_log(),
+        [Event::Fence(Some(0x10_0000)), Event::Fence(Some(0x10_1000))],
+        "map fences the caller only"
+    );
+    r.mmu
+        .protect(root, range(0x10_0000, 2), Prot::READ)
+        .unwrap();
+    let held = r.mem.outstanding();
+    r.mmu.invalidate(root, &[range(0x10_0000, 2)]);
+    assert_eq!(
+        hart.take_log(),
+        [
+            Event::Fence(Some(0x10_0000)),
+            Event::Fence(Some(0x10_1000)),
+            Event::Remote(0b100, Some((0x10_0000, 2 * PAGE_SIZE)), held),
+        ],
+        "the caller per page, then hart 2 for the range"
+    );
+    // From hart 2, hart 0 is the other one.
+    hart.me.store(2, Ordering::Relaxed);
+    let many: Vec<VaRange> = (0..5)
+        .map(|k| range(0x10_0000 + k * PAGE_SIZE, 1))
+        .collect();
+    r.mmu.invalidate(root, &many);
+    let log = hart.take_log();
+    assert_eq!(
+        log.last(),
+        Some(&Event::Remote(0b001, None, held)),
+        "five ranges: one full remote fence"
+    );
+    r.mmu.invalidate_all(root);
+    assert_eq!(
+        hart.take_log(),
+        [Event::Fence(None), Event::Remote(0b001, None, held)]
+    );
+    // Hart 2 switches away: it leaves the set after its own full fence.
+    r.mmu.activate(None);
+    assert_eq!(r.mmu.harts(), 0b001);
+    hart.me.store(0, Ordering::Relaxed);
+    hart.take_log();
+    r.mmu.invalidate(root, &[range(0x10_0000, 1)]);
+    assert_eq!(hart.take_log(), [Event::Fence(Some(0x10_0000))]);
+    let s = r.mmu.stats();
+    // Full remote fences: hart 2's two activations (with hart 0 in the set), the five
+    // ranges, invalidate_all.
+    assert_eq!((s.remote_fences_range, s.remote_fences_all), (1, 4));
+}
+
+#[test]
+fn retired_tables_are_freed_only_after_every_hart_fenced() {
+    let r = rig();
+    let hart = r.mmu.hardware();
+    let root = r.mmu.create_page_table().unwrap();
+    r.mmu.activate(Some(root));
+    hart.me.store(1, Ordering::Relaxed);
+    r.mmu.activate(Some(root));
+    hart.me.store(0, Ordering::Relaxed);
+    r.mmu
+        .map(root, &run(0x20_0000, 0x5000, 1, Prot::RW))
+        .unwrap();
+    r.mmu.unmap(root, range(0x20_0000, 1));
+    assert_eq!(r.mmu.stats().tables_retired, 2);
+    let held = r.mem.outstanding();
+    hart.take_log();
+    r.mmu.invalidate(root, &[range(0x20_0000, 1)]);
+    assert_eq!(
+        hart.take_log(),
+        [Event::Fence(None), Event::Remote(0b10, None, held)],
+        "the retired tables are still held when hart 1 is asked to fence"
+    );
+    assert_eq!(
+        r.mem.outstanding(),
+        held - 2,
+        "and freed after it acknowledged"
+    );
+}
+
 // ----- global mappings ---------------------------------------------------------------
 
 fn kernel_globals() -> [GlobalMapping; 3] {
@@ -724,10 +843,7 @@ fn bad_global_mappings_are_refused_without_leaking_tables() {
     ];
     for globals in bad {
         let mem = TestFrames::new();
-        let hart = TestHart {
-            mem: mem.clone(),
-            log: Mutex::new(Vec::new()),
-        };
+        let hart = TestHart::new(mem.clone());
         // SAFETY: the test hart never translates.
         let r = unsafe { Sv39::new(hart, mem.clone(), Sv39Config::default(), globals) };
         assert!(
@@ -738,10 +854,7 @@ fn bad_global_mappings_are_refused_without_leaking_tables() {
     }
     let mem = TestFrames::new();
     mem.budget.store(0, Ordering::Relaxed);
-    let hart = TestHart {
-        mem: mem.clone(),
-        log: Mutex::new(Vec::new()),
-    };
+    let hart = TestHart::new(mem.clone());
     // SAFETY: as above.
     let r = unsafe { Sv39::new(hart, mem.clone(), Sv39Config::default(), &[]) };
     assert!(matches!(r, Err(MmuError::OutOfTableMemory)));
@@ -795,10 +908,7 @@ mod with_core {
     #[test]
     fn core_faults_install_real_entries_and_dealloc_frees_them() {
         let mem = TestFrames::new();
-        let hart = TestHart {
-            mem: mem.clone(),
-            log: Mutex::new(Vec::new()),
-        };
+        let hart = TestHart::new(mem.clone());
         let globals = [GlobalMapping::identity(0x8000_0000, 1 << 30, Prot::RWX)];
         // SAFETY: the test hart never translates.
         let mmu = Arc::new(

@@ -79,6 +79,7 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::No4KPages`] if the MMU does not map 4 KiB pages.
     pub fn dev_create(&self, desc: DeviceDesc) -> Result<DeviceId, DeviceError> {
+        let _critical = self.critical();
         if !desc.mmu.page_sizes().contains(PageSizes::S4K) {
             return Err(DeviceError::No4KPages);
         }
@@ -103,6 +104,7 @@ impl Gmem {
     /// still in use, [`DeviceError::EditsInFlight`] while a call running in another
     /// thread may still reach its MMU; the device is then unchanged.
     pub fn dev_destroy(&self, id: DeviceId) -> Result<(), DeviceError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         if dev.caps.contains(DevCaps::HOST) {
             return Err(DeviceError::IsHost);
@@ -181,6 +183,7 @@ impl Gmem {
     /// failed ([`PopulateError::OutOfMemory`] when host memory is full even after
     /// eviction, a driver or data-mover failure); pages moved before stay moved.
     pub fn dev_evacuate(&self, id: DeviceId) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(PopulateError::UnknownDevice(id))?;
         if dev.caps.contains(DevCaps::HOST) {
             return Err(PopulateError::IsHost);
@@ -213,6 +216,7 @@ impl Gmem {
         begin: PhysAddr,
         end: PhysAddr,
     ) -> Result<(), DeviceError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         if dev.memory.is_none() {
             return Err(DeviceError::NoMemoryInterface(id));
@@ -232,6 +236,7 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::UnknownDevice`] for a stale handle.
     pub fn dev_frames(&self, id: DeviceId) -> Result<FrameCounts, DeviceError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         let c = dev.phys.lock().counts();
         Ok(c)
@@ -248,6 +253,7 @@ impl Gmem {
         id: DeviceId,
         policy: crate::physmem::EvictionPolicy,
     ) -> Result<(), DeviceError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         dev.phys.lock().set_policy(policy);
         Ok(())
@@ -261,6 +267,7 @@ impl Gmem {
         &self,
         id: DeviceId,
     ) -> Result<Option<Arc<dyn Any + Send + Sync>>, DeviceError> {
+        let _critical = self.critical();
         Ok(self
             .device(id)
             .ok_or(DeviceError::UnknownDevice(id))?
@@ -273,6 +280,7 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::UnknownDevice`] for a stale handle.
     pub fn dev_name(&self, id: DeviceId) -> Result<String, DeviceError> {
+        let _critical = self.critical();
         Ok(self
             .device(id)
             .ok_or(DeviceError::UnknownDevice(id))?
@@ -285,6 +293,7 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::UnknownDevice`] for a stale handle.
     pub fn dev_caps(&self, id: DeviceId) -> Result<DevCaps, DeviceError> {
+        let _critical = self.critical();
         Ok(self.device(id).ok_or(DeviceError::UnknownDevice(id))?.caps)
     }
 
@@ -293,6 +302,7 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::UnknownDevice`] for a stale handle.
     pub fn dev_active(&self, id: DeviceId) -> Result<Option<SpaceId>, DeviceError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         let active = dev.binding.lock().active_space().map(|s| s.id);
         Ok(active)
@@ -306,6 +316,7 @@ impl Gmem {
     /// [`AttachError::UnknownDevice`], [`AttachError::UnknownSpace`], or
     /// [`AttachError::NotAttached`] when the device is not attached to the space.
     pub fn dev_switch(&self, id: DeviceId, space_id: SpaceId) -> Result<(), AttachError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(AttachError::UnknownDevice(id))?;
         let space = self
             .space(space_id)
@@ -333,6 +344,7 @@ impl Gmem {
     /// [`AttachError::UnknownDevice`], [`AttachError::UnknownSpace`],
     /// [`AttachError::NotAttached`].
     pub fn dev_detach(&self, id: DeviceId, space_id: SpaceId) -> Result<(), AttachError> {
+        let _critical = self.critical();
         if self.device(id).is_none() {
             return Err(AttachError::UnknownDevice(id));
         }
@@ -365,11 +377,85 @@ impl Gmem {
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
+        let _critical = self.critical();
         let r = self.fault_inner(id, va, access);
         if r.is_err() {
             Counters::add(&self.counters.faults_failed, 1);
         }
         r
+    }
+
+    /// [`Gmem::dev_fault`] for a context that must never wait for a lock: a page-fault
+    /// or interrupt handler that may have interrupted a core call on its own CPU, or a
+    /// driver callback that re-enters the core (the core calls drivers with the space
+    /// lock held). It takes the registry, the device's binding and the space's lock
+    /// with `try_read`/`try_lock` only and answers [`FaultError::Busy`] at once when
+    /// one is held; the handler then returns and the access retries (a device replays
+    /// it, a CPU takes the fault again). Once it holds the space lock it serves the
+    /// fault as `dev_fault` does, waiting only for locks that no core call holds
+    /// across a driver callback (a device's physical memory, the registries' leaves).
+    ///
+    /// # Errors
+    /// [`FaultError::Busy`] when a lock it needs is held (nothing changed: retry), and
+    /// everything [`Gmem::dev_fault`] answers.
+    pub fn dev_try_fault(
+        &self,
+        id: DeviceId,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let _critical = self.critical();
+        let r = self.try_fault_inner(id, va, access);
+        if matches!(r, Err(e) if !matches!(e, FaultError::Busy(_))) {
+            Counters::add(&self.counters.faults_failed, 1);
+        }
+        r
+    }
+
+    fn try_fault_inner(
+        &self,
+        id: DeviceId,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let busy = FaultError::Busy(va);
+        let looked_up;
+        let dev = if id == self.host.id {
+            &self.host
+        } else {
+            let devices = self.devices.try_read().ok_or(busy)?;
+            looked_up = devices
+                .get(id.index, id.generation)
+                .cloned()
+                .ok_or(FaultError::UnknownDevice(id))?;
+            drop(devices);
+            &looked_up
+        };
+        if !dev.faultable() {
+            return Err(FaultError::NotFaultable(id));
+        }
+        let binding = dev.binding.try_lock().ok_or(busy)?;
+        let active = binding.active.as_ref().ok_or(FaultError::NotActive(id))?;
+        let raw = Weak::as_ptr(active);
+        // SAFETY: as on `dev_fault`'s fast path ("The entry protocol" in this module's
+        // header): `raw` points into the allocation `active` keeps, the space is alive
+        // while the binding we hold names it, and it is used only while this thread
+        // holds the space lock taken below, which outlives the registry's reference.
+        #[allow(unsafe_code)]
+        let space: &SpaceInner = unsafe { &*raw };
+        // Deliberately broken (loom model `reentry` must catch it): wait for the space
+        // as `dev_fault` does, which a context that holds it never gets.
+        #[cfg(gmem_loom_bug = "try_fault_waits_for_the_space")]
+        let mut st = space.lock();
+        #[cfg(not(gmem_loom_bug = "try_fault_waits_for_the_space"))]
+        let mut st = space.try_lock().ok_or(busy)?;
+        drop(binding);
+        #[cfg(gmem_loom)]
+        assert!(
+            space.registered(),
+            "a fault holds a space the registry has let go (freed in a real build)"
+        );
+        self.fault_locked(space, &mut st, dev, id, va, access)
     }
 
     fn fault_inner(

@@ -129,6 +129,7 @@ impl Gmem {
     /// [`FrameError::UnknownDevice`], [`FrameError::NoMemory`] for a device without a
     /// data mover.
     pub fn dev_free_extents(&self, id: DeviceId) -> Result<FreeExtents, FrameError> {
+        let _critical = self.critical();
         let dev = self.frames_of(id)?;
         let e = dev.phys.lock().free_extents();
         Ok(e)
@@ -143,6 +144,7 @@ impl Gmem {
     /// [`FrameError::Memory`] when the data mover fails (the pages moved before stay
     /// moved, the page being moved stays where it was).
     pub fn dev_compact(&self, id: DeviceId, order: u32) -> Result<CompactReport, FrameError> {
+        let _critical = self.critical();
         let dev = self.frames_of(id)?;
         if order > MAX_ORDER {
             return Err(FrameError::BadOrder { order });
@@ -264,6 +266,7 @@ impl Gmem {
         space_id: SpaceId,
         va: VirtAddr,
     ) -> Result<Option<(DeviceId, PhysAddr)>, LookupError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(LookupError::UnknownSpace(space_id))?;
@@ -285,6 +288,7 @@ impl Gmem {
         va: VirtAddr,
         dev: DeviceId,
     ) -> Result<Option<(DeviceId, PhysAddr)>, LookupError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(LookupError::UnknownSpace(space_id))?;
@@ -306,6 +310,7 @@ impl Gmem {
     /// [`FrameError::BadOrder`] above [`MAX_GROUP_ORDER`], [`FrameError::FramesInUse`]
     /// unless every frame is free; nothing changes then.
     pub fn dev_set_page_groups(&self, id: DeviceId, order: Option<u32>) -> Result<(), FrameError> {
+        let _critical = self.critical();
         let dev = self.frames_of(id)?;
         if let Some(o) = order.filter(|&o| o > MAX_GROUP_ORDER) {
             return Err(FrameError::BadOrder { order: o });
@@ -325,6 +330,7 @@ impl Gmem {
     /// # Errors
     /// [`FrameError::UnknownDevice`], [`FrameError::NoMemory`].
     pub fn dev_page_groups(&self, id: DeviceId) -> Result<Option<GroupStats>, FrameError> {
+        let _critical = self.critical();
         let dev = self.frames_of(id)?;
         let s = dev.phys.lock().group_stats();
         Ok(s)
@@ -336,6 +342,7 @@ impl Gmem {
     /// # Errors
     /// [`FrameError::UnknownDevice`], [`FrameError::NoMemory`].
     pub fn dev_group_class(&self, id: DeviceId, pa: PhysAddr) -> Result<Option<u32>, FrameError> {
+        let _critical = self.critical();
         let dev = self.frames_of(id)?;
         let c = dev
             .phys
@@ -358,6 +365,7 @@ impl Gmem {
         pa: PhysAddr,
         class: u32,
     ) -> Result<(), FrameError> {
+        let _critical = self.critical();
         let dev = self.frames_of(id)?;
         let mut phys = dev.phys.lock();
         if phys.group_order().is_none() {

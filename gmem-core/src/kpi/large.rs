@@ -29,6 +29,7 @@ impl Gmem {
     /// or a driver or data-mover failure. Blocks promoted before the failure stay
     /// promoted; the failing block's pages are each whole and consistent.
     pub fn region_promote(&self, region: Region) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         let space = self.space(region.space).ok_or(PopulateError::Region(
             crate::RegionError::UnknownSpace(region.space),
         ))?;
@@ -54,6 +55,7 @@ impl Gmem {
         &self,
         space_id: SpaceId,
     ) -> Result<alloc::vec::Vec<LargeLeaf>, SpaceError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
@@ -74,6 +76,7 @@ impl Gmem {
         range: VaRange,
         mut f: impl FnMut(VirtAddr, DeviceId, PhysAddr),
     ) -> Result<(), SpaceError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
@@ -94,6 +97,7 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::UnknownDevice`] for a stale handle.
     pub fn dev_set_reservations(&self, id: DeviceId, enabled: bool) -> Result<(), DeviceError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         dev.phys.lock().set_reservations(enabled);
         Ok(())
@@ -104,6 +108,7 @@ impl Gmem {
     /// # Errors
     /// [`DeviceError::UnknownDevice`] for a stale handle.
     pub fn dev_reservations(&self, id: DeviceId) -> Result<ReservationStats, DeviceError> {
+        let _critical = self.critical();
         let dev = self.device(id).ok_or(DeviceError::UnknownDevice(id))?;
         let s = dev.phys.lock().reservation_stats();
         Ok(s)

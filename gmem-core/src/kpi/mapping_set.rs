@@ -12,6 +12,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn mapping_set_create(&self, space_id: SpaceId) -> Result<MappingSetId, SpaceError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
@@ -32,6 +33,7 @@ impl Gmem {
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), SetError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SetError::UnknownSpace(space_id))?;
@@ -63,6 +65,7 @@ impl Gmem {
         space_id: SpaceId,
         set: MappingSetId,
     ) -> Result<(), SetError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SetError::UnknownSpace(space_id))?;

@@ -132,6 +132,7 @@ impl Gmem {
     /// # Errors
     /// [`RegionError`] for a stale handle or a destroyed space.
     pub fn region_info(&self, region: Region) -> Result<RegionInfo, RegionError> {
+        let _critical = self.critical();
         self.with_region(region, |_, _, _, c| {
             Ok(info(region.space, region.start.as_u64(), &c.rec))
         })
@@ -150,6 +151,7 @@ impl Gmem {
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
+        let _critical = self.critical();
         let pending = self.with_region(region, |cx, space, st, c| {
             st.settle(cx, space, &c);
             st.remove_region(&c);
@@ -190,6 +192,7 @@ impl Gmem {
     /// comes before the first change (the queue is not even drained), and a driver
     /// failure removes what was mapped; the callback of a failed call is dropped unrun.
     pub fn region_map(&self, region: Region, req: MapRequest<'_>) -> Result<(), MapError> {
+        let _critical = self.critical();
         let MapRequest {
             prot,
             frames,
@@ -227,6 +230,7 @@ impl Gmem {
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             st.unmap_region(cx, space, &c, flags, callback);
             Ok(())
@@ -244,6 +248,7 @@ impl Gmem {
         region: Region,
         placement: Placement,
     ) -> Result<(), PolicyError> {
+        let _critical = self.critical();
         if let PlacementTarget::Device(d) = placement.target {
             let dev = self.device(d).ok_or(PolicyError::UnknownDevice(d))?;
             if !dev.has_memory() {
@@ -271,6 +276,7 @@ impl Gmem {
         region: Region,
         bytes: u64,
     ) -> Result<(), PolicyError> {
+        let _critical = self.critical();
         if bytes != 0 && (!bytes.is_power_of_two() || !(PAGE_SIZE..=1 << 30).contains(&bytes)) {
             return Err(PolicyError::BadZeroFillBlock(bytes));
         }
@@ -297,6 +303,7 @@ impl Gmem {
     /// failure — after which every table holds the old protection again (see
     /// `SpaceState::protect_runs`).
     pub fn region_protect(&self, region: Region, prot: Prot) -> Result<(), ProtectError> {
+        let _critical = self.critical();
         if !Prot::RWX.contains(prot) {
             return Err(ProtectError::BadProt(prot));
         }
@@ -319,6 +326,7 @@ impl Gmem {
         range: VaRange,
         prot: Prot,
     ) -> Result<(), ProtectError> {
+        let _critical = self.critical();
         if !Prot::RWX.contains(prot) {
             return Err(ProtectError::BadProt(prot));
         }
@@ -343,6 +351,7 @@ impl Gmem {
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             st.unmap_range(cx, space, &c, first, pages, flags, callback);
@@ -360,6 +369,7 @@ impl Gmem {
     /// [`ProtectError`]: a bad handle, or a driver failure re-making an eager mapping
     /// (the attributes are set).
     pub fn region_set_attrs(&self, region: Region, attrs: Attrs) -> Result<(), ProtectError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             Ok(st.set_attrs(cx, space, &c, c.first, c.pages, attrs, true)?)
         })
@@ -377,6 +387,7 @@ impl Gmem {
         range: VaRange,
         attrs: Attrs,
     ) -> Result<(), ProtectError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             Ok(st.set_attrs(cx, space, &c, first, pages, attrs, false)?)
@@ -394,6 +405,7 @@ impl Gmem {
         target: DeviceId,
         scope: MigrateScope,
     ) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         self.migrate_pages(region, Some(range), target, scope)
     }
 
@@ -441,6 +453,7 @@ impl Gmem {
         region: Region,
         dev: DeviceId,
     ) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         let d = self.device(dev).ok_or(PopulateError::UnknownDevice(dev))?;
         self.with_region(region, |cx, space, st, c| {
             let slot = st.private_slot(&d).map_err(|r| match r {
@@ -459,6 +472,7 @@ impl Gmem {
     /// # Errors
     /// [`PopulateError`]: a bad handle or device, [`PopulateError::NotAttached`].
     pub fn region_free_private(&self, region: Region, dev: DeviceId) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         self.device(dev).ok_or(PopulateError::UnknownDevice(dev))?;
         self.with_region(region, |cx, _, st, c| {
             let slot = st.slot_of(dev).ok_or(PopulateError::NotAttached(dev))?;
@@ -477,6 +491,7 @@ impl Gmem {
     /// [`PopulateError`] as for [`Gmem::region_wire`], or a bad range; no page is then
     /// left wired by this call.
     pub fn region_wire_range(&self, region: Region, range: VaRange) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             if c.rec.explicit {
@@ -492,6 +507,7 @@ impl Gmem {
     /// # Errors
     /// [`RegionError`]: a bad handle or range.
     pub fn region_unwire_range(&self, region: Region, range: VaRange) -> Result<(), RegionError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             st.unwire_range(cx, space, &c, first, pages);
@@ -514,6 +530,7 @@ impl Gmem {
         target: DeviceId,
         scope: MigrateScope,
     ) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         self.migrate_pages(region, None, target, scope)
     }
 
@@ -527,6 +544,7 @@ impl Gmem {
     /// [`PopulateError`]: a bad handle, memory exhausted, or a driver or data-mover
     /// failure; no page of the region is then left wired by this call.
     pub fn region_wire(&self, region: Region) -> Result<u64, PopulateError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             if c.rec.explicit {
                 return Ok(0);
@@ -544,6 +562,7 @@ impl Gmem {
     /// # Errors
     /// [`RegionError`] for a stale handle or a destroyed space.
     pub fn region_unwire(&self, region: Region) -> Result<(), RegionError> {
+        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             st.unwire_region(cx, space, &c);
             Ok(())

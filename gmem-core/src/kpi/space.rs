@@ -42,6 +42,7 @@ impl Gmem {
         end: VirtAddr,
         policy: AllocPolicy,
     ) -> Result<SpaceId, SpaceError> {
+        let _critical = self.critical();
         let len = end.as_u64().wrapping_sub(begin.as_u64());
         let range = if end <= begin {
             Err(crate::addr::AddrError::BadRange {
@@ -90,6 +91,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle (a double destroy).
     pub fn as_destroy(&self, id: SpaceId) -> Result<(), SpaceError> {
+        let _critical = self.critical();
         let space = self.space(id).ok_or(SpaceError::UnknownSpace(id))?;
         space.lock().destroy(&self.counters, &space.arena, id);
         // Fold the space's counters into the global ones and unregister it in one
@@ -134,6 +136,7 @@ impl Gmem {
         mode: MmuMode,
         activation: Activation,
     ) -> Result<MmuMode, AttachError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(AttachError::UnknownSpace(space_id))?;
@@ -157,6 +160,7 @@ impl Gmem {
     /// two, contradictory constraints, no free range, or an injected failure; the arena is
     /// unchanged.
     pub fn as_alloc(&self, space_id: SpaceId, req: AllocRequest) -> Result<Region, AllocError> {
+        let _critical = self.critical();
         use crate::addr::AddrError;
         let space = self
             .space(space_id)
@@ -242,6 +246,7 @@ impl Gmem {
     /// # Errors
     /// [`LookupError`] for a stale space or an address no region holds.
     pub fn as_lookup(&self, space_id: SpaceId, va: VirtAddr) -> Result<RegionInfo, LookupError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(LookupError::UnknownSpace(space_id))?;
@@ -257,6 +262,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_regions(&self, space_id: SpaceId) -> Result<Vec<RegionInfo>, SpaceError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
@@ -274,6 +280,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_synchronize(&self, space_id: SpaceId) -> Result<(), SpaceError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
@@ -293,6 +300,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_set_batch_limit(&self, space_id: SpaceId, limit: usize) -> Result<(), SpaceError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
@@ -305,6 +313,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_pending(&self, space_id: SpaceId) -> Result<usize, SpaceError> {
+        let _critical = self.critical();
         let space = self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?;
@@ -317,6 +326,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_arena_stats(&self, space_id: SpaceId) -> Result<vmem::ArenaStats, SpaceError> {
+        let _critical = self.critical();
         Ok(self
             .space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?
@@ -329,6 +339,7 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_fail_every(&self, space_id: SpaceId, n: u32) -> Result<(), SpaceError> {
+        let _critical = self.critical();
         self.space(space_id)
             .ok_or(SpaceError::UnknownSpace(space_id))?
             .arena

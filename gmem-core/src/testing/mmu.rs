@@ -14,6 +14,7 @@ use crate::flags::{PageSizes, Prot};
 use crate::handle::DeviceId;
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableFormat, PageTableRoot};
 use crate::sync::{Arc, AtomicBool, AtomicU32, Mutex, Ordering, RwLock};
+use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
@@ -338,6 +339,15 @@ pub enum GateCall {
     Invalidate,
 }
 
+/// What an armed gate does to the call it catches.
+enum GateAction {
+    /// Wait at the gate until it opens.
+    Hold(Arc<Gate>),
+    /// Run this inside the call (on the caller's thread, as an interrupt or a
+    /// driver that calls back into the core would), then go on.
+    Run(Box<dyn FnOnce() + Send>),
+}
+
 /// Holds one MMU call open, so that a test can make another call of the core run at a
 /// precise point of the first (see [`TestMmu::hold_next`]): the held call has started
 /// (its edit counts as in flight) and waits in the driver until [`Gate::open`].
@@ -386,7 +396,7 @@ pub struct TestMmu {
     concurrent: bool,
     /// Whether a gate is armed (read by every call; the gate itself is behind a lock).
     gate_armed: AtomicBool,
-    gate: Mutex<Option<(GateCall, Arc<Gate>)>>,
+    gate: Mutex<Option<(GateCall, GateAction)>>,
     /// Held shared by every access from translation to the end of its memory access,
     /// and exclusively by invalidation: an invalidation completes only after the
     /// accesses that may have used a stale translation have finished, as a real TLB
@@ -427,9 +437,16 @@ impl TestMmu {
             held: AtomicBool::new(false),
             open: AtomicBool::new(false),
         });
-        *self.gate.lock() = Some((call, gate.clone()));
+        *self.gate.lock() = Some((call, GateAction::Hold(gate.clone())));
         self.gate_armed.store(true, Ordering::Release);
         gate
+    }
+
+    /// Run `f` inside the next `call` of this MMU, on the thread making the call, with
+    /// whatever locks the core holds around it (one call; later ones pass).
+    pub fn run_in_next(&self, call: GateCall, f: Box<dyn FnOnce() + Send>) {
+        *self.gate.lock() = Some((call, GateAction::Run(f)));
+        self.gate_armed.store(true, Ordering::Release);
     }
 
     /// Wait at the gate if it is armed for `call`.
@@ -438,12 +455,12 @@ impl TestMmu {
         if !self.gate_armed.load(Ordering::Relaxed) {
             return;
         }
-        let gate = {
+        let action = {
             let mut g = self.gate.lock();
             match g.take() {
-                Some((c, gate)) if c == call => {
+                Some((c, action)) if c == call => {
                     self.gate_armed.store(false, Ordering::Relaxed);
-                    gate
+                    action
                 }
                 other => {
                     *g = other;
@@ -451,7 +468,10 @@ impl TestMmu {
                 }
             }
         };
-        gate.wait();
+        match action {
+            GateAction::Hold(gate) => gate.wait(),
+            GateAction::Run(f) => f(),
+        }
     }
 
     /// Report these page sizes instead of 4 KiB only.

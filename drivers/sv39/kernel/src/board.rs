@@ -4,6 +4,54 @@
 //! `-m 128M`, so RAM is `[0x8000_0000, 0x8800_0000)`. OpenSBI owns the first 2 MiB.
 
 use core::fmt;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// Harts the kernel runs on (`-smp 4`); hart ids of the `virt` board are `0..MAX_HARTS`.
+pub const MAX_HARTS: usize = 4;
+
+/// The index of the running hart: its hart id, which every entry path (boot and
+/// secondary) puts in `tp` before any Rust code runs; the kernel never changes `tp`
+/// afterwards (no thread-local storage). Clamped below [`MAX_HARTS`].
+pub fn hart_index() -> usize {
+    let tp: usize;
+    // SAFETY: reading a general register has no side effect.
+    unsafe { core::arch::asm!("mv {0}, tp", out(reg) tp, options(nomem, nostack)) };
+    tp.min(MAX_HARTS - 1)
+}
+
+/// No hart holds the print lock.
+const NOBODY: usize = usize::MAX;
+/// The hart printing now (lines of different harts do not interleave).
+static PRINT_OWNER: AtomicUsize = AtomicUsize::new(NOBODY);
+
+/// The print lock, reentrant per hart (a trap taken while printing may print); released
+/// on drop if this guard took it.
+pub struct PrintGuard(bool);
+
+impl PrintGuard {
+    /// Take the print lock for the running hart.
+    pub fn take() -> PrintGuard {
+        let me = hart_index();
+        if PRINT_OWNER.load(Ordering::Acquire) == me {
+            return PrintGuard(false);
+        }
+        while PRINT_OWNER
+            .compare_exchange_weak(NOBODY, me, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            core::hint::spin_loop();
+        }
+        PrintGuard(true)
+    }
+}
+
+impl Drop for PrintGuard {
+    fn drop(&mut self) {
+        if self.0 {
+            PRINT_OWNER.store(NOBODY, Ordering::Release);
+        }
+    }
+}
 
 /// The ns16550 UART's registers.
 const UART: usize = 0x1000_0000;
@@ -52,6 +100,7 @@ impl fmt::Write for Uart {
 macro_rules! print {
     ($($arg:tt)*) => {{
         use core::fmt::Write as _;
+        let _guard = $crate::board::PrintGuard::take();
         let _ = write!($crate::board::Uart, $($arg)*);
     }};
 }
@@ -62,6 +111,7 @@ macro_rules! println {
     () => { $crate::print!("\n") };
     ($($arg:tt)*) => {{
         use core::fmt::Write as _;
+        let _guard = $crate::board::PrintGuard::take();
         let _ = writeln!($crate::board::Uart, $($arg)*);
     }};
 }

@@ -1,7 +1,7 @@
-//! # sv39-kernel: gmem-core serving a real hart's page faults
+//! # sv39-kernel: gmem-core serving real harts' page faults
 //!
 //! A minimal S-mode kernel for QEMU's `virt` machine (entered from OpenSBI at
-//! 0x8020_0000). It embeds `gmem-core` with the hart as the CPU device: the Sv39 driver
+//! 0x8020_0000). It embeds `gmem-core` with the harts as the CPU device: the Sv39 driver
 //! is its `Mmu`, direct RAM access its `DeviceMemory`. Then:
 //! 1. registers 16 MiB of RAM with the core and creates an address space;
 //! 2. attaches the CPU, which makes the driver write `satp`: paging is on, the kernel
@@ -20,9 +20,15 @@
 //!    without another fault; `region_protect_range` makes 4 of its pages read-only,
 //!    which splits the megapage into 512 4 KiB leaves (the driver builds the table in
 //!    the megapage's split reserve), and every word is verified again;
-//! 7. prints a summary and exits QEMU through the SiFive test device (pass `0x5555`,
+//! 7. prints a summary;
+//! 8. four harts (`smp`): starts the other harts through SBI HSM, each activating the
+//!    space's table, and runs the concurrent-fault, shootdown and stress checks on all
+//!    of them (the CPU device's driver fences the other harts through SBI remote fences,
+//!    `sbi::SmpHart`); then exits QEMU through the SiFive test device (pass `0x5555`,
 //!    fail `0x3333 | code << 16`; any panic fails).
 //!
+//! The core's platform is `sbi::SmpPlatform` (CPU `i` is hart `i`); the single-hart
+//! steps 1-7 run on the boot hart before the others start.
 //! `cargo xtask qemu` builds and boots it.
 
 #![no_std]
@@ -33,6 +39,8 @@ extern crate alloc;
 
 mod board;
 mod memory;
+mod sbi;
+mod smp;
 mod trap;
 
 use alloc::format;
@@ -42,16 +50,19 @@ use board::{exit_fail, exit_pass, RAM_BASE, RAM_END};
 use core::sync::atomic::Ordering;
 use gmem_core::{
     Activation, AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, Gmem,
-    MapFlags, MmuMode, PageSize, PageTableRoot, Prot, SingleCpu, VirtAddr, PAGE_SIZE,
+    MapFlags, MmuMode, PageSize, PageTableRoot, Prot, VirtAddr, PAGE_SIZE,
 };
 use gmem_sv39::{DirectHart, GlobalMapping, Sv39, Sv39Config};
 use memory::{DirectRam, FramePool, Layout};
+use sbi::{SmpHart, SmpPlatform};
 
 core::arch::global_asm!(
     ".section .text.boot",
     ".globl _start",
     "_start:",
     // OpenSBI passes the hart id in a0 and the device tree in a1; keep both for kmain.
+    // `tp` holds the hart id for the rest of the run (`board::hart_index`).
+    "mv tp, a0",
     "la sp, __boot_stack_top",
     "la t0, __bss_start",
     "la t1, __bss_end",
@@ -65,18 +76,32 @@ core::arch::global_asm!(
     "3:",
     "wfi",
     "j 3b",
+    // Harts started through SBI HSM: a0 = hart id, a1 = the top of its stack (the
+    // opaque word `smp::run` passed), translation off.
+    ".globl _secondary_start",
+    "_secondary_start:",
+    "mv tp, a0",
+    "mv sp, a1",
+    "call secondary_main",
+    "4:",
+    "wfi",
+    "j 4b",
     ".section .bss.stack",
     ".align 12",
     "__boot_stack_bottom:",
     ".space 65536",
     "__boot_stack_top:",
+    // One stack per hart id (`smp::HART_STACK` bytes each; the boot hart's slot unused).
+    ".globl __hart_stacks",
+    "__hart_stacks:",
+    ".space 65536 * 4",
 );
 
 /// What the trap handler needs: the core and the CPU's device id.
 pub struct Kernel {
     /// The memory manager.
     pub gm: Gmem,
-    /// The hart, as the core's host CPU device.
+    /// The harts, as the core's host CPU device (one device for all of them).
     pub cpu: DeviceId,
 }
 
@@ -148,7 +173,7 @@ fn run(layout: &Layout) -> Result<(), String> {
     ];
     // SAFETY: paging is off now and RAM is identity mapped afterwards, so page-table
     // frames are reachable at their physical addresses (offset 0).
-    let hart = unsafe { DirectHart::new(0) };
+    let hart = SmpHart::new(unsafe { DirectHart::new(0) });
     // SAFETY: the pool's frames are the driver's alone and reachable through `hart`;
     // the global mappings cover the kernel image, stack, heap and MMIO it runs on.
     let mmu = Arc::new(
@@ -159,7 +184,7 @@ fn run(layout: &Layout) -> Result<(), String> {
     // hands it out.
     let ram = Arc::new(unsafe { DirectRam::new(layout.gmem.0, layout.gmem.1) });
     let gm = Gmem::new(
-        Arc::new(SingleCpu),
+        Arc::new(SmpPlatform),
         DeviceDesc {
             name: "hart0".into(),
             mmu: mmu.clone(),
@@ -339,14 +364,14 @@ fn run(layout: &Layout) -> Result<(), String> {
     check(s.faults_failed == 1, || {
         format!("{} faults refused, expected 1", s.faults_failed)
     })?;
-    Ok(())
+    smp::run(k, &mmu, root, space, layout)
 }
 
 /// A 2 MiB-aligned region: one fault, one megapage, every word verified; then a
 /// partial protect splits the megapage and every word is verified again.
 fn megapage(
     gm: &Gmem,
-    mmu: &Sv39<DirectHart>,
+    mmu: &Sv39<SmpHart>,
     root: PageTableRoot,
     space: gmem_core::SpaceId,
     layout: &Layout,

@@ -7,6 +7,8 @@
 //! __kernel_end heap            HEAP_BYTES   the core's tables (vmem arenas, logical page table)
 //!              page-table pool PT_FRAMES    frames the Sv39 driver builds page tables in
 //!              (2 MiB aligned) gmem RAM      GMEM_BYTES   frames the core backs regions with
+//!              second memory   SECOND_BYTES the four-hart stress run's second memory
+//!                                           (a device's, to migrate pages between)
 //! 0x8800_0000  end of RAM
 //! ```
 //!
@@ -23,6 +25,8 @@ pub const HEAP_BYTES: u64 = 8 << 20;
 pub const PT_FRAMES: u64 = 256;
 /// Bytes of RAM registered with the core.
 pub const GMEM_BYTES: u64 = 16 << 20;
+/// Bytes of RAM registered as a second memory (a memory device's) for migrations.
+pub const SECOND_BYTES: u64 = 4 << 20;
 
 #[global_allocator]
 static HEAP: LockedHeap = LockedHeap::empty();
@@ -42,6 +46,8 @@ pub struct Layout {
     pub page_tables: (u64, u64),
     /// The RAM the core manages `[start, end)`.
     pub gmem: (u64, u64),
+    /// The second memory `[start, end)`.
+    pub second: (u64, u64),
 }
 
 const fn align_up(v: u64, a: u64) -> u64 {
@@ -60,11 +66,13 @@ impl Layout {
         let page_tables = (heap.1, heap.1 + PT_FRAMES * PAGE_SIZE);
         let g = align_up(page_tables.1, 2 << 20);
         let gmem = (g, g + GMEM_BYTES);
-        (end >= RAM_BASE && gmem.1 <= RAM_END).then_some(Layout {
+        let second = (gmem.1, gmem.1 + SECOND_BYTES);
+        (end >= RAM_BASE && second.1 <= RAM_END).then_some(Layout {
             kernel_end: end,
             heap,
             page_tables,
             gmem,
+            second,
         })
     }
 

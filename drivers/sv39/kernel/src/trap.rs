@@ -6,14 +6,22 @@
 //! (`scause` 13, 15, 12) into `gm.dev_fault(cpu, stval, access)`:
 //! - `Ok`: the core installed the mapping through the Sv39 driver (which fenced it);
 //!   returning retries the access;
-//! - `Err(e)`: if a [`probe_read`] is in progress, the error is handed to it and the
-//!   faulting load is skipped; otherwise the kernel reports it and fails.
+//! - `Err(e)`: if a [`probe_read`] or [`probe_write`] is in progress on this hart, the
+//!   error is handed to it and the faulting access is skipped; otherwise the kernel
+//!   reports it and fails.
 //!
-//! Traps do not nest: a fault inside the handler stops the kernel.
+//! Every hart runs the same vector on its own stack; the state a trap keeps (the
+//! nesting flag, the probe, the fault count) is per hart, indexed by
+//! [`crate::board::hart_index`]. Traps do not nest: a fault inside the handler stops the
+//! kernel.
 
-use crate::board::exit_fail;
+use crate::board::{exit_fail, hart_index, MAX_HARTS};
 use crate::println;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[allow(clippy::declare_interior_mutable_const)]
+const FALSE: AtomicBool = AtomicBool::new(false);
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU64 = AtomicU64::new(0);
 use gmem_core::{FaultError, Prot, VirtAddr};
 
 core::arch::global_asm!(
@@ -61,7 +69,12 @@ pub static FETCH_FAULTS: AtomicU64 = AtomicU64::new(0);
 /// Faults the core served (the access was retried).
 pub static SERVED: AtomicU64 = AtomicU64::new(0);
 
-static IN_TRAP: AtomicBool = AtomicBool::new(false);
+/// Page faults each hart took (served or refused).
+pub static HART_FAULTS: [AtomicU64; MAX_HARTS] = [ZERO; MAX_HARTS];
+/// When set, refused probes are not reported one by one (the SMP checks probe in loops).
+pub static QUIET: AtomicBool = AtomicBool::new(false);
+
+static IN_TRAP: [AtomicBool; MAX_HARTS] = [FALSE; MAX_HARTS];
 
 /// Faults of each kind printed one by one before the handler goes quiet.
 const VERBOSE_FAULTS: u64 = 3;
@@ -72,7 +85,10 @@ enum Probe {
     Refused(FaultError),
 }
 
-static PROBE: spin::Mutex<Probe> = spin::Mutex::new(Probe::Idle);
+#[allow(clippy::declare_interior_mutable_const)]
+const IDLE: spin::Mutex<Probe> = spin::Mutex::new(Probe::Idle);
+/// Each hart's probe.
+static PROBE: [spin::Mutex<Probe>; MAX_HARTS] = [IDLE; MAX_HARTS];
 
 macro_rules! csr_read {
     ($csr:literal) => {{
@@ -120,7 +136,8 @@ extern "C" fn trap_handler() {
     let scause = csr_read!("scause");
     let stval = csr_read!("stval");
     let sepc = csr_read!("sepc");
-    if IN_TRAP.swap(true, Ordering::AcqRel) {
+    let hart = hart_index();
+    if IN_TRAP[hart].swap(true, Ordering::AcqRel) {
         println!("nested trap: scause {scause:#x} stval {stval:#x} sepc {sepc:#x}");
         exit_fail(3);
     }
@@ -134,6 +151,7 @@ extern "C" fn trap_handler() {
         }
     };
     let nth = counter.fetch_add(1, Ordering::Relaxed) + 1;
+    HART_FAULTS[hart].fetch_add(1, Ordering::Relaxed);
     let Some(k) = crate::KERNEL.get() else {
         println!("page fault before the core is up: stval {stval:#x} sepc {sepc:#x}");
         exit_fail(5);
@@ -151,20 +169,24 @@ extern "C" fn trap_handler() {
             }
         }
         Err(e) => {
-            let mut probe = PROBE.lock();
+            let mut probe = PROBE[hart].lock();
             if matches!(*probe, Probe::Armed) {
-                println!(
-                    "  trap: {what} page fault (scause {scause}) at {stval:#x} -> dev_fault: Err({e:?}); probe skips the load"
-                );
+                if !QUIET.load(Ordering::Relaxed) {
+                    println!(
+                        "  trap: {what} page fault (scause {scause}) at {stval:#x} -> dev_fault: Err({e:?}); probe skips the access"
+                    );
+                }
                 *probe = Probe::Refused(e);
                 skip_faulting_instruction(sepc);
             } else {
-                println!("unrecoverable {what} page fault at {stval:#x} (sepc {sepc:#x}): {e:?}");
+                println!(
+                    "unrecoverable {what} page fault on hart {hart} at {stval:#x} (sepc {sepc:#x}): {e:?}"
+                );
                 exit_fail(6);
             }
         }
     }
-    IN_TRAP.store(false, Ordering::Release);
+    IN_TRAP[hart].store(false, Ordering::Release);
 }
 
 /// Value a refused probe leaves in its destination register.
@@ -180,7 +202,8 @@ const PROBE_SENTINEL: u64 = 0xdead_beef_dead_beef;
 /// [`FaultError::OutOfMemory`] when no frame is free, ...); the trap handler then
 /// skipped the load.
 pub fn probe_read(va: VirtAddr) -> Result<u64, FaultError> {
-    *PROBE.lock() = Probe::Armed;
+    let hart = hart_index();
+    *PROBE[hart].lock() = Probe::Armed;
     let mut v = PROBE_SENTINEL;
     // SAFETY: a single aligned load from `va`; if it faults, the handler either has the
     // core map the page (the load retries) or skips the 4-byte load (`norvc`), leaving
@@ -196,8 +219,39 @@ pub fn probe_read(va: VirtAddr) -> Result<u64, FaultError> {
             options(nostack, readonly)
         )
     };
-    match core::mem::replace(&mut *PROBE.lock(), Probe::Idle) {
+    match core::mem::replace(&mut *PROBE[hart].lock(), Probe::Idle) {
         Probe::Refused(e) => Err(e),
         _ => Ok(v),
+    }
+}
+
+/// Store `value` to the u64 at `va`, letting the core serve a fault; a fault the core
+/// refuses comes back as its typed error (and nothing is stored).
+///
+/// # Errors
+/// As for [`probe_read`]: the core's [`FaultError`] when it refused the page fault the
+/// store took ([`FaultError::ProtectionViolation`] for a page the region does not let
+/// be written, ...); the trap handler then skipped the store.
+pub fn probe_write(va: VirtAddr, value: u64) -> Result<(), FaultError> {
+    let hart = hart_index();
+    *PROBE[hart].lock() = Probe::Armed;
+    // SAFETY: a single aligned store to `va`; if it faults, the handler either has the
+    // core map the page writable (the store retries) or skips the 4-byte store
+    // (`norvc`). `va` is an address the caller's regions may hold: the store either
+    // reaches a page the core mapped writable for this space or is refused.
+    unsafe {
+        core::arch::asm!(
+            ".option push",
+            ".option norvc",
+            "sd {v}, 0({a})",
+            ".option pop",
+            a = in(reg) va.as_u64() & !7,
+            v = in(reg) value,
+            options(nostack)
+        )
+    };
+    match core::mem::replace(&mut *PROBE[hart].lock(), Probe::Idle) {
+        Probe::Refused(e) => Err(e),
+        _ => Ok(()),
     }
 }
