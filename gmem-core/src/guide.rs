@@ -1,0 +1,1 @@
+//! The embedding guide (placeholder).
