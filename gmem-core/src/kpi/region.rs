@@ -145,6 +145,55 @@ impl Gmem {
     /// # Errors
     /// [`RegionError`] for a stale handle (a double free) or a destroyed space; nothing
     /// changes then and `callback` is dropped unrun.
+    ///
+    /// # Examples
+    /// Strict: when the call returns, no TLB translates the region and its frames are
+    /// free.
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))?;
+    /// sys.write(0, r.start, b"x").unwrap();
+    /// assert!(sys.host().mmu.translate(r.start).is_some());
+    /// gm.region_dealloc(r, MapFlags::empty(), None)?;
+    /// assert_eq!(sys.host().mmu.translate(r.start), None);
+    /// assert_eq!(gm.dev_frames(gm.host())?.free, 16);
+    /// assert_eq!(gm.region_dealloc(r, MapFlags::empty(), None), Err(RegionError::StaleRegion(r)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    /// Asynchronous: the range and the frames wait in the space's queue for one
+    /// batched invalidation; the callback says when they are released.
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(PAGE_SIZE))?;
+    /// sys.write(0, r.start, b"x").unwrap();
+    /// let released = Arc::new(AtomicUsize::new(0));
+    /// let seen = released.clone();
+    /// let callback: Callback = Box::new(move |result| {
+    ///     assert!(result.is_ok());
+    ///     seen.fetch_add(1, Ordering::SeqCst);
+    /// });
+    /// gm.region_dealloc(r, MapFlags::ASYNC, Some(callback))?;
+    /// // Gone from the space at once; the frame is quarantined until the invalidation.
+    /// assert!(gm.as_lookup(space, r.start).is_err());
+    /// assert_eq!(gm.dev_frames(gm.host())?.pending, 1);
+    /// assert_eq!(released.load(Ordering::SeqCst), 0);
+    /// gm.as_synchronize(space)?;
+    /// assert_eq!(released.load(Ordering::SeqCst), 1);
+    /// assert_eq!(gm.dev_frames(gm.host())?.free, 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn region_dealloc(
         &self,
         region: Region,
@@ -191,6 +240,33 @@ impl Gmem {
     /// already mapped or populated, an unknown set, or a driver failure. Every check
     /// comes before the first change (the queue is not even drained), and a driver
     /// failure removes what was mapped; the callback of a failed call is dropped unrun.
+    ///
+    /// # Examples
+    /// A NIC behind an IOMMU cannot fault: the region's DMA mapping onto two buffer
+    /// frames the kernel owns is installed in its table at once.
+    /// ```
+    /// # use gmem_core::testing::{TestSystem, HOST_BASE};
+    /// # use gmem_core::*;
+    /// let mut sys = TestSystem::new(16);
+    /// let nic = sys.add_device(2, DevCaps::empty(), 0, 0);
+    /// let nic_id = sys.devices[nic].id;
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, nic_id, MmuMode::Coherent, Activation::Switch)?;
+    /// let ring = gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))?;
+    /// // Host RAM past what the core manages (16 pages from HOST_BASE).
+    /// let frames = [PhysAddr::new(HOST_BASE + 100 * PAGE_SIZE), PhysAddr::new(HOST_BASE + 101 * PAGE_SIZE)];
+    /// gm.region_map(ring, MapRequest::new(&frames, gm.host()).prot(Prot::READ))?;
+    /// let second = VirtAddr::new(ring.start.as_u64() + PAGE_SIZE);
+    /// let pte = sys.translate(nic, second, Prot::READ).unwrap();
+    /// assert_eq!((pte.pfn, pte.prot), (frames[1].pfn().0, Prot::READ));
+    /// assert!(gm.region_info(ring)?.mapped);
+    /// // One frame per page.
+    /// let other = gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))?;
+    /// let short = gm.region_map(other, MapRequest::new(&frames[..1], gm.host()));
+    /// assert_eq!(short, Err(MapError::FrameCount { expected: 2, given: 1 }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn region_map(&self, region: Region, req: MapRequest<'_>) -> Result<(), MapError> {
         let _critical = self.critical();
         let MapRequest {
@@ -243,6 +319,29 @@ impl Gmem {
     ///
     /// # Errors
     /// [`PolicyError`]: a bad handle, or a target device that is gone or has no memory.
+    ///
+    /// # Examples
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let mut sys = TestSystem::new(16);
+    /// let gpu = sys.add_device(2, DevCaps::FAULTABLE, 0x8000_0000, 32);
+    /// let gpu = sys.devices[gpu].id;
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(PAGE_SIZE))?;
+    /// // The CPU fills it, but the pages belong in the GPU's memory, read remotely.
+    /// let placement = Placement { target: PlacementTarget::Device(gpu), mode: PlacementMode::RemoteAccess };
+    /// gm.region_set_policy(r, placement)?;
+    /// assert_eq!(gm.region_info(r)?.placement, placement);
+    /// sys.write(0, r.start, b"weights").unwrap();
+    /// assert_eq!(gm.as_page_frame(space, r.start)?.map(|(memory, _)| memory), Some(gpu));
+    /// gm.region_dealloc(r, MapFlags::empty(), None)?;
+    /// let stale = gm.region_set_policy(r, Placement::default());
+    /// assert_eq!(stale, Err(PolicyError::Region(RegionError::StaleRegion(r))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn region_set_policy(
         &self,
         region: Region,
@@ -320,6 +419,36 @@ impl Gmem {
     /// [`ProtectError`]: a bad handle, a range that is empty, unaligned or not inside
     /// the region ([`RegionError::BadRange`]), a protection with unknown bits, or a
     /// driver failure — after which every table holds the old protections again.
+    ///
+    /// # Examples
+    /// A guard page in the middle of a stack-like region: writes there are refused,
+    /// the rest stays writable.
+    /// ```
+    /// # use gmem_core::testing::{AccessError, TestSystem};
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))?;
+    /// let page = |i: u64| VirtAddr::new(r.start.as_u64() + i * PAGE_SIZE);
+    /// sys.write(0, page(2), b"before").unwrap();
+    /// gm.region_protect_range(r, VaRange::new(page(2), PAGE_SIZE)?, Prot::READ)?;
+    /// assert_eq!(
+    ///     sys.write(0, page(2), b"after"),
+    ///     Err(AccessError::Fault(FaultError::ProtectionViolation {
+    ///         va: page(2),
+    ///         access: Prot::WRITE,
+    ///         allowed: Prot::READ,
+    ///     }))
+    /// );
+    /// assert_eq!(sys.read(0, page(2), 6).unwrap(), b"before"); // still readable
+    /// sys.write(0, page(3), b"fine").unwrap(); // the rest keeps its protection
+    /// // A range outside the region is refused.
+    /// let outside = VaRange::new(page(4), PAGE_SIZE)?;
+    /// assert!(gm.region_protect_range(r, outside, Prot::READ).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn region_protect_range(
         &self,
         region: Region,
@@ -524,6 +653,30 @@ impl Gmem {
     /// [`PopulateError`]: a bad handle or target, memory exhausted even after eviction,
     /// or a driver or data-mover failure. Pages moved before the failure stay moved
     /// (each is whole and consistent; the call is a sequence of page migrations).
+    ///
+    /// # Examples
+    /// Before a kernel launch, move what the CPU wrote into the GPU's memory; the
+    /// bytes follow the page.
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let mut sys = TestSystem::new(16);
+    /// let gpu = sys.add_device(2, DevCaps::FAULTABLE, 0x8000_0000, 32);
+    /// let gpu_id = sys.devices[gpu].id;
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// gm.as_attach(space, gpu_id, MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))?;
+    /// sys.write(0, r.start, b"input").unwrap(); // one page, in host memory
+    /// assert_eq!(gm.as_page_frame(space, r.start)?.map(|(m, _)| m), Some(gm.host()));
+    /// // Only the populated page moves; with `Prefetch` the other three would be
+    /// // zero-filled there too.
+    /// assert_eq!(gm.region_migrate(r, gpu_id, MigrateScope::Populated)?, 1);
+    /// assert_eq!(gm.as_page_frame(space, r.start)?.map(|(m, _)| m), Some(gpu_id));
+    /// assert_eq!(sys.read(gpu, r.start, 5).unwrap(), b"input");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn region_migrate(
         &self,
         region: Region,

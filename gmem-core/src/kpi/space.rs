@@ -36,6 +36,21 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError`] for an empty, unaligned or overflowing range, or a policy naming two
     /// fits.
+    ///
+    /// # Examples
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// // [1 GiB, 2 GiB), every region with an unmapped guard page on each side.
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::GUARDED)?;
+    /// assert!(gm.as_regions(space)?.is_empty());
+    /// // An empty range is refused.
+    /// let empty = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(1 << 30), AllocPolicy::empty());
+    /// assert!(matches!(empty, Err(SpaceError::BadRange(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_create(
         &self,
         begin: VirtAddr,
@@ -129,6 +144,28 @@ impl Gmem {
     /// [`AttachError`]: a stale space or device (or one being destroyed), a device already
     /// attached, 32 attachments or tables already, or a driver that cannot create or fill
     /// the table; nothing changes then.
+    ///
+    /// # Examples
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let mut sys = TestSystem::new(16);
+    /// let igpu = sys.add_device(1, DevCaps::FAULTABLE, 0, 0); // the host's table format
+    /// let nic = sys.add_device(2, DevCaps::empty(), 0, 0); // a format of its own
+    /// let (igpu, nic) = (sys.devices[igpu].id, sys.devices[nic].id);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// // The CPU gets a table of its own and is switched to it (the driver's `activate`).
+    /// assert_eq!(gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?, MmuMode::Coherent);
+    /// assert_eq!(gm.dev_active(gm.host())?, Some(space));
+    /// // Same format: the integrated GPU shares the CPU's table.
+    /// assert_eq!(gm.as_attach(space, igpu, MmuMode::Shared, Activation::Switch)?, MmuMode::Shared);
+    /// // No table of its format: shared falls back to coherent; left inactive.
+    /// assert_eq!(gm.as_attach(space, nic, MmuMode::Shared, Activation::Leave)?, MmuMode::Coherent);
+    /// assert_eq!(gm.dev_active(nic)?, None);
+    /// assert_eq!(gm.as_attach(space, nic, MmuMode::Coherent, Activation::Leave), Err(AttachError::AlreadyAttached));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_attach(
         &self,
         space_id: SpaceId,
@@ -159,6 +196,25 @@ impl Gmem {
     /// [`AllocError`]: a stale space, an argument that is not a page multiple or power of
     /// two, contradictory constraints, no free range, or an injected failure; the arena is
     /// unchanged.
+    ///
+    /// # Examples
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// let buf = gm.as_alloc(space, AllocRequest::new(16 * PAGE_SIZE))?;
+    /// // 2 MiB aligned, for a large leaf.
+    /// let big = gm.as_alloc(space, AllocRequest { align: 2 << 20, ..AllocRequest::new(2 << 20) })?;
+    /// assert!(big.start.is_aligned(2 << 20));
+    /// assert_eq!(gm.region_info(buf)?.range.len, 16 * PAGE_SIZE);
+    /// // No frame is taken until a fault.
+    /// assert_eq!(gm.dev_frames(gm.host())?.free, 16);
+    /// // Sizes are whole pages.
+    /// assert!(matches!(gm.as_alloc(space, AllocRequest::new(100)), Err(AllocError::BadArgument(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_alloc(&self, space_id: SpaceId, req: AllocRequest) -> Result<Region, AllocError> {
         let _critical = self.critical();
         use crate::addr::AddrError;
@@ -245,6 +301,24 @@ impl Gmem {
     ///
     /// # Errors
     /// [`LookupError`] for a stale space or an address no region holds.
+    ///
+    /// # Examples
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))?;
+    /// // Any address inside the region names it (a fault handler's first question).
+    /// let inside = VirtAddr::new(r.start.as_u64() + 3 * PAGE_SIZE + 8);
+    /// let info = gm.as_lookup(space, inside)?;
+    /// assert_eq!(info.region, r);
+    /// assert_eq!(info.prot, Prot::RW);
+    /// let past = VirtAddr::new(r.start.as_u64() + 4 * PAGE_SIZE);
+    /// assert_eq!(gm.as_lookup(space, past), Err(LookupError::NotAllocated(past)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_lookup(&self, space_id: SpaceId, va: VirtAddr) -> Result<RegionInfo, LookupError> {
         let _critical = self.critical();
         let space = self
@@ -279,6 +353,32 @@ impl Gmem {
     ///
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
+    ///
+    /// # Examples
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(PAGE_SIZE))?;
+    /// sys.write(0, r.start, b"data").unwrap();
+    /// let done = Arc::new(AtomicBool::new(false));
+    /// let flag = done.clone();
+    /// gm.region_unmap(r, MapFlags::ASYNC, Some(Box::new(move |result| {
+    ///     assert_eq!(result, Ok(()));
+    ///     flag.store(true, Ordering::SeqCst);
+    /// })))?;
+    /// assert_eq!((gm.as_pending(space)?, done.load(Ordering::SeqCst)), (1, false));
+    /// gm.as_synchronize(space)?; // invalidates, frees the frame, runs the callback
+    /// assert_eq!((gm.as_pending(space)?, done.load(Ordering::SeqCst)), (0, true));
+    /// assert_eq!(gm.dev_frames(gm.host())?.free, 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_synchronize(&self, space_id: SpaceId) -> Result<(), SpaceError> {
         let _critical = self.critical();
         let space = self
