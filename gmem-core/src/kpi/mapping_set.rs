@@ -26,6 +26,40 @@ impl Gmem {
     /// # Errors
     /// [`SetError`] for a stale space or set handle; nothing changes then and
     /// `callback` is dropped unrun.
+    ///
+    /// # Examples
+    /// The buffers of one DMA transfer join a set as they are mapped and go together.
+    /// ```
+    /// # use gmem_core::testing::{TestSystem, HOST_BASE};
+    /// # use gmem_core::*;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let mut sys = TestSystem::new(16);
+    /// let nic = sys.add_device(2, DevCaps::empty(), 0, 0);
+    /// let nic_id = sys.devices[nic].id;
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, nic_id, MmuMode::Coherent, Activation::Switch)?;
+    /// let set = gm.mapping_set_create(space)?;
+    /// let mut bufs = Vec::new();
+    /// for i in 0..3 {
+    ///     let r = gm.as_alloc(space, AllocRequest::new(PAGE_SIZE))?;
+    ///     let frame = [PhysAddr::new(HOST_BASE + (100 + i) * PAGE_SIZE)];
+    ///     gm.region_map(r, MapRequest::new(&frame, gm.host()).in_set(set))?;
+    ///     bufs.push(r);
+    /// }
+    /// let calls = Arc::new(AtomicUsize::new(0));
+    /// let seen = calls.clone();
+    /// gm.mapping_set_unmap(space, set, MapFlags::empty(), Some(Box::new(move |_| {
+    ///     seen.fetch_add(1, Ordering::SeqCst);
+    /// })))?;
+    /// assert_eq!(calls.load(Ordering::SeqCst), 1, "one callback for the set");
+    /// for r in bufs {
+    ///     assert!(sys.translate(nic, r.start, Prot::READ).is_err(), "unmapped");
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn mapping_set_unmap(
         &self,
         space_id: SpaceId,
