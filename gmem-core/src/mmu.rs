@@ -5,15 +5,55 @@
 //! all: the core decides what is mapped where and calls these functions.
 //!
 //! ## Contracts
-//! - The core serialises every call that touches one page table (it holds the owning
-//!   address space's lock), so an implementation needs no locking of its own for page
-//!   table updates; TLB invalidation of one device may race with updates of another
-//!   device's tables and must be safe for that. The exception is opt-in: a driver whose
-//!   tables take concurrent edits of disjoint ranges (compare-and-swap or
-//!   reader-writer disciplines) says so with [`Mmu::concurrent_edits`], and the core
-//!   then makes `region_map`'s eager mappings and a strict `region_dealloc`'s unmapping
-//!   outside the space lock, so that disjoint regions of one space are edited at once.
-//!   The core still never destroys a table while such an edit of it runs.
+//! - **Where driver calls come from.** Every call the core makes to a driver (but
+//!   [`Mmu::page_sizes`], asked once when the device registers) is made inside a KPI
+//!   call, on the thread (the CPU) making it, so inside the platform's critical section
+//!   ([`crate::Platform::enter_critical`]: interrupts and preemption off in a kernel). Most run with the owning space's lock held; [`Mmu::activate`]
+//!   also with the device's binding; [`DeviceMemory::group_class_changed`] with the
+//!   device's frame lock. A driver therefore must not call back into the core — the
+//!   one call that answers instead of waiting is [`crate::Gmem::dev_try_fault`], with
+//!   [`crate::FaultError::Busy`] — and must not wait for anything that needs an
+//!   interrupt on the calling CPU (an IPI's acknowledgement must reach a CPU spinning
+//!   with interrupts off: see the guide's *SMP* section, [`crate::guide`]).
+//! - **How calls on one table are serialised.** A page table belongs to one address
+//!   space. The core makes every `create_page_table`, `map`, `unmap`, `protect`,
+//!   `test_and_clear_accessed`, `activate` and `destroy_page_table` concerning it with
+//!   that space's lock held, so they never overlap and an implementation needs no
+//!   locking of its own for one table's entries. Two exceptions: [`Mmu::invalidate`]
+//!   may come without the space lock (a strict `region_dealloc` invalidates after
+//!   releasing it), concurrently with other calls on the same MMU; and a driver that
+//!   opts in with [`Mmu::concurrent_edits`] gets `map`s and `unmap`s of *disjoint*
+//!   ranges of one table at once (below). Calls concerning **different** tables — two
+//!   spaces, on two CPUs — run at the same time: state a driver shares between its
+//!   tables (its page-table frame pool, its list of roots, a TLB or the set of CPUs to
+//!   shoot down) needs its own synchronisation.
+//! - **Empty protection.** The core does not install a mapping that allows nothing:
+//!   `region_map` refuses [`Prot::empty`], and a protect to no access
+//!   (`region_protect`, `region_protect_range`) *unmaps* the pages instead of calling
+//!   [`Mmu::protect`] (and invalidates them), so a format need not encode a present
+//!   leaf without permissions. Eager mappings (replicas, wiring, private frames) and
+//!   large leaves skip pages of no access. Known exception (issue 30): a fault reported
+//!   with an empty access on a page of no access is served with a `map` whose
+//!   [`MapRun::prot`] is empty; a handler that derives the access from the hardware's
+//!   error code always names one, and a driver may treat such a run as nothing to map.
+//! - **What `activate(None)` means.** The core calls `activate(Some(root))` when the
+//!   device is switched to a space (`dev_switch`, `as_attach` with
+//!   [`crate::Activation::Switch`]) and `activate(None)` when the space it is active in
+//!   detaches it or is destroyed (`dev_detach`, `as_destroy`), always before that table
+//!   is destroyed. The call runs on the calling CPU only: for the CPU device it means
+//!   "this CPU stops translating through the core's tables", not "turn paging off" —
+//!   the kernel keeps running, so a CPU driver points the CPU at a table holding only
+//!   the kernel's own mappings (`drivers/sv39` switches to its template table of global
+//!   mappings). Other CPUs running on the table switch away themselves, each calling
+//!   the driver's `activate` on its own CPU, before the device is detached.
+//! - **The kernel's half is the driver's.** The core maps, unmaps, protects and
+//!   invalidates only addresses inside its spaces' ranges (`as_create`); it never
+//!   touches what lies outside. Since `activate` points the CPU at a table the core
+//!   asked for, every table a CPU driver creates must already hold the kernel's own
+//!   mappings (code, stacks, heap, MMIO, the direct map: the upper half), as
+//!   `drivers/sv39` copies its *global* mappings into every table it creates; and no
+//!   space may overlap them. The kernel's heap, and everything a core call or a driver
+//!   callback touches, lives there: a fault on it inside a core call cannot be served.
 //! - [`Mmu::map`] receives a whole physically contiguous run with the leaf size the
 //!   core asks for in [`MapRun::page_size`] (see *Large leaves* below); a driver may add
 //!   contiguity hints (MESC subregion bits). [`Mmu::unmap`] and [`Mmu::protect`] receive
