@@ -473,6 +473,28 @@ impl Gmem {
     /// # Errors
     /// [`RegionError`]: a bad handle or range; nothing changes then and `callback` is
     /// dropped unrun.
+    ///
+    /// # Examples
+    /// Every page of the range goes, the last one included; the pages around it stay.
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest::new(6 * PAGE_SIZE))?;
+    /// let page = |i: u64| VirtAddr::new(r.start.as_u64() + i * PAGE_SIZE);
+    /// sys.write(0, r.start, &[1; 6 * PAGE_SIZE as usize]).unwrap();
+    /// gm.region_unmap_range(r, VaRange::new(page(1), 4 * PAGE_SIZE)?, MapFlags::empty(), None)?;
+    /// let mmu = &sys.host().mmu;
+    /// let mapped: Vec<bool> = (0..6).map(|i| mmu.translate(page(i)).is_some()).collect();
+    /// assert_eq!(mapped, [true, false, false, false, false, true]);
+    /// assert_eq!(gm.dev_frames(gm.host())?.free, 16 - 2);
+    /// // An anonymous region's unmapped pages are zero-filled again on the next touch.
+    /// assert_eq!(sys.read(0, page(4), 1).unwrap(), [0]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn region_unmap_range(
         &self,
         region: Region,
