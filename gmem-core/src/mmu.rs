@@ -44,8 +44,9 @@
 //!   "this CPU stops translating through the core's tables", not "turn paging off" —
 //!   the kernel keeps running, so a CPU driver points the CPU at a table holding only
 //!   the kernel's own mappings (`drivers/sv39` switches to its template table of global
-//!   mappings). Other CPUs running on the table switch away themselves, each calling
-//!   the driver's `activate` on its own CPU, before the device is detached.
+//!   mappings). Other CPUs running on the table must switch away themselves before
+//!   the device is detached, each calling the driver's own `activate(None)` on its
+//!   own CPU (as the Sv39 kernel's harts do): the core's call reaches only the caller.
 //! - **The kernel's half is the driver's.** The core maps, unmaps, protects and
 //!   invalidates only addresses inside its spaces' ranges (`as_create`); it never
 //!   touches what lies outside. Since `activate` points the CPU at a table the core

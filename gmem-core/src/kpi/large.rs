@@ -28,6 +28,32 @@ impl Gmem {
     /// (`OutOfMemory`: nothing of that block changed but its mappings, which fault back),
     /// or a driver or data-mover failure. Blocks promoted before the failure stay
     /// promoted; the failing block's pages are each whole and consistent.
+    ///
+    /// # Examples
+    /// One store fault fills a 2 MiB block and maps it with one large leaf; a range
+    /// protect splits it; once the protection is whole again, promotion maps it large
+    /// again.
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::with_host_sizes(1024, PageSizes::S4K | PageSizes::S2M);
+    /// let gm = &sys.gm;
+    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
+    /// let r = gm.as_alloc(space, AllocRequest { align: 2 << 20, ..AllocRequest::new(2 << 20) })?;
+    /// let served = gm.dev_fault(gm.host(), r.start, Prot::WRITE)?;
+    /// assert_eq!((served.kind, served.pages), (FaultKind::ZeroFill, 512));
+    /// let leaves = gm.as_large_leaves(space)?;
+    /// assert_eq!((leaves.len(), leaves[0].size), (1, PageSize::Size2M));
+    ///
+    /// let one = VaRange::new(r.start, PAGE_SIZE)?;
+    /// gm.region_protect_range(r, one, Prot::READ)?; // the leaf splits
+    /// assert!(gm.as_large_leaves(space)?.is_empty());
+    /// gm.region_protect_range(r, one, Prot::RW)?; // one protection again
+    /// assert_eq!(gm.region_promote(r)?, 1);
+    /// assert_eq!(gm.as_large_leaves(space)?.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn region_promote(&self, region: Region) -> Result<u64, PopulateError> {
         let _critical = self.critical();
         let space = self.space(region.space).ok_or(PopulateError::Region(
