@@ -27,6 +27,9 @@ const REQUIRED: &[&str] = &[
     "x86: zero-fill faults served",
     "x86: write to read-only range refused",
     "x86: 2 MiB leaf",
+    "vtd: translation enabled",
+    "vtd: dma fault recorded",
+    "edu: dma verified",
 ];
 /// QEMU's exit status for the kernel's pass code (`0x10 << 1 | 1`).
 const PASS_STATUS: i32 = 33;
@@ -164,6 +167,8 @@ fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
         "none",
         "-device",
         "isa-debug-exit,iobase=0xf4,iosize=0x04",
+        "-device",
+        "edu",
         "-drive",
         &code,
         "-drive",
@@ -234,7 +239,12 @@ fn judge(run: &Run) -> Result<(), String> {
             return Err(format!("qemu: the kernel never printed its `{r}` line"));
         }
     }
-    let last = run.lines.iter().rev().find(|l| !l.trim().is_empty());
+    // QEMU's own diagnostics (stderr) may come after the kernel's last line.
+    let last = run
+        .lines
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty() && !l.starts_with("qemu-system-x86_64:"));
     match (run.status, last) {
         (Some(PASS_STATUS), Some(l)) if l.trim() == PASS_LINE => {
             eprintln!("\nqemu-x86: the kernel passed (isa-debug-exit: pass)");

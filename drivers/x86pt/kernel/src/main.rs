@@ -20,18 +20,23 @@
 
 extern crate alloc;
 
+mod acpi;
 mod board;
 mod cpu;
+mod dma;
+mod edu;
 mod memory;
 mod trap;
+mod vtd;
 
 use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use board::{exit_fail, exit_pass};
+use core::sync::atomic::Ordering;
 use gmem_core::{DevCaps, DeviceDesc, DeviceId, Gmem, Prot, SingleCpu};
 use gmem_x86pt::{DirectCpu, GlobalMapping, PagedConfig, PagedMmu, X86Codec, X86Config};
-use memory::{DirectRam, FramePool, Layout, BLOCK_BYTES};
+use memory::{DirectRam, DmaArena, FramePool, Layout, BLOCK_BYTES};
 use uefi::boot::{AllocateType, MemoryType};
 use uefi::{entry, Status};
 
@@ -58,6 +63,11 @@ fn main() -> Status {
     board::serial_init();
     println!();
     println!("x86 kernel: UEFI entry");
+    let rsdp = uefi::system::with_config_table(|t| {
+        t.iter()
+            .find(|e| e.guid == uefi::table::cfg::ACPI2_GUID)
+            .map(|e| e.address as u64)
+    });
     let block = match uefi::boot::allocate_pages(
         AllocateType::MaxAddress(IDENTITY_END - 1),
         MemoryType::LOADER_DATA,
@@ -90,7 +100,7 @@ fn main() -> Status {
         layout.dma.0,
         layout.dma.1
     );
-    match run(&layout) {
+    match run(&layout, rsdp) {
         Ok(()) => {
             println!("x86 kernel: PASS");
             exit_pass()
@@ -111,7 +121,7 @@ pub fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
-fn run(layout: &Layout) -> Result<(), String> {
+fn run(layout: &Layout, rsdp: Option<u64>) -> Result<(), String> {
     // SAFETY: the pool's range is the kernel's block (layout), identity mapped by the
     // global mappings below and used by nothing else.
     let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
@@ -154,6 +164,35 @@ fn run(layout: &Layout) -> Result<(), String> {
     let cpu = gm.host();
     let k = KERNEL.call_once(|| Kernel { gm, cpu });
     cpu::run(&k.gm, k.cpu, &mmu, layout)?;
+
+    let drhd = acpi::find_drhd(rsdp.ok_or("UEFI gave no ACPI 2.0 table")?)?;
+    let mut arena = DmaArena::new(layout.dma.0, layout.dma.1);
+    let unit = Arc::new(vtd::VtdUnit::new(drhd.registers, &mut arena)?);
+    println!(
+        "vtd: DMAR unit at {:#x} (host address width {}, all PCI devices: {}), CAP {:#x}, ECAP {:#x}; root table {:#x}, queued invalidation on",
+        drhd.registers,
+        drhd.host_address_width,
+        drhd.include_all,
+        unit.cap(),
+        unit.ecap(),
+        unit.root_table()
+    );
+    let gsts = unit.enable_translation()?;
+    println!("vtd: translation enabled (GSTS {gsts:#x}): every DMA is now translated by tables the core writes, or blocked");
+    dma::edu(&k.gm, k.cpu, &unit, pool.clone(), &mut arena)?;
+    let c = &unit.counters;
+    println!(
+        "vtd: descriptors: IOTLB {} (page-selective {}, domain {}), context-cache {}, wait {}, errors {}",
+        c.iotlb(),
+        c.iotlb_page.load(Ordering::Relaxed),
+        c.iotlb_domain.load(Ordering::Relaxed),
+        c.context.load(Ordering::Relaxed),
+        c.wait.load(Ordering::Relaxed),
+        c.errors.load(Ordering::Relaxed)
+    );
+    check(c.errors.load(Ordering::Relaxed) == 0, || {
+        "the unit reported invalidation errors".into()
+    })?;
     println!(
         "page-table frames in use {}, heap in use {} KiB",
         pool.in_use(),

@@ -84,6 +84,34 @@ pub fn heap_used() -> usize {
     HEAP.lock().used()
 }
 
+/// A bump allocator over the kernel's DMA memory: buffers and queues that stay the
+/// kernel's (the core maps them for devices with `region_map`, never owns them).
+pub struct DmaArena {
+    next: u64,
+    end: u64,
+}
+
+impl DmaArena {
+    /// An arena over `[start, end)` (identity mapped, the kernel's alone).
+    pub const fn new(start: u64, end: u64) -> DmaArena {
+        DmaArena { next: start, end }
+    }
+
+    /// `bytes` (rounded up to 4 KiB) aligned to `align`, zeroed; `None` when exhausted.
+    pub fn take(&mut self, bytes: u64, align: u64) -> Option<u64> {
+        let at = align_up(self.next, align.max(PAGE_SIZE));
+        let end = at.checked_add(align_up(bytes, PAGE_SIZE))?;
+        if end > self.end {
+            return None;
+        }
+        self.next = end;
+        // SAFETY: `[at, end)` is inside the arena (identity mapped, the kernel's alone,
+        // `new`'s contract) and handed out once.
+        unsafe { core::ptr::write_bytes(at as *mut u8, 0, (end - at) as usize) };
+        Some(at)
+    }
+}
+
 /// A pool of 4 KiB frames for page tables: a bump pointer and an intrusive free list
 /// (each free frame holds the address of the next).
 pub struct FramePool {

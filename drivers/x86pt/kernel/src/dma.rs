@@ -1,0 +1,202 @@
+//! DMA through the core: VT-d brought up, each DMA device created in the core with its
+//! own domain's [`IoMmu`], its buffers mapped bus_dma-style (`as_alloc` + `region_map`
+//! onto the kernel's DMA memory) and unmapped strictly or asynchronously.
+
+use crate::edu::{Edu, EDU_BUFFER, EDU_CHUNK, EDU_DMA_LIMIT};
+use crate::memory::DmaArena;
+use crate::vtd::{VtdDomain, VtdUnit};
+use crate::{check, println};
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use gmem_core::{
+    Activation, AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, Gmem, MapFlags,
+    MapRequest, MmuMode, PhysAddr, Prot, Region, SpaceId, VirtAddr, PAGE_SIZE,
+};
+use gmem_x86pt::{PagedConfig, PagedMmu, VtdCodec};
+
+/// A device's IOMMU driver: the shared driver over the VT-d format and its domain.
+pub type IoMmu = PagedMmu<VtdCodec, VtdDomain>;
+
+/// A DMA device in the core.
+pub struct DmaDevice {
+    /// The core's id.
+    pub id: DeviceId,
+    /// Its IOMMU driver.
+    pub mmu: Arc<IoMmu>,
+    /// Its I/O virtual address space, attached and active.
+    pub space: SpaceId,
+}
+
+impl DmaDevice {
+    /// Create `name` (PCI `bdf`) in the core behind `unit` in domain `did`, with the
+    /// I/O virtual address space `[begin, end)`.
+    ///
+    /// # Errors
+    /// A description of the driver's or the core's refusal.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gm: &Gmem,
+        unit: &Arc<VtdUnit>,
+        frames: Arc<dyn gmem_core::FrameSource>,
+        name: &str,
+        bdf: crate::board::Bdf,
+        did: u16,
+        begin: u64,
+        end: u64,
+    ) -> Result<DmaDevice, String> {
+        let codec = unit
+            .codec(false)
+            .ok_or("the unit supports no 39-bit second-level tables")?;
+        let domain = VtdDomain::new(unit.clone(), bdf, did, &codec);
+        // SAFETY: the pool's frames are identity mapped and the drivers' alone; an
+        // IOMMU domain has no global mappings.
+        let mmu = Arc::new(
+            unsafe { PagedMmu::new(codec, domain, frames, PagedConfig::default(), &[]) }
+                .map_err(|e| format!("{name}: IOMMU driver: {e}"))?,
+        );
+        let id = gm
+            .dev_create(DeviceDesc {
+                name: name.into(),
+                mmu: mmu.clone(),
+                memory: None,
+                caps: DevCaps::empty(),
+                data: None,
+            })
+            .map_err(|e| format!("{name}: dev_create: {e}"))?;
+        let space = gm
+            .as_create(
+                VirtAddr::new(begin),
+                VirtAddr::new(end),
+                AllocPolicy::empty(),
+            )
+            .map_err(|e| format!("{name}: as_create: {e}"))?;
+        gm.as_attach(space, id, MmuMode::Coherent, Activation::Switch)
+            .map_err(|e| format!("{name}: as_attach: {e}"))?;
+        Ok(DmaDevice { id, mmu, space })
+    }
+
+    /// Map `len` bytes of the kernel's memory at `pa` for DMA with `prot` (`align`:
+    /// the IOVA's alignment, 2 MiB to get superpages).
+    ///
+    /// # Errors
+    /// A description of the core's refusal; nothing stays allocated.
+    pub fn map(
+        &self,
+        gm: &Gmem,
+        host: DeviceId,
+        pa: u64,
+        len: u64,
+        align: u64,
+        prot: Prot,
+    ) -> Result<Region, String> {
+        let frames: Vec<PhysAddr> = (0..len / PAGE_SIZE)
+            .map(|k| PhysAddr::new(pa + k * PAGE_SIZE))
+            .collect();
+        let mut req = AllocRequest::new(len);
+        req.align = align.max(PAGE_SIZE);
+        let region = gm
+            .as_alloc(self.space, req)
+            .map_err(|e| format!("as_alloc: {e}"))?;
+        if let Err(e) = gm.region_map(region, MapRequest::new(&frames, host).prot(prot)) {
+            let _ = gm.region_dealloc(region, MapFlags::empty(), None);
+            return Err(format!("region_map: {e}"));
+        }
+        Ok(region)
+    }
+}
+
+fn fill(pa: u64, len: u64, seed: u64) {
+    for w in 0..len / 8 {
+        // SAFETY: `[pa, pa + len)` is a buffer of the kernel's DMA memory (identity
+        // mapped, no device is transferring to it now).
+        unsafe { core::ptr::write_volatile((pa + 8 * w) as *mut u64, (pa + 8 * w) ^ seed) };
+    }
+}
+
+fn differs(a: u64, b: u64, len: u64) -> Option<u64> {
+    (0..len / 8).find(|w| {
+        // SAFETY: two buffers of the kernel's DMA memory, no transfer in flight.
+        unsafe {
+            core::ptr::read_volatile((a + 8 * w) as *const u64)
+                != core::ptr::read_volatile((b + 8 * w) as *const u64)
+        }
+    })
+}
+
+/// Edu: a 4 KiB buffer to the device and back through the IOMMU, every byte verified;
+/// then a DMA from an IOVA just unmapped, which the unit must block and record.
+///
+/// # Errors
+/// A description of the first check that failed.
+pub fn edu(
+    gm: &Gmem,
+    host: DeviceId,
+    unit: &Arc<VtdUnit>,
+    frames: Arc<dyn gmem_core::FrameSource>,
+    arena: &mut DmaArena,
+) -> Result<(), String> {
+    let edu = Edu::find()?;
+    let b = edu.bdf;
+    let dev = DmaDevice::new(gm, unit, frames, "edu", b, 1, 0x10_0000, EDU_DMA_LIMIT)?;
+    let len = PAGE_SIZE;
+    let src = arena.take(len, PAGE_SIZE).ok_or("no DMA memory")?;
+    let dst = arena.take(len, PAGE_SIZE).ok_or("no DMA memory")?;
+    fill(src, len, 0x6564_7531);
+    let rs = dev.map(gm, host, src, len, PAGE_SIZE, Prot::READ)?;
+    let rd = dev.map(gm, host, dst, len, PAGE_SIZE, Prot::WRITE)?;
+    let (is, id) = (rs.start.as_u64(), rd.start.as_u64());
+    for off in (0..len).step_by(EDU_CHUNK as usize) {
+        edu.dma(is + off, EDU_BUFFER, EDU_CHUNK, false)?;
+        edu.dma(EDU_BUFFER, id + off, EDU_CHUNK, true)?;
+    }
+    let faults = unit.take_faults();
+    check(faults.is_empty(), || {
+        format!("mapped DMA faulted: {faults:?}")
+    })?;
+    if let Some(w) = differs(src, dst, len) {
+        return Err(format!("edu: word {w} differs after RAM -> edu -> RAM"));
+    }
+    println!(
+        "edu: dma verified: {len} bytes ({} transfers each way) RAM {src:#x} (IOVA {is:#x}, read-only) -> edu {:02x}:{:02x}.{} -> RAM {dst:#x} (IOVA {id:#x}, write-only) through VT-d domain 1, every byte equal",
+        len / EDU_CHUNK,
+        b.bus,
+        b.dev,
+        b.func
+    );
+    // Unmap the source strictly (the IOTLB invalidation completes first), then let the
+    // device read it again: the unit must block the read and record it.
+    gm.region_dealloc(rs, MapFlags::empty(), None)
+        .map_err(|e| format!("region_dealloc: {e}"))?;
+    edu.dma(is, EDU_BUFFER, EDU_CHUNK, false)?;
+    let faults = unit.take_faults();
+    let f = faults
+        .first()
+        .ok_or("a DMA from an unmapped IOVA was not recorded as a fault")?;
+    check(
+        f.address == is && f.source == b.source_id() && f.read,
+        || format!("unexpected fault record {f:?}"),
+    )?;
+    println!(
+        "vtd: dma fault recorded: reason {:#x} ({}), source {:02x}:{:02x}.{}, IOVA {:#x}, {} - the unmapped buffer was not read",
+        f.reason,
+        f.reason_name(),
+        f.source >> 8,
+        (f.source >> 3) & 0x1f,
+        f.source & 7,
+        f.address,
+        if f.read { "read" } else { "write" }
+    );
+    gm.region_dealloc(rd, MapFlags::empty(), None)
+        .map_err(|e| format!("region_dealloc: {e}"))?;
+    let s = dev.mmu.stats();
+    check(gm.dev_active(dev.id) == Ok(Some(dev.space)), || {
+        "edu is not active in its space".into()
+    })?;
+    println!(
+        "edu domain: pages mapped {}, unmapped {}, tables allocated {} / freed {}, range invalidations {}, whole-domain {}, context loads {}",
+        s.pages_mapped, s.pages_unmapped, s.tables_allocated, s.tables_freed, s.invalidations_ranged, s.invalidations_all, s.activations
+    );
+    Ok(())
+}
