@@ -8,6 +8,13 @@
 //! streamed as it comes. The run passes when QEMU exits through `isa-debug-exit` with
 //! the kernel's pass status (33) *and* the kernel printed every line of [`REQUIRED`]
 //! and its pass line last; a failure status, a missing line or the timeout fails it.
+//!
+//! A second boot is the negative test: the kernel, told by `\gmem.cfg` on the boot
+//! drive, gives the edu device's IOMMU driver a format that sets a reserved bit in every
+//! second-level leaf. QEMU's VT-d model must refuse those entries: the run passes only if
+//! the kernel did *not* pass and printed the unit's reserved-field fault (reason 0xc)
+//! from its fault recording registers. A kernel that wrote a wrong entry format and
+//! still passed would fail `cargo xtask qemu-x86`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -31,6 +38,12 @@ const REQUIRED: &[&str] = &[
     "vtd: dma fault recorded",
     "edu: dma verified",
 ];
+/// The configuration word that makes the kernel write a reserved bit (11, `SNP` in
+/// legacy mode) into every second-level leaf of the edu domain.
+const NEGATIVE_CONFIG: &str = "vtd-reserved-bit";
+/// The fault the unit must record for such an entry: reason 0xc, a reserved field in a
+/// second-level entry.
+const NEGATIVE_FAULT: &str = "vtd: dma fault recorded: reason 0xc";
 /// QEMU's exit status for the kernel's pass code (`0x10 << 1 | 1`).
 const PASS_STATUS: i32 = 33;
 /// How long one boot may take, firmware included.
@@ -88,7 +101,11 @@ pub fn qemu_x86() -> Result<(), String> {
         .join("x86-kernel.efi");
     let work = target_dir.join("qemu");
     let run = boot(&efi, &work, "ok")?;
-    judge(&run)
+    judge(&run)?;
+    // The negative test: the same kernel told to set a reserved bit in every
+    // second-level leaf must be stopped by QEMU's VT-d model, not pass.
+    let negative = boot(&efi, &work, NEGATIVE_CONFIG)?;
+    judge_negative(&negative)
 }
 
 /// What one boot printed and how QEMU ended.
@@ -230,6 +247,27 @@ fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
         lines,
         status: status.code(),
     })
+}
+
+/// The negative run: the kernel must fail, on the unit's reserved-field fault.
+fn judge_negative(run: &Run) -> Result<(), String> {
+    let passed = run.status == Some(PASS_STATUS) || run.lines.iter().any(|l| l.trim() == PASS_LINE);
+    if passed {
+        return Err(format!(
+            "negative test: second-level entries with a reserved bit went unnoticed (the kernel passed under `{NEGATIVE_CONFIG}`)"
+        ));
+    }
+    if !run.lines.iter().any(|l| l.starts_with(NEGATIVE_FAULT)) {
+        return Err(format!(
+            "negative test: the kernel failed (status {:?}) but never printed `{NEGATIVE_FAULT}`",
+            run.status
+        ));
+    }
+    eprintln!(
+        "\nqemu-x86: negative test caught: VT-d refused the reserved bit (status {:?})",
+        run.status
+    );
+    Ok(())
 }
 
 /// A passing run: the pass status, every required line, the pass line last.

@@ -4,20 +4,63 @@
 
 use crate::edu::{Edu, EDU_BUFFER, EDU_CHUNK, EDU_DMA_LIMIT};
 use crate::memory::DmaArena;
-use crate::vtd::{VtdDomain, VtdUnit};
+use crate::vtd::{DmaFault, VtdDomain, VtdUnit};
 use crate::{check, println};
 use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use gmem_core::PageTableFormat;
 use gmem_core::{
     Activation, AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, Gmem, MapFlags,
     MapRequest, MmuMode, PhysAddr, Prot, Region, SpaceId, VirtAddr, PAGE_SIZE,
 };
+use gmem_ptengine::{Codec, Entry, Run};
 use gmem_x86pt::{PagedConfig, PagedMmu, VtdCodec};
 
 /// A device's IOMMU driver: the shared driver over the VT-d format and its domain.
-pub type IoMmu = PagedMmu<VtdCodec, VtdDomain>;
+pub type IoMmu = PagedMmu<DeviceCodec, VtdDomain>;
+
+/// The format the kernel gives a domain's driver: [`VtdCodec`], with `wrong_bits` forced
+/// into every leaf the hardware sees (0 but in the negative test, where a reserved bit
+/// must make the unit fault). The driver's own walks decode the entries without them.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceCodec {
+    inner: VtdCodec,
+    wrong_bits: u64,
+}
+
+impl Codec for DeviceCodec {
+    fn format(&self) -> PageTableFormat {
+        self.inner.format()
+    }
+    fn levels(&self) -> u32 {
+        self.inner.levels()
+    }
+    fn va_ok(&self, va: u64, len: u64) -> bool {
+        self.inner.va_ok(va, len)
+    }
+    fn large_levels(&self) -> u32 {
+        self.inner.large_levels()
+    }
+    fn table(&self, table: PhysAddr) -> Option<u64> {
+        self.inner.table(table)
+    }
+    fn leaf(&self, frame: PhysAddr, level: u32, run: &Run) -> Option<u64> {
+        self.inner
+            .leaf(frame, level, run)
+            .map(|raw| raw | self.wrong_bits)
+    }
+    fn decode(&self, raw: u64, level: u32) -> Entry {
+        self.inner.decode(raw & !self.wrong_bits, level)
+    }
+    fn with_prot(&self, raw: u64, prot: Prot, level: u32) -> Option<u64> {
+        self.inner.with_prot(raw, prot, level)
+    }
+    fn split(&self, raw: u64, level: u32, i: u64) -> u64 {
+        self.inner.split(raw, level, i)
+    }
+}
 
 /// A DMA device in the core.
 pub struct DmaDevice {
@@ -43,13 +86,14 @@ impl DmaDevice {
         name: &str,
         bdf: crate::board::Bdf,
         did: u16,
-        begin: u64,
-        end: u64,
+        (begin, end): (u64, u64),
+        wrong_bits: u64,
     ) -> Result<DmaDevice, String> {
-        let codec = unit
+        let inner = unit
             .codec(false)
             .ok_or("the unit supports no 39-bit second-level tables")?;
-        let domain = VtdDomain::new(unit.clone(), bdf, did, &codec);
+        let domain = VtdDomain::new(unit.clone(), bdf, did, &inner);
+        let codec = DeviceCodec { inner, wrong_bits };
         // SAFETY: the pool's frames are identity mapped and the drivers' alone; an
         // IOMMU domain has no global mappings.
         let mmu = Arc::new(
@@ -107,6 +151,20 @@ impl DmaDevice {
     }
 }
 
+/// Print a fault the unit recorded.
+fn report(f: &DmaFault) {
+    println!(
+        "vtd: dma fault recorded: reason {:#x} ({}), source {:02x}:{:02x}.{}, IOVA {:#x}, {}",
+        f.reason,
+        f.reason_name(),
+        f.source >> 8,
+        (f.source >> 3) & 0x1f,
+        f.source & 7,
+        f.address,
+        if f.read { "read" } else { "write" }
+    );
+}
+
 fn fill(pa: u64, len: u64, seed: u64) {
     for w in 0..len / 8 {
         // SAFETY: `[pa, pa + len)` is a buffer of the kernel's DMA memory (identity
@@ -136,10 +194,12 @@ pub fn edu(
     unit: &Arc<VtdUnit>,
     frames: Arc<dyn gmem_core::FrameSource>,
     arena: &mut DmaArena,
+    wrong_bits: u64,
 ) -> Result<(), String> {
     let edu = Edu::find()?;
     let b = edu.bdf;
-    let dev = DmaDevice::new(gm, unit, frames, "edu", b, 1, 0x10_0000, EDU_DMA_LIMIT)?;
+    let iova = (0x10_0000, EDU_DMA_LIMIT);
+    let dev = DmaDevice::new(gm, unit, frames, "edu", b, 1, iova, wrong_bits)?;
     let len = PAGE_SIZE;
     let src = arena.take(len, PAGE_SIZE).ok_or("no DMA memory")?;
     let dst = arena.take(len, PAGE_SIZE).ok_or("no DMA memory")?;
@@ -152,8 +212,11 @@ pub fn edu(
         edu.dma(EDU_BUFFER, id + off, EDU_CHUNK, true)?;
     }
     let faults = unit.take_faults();
+    for f in &faults {
+        report(f);
+    }
     check(faults.is_empty(), || {
-        format!("mapped DMA faulted: {faults:?}")
+        format!("{} DMA fault(s) on mapped buffers", faults.len())
     })?;
     if let Some(w) = differs(src, dst, len) {
         return Err(format!("edu: word {w} differs after RAM -> edu -> RAM"));
@@ -178,16 +241,7 @@ pub fn edu(
         f.address == is && f.source == b.source_id() && f.read,
         || format!("unexpected fault record {f:?}"),
     )?;
-    println!(
-        "vtd: dma fault recorded: reason {:#x} ({}), source {:02x}:{:02x}.{}, IOVA {:#x}, {} - the unmapped buffer was not read",
-        f.reason,
-        f.reason_name(),
-        f.source >> 8,
-        (f.source >> 3) & 0x1f,
-        f.source & 7,
-        f.address,
-        if f.read { "read" } else { "write" }
-    );
+    report(f);
     gm.region_dealloc(rd, MapFlags::empty(), None)
         .map_err(|e| format!("region_dealloc: {e}"))?;
     let s = dev.mmu.stats();

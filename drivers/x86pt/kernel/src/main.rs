@@ -83,6 +83,8 @@ fn main() -> Status {
     // SAFETY: the block is ours (LOADER_DATA pages just allocated) and nothing allocates
     // before this.
     unsafe { layout.init_heap() };
+    let config = read_config();
+    println!("config (\\gmem.cfg): {config:?}");
     // SAFETY: no UEFI protocol or boot-service pointer is used after this call; the
     // kernel keeps running on the firmware's GDT and stack, which stay in memory nothing
     // reuses.
@@ -100,7 +102,7 @@ fn main() -> Status {
         layout.dma.0,
         layout.dma.1
     );
-    match run(&layout, rsdp) {
+    match run(&layout, rsdp, &config) {
         Ok(()) => {
             println!("x86 kernel: PASS");
             exit_pass()
@@ -112,6 +114,27 @@ fn main() -> Status {
     }
 }
 
+/// The configuration word of the negative test (the xtask writes it to `\gmem.cfg`).
+const NEGATIVE_CONFIG: &str = "vtd-reserved-bit";
+
+/// The first line of `\gmem.cfg` on the boot drive (empty if there is none).
+fn read_config() -> String {
+    let Ok(proto) = uefi::boot::get_image_file_system(uefi::boot::image_handle()) else {
+        return String::new();
+    };
+    let mut fs = uefi::fs::FileSystem::new(proto);
+    fs.read(uefi::cstr16!("\\gmem.cfg"))
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .into()
+        })
+        .unwrap_or_default()
+}
+
 /// `Err(what())` unless `ok`.
 pub fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     if ok {
@@ -121,7 +144,7 @@ pub fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
-fn run(layout: &Layout, rsdp: Option<u64>) -> Result<(), String> {
+fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
     // SAFETY: the pool's range is the kernel's block (layout), identity mapped by the
     // global mappings below and used by nothing else.
     let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
@@ -179,7 +202,13 @@ fn run(layout: &Layout, rsdp: Option<u64>) -> Result<(), String> {
     );
     let gsts = unit.enable_translation()?;
     println!("vtd: translation enabled (GSTS {gsts:#x}): every DMA is now translated by tables the core writes, or blocked");
-    dma::edu(&k.gm, k.cpu, &unit, pool.clone(), &mut arena)?;
+    let wrong = if config == NEGATIVE_CONFIG {
+        println!("vtd: NEGATIVE TEST: every second-level leaf gets reserved bit 11 (SNP); the unit must refuse to translate");
+        gmem_x86pt::vtd::VTD_SNP
+    } else {
+        0
+    };
+    dma::edu(&k.gm, k.cpu, &unit, pool.clone(), &mut arena, wrong)?;
     let c = &unit.counters;
     println!(
         "vtd: descriptors: IOTLB {} (page-selective {}, domain {}), context-cache {}, wait {}, errors {}",
