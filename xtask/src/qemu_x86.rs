@@ -4,7 +4,8 @@
 //! The kernel (`drivers/x86pt/kernel`, its own cargo workspace) is format-checked,
 //! linted and built for `x86_64-unknown-uefi`, copied to `EFI/BOOT/BOOTX64.EFI` of a
 //! directory QEMU serves as a FAT drive, and booted by OVMF (Debian's `ovmf` package)
-//! with `qemu-system-x86_64 -machine q35 -device intel-iommu`. The serial output is
+//! with `qemu-system-x86_64 -machine q35 -device intel-iommu`, QEMU's `edu` device and
+//! an NVMe controller over a raw image the xtask creates. The serial output is
 //! streamed as it comes. The run passes when QEMU exits through `isa-debug-exit` with
 //! the kernel's pass status (33) *and* the kernel printed every line of [`REQUIRED`]
 //! and its pass line last; a failure status, a missing line or the timeout fails it.
@@ -37,6 +38,8 @@ const REQUIRED: &[&str] = &[
     "vtd: translation enabled",
     "vtd: dma fault recorded",
     "edu: dma verified",
+    "nvme: 2 MiB verified",
+    "vtd: invalidations per 1000 buffers: strict ",
 ];
 /// The configuration word that makes the kernel write a reserved bit (11, `SNP` in
 /// legacy mode) into every second-level leaf of the edu domain.
@@ -46,6 +49,8 @@ const NEGATIVE_CONFIG: &str = "vtd-reserved-bit";
 const NEGATIVE_FAULT: &str = "vtd: dma fault recorded: reason 0xc";
 /// QEMU's exit status for the kernel's pass code (`0x10 << 1 | 1`).
 const PASS_STATUS: i32 = 33;
+/// Bytes of the NVMe disk image.
+const NVME_IMAGE_BYTES: u64 = 8 << 20;
 /// How long one boot may take, firmware included.
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// The QEMU binary.
@@ -115,8 +120,8 @@ struct Run {
 }
 
 /// The boot directory (the FAT drive) for `efi` with the kernel's configuration word
-/// `config`, and a fresh copy of OVMF's variable store.
-fn prepare(efi: &Path, work: &Path, config: &str) -> Result<(PathBuf, PathBuf), String> {
+/// `config`, a fresh copy of OVMF's variable store, and the NVMe disk image.
+fn prepare(efi: &Path, work: &Path, config: &str) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     let esp = work.join(format!("esp-{config}"));
     let boot_dir = esp.join("EFI").join("BOOT");
     std::fs::create_dir_all(&boot_dir).map_err(|e| format!("{}: {e}", boot_dir.display()))?;
@@ -124,10 +129,15 @@ fn prepare(efi: &Path, work: &Path, config: &str) -> Result<(PathBuf, PathBuf), 
         .map_err(|e| format!("{}: {e} (was the kernel built?)", efi.display()))?;
     std::fs::write(esp.join("gmem.cfg"), format!("{config}\n"))
         .map_err(|e| format!("gmem.cfg: {e}"))?;
+    // The NVMe namespace: a fresh 8 MiB raw image of zeros.
+    let image = work.join(format!("nvme-{config}.img"));
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(NVME_IMAGE_BYTES))
+        .map_err(|e| format!("{}: {e}", image.display()))?;
     let vars = work.join(format!("vars-{config}.fd"));
     std::fs::copy(OVMF_VARS, &vars)
         .map_err(|e| format!("{OVMF_VARS}: {e} (install ovmf; `bash .ci/run` does)"))?;
-    Ok((esp, vars))
+    Ok((esp, vars, image))
 }
 
 enum Output {
@@ -163,7 +173,8 @@ fn stop(child: &mut Child) {
 
 /// Boot `efi` with configuration word `config` and collect its output.
 fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
-    let (esp, vars) = prepare(efi, work, config)?;
+    let (esp, vars, image) = prepare(efi, work, config)?;
+    let nvme_drive = format!("file={},if=none,id=nvm,format=raw", image.display());
     let code = format!("if=pflash,format=raw,readonly=on,file={OVMF_CODE}");
     let vars = format!("if=pflash,format=raw,file={}", vars.display());
     let fat = format!("format=raw,file=fat:rw:{}", esp.display());
@@ -186,6 +197,11 @@ fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
         "isa-debug-exit,iobase=0xf4,iosize=0x04",
         "-device",
         "edu",
+        "-drive",
+        &nvme_drive,
+        // mdts=9: transfers of up to 2^9 4 KiB pages, so one command moves 2 MiB.
+        "-device",
+        "nvme,serial=gmem0,drive=nvm,mdts=9",
         "-drive",
         &code,
         "-drive",

@@ -280,6 +280,15 @@ impl<C: Codec, H: PagingHardware> PagedMmu<C, H> {
         PageTableRoot(self.template.as_u64())
     }
 
+    /// The root the walker was last pointed at by `activate` (`None`: nothing, or the
+    /// template).
+    pub fn active_root(&self) -> Option<PageTableRoot> {
+        match self.active.load(Ordering::Acquire) {
+            0 => None,
+            r => Some(PageTableRoot(r)),
+        }
+    }
+
     /// Page-table frames currently held (live tables, the template, retired ones).
     pub fn frames_held(&self) -> u64 {
         let s = self.stats();

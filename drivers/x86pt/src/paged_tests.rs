@@ -135,6 +135,7 @@ fn cpu_tables_carry_globals_and_refuse_maps_into_their_slots() {
     );
     mmu.activate(Some(root));
     assert_eq!(m.roots.lock().unwrap().last(), Some(&Some(root.0)));
+    assert_eq!(mmu.active_root(), Some(root));
     // Deactivating goes back to the template, which keeps the kernel running.
     mmu.activate(None);
     assert_eq!(

@@ -26,6 +26,7 @@ mod cpu;
 mod dma;
 mod edu;
 mod memory;
+mod nvme;
 mod trap;
 mod vtd;
 
@@ -148,7 +149,13 @@ fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
     // SAFETY: the pool's range is the kernel's block (layout), identity mapped by the
     // global mappings below and used by nothing else.
     let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
-    let globals = [GlobalMapping::identity(0, IDENTITY_END, Prot::RWX)];
+    // PCI first: a BAR the firmware put above 4 GiB joins the global mappings.
+    let controller = nvme::find()?;
+    let mut globals = alloc::vec![GlobalMapping::identity(0, IDENTITY_END, Prot::RWX)];
+    if controller.1 >= IDENTITY_END {
+        let at = controller.1 & !((2 << 20) - 1);
+        globals.push(GlobalMapping::identity(at, 2 << 20, Prot::RW));
+    }
     let codec = X86Codec {
         config: X86Config {
             large_pages: true,
@@ -209,6 +216,15 @@ fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
         0
     };
     dma::edu(&k.gm, k.cpu, &unit, pool.clone(), &mut arena, wrong)?;
+    let churn = dma::nvme(&k.gm, k.cpu, &unit, pool.clone(), &mut arena, controller)?;
+    println!(
+        "vtd: invalidations per 1000 buffers: strict {}, async {} (IOTLB invalidation descriptors the unit processed per {} map/DMA/unmap cycles; wait descriptors {} and {})",
+        churn.strict * 1000 / dma::CHURN_BUFFERS,
+        churn.asynchronous * 1000 / dma::CHURN_BUFFERS,
+        dma::CHURN_BUFFERS,
+        churn.strict_waits,
+        churn.async_waits
+    );
     let c = &unit.counters;
     println!(
         "vtd: descriptors: IOTLB {} (page-selective {}, domain {}), context-cache {}, wait {}, errors {}",

@@ -52,6 +52,10 @@ const GCMD_QIE: u32 = 1 << 26;
 /// GSTS bits that are one-shot commands, cleared before writing GCMD.
 const GCMD_ONE_SHOT: u32 = 0x96ff_ffff;
 
+/// Page-selective descriptors one invalidation may take before it becomes one
+/// domain-selective descriptor.
+const MAX_PAGE_DESCRIPTORS: usize = 16;
+
 /// Descriptors in the invalidation queue (`IQA.QS` = 0: one 4 KiB page).
 const QUEUE_LEN: u64 = 256;
 
@@ -322,15 +326,34 @@ impl VtdUnit {
         let _ = self.submit(&[(lo, 0)], |c| &c.iotlb_domain);
     }
 
+    /// Invalidate the pages of `ranges` in domain `did`: the ranges sorted and merged
+    /// (a batch of unmaps of neighbouring IOVAs becomes one span), each span cut into
+    /// naturally aligned power-of-two blocks of at most `2^CAP.MAMV` pages, one
+    /// page-selective descriptor per block; a domain-selective descriptor instead when
+    /// the unit has no page-selective invalidation or that would take more than
+    /// [`MAX_PAGE_DESCRIPTORS`].
     fn iotlb_pages(&self, did: u16, ranges: &[VaRange]) {
         let psi = self.cap & (1 << 39) != 0;
         let mamv = ((self.cap >> 48) & 0x3f) as u32;
+        let mut spans: Vec<(u64, u64)> = ranges
+            .iter()
+            .map(|r| {
+                let first = r.start.as_u64() / PAGE_SIZE;
+                (first, first + r.pages())
+            })
+            .collect();
+        spans.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+        for (a, b) in spans {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
         let mut d = Vec::new();
         let lo = 2 | (3 << 4) | (1 << 6) | (1 << 7) | (u64::from(did) << 16);
-        for r in ranges {
-            let mut page = r.start.as_u64() / PAGE_SIZE;
-            let end = page + r.pages();
-            while page < end {
+        for (mut page, end) in merged {
+            while page < end && d.len() <= MAX_PAGE_DESCRIPTORS {
                 let mut am = 0;
                 while am < mamv
                     && page & ((1 << (am + 1)) - 1) == 0
@@ -342,7 +365,7 @@ impl VtdUnit {
                 page += 1 << am;
             }
         }
-        if !psi || d.len() as u64 >= QUEUE_LEN - 1 {
+        if !psi || d.len() > MAX_PAGE_DESCRIPTORS {
             self.iotlb_domain(did);
         } else {
             let _ = self.submit(&d, |c| &c.iotlb_page);
