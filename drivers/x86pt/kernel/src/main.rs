@@ -9,7 +9,17 @@
 //!    [`cpu::run`] shows demand zero-fill, a write to a read-only range refused with
 //!    the core's typed error, and a 2 MiB region served by one fault with one 2 MiB leaf
 //!    and split by a partial protect, every word verified;
-//! 2. **VT-d** and the DMA devices follow in their modules.
+//! 2. **VT-d** (`vtd`): the remapping unit found in ACPI's DMAR table (`acpi`), its
+//!    root and context tables, queued invalidation, translation enabled; every DMA
+//!    device is a core device whose `Mmu` is the same driver over the VT-d
+//!    second-level codec, its walker a VT-d domain;
+//! 3. **DMA** (`dma`): QEMU's edu device copies through IOVAs the core mapped, and a DMA
+//!    from an unmapped IOVA is blocked and read from the fault recording registers; the
+//!    NVMe controller (`nvme`) writes and reads a 2 MiB buffer mapped by superpages, and
+//!    the receive churn counts IOTLB invalidations for strict and asynchronous unmaps.
+//!
+//! With `vtd-reserved-bit` in `\gmem.cfg` (the xtask's negative test) the edu domain's
+//! leaves carry a reserved bit, and the run must fail on the unit's fault.
 //!
 //! It prints its results on COM1 and ends QEMU through `isa-debug-exit` (33 = pass).
 //! `cargo xtask qemu-x86` builds and boots it.
