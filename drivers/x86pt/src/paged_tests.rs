@@ -261,3 +261,47 @@ fn vtd_tables_hold_superpages_and_refuse_addresses_beyond_their_width() {
     mmu.activate(None);
     assert_eq!(m.roots.lock().unwrap().last(), Some(&None));
 }
+
+#[test]
+fn bad_runs_are_typed_errors_that_change_nothing() {
+    let (m, frames) = machine();
+    let codec = VtdCodec::new(3, false).unwrap();
+    // SAFETY: as above.
+    let mmu = unsafe {
+        PagedMmu::new(
+            codec,
+            Walker(m.clone()),
+            frames,
+            PagedConfig::default(),
+            &[],
+        )
+    }
+    .unwrap();
+    let root = mmu.create_page_table().unwrap();
+    let held = mmu.frames_held();
+    let cases = [
+        // A 2 MiB run on a unit without superpages.
+        run(0x20_0000, 0x20_0000, 2 << 20, Prot::RW, PageSize::Size2M),
+        // Misaligned physical address for a 4 KiB run.
+        run(0x1000, 0x1800, 4096, Prot::RW, PageSize::Size4K),
+        // No permission.
+        run(0x1000, 0x2000, 4096, Prot::empty(), PageSize::Size4K),
+        // Empty.
+        run(0x1000, 0x2000, 0, Prot::RW, PageSize::Size4K),
+    ];
+    for c in &cases {
+        assert!(
+            matches!(mmu.map(root, c), Err(MmuError::Unsupported { .. })),
+            "{c:?}"
+        );
+    }
+    let unknown = PageTableRoot(0x12_3000);
+    let ok = run(0x1000, 0x2000, 4096, Prot::RW, PageSize::Size4K);
+    assert!(matches!(
+        mmu.map(unknown, &ok),
+        Err(MmuError::Hardware(crate::HW_UNKNOWN_ROOT))
+    ));
+    assert_eq!(mmu.frames_held(), held);
+    assert_eq!(mmu.stats().pages_mapped, 0);
+    assert!(mmu.translate(root, VirtAddr::new(0x1000)).is_none());
+}

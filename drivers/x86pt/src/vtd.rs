@@ -16,7 +16,8 @@
 //! walk that finds it is [`Entry::Reserved`].
 
 use crate::pte::level_size;
-use gmem_core::{PageTableFormat, PhysAddr, Prot};
+use alloc::vec::Vec;
+use gmem_core::{PageTableFormat, PhysAddr, Prot, VaRange, PAGE_SIZE};
 use gmem_ptengine::{level_shift, Codec, Entry, Leaf, Run};
 
 /// The format id of VT-d second-level tables (`"VT"`).
@@ -153,9 +154,81 @@ impl Codec for VtdCodec {
     }
 }
 
+/// The blocks a page-selective IOTLB invalidation of `ranges` takes: the ranges sorted
+/// and merged (a batch of unmaps of neighbouring IOVAs becomes one span), each span cut
+/// into naturally aligned power-of-two blocks of at most `2^max_order` pages. Each block
+/// is `(address, order)`: one descriptor with address `address` and address mask
+/// `order`. Stops after `limit + 1` blocks (the caller then invalidates the domain).
+pub fn invalidation_blocks(ranges: &[VaRange], max_order: u32, limit: usize) -> Vec<(u64, u32)> {
+    let mut spans: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|r| {
+            let first = r.start.as_u64() / PAGE_SIZE;
+            (first, first + r.pages())
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for (a, b) in spans {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    let mut blocks = Vec::new();
+    for (mut page, end) in merged {
+        while page < end && blocks.len() <= limit {
+            let mut order = 0;
+            while order < max_order.min(63)
+                && page & ((1 << (order + 1)) - 1) == 0
+                && page + (1 << (order + 1)) <= end
+            {
+                order += 1;
+            }
+            blocks.push((page * PAGE_SIZE, order));
+            page += 1 << order;
+        }
+    }
+    blocks
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gmem_core::VirtAddr;
+
+    fn range(page: u64, pages: u64) -> VaRange {
+        VaRange::new(VirtAddr::new(page * PAGE_SIZE), pages * PAGE_SIZE).unwrap()
+    }
+
+    #[test]
+    fn neighbouring_ranges_merge_into_aligned_power_of_two_blocks() {
+        // 64 single pages from page 64, given out of order: one 64-page block.
+        let ranges: std::vec::Vec<_> = (64..128).rev().map(|p| range(p, 1)).collect();
+        assert_eq!(invalidation_blocks(&ranges, 18, 16), [(64 * PAGE_SIZE, 6)]);
+        // Pages 3..9: 3 (order 0), 4..8 (order 2), 8 (order 0).
+        assert_eq!(
+            invalidation_blocks(&[range(3, 6)], 18, 16),
+            [(3 * PAGE_SIZE, 0), (4 * PAGE_SIZE, 2), (8 * PAGE_SIZE, 0)]
+        );
+        // The unit's largest mask caps the order; overlapping ranges count once.
+        assert_eq!(
+            invalidation_blocks(&[range(0, 8), range(4, 4)], 1, 16),
+            [
+                (0, 1),
+                (2 * PAGE_SIZE, 1),
+                (4 * PAGE_SIZE, 1),
+                (6 * PAGE_SIZE, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn scattered_ranges_stop_one_past_the_limit() {
+        let ranges: std::vec::Vec<_> = (0..40).map(|k| range(2 * k + 1, 1)).collect();
+        assert_eq!(invalidation_blocks(&ranges, 18, 16).len(), 17);
+        assert!(invalidation_blocks(&[], 18, 16).is_empty());
+    }
 
     fn run(prot: Prot) -> Run {
         Run {

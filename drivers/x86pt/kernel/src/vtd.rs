@@ -34,6 +34,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
 use gmem_core::{PageTableRoot, PhysAddr, VaRange, PAGE_SIZE};
+use gmem_x86pt::vtd::invalidation_blocks;
 use gmem_x86pt::{PagingHardware, VtdCodec};
 
 const CAP: u64 = 0x08;
@@ -326,50 +327,25 @@ impl VtdUnit {
         let _ = self.submit(&[(lo, 0)], |c| &c.iotlb_domain);
     }
 
-    /// Invalidate the pages of `ranges` in domain `did`: the ranges sorted and merged
-    /// (a batch of unmaps of neighbouring IOVAs becomes one span), each span cut into
-    /// naturally aligned power-of-two blocks of at most `2^CAP.MAMV` pages, one
-    /// page-selective descriptor per block; a domain-selective descriptor instead when
-    /// the unit has no page-selective invalidation or that would take more than
+    /// Invalidate the pages of `ranges` in domain `did`: one page-selective descriptor
+    /// per block of [`invalidation_blocks`] (the ranges merged, aligned power-of-two
+    /// blocks up to `CAP.MAMV`); one domain-selective descriptor instead when the unit
+    /// has no page-selective invalidation or that would take more than
     /// [`MAX_PAGE_DESCRIPTORS`].
     fn iotlb_pages(&self, did: u16, ranges: &[VaRange]) {
         let psi = self.cap & (1 << 39) != 0;
         let mamv = ((self.cap >> 48) & 0x3f) as u32;
-        let mut spans: Vec<(u64, u64)> = ranges
-            .iter()
-            .map(|r| {
-                let first = r.start.as_u64() / PAGE_SIZE;
-                (first, first + r.pages())
-            })
-            .collect();
-        spans.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
-        for (a, b) in spans {
-            match merged.last_mut() {
-                Some(last) if a <= last.1 => last.1 = last.1.max(b),
-                _ => merged.push((a, b)),
-            }
-        }
-        let mut d = Vec::new();
-        let lo = 2 | (3 << 4) | (1 << 6) | (1 << 7) | (u64::from(did) << 16);
-        for (mut page, end) in merged {
-            while page < end && d.len() <= MAX_PAGE_DESCRIPTORS {
-                let mut am = 0;
-                while am < mamv
-                    && page & ((1 << (am + 1)) - 1) == 0
-                    && page + (1 << (am + 1)) <= end
-                {
-                    am += 1;
-                }
-                d.push((lo, (page * PAGE_SIZE) | u64::from(am)));
-                page += 1 << am;
-            }
-        }
-        if !psi || d.len() > MAX_PAGE_DESCRIPTORS {
+        let blocks = invalidation_blocks(ranges, mamv, MAX_PAGE_DESCRIPTORS);
+        if !psi || blocks.len() > MAX_PAGE_DESCRIPTORS {
             self.iotlb_domain(did);
-        } else {
-            let _ = self.submit(&d, |c| &c.iotlb_page);
+            return;
         }
+        let lo = 2 | (3 << 4) | (1 << 6) | (1 << 7) | (u64::from(did) << 16);
+        let d: Vec<(u64, u64)> = blocks
+            .iter()
+            .map(|&(addr, order)| (lo, addr | u64::from(order)))
+            .collect();
+        let _ = self.submit(&d, |c| &c.iotlb_page);
     }
 
     /// Point the context entry of `bdf` (bus 0) at `root` in domain `did` with address
