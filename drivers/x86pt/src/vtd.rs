@@ -154,11 +154,18 @@ impl Codec for VtdCodec {
     }
 }
 
+/// How many times its own size a span's single enclosing block may be.
+pub const OVER_INVALIDATION: u64 = 4;
+
 /// The blocks a page-selective IOTLB invalidation of `ranges` takes: the ranges sorted
-/// and merged (a batch of unmaps of neighbouring IOVAs becomes one span), each span cut
-/// into naturally aligned power-of-two blocks of at most `2^max_order` pages. Each block
-/// is `(address, order)`: one descriptor with address `address` and address mask
-/// `order`. Stops after `limit + 1` blocks (the caller then invalidates the domain).
+/// and merged (a batch of unmaps of neighbouring IOVAs becomes one span); a span whose
+/// smallest enclosing naturally aligned power-of-two block is at most
+/// [`OVER_INVALIDATION`] times its size and at most `2^max_order` pages is that one block
+/// (invalidating a few pages more is harmless: the unit only drops cached entries),
+/// any other span is cut exactly into aligned power-of-two blocks of at most
+/// `2^max_order` pages. Each block is `(address, order)`: one descriptor with address
+/// `address` and address mask `order`. Stops after `limit + 1` blocks (the caller then
+/// invalidates the whole domain).
 pub fn invalidation_blocks(ranges: &[VaRange], max_order: u32, limit: usize) -> Vec<(u64, u32)> {
     let mut spans: Vec<(u64, u64)> = ranges
         .iter()
@@ -166,6 +173,7 @@ pub fn invalidation_blocks(ranges: &[VaRange], max_order: u32, limit: usize) -> 
             let first = r.start.as_u64() / PAGE_SIZE;
             (first, first + r.pages())
         })
+        .filter(|&(a, b)| b > a)
         .collect();
     spans.sort_unstable();
     let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
@@ -177,6 +185,16 @@ pub fn invalidation_blocks(ranges: &[VaRange], max_order: u32, limit: usize) -> 
     }
     let mut blocks = Vec::new();
     for (mut page, end) in merged {
+        if blocks.len() > limit {
+            break;
+        }
+        let order = 64 - (page ^ (end - 1)).leading_zeros();
+        if order <= max_order
+            && (1u128 << order) <= u128::from(OVER_INVALIDATION) * u128::from(end - page)
+        {
+            blocks.push(((page >> order << order) * PAGE_SIZE, order));
+            continue;
+        }
         while page < end && blocks.len() <= limit {
             let mut order = 0;
             while order < max_order.min(63)
@@ -206,10 +224,13 @@ mod tests {
         // 64 single pages from page 64, given out of order: one 64-page block.
         let ranges: std::vec::Vec<_> = (64..128).rev().map(|p| range(p, 1)).collect();
         assert_eq!(invalidation_blocks(&ranges, 18, 16), [(64 * PAGE_SIZE, 6)]);
-        // Pages 3..9: 3 (order 0), 4..8 (order 2), 8 (order 0).
+        // Pages 3..9: inside the 16-page block at 0 (under 4 times 6 pages): one block.
+        assert_eq!(invalidation_blocks(&[range(3, 6)], 18, 16), [(0, 4)]);
+        // Pages 7..9 straddle a 16-page boundary: the enclosing block (0..16) is more
+        // than 4 times 2 pages, so the span is cut exactly.
         assert_eq!(
-            invalidation_blocks(&[range(3, 6)], 18, 16),
-            [(3 * PAGE_SIZE, 0), (4 * PAGE_SIZE, 2), (8 * PAGE_SIZE, 0)]
+            invalidation_blocks(&[range(7, 2)], 18, 16),
+            [(7 * PAGE_SIZE, 0), (8 * PAGE_SIZE, 0)]
         );
         // The unit's largest mask caps the order; overlapping ranges count once.
         assert_eq!(
