@@ -72,6 +72,16 @@ pub fn run(gm: &Gmem, cpu: DeviceId, mmu: &CpuMmu, layout: &Layout) -> Result<Sp
     zero_fill(gm, mmu, root, space, layout)?;
     read_only(gm, space)?;
     large(gm, mmu, root, space, layout)?;
+    let s = gm.stats();
+    let d = mmu.stats();
+    println!(
+        "x86: gmem stats: faults_zero_fill {}, pages_zeroed {}, mmu_maps {}, mmu_unmaps {}, invalidations {}, faults_failed {}, large_maps {}, large_splits {}",
+        s.faults_zero_fill, s.pages_zeroed, s.mmu_maps, s.mmu_unmaps, s.invalidations, s.faults_failed, s.large_maps, s.large_splits
+    );
+    println!(
+        "x86: CPU driver: pages mapped {}, unmapped {}, protected {}, tables allocated {} / freed {}, invlpg batches {}, CR3 reloads {}, CR3 loads {}",
+        d.pages_mapped, d.pages_unmapped, d.pages_protected, d.tables_allocated, d.tables_freed, d.invalidations_ranged, d.invalidations_all, d.activations
+    );
     Ok(space)
 }
 

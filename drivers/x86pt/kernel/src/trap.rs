@@ -13,9 +13,9 @@
 //!   handler resumes after the store; otherwise the kernel reports it and fails.
 //!
 //! Interrupts stay disabled for the whole run (the kernel `cli`s after leaving boot
-//! services), so the handler never interrupts a holder of the heap or core locks other
-//! than the faulting code itself, which the core's `dev_fault` permits (a fault is taken
-//! on a user access of a region, never inside the core).
+//! services), so the only code a #PF interrupts is the access that faulted: kernel code
+//! touching a region of the core's space, which holds neither the heap's lock nor any
+//! of the core's — what `dev_fault` requires of its caller.
 
 use crate::board::exit_fail;
 use crate::println;
