@@ -181,8 +181,10 @@ fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
     let args = [
         "-machine",
         "q35",
+        // 48-bit I/O virtual addresses: the unit walks 3- and 4-level tables, and the
+        // kernel gives the NVMe domain 4 levels (the CPU's depth), edu's 3.
         "-device",
-        "intel-iommu",
+        "intel-iommu,aw-bits=48",
         "-m",
         "256M",
         "-smp",

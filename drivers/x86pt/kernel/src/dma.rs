@@ -74,7 +74,8 @@ pub struct DmaDevice {
 
 impl DmaDevice {
     /// Create `name` (PCI `bdf`) in the core behind `unit` in domain `did`, with the
-    /// I/O virtual address space `[begin, end)`.
+    /// I/O virtual address space `[begin, end)`: 3-level tables when it fits 39 bits,
+    /// 4-level ones (the CPU's depth) above.
     ///
     /// # Errors
     /// A description of the driver's or the core's refusal.
@@ -89,9 +90,13 @@ impl DmaDevice {
         (begin, end): (u64, u64),
         wrong_bits: u64,
     ) -> Result<DmaDevice, String> {
+        let wide = end > 1 << 39;
         let inner = unit
-            .codec(false)
-            .ok_or("the unit supports no 39-bit second-level tables")?;
+            .codec(wide)
+            .filter(|c| end <= 1 << c.address_bits())
+            .ok_or_else(|| {
+                format!("{name}: the unit has no second-level tables reaching {end:#x}")
+            })?;
         let domain = VtdDomain::new(unit.clone(), bdf, did, &inner);
         let codec = DeviceCodec { inner, wrong_bits };
         // SAFETY: the pool's frames are identity mapped and the drivers' alone; an
@@ -222,11 +227,12 @@ pub fn edu(
         return Err(format!("edu: word {w} differs after RAM -> edu -> RAM"));
     }
     println!(
-        "edu: dma verified: {len} bytes ({} transfers each way) RAM {src:#x} (IOVA {is:#x}, read-only) -> edu {:02x}:{:02x}.{} -> RAM {dst:#x} (IOVA {id:#x}, write-only) through VT-d domain 1, every byte equal",
+        "edu: dma verified: {len} bytes ({} transfers each way) RAM {src:#x} (IOVA {is:#x}, read-only) -> edu {:02x}:{:02x}.{} -> RAM {dst:#x} (IOVA {id:#x}, write-only) through VT-d domain 1 ({}-level tables), every byte equal",
         len / EDU_CHUNK,
         b.bus,
         b.dev,
-        b.func
+        b.func,
+        dev.mmu.codec().levels()
     );
     // Unmap the source strictly (the IOTLB invalidation completes first), then let the
     // device read it again: the unit must block the read and record it.
@@ -294,7 +300,7 @@ pub fn nvme(
     (bdf, bar): (crate::board::Bdf, u64),
 ) -> Result<NvmeReport, String> {
     use crate::nvme::{Buffer, Nvme, QUEUE_BYTES};
-    let dev = DmaDevice::new(gm, unit, frames, "nvme", bdf, 2, (0x10_0000, 1 << 36), 0)?;
+    let dev = DmaDevice::new(gm, unit, frames, "nvme", bdf, 2, (0x10_0000, 1 << 40), 0)?;
     let mut buffer = |bytes: u64, prot: Prot| -> Result<Buffer, String> {
         let pa = take(arena, bytes, PAGE_SIZE)?;
         let r = dev.map(
@@ -326,8 +332,8 @@ pub fn nvme(
         format!("nvme: namespace 1 has {blocks} blocks of {block} bytes; 4 MiB needed")
     })?;
     println!(
-        "nvme: controller {:02x}:{:02x}.{} behind VT-d domain 2: admin and I/O queues at IOVAs {:#x}/{:#x}, {:#x}/{:#x}; namespace 1: {blocks} blocks of {block} bytes",
-        bdf.bus, bdf.dev, bdf.func, admin.0.iova, admin.1.iova, io.0.iova, io.1.iova
+        "nvme: controller {:02x}:{:02x}.{} behind VT-d domain 2 ({}-level tables, 48-bit IOVAs): admin and I/O queues at IOVAs {:#x}/{:#x}, {:#x}/{:#x}; namespace 1: {blocks} blocks of {block} bytes",
+        bdf.bus, bdf.dev, bdf.func, dev.mmu.codec().levels(), admin.0.iova, admin.1.iova, io.0.iova, io.1.iova
     );
 
     // 2 MiB out and back, each buffer one superpage.
