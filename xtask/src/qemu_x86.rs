@@ -4,9 +4,9 @@
 //! The kernel (`drivers/x86pt/kernel`, its own cargo workspace) is format-checked,
 //! linted and built for `x86_64-unknown-uefi`, copied to `EFI/BOOT/BOOTX64.EFI` of a
 //! directory QEMU serves as a FAT drive, and booted by OVMF (Debian's `ovmf` package)
-//! with `qemu-system-x86_64 -machine q35 -device intel-iommu`, QEMU's `edu` device and
-//! an NVMe controller over a raw image the xtask creates. The serial output is
-//! streamed as it comes. The run passes when QEMU exits through `isa-debug-exit` with
+//! with `qemu-system-x86_64 -machine q35 -device intel-iommu,aw-bits=48`, QEMU's `edu`
+//! device and an NVMe controller over a raw image the xtask creates. The serial output
+//! is streamed as it comes. The run passes when QEMU exits through `isa-debug-exit` with
 //! the kernel's pass status (33) *and* the kernel printed every line of [`REQUIRED`]
 //! and its pass line last; a failure status, a missing line or the timeout fails it.
 //!
