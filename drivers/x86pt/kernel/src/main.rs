@@ -206,7 +206,9 @@ fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
     cpu::run(&k.gm, k.cpu, &mmu, layout)?;
 
     let drhd = acpi::find_drhd(rsdp.ok_or("UEFI gave no ACPI 2.0 table")?)?;
-    let mut arena = DmaArena::new(layout.dma.0, layout.dma.1);
+    // SAFETY: the DMA range is the kernel's block (layout), identity mapped by the
+    // global mappings, and only the arena hands it out.
+    let mut arena = unsafe { DmaArena::new(layout.dma.0, layout.dma.1) };
     let unit = Arc::new(vtd::VtdUnit::new(drhd.registers, &mut arena)?);
     println!(
         "vtd: DMAR unit at {:#x} (host address width {}, all PCI devices: {}), CAP {:#x}, ECAP {:#x}; root table {:#x}, queued invalidation on",

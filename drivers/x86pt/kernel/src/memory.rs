@@ -92,8 +92,12 @@ pub struct DmaArena {
 }
 
 impl DmaArena {
-    /// An arena over `[start, end)` (identity mapped, the kernel's alone).
-    pub const fn new(start: u64, end: u64) -> DmaArena {
+    /// An arena over `[start, end)`.
+    ///
+    /// # Safety
+    /// The range is identity mapped for as long as the arena and what it hands out are
+    /// used, and nothing else uses it.
+    pub const unsafe fn new(start: u64, end: u64) -> DmaArena {
         DmaArena { next: start, end }
     }
 
