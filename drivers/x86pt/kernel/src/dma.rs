@@ -326,7 +326,10 @@ pub fn nvme(
     );
     let prp_list = buffer(PAGE_SIZE, Prot::READ)?;
     let identify = buffer(PAGE_SIZE, Prot::WRITE)?;
-    let mut n = Nvme::init(bar, admin, io, prp_list)?;
+    // SAFETY: `bar` is the controller's BAR0 (`nvme::find`), identity mapped; the
+    // queues and the PRP list are the kernel's DMA memory, mapped for the controller
+    // just above.
+    let mut n = unsafe { Nvme::init(bar, admin, io, prp_list) }?;
     let (blocks, block) = n.identify_namespace(identify)?;
     check(blocks * block >= 2 * BLOCK_2M && block <= PAGE_SIZE, || {
         format!("nvme: namespace 1 has {blocks} blocks of {block} bytes; 4 MiB needed")

@@ -209,7 +209,9 @@ fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
     // SAFETY: the DMA range is the kernel's block (layout), identity mapped by the
     // global mappings, and only the arena hands it out.
     let mut arena = unsafe { DmaArena::new(layout.dma.0, layout.dma.1) };
-    let unit = Arc::new(vtd::VtdUnit::new(drhd.registers, &mut arena)?);
+    // SAFETY: the DRHD's register block (MMIO below 4 GiB, identity mapped); the kernel
+    // is the only driver of the unit.
+    let unit = Arc::new(unsafe { vtd::VtdUnit::new(drhd.registers, &mut arena) }?);
     println!(
         "vtd: DMAR unit at {:#x} (host address width {}, all PCI devices: {}), CAP {:#x}, ECAP {:#x}; root table {:#x}, queued invalidation on",
         drhd.registers,

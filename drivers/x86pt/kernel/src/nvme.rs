@@ -93,7 +93,12 @@ impl Nvme {
     ///
     /// # Errors
     /// A description when the controller does not become ready or refuses a command.
-    pub fn init(
+    ///
+    /// # Safety
+    /// `bar` is the identity-mapped BAR0 of an NVMe controller nothing else drives, and
+    /// every buffer is the kernel's, identity mapped at `pa` and mapped for the
+    /// controller at `iova`.
+    pub unsafe fn init(
         bar: u64,
         admin: (Buffer, Buffer),
         io: (Buffer, Buffer),

@@ -167,7 +167,11 @@ impl VtdUnit {
     /// # Errors
     /// A description when the unit lacks queued invalidation, a status bit never
     /// follows its command, or `arena` has no room.
-    pub fn new(regs: u64, arena: &mut DmaArena) -> Result<VtdUnit, String> {
+    ///
+    /// # Safety
+    /// `regs` is the register block of a VT-d unit (from the DMAR table), identity
+    /// mapped, and nothing else drives the unit.
+    pub unsafe fn new(regs: u64, arena: &mut DmaArena) -> Result<VtdUnit, String> {
         let cap = read64(regs + CAP);
         let ecap = read64(regs + ECAP);
         if ecap & (1 << 1) == 0 {
