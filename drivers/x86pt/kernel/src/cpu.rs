@@ -4,7 +4,7 @@
 //! The CPU is attached to a space at 1 TiB (PML4 slot 2, apart from the identity
 //! mapping of the low 4 GiB in slot 0): the driver loads CR3 with the space's table and
 //! the kernel runs on in it. Every region below starts unmapped; each first touch is a
-//! real #PF that the trap handler gives to `gm.dev_fault`.
+//! real #PF that the trap handler gives to `gm.dev_try_fault`.
 
 use crate::{check, trap, CpuMmu};
 use alloc::format;

@@ -5,7 +5,7 @@
 //! would, through the public API only:
 //! 1. **the CPU** is the core's host device: its `Mmu` is [`gmem_x86pt::PagedMmu`] with
 //!    the x86-64 codec and 2 MiB leaves over [`gmem_x86pt::DirectCpu`] (CR3, `invlpg`),
-//!    its memory direct RAM. Page faults (#PF) go through `trap` to `gm.dev_fault`.
+//!    its memory direct RAM. Page faults (#PF) go through `trap` to `gm.dev_try_fault`.
 //!    [`cpu::run`] shows demand zero-fill, a write to a read-only range refused with
 //!    the core's typed error, and a 2 MiB region served by one fault with one 2 MiB leaf
 //!    and split by a partial protect, every word verified;
@@ -45,7 +45,7 @@ use alloc::string::String;
 use alloc::sync::Arc;
 use board::{exit_fail, exit_pass};
 use core::sync::atomic::Ordering;
-use gmem_core::{DevCaps, DeviceDesc, DeviceId, Gmem, Prot, SingleCpu};
+use gmem_core::{DevCaps, DeviceDesc, DeviceId, Gmem, Prot};
 use gmem_x86pt::{DirectCpu, GlobalMapping, PagedConfig, PagedMmu, X86Codec, X86Config};
 use memory::{DirectRam, DmaArena, FramePool, Layout, BLOCK_BYTES};
 use uefi::boot::{AllocateType, MemoryType};
@@ -191,7 +191,7 @@ fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
     // core hands it out.
     let ram = Arc::new(unsafe { DirectRam::new(layout.gmem.0, layout.gmem.1) });
     let gm = Gmem::new(
-        Arc::new(SingleCpu),
+        Arc::new(trap::CorePlatform),
         DeviceDesc {
             name: "cpu0".into(),
             mmu: mmu.clone(),

@@ -12,10 +12,14 @@
 //! - `Err(e)`: if a [`probe_write`] is in progress, the error is handed to it and the
 //!   handler resumes after the store; otherwise the kernel reports it and fails.
 //!
-//! Interrupts stay disabled for the whole run (the kernel `cli`s after leaving boot
-//! services), so the only code a #PF interrupts is the access that faulted: kernel code
-//! touching a region of the core's space, which holds neither the heap's lock nor any
-//! of the core's — what `dev_fault` requires of its caller.
+//! The handler enters the core through `dev_try_fault`, the entry that never waits for
+//! a lock: if the interrupted context held one the fault needs (a core call on this
+//! CPU whose driver callback touched a region, say), the core answers
+//! `FaultError::Busy` and the handler returns, so the access retries instead of the
+//! CPU spinning on its own lock. The core's [`CorePlatform`] runs every core call
+//! with interrupts disabled (its critical section), so no interrupt arrives while the
+//! core holds a lock. (Interrupts stay disabled for the whole run anyway: the kernel
+//! `cli`s after leaving boot services.)
 
 use crate::board::exit_fail;
 use crate::println;
@@ -93,6 +97,32 @@ pub static WRITE_FAULTS: AtomicU64 = AtomicU64::new(0);
 pub static FETCH_FAULTS: AtomicU64 = AtomicU64::new(0);
 /// Faults the core served (the access was retried).
 pub static SERVED: AtomicU64 = AtomicU64::new(0);
+/// Faults the core answered `Busy` (retried by returning).
+pub static BUSY: AtomicU64 = AtomicU64::new(0);
+
+/// The core's platform on this one-CPU kernel: CPU 0 of 1, and a critical section
+/// around every core call that saves the interrupt flag and clears it (restored on
+/// exit), as `spin_lock_irqsave` does.
+pub struct CorePlatform;
+
+impl gmem_core::Platform for CorePlatform {
+    fn current_cpu(&self) -> usize {
+        0
+    }
+    fn cpu_count(&self) -> usize {
+        1
+    }
+    fn enter_critical(&self) -> usize {
+        let enabled = x86_64::instructions::interrupts::are_enabled();
+        x86_64::instructions::interrupts::disable();
+        usize::from(enabled)
+    }
+    fn exit_critical(&self, saved: usize) {
+        if saved != 0 {
+            x86_64::instructions::interrupts::enable();
+        }
+    }
+}
 
 static IN_TRAP: AtomicBool = AtomicBool::new(false);
 static IDT: spin::Once<InterruptDescriptorTable> = spin::Once::new();
@@ -158,14 +188,14 @@ extern "sysv64" fn fatal(vector: u64, frame: *const u64) -> ! {
     exit_fail(4)
 }
 
-/// The one call into the core for a CPU page fault (swap for an interrupt-safe entry
-/// here when the core has one).
+/// The one call into the core for a CPU page fault: the entry that never waits for a
+/// lock (see the module header).
 fn serve(va: VirtAddr, access: Prot) -> Result<FaultResolution, FaultError> {
     let Some(k) = crate::KERNEL.get() else {
         println!("page fault before the core is up: cr2 {va}");
         exit_fail(5);
     };
-    k.gm.dev_fault(k.cpu, va, access)
+    k.gm.dev_try_fault(k.cpu, va, access)
 }
 
 /// `frame`: the error code, then RIP, CS, RFLAGS, RSP, SS.
@@ -191,19 +221,24 @@ extern "sysv64" fn page_fault(frame: *mut u64) {
             SERVED.fetch_add(1, Ordering::Relaxed);
             if nth <= VERBOSE_FAULTS {
                 println!(
-                    "  #PF: {what} at {va:#x} (error {code:#x}) -> dev_fault: {:?}, {} page(s); iretq",
+                    "  #PF: {what} at {va:#x} (error {code:#x}) -> dev_try_fault: {:?}, {} page(s); iretq",
                     r.kind, r.pages
                 );
             } else if nth == VERBOSE_FAULTS + 1 {
                 println!("  #PF: ... (further {what} faults served quietly)");
             }
         }
+        // A lock the fault needs is held by the context it interrupted: return and let
+        // the access fault again once that context has gone on.
+        Err(FaultError::Busy(_)) => {
+            BUSY.fetch_add(1, Ordering::Relaxed);
+        }
         Err(e) => {
             let mut probe = PROBE.lock();
             if matches!(*probe, Probe::Armed) {
                 let resume = PROBE_RESUME.load(Ordering::Acquire);
                 println!(
-                    "  #PF: {what} at {va:#x} (error {code:#x}) -> dev_fault: Err({e:?}); the probe resumes"
+                    "  #PF: {what} at {va:#x} (error {code:#x}) -> dev_try_fault: Err({e:?}); the probe resumes"
                 );
                 *probe = Probe::Refused(e);
                 // SAFETY: the saved RIP is the word after the error code; the probe's
@@ -223,7 +258,7 @@ extern "sysv64" fn page_fault(frame: *mut u64) {
 /// store is skipped.
 ///
 /// # Errors
-/// The core's [`FaultError`] when `dev_fault` refused the page fault the store took
+/// The core's [`FaultError`] when `dev_try_fault` refused the page fault the store took
 /// ([`FaultError::ProtectionViolation`] for a read-only region,
 /// [`FaultError::NotAllocated`] for an address in no region, ...).
 pub fn probe_write(va: VirtAddr, value: u64) -> Result<(), FaultError> {
