@@ -154,7 +154,7 @@ fn a_fault_never_edits_the_range_an_unlocked_map_is_editing() {
         match (mapped, fault) {
             (Ok(()), Ok(_) | Err(FaultError::Busy(_))) => {
                 let pte = s.translate(gpu, r.start, Prot::READ).unwrap();
-                assert_eq!(pte.pfn, FRAME >> PAGE_SHIFT);
+                assert_eq!(pte.pfn, FRAME / PAGE_SIZE);
             }
             (Err(MapError::AlreadyMapped), Ok(_)) => {}
             other => panic!("unexpected outcome {other:?}"),
@@ -169,9 +169,20 @@ fn a_fault_never_edits_the_range_an_unlocked_map_is_editing() {
 )]
 fn a_shared_attach_never_fills_the_range_an_unlocked_map_is_editing() {
     common::model("unlocked map vs shared attach", PREEMPTIONS, || {
-        let (mut s, space, io) = setup();
+        // Devices of the host's format share one table store (shared mode needs it);
+        // no CPU attached, so the I/O device's table is the first of that format.
+        let mut s = TestSystem::new(2);
+        let space = common::space(&s, 4 * PAGE_SIZE, &[]);
         s.concurrent_edits = true;
-        let joiner = s.add_device(9, DevCaps::empty(), 0, 0);
+        let io = s.add_device(1, DevCaps::empty(), 0, 0);
+        s.gm.as_attach(
+            space,
+            s.devices[io].id,
+            MmuMode::Coherent,
+            Activation::Switch,
+        )
+        .unwrap();
+        let joiner = s.add_device(1, DevCaps::empty(), 0, 0);
         let host = s.host().id;
         let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
         let s = Arc::new(s);
@@ -193,7 +204,7 @@ fn a_shared_attach_never_fills_the_range_an_unlocked_map_is_editing() {
         assert_eq!(mapped, Ok(()), "the map failed");
         for d in [io, joiner] {
             let pte = s.translate(d, r.start, Prot::READ).unwrap();
-            assert_eq!(pte.pfn, FRAME >> PAGE_SHIFT, "device {d}");
+            assert_eq!(pte.pfn, FRAME / PAGE_SIZE, "device {d}");
         }
     });
 }

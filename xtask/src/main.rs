@@ -3,11 +3,13 @@
 //! `cargo xtask ci` runs exactly what `.ci/run` runs after installing prerequisites:
 //! formatting, lints, the workspace's tests, the bare-metal builds of `gmem-core`, a
 //! compile check of the benchmarks, the harness's main job with its verification, and
-//! the RISC-V Sv39 kernel booted under QEMU (`cargo xtask qemu`, see [`qemu`]).
+//! the RISC-V Sv39 kernel booted under QEMU (`cargo xtask qemu`, see [`qemu`]) and the
+//! x86-64 kernel with VT-d (`cargo xtask qemu-x86`, see [`qemu_x86`]).
 
 mod fuzz;
 mod loom;
 mod qemu;
+mod qemu_x86;
 
 use clap::{Parser, Subcommand};
 use std::process::{Command, ExitCode};
@@ -27,6 +29,8 @@ enum Task {
     BareMetal,
     /// Build the RISC-V Sv39 kernel and boot it under QEMU.
     Qemu,
+    /// Build the x86-64 kernel and boot it under QEMU (q35, Intel VT-d, OVMF).
+    QemuX86,
     /// The loom models, then each broken variant expecting its model to catch it.
     Loom,
     /// Each fuzz target for `--secs` seconds (nightly; installs cargo-fuzz if absent).
@@ -137,6 +141,7 @@ fn ci() -> Result<(), String> {
         ],
     )?;
     qemu::qemu()?;
+    qemu_x86::qemu_x86()?;
     loom::loom()?;
     fuzz::fuzz(20)?;
     Ok(())
@@ -148,6 +153,7 @@ fn main() -> ExitCode {
         Task::Ci => ci(),
         Task::BareMetal => bare_metal(),
         Task::Qemu => qemu::qemu(),
+        Task::QemuX86 => qemu_x86::qemu_x86(),
         Task::Loom => loom::loom(),
         Task::Fuzz { secs } => fuzz::fuzz(secs),
     };

@@ -1,0 +1,244 @@
+//! The kernel's memory: the heap, the page-table frame pool and the core's view of RAM.
+//!
+//! Everything lives in one block of conventional memory the kernel takes from UEFI's
+//! boot services before it exits them (`boot::allocate_pages`, `LOADER_DATA`), below
+//! 4 GiB, where the CPU driver's global mappings identity-map it:
+//!
+//! ```text
+//! block        heap            HEAP_BYTES   the core's tables (vmem arenas, logical page tables)
+//!              page-table pool PT_FRAMES    frames the CPU driver and the VT-d domains build tables in
+//!              (2 MiB aligned) gmem RAM     GMEM_BYTES   frames the core backs regions with
+//!              (2 MiB aligned) DMA memory   DMA_BYTES    buffers, queues and VT-d structures (the kernel's)
+//! ```
+
+use gmem_core::{DeviceMemory, FrameSource, MemError, PhysAddr, PAGE_SIZE};
+use linked_list_allocator::LockedHeap;
+
+/// Bytes of kernel heap.
+pub const HEAP_BYTES: u64 = 8 << 20;
+/// Frames for page tables (the CPU's and the IOMMU's).
+pub const PT_FRAMES: u64 = 1024;
+/// Bytes of RAM registered with the core.
+pub const GMEM_BYTES: u64 = 16 << 20;
+/// Bytes of DMA memory the kernel keeps for itself (outside the core's RAM).
+pub const DMA_BYTES: u64 = 12 << 20;
+/// Bytes to ask UEFI for: the parts and their alignment slack.
+pub const BLOCK_BYTES: u64 =
+    HEAP_BYTES + PT_FRAMES * PAGE_SIZE + GMEM_BYTES + DMA_BYTES + (6 << 20);
+
+#[global_allocator]
+static HEAP: LockedHeap = LockedHeap::empty();
+
+/// Where each part lives.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    /// The heap `[start, end)`.
+    pub heap: (u64, u64),
+    /// The page-table pool `[start, end)`.
+    pub page_tables: (u64, u64),
+    /// The RAM the core manages `[start, end)`.
+    pub gmem: (u64, u64),
+    /// The kernel's DMA memory `[start, end)`.
+    pub dma: (u64, u64),
+}
+
+const fn align_up(v: u64, a: u64) -> u64 {
+    (v + a - 1) & !(a - 1)
+}
+
+impl Layout {
+    /// The layout inside `[start, start + BLOCK_BYTES)`.
+    pub fn within(start: u64) -> Layout {
+        let heap = (
+            align_up(start, PAGE_SIZE),
+            align_up(start, PAGE_SIZE) + HEAP_BYTES,
+        );
+        let page_tables = (heap.1, heap.1 + PT_FRAMES * PAGE_SIZE);
+        let g = align_up(page_tables.1, 2 << 20);
+        let gmem = (g, g + GMEM_BYTES);
+        let dma = (gmem.1, gmem.1 + DMA_BYTES);
+        Layout {
+            heap,
+            page_tables,
+            gmem,
+            dma,
+        }
+    }
+
+    /// Hand the heap range to the allocator.
+    ///
+    /// # Safety
+    /// Called once, before any allocation, with a layout inside memory the kernel owns
+    /// and nothing else uses.
+    pub unsafe fn init_heap(&self) {
+        // SAFETY: the caller guarantees the range is unused RAM, handed over once.
+        unsafe {
+            HEAP.lock()
+                .init(self.heap.0 as *mut u8, (self.heap.1 - self.heap.0) as usize)
+        };
+    }
+}
+
+/// Bytes of heap in use.
+pub fn heap_used() -> usize {
+    HEAP.lock().used()
+}
+
+/// A bump allocator over the kernel's DMA memory: buffers and queues that stay the
+/// kernel's (the core maps them for devices with `region_map`, never owns them).
+pub struct DmaArena {
+    next: u64,
+    end: u64,
+}
+
+impl DmaArena {
+    /// An arena over `[start, end)`.
+    ///
+    /// # Safety
+    /// The range is identity mapped for as long as the arena and what it hands out are
+    /// used, and nothing else uses it.
+    pub const unsafe fn new(start: u64, end: u64) -> DmaArena {
+        DmaArena { next: start, end }
+    }
+
+    /// `bytes` (rounded up to 4 KiB) aligned to `align`, zeroed; `None` when exhausted.
+    pub fn take(&mut self, bytes: u64, align: u64) -> Option<u64> {
+        let at = align_up(self.next, align.max(PAGE_SIZE));
+        let end = at.checked_add(align_up(bytes, PAGE_SIZE))?;
+        if end > self.end {
+            return None;
+        }
+        self.next = end;
+        // SAFETY: `[at, end)` is inside the arena (identity mapped, the kernel's alone,
+        // `new`'s contract) and handed out once.
+        unsafe { core::ptr::write_bytes(at as *mut u8, 0, (end - at) as usize) };
+        Some(at)
+    }
+}
+
+/// A pool of 4 KiB frames for page tables: a bump pointer and an intrusive free list
+/// (each free frame holds the address of the next).
+pub struct FramePool {
+    state: spin::Mutex<PoolState>,
+}
+
+struct PoolState {
+    next: u64,
+    end: u64,
+    start: u64,
+    free: u64,
+    in_use: u64,
+}
+
+impl FramePool {
+    /// A pool over `[start, end)`.
+    ///
+    /// # Safety
+    /// The range is page aligned, identity mapped (or paging is off) for as long as the
+    /// pool is used, and used by nothing else.
+    pub const unsafe fn new(start: u64, end: u64) -> FramePool {
+        FramePool {
+            state: spin::Mutex::new(PoolState {
+                next: start,
+                end,
+                start,
+                free: 0,
+                in_use: 0,
+            }),
+        }
+    }
+
+    /// Frames handed out and not given back.
+    pub fn in_use(&self) -> u64 {
+        self.state.lock().in_use
+    }
+}
+
+// SAFETY: the pool's range is exclusively its own and identity mapped (`new`'s
+// contract); a frame leaves the free list or the bump range once, zeroed, and comes back
+// only through `free_frame`.
+unsafe impl FrameSource for FramePool {
+    fn alloc_frame(&self) -> Option<PhysAddr> {
+        let mut s = self.state.lock();
+        let f = if s.free != 0 {
+            let f = s.free;
+            // SAFETY: `f` is a free frame of the pool (identity mapped, `new`'s
+            // contract); its first word holds the next free frame.
+            s.free = unsafe { core::ptr::read_volatile(f as *const u64) };
+            f
+        } else if s.next < s.end {
+            s.next += PAGE_SIZE;
+            s.next - PAGE_SIZE
+        } else {
+            return None;
+        };
+        // SAFETY: `f` is a pool frame just taken off the free list or the bump range:
+        // nobody else holds it, and it is identity mapped.
+        unsafe { core::ptr::write_bytes(f as *mut u8, 0, PAGE_SIZE as usize) };
+        s.in_use += 1;
+        Some(PhysAddr::new(f))
+    }
+
+    fn free_frame(&self, frame: PhysAddr) {
+        let f = frame.as_u64();
+        let mut s = self.state.lock();
+        if f < s.start || f >= s.next || !frame.is_page_aligned() {
+            crate::println!("frame pool: ignoring free of foreign frame {frame}");
+            return;
+        }
+        // SAFETY: `f` is a frame of the pool being given back by its holder; it becomes
+        // the pool's, and its first word links it into the free list.
+        unsafe { core::ptr::write_volatile(f as *mut u64, s.free) };
+        s.free = f;
+        s.in_use -= 1;
+    }
+}
+
+/// The core's view of RAM: direct access to the identity-mapped range it manages.
+pub struct DirectRam {
+    start: u64,
+    end: u64,
+}
+
+impl DirectRam {
+    /// Direct access to `[start, end)`.
+    ///
+    /// # Safety
+    /// The range is identity mapped (or paging is off) whenever the core calls it, and
+    /// only the core (through mappings it installs) uses that memory.
+    pub const unsafe fn new(start: u64, end: u64) -> DirectRam {
+        DirectRam { start, end }
+    }
+
+    fn check(&self, pa: PhysAddr, len: u64) -> Result<*mut u8, MemError> {
+        let a = pa.as_u64();
+        match a.checked_add(len) {
+            Some(e) if a >= self.start && e <= self.end => Ok(a as *mut u8),
+            _ => Err(MemError::OutOfRange { pa }),
+        }
+    }
+}
+
+impl DeviceMemory for DirectRam {
+    fn zero(&self, pa: PhysAddr, len: u64) -> Result<(), MemError> {
+        let p = self.check(pa, len)?;
+        // SAFETY: `check` keeps `[pa, pa + len)` inside the managed range, which `new`'s
+        // contract makes identity mapped and the core's alone.
+        unsafe { core::ptr::write_bytes(p, 0, len as usize) };
+        Ok(())
+    }
+
+    fn read(&self, pa: PhysAddr, buf: &mut [u8]) -> Result<(), MemError> {
+        let p = self.check(pa, buf.len() as u64)?;
+        // SAFETY: as in `zero`; `buf` is ordinary kernel memory, disjoint from the range.
+        unsafe { core::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    fn write(&self, pa: PhysAddr, buf: &[u8]) -> Result<(), MemError> {
+        let p = self.check(pa, buf.len() as u64)?;
+        // SAFETY: as in `read`.
+        unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), p, buf.len()) };
+        Ok(())
+    }
+}
