@@ -12,7 +12,8 @@
 //!   also with the device's binding; [`DeviceMemory::group_class_changed`] with the
 //!   device's frame lock. A driver therefore must not call back into the core — the
 //!   one call that answers instead of waiting is [`crate::Gmem::dev_try_fault`], with
-//!   [`crate::FaultError::Busy`] — and must not wait for anything that needs an
+//!   [`crate::FaultError::Busy`], and not from `group_class_changed` (a fault waits for
+//!   the frame lock it runs under) — and must not wait for anything that needs an
 //!   interrupt on the calling CPU (an IPI's acknowledgement must reach a CPU spinning
 //!   with interrupts off: see the guide's *SMP* section, [`crate::guide`]).
 //! - **How calls on one table are serialised.** A page table belongs to one address
