@@ -33,10 +33,9 @@
 //!   (`region_protect`, `region_protect_range`) *unmaps* the pages instead of calling
 //!   [`Mmu::protect`] (and invalidates them), so a format need not encode a present
 //!   leaf without permissions. Eager mappings (replicas, wiring, private frames) and
-//!   large leaves skip pages of no access. Known exception (issue 30): a fault reported
-//!   with an empty access on a page of no access is served with a `map` whose
-//!   [`MapRun::prot`] is empty; a handler that derives the access from the hardware's
-//!   error code always names one, and a driver may treat such a run as nothing to map.
+//!   large leaves skip pages of no access, and a fault on a page of no access is
+//!   refused ([`crate::FaultError::ProtectionViolation`]) whatever access it names,
+//!   the empty one included.
 //! - **What `activate(None)` means.** The core calls `activate(Some(root))` when the
 //!   device is switched to a space (`dev_switch`, `as_attach` with
 //!   [`crate::Activation::Switch`]) and `activate(None)` when the space it is active in

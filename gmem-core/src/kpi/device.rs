@@ -390,10 +390,17 @@ impl Gmem {
     /// driver callback that re-enters the core (the core calls drivers with the space
     /// lock held). It takes the registry, the device's binding and the space's lock
     /// with `try_read`/`try_lock` only and answers [`FaultError::Busy`] at once when
-    /// one is held; the handler then returns and the access retries (a device replays
-    /// it, a CPU takes the fault again). Once it holds the space lock it serves the
-    /// fault as `dev_fault` does, waiting only for locks that no core call holds
-    /// across a driver callback (a device's physical memory, the registries' leaves).
+    /// one is held. Once it holds the space lock it serves the fault as `dev_fault`
+    /// does, waiting only for a device's frame lock and the registries' leaf locks,
+    /// which the core holds across no driver callback but
+    /// [`crate::DeviceMemory::group_class_changed`] (which therefore may call nothing).
+    ///
+    /// What `Busy` means depends on who holds the lock. Another CPU (or thread): return
+    /// and let the access retry — a device replays it, a CPU takes the fault again.
+    /// The context the handler interrupted on this CPU (it was inside a core call, as
+    /// [`crate::Platform::enter_critical`]'s nesting tells): the retry would fault again
+    /// forever, so that is a kernel bug (a driver callback touched memory the core
+    /// serves) to report, not to retry.
     ///
     /// # Errors
     /// [`FaultError::Busy`] when a lock it needs is held (nothing changed: retry), and

@@ -62,7 +62,9 @@ impl SpaceState {
         // The page's own protection and attributes: its region's, or a range call's.
         let piece = self.segments.at(region, va.vpn());
         let prot = piece.prot;
-        if !prot.contains(access) {
+        // A page of no access is never mapped (see `mmu.rs`, *Empty protection*), even
+        // for a fault that names no access (`contains(empty)` is always true).
+        if prot.is_empty() || !prot.contains(access) {
             return Err(FaultError::ProtectionViolation {
                 va,
                 access,

@@ -363,3 +363,26 @@ fn stats_sum_every_space_and_keep_a_destroyed_space_s_counts_once() {
         (3, 3, 3)
     );
 }
+
+#[test]
+fn a_fault_naming_no_access_on_a_page_of_no_access_is_refused_and_maps_nothing() {
+    // `prot.contains(empty)` is true for every `prot`: the check must not let an
+    // empty access through to a `map` with an empty protection.
+    let (s, space) = system();
+    let host = s.host().id;
+    let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    s.gm.region_protect(r, Prot::empty()).unwrap();
+    s.take_events();
+    assert!(matches!(
+        s.gm.dev_fault(host, r.start, Prot::empty()),
+        Err(FaultError::ProtectionViolation { .. })
+    ));
+    assert!(
+        !s.take_events()
+            .iter()
+            .any(|e| matches!(e, MmuEvent::Map { .. })),
+        "a mapping that allows nothing was installed"
+    );
+    assert_eq!(s.gm.as_page_frame(space, r.start), Ok(None));
+    ok(&s, space);
+}

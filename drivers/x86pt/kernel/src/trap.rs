@@ -15,8 +15,11 @@
 //! The handler enters the core through `dev_try_fault`, the entry that never waits for
 //! a lock: if the interrupted context held one the fault needs (a core call on this
 //! CPU whose driver callback touched a region, say), the core answers
-//! `FaultError::Busy` and the handler returns, so the access retries instead of the
-//! CPU spinning on its own lock. The core's [`CorePlatform`] runs every core call
+//! `FaultError::Busy` instead of the CPU spinning on its own lock forever. On this
+//! one-CPU kernel only the interrupted context can hold a core lock, and retrying its
+//! access would fault again forever, so the handler reports that as a kernel bug
+//! ([`CorePlatform`] counts how deep this CPU is inside core calls); on an SMP kernel a
+//! `Busy` from a lock another CPU holds is retried by returning. The core's [`CorePlatform`] runs every core call
 //! with interrupts disabled (its critical section), so no interrupt arrives while the
 //! core holds a lock. (Interrupts stay disabled for the whole run anyway: the kernel
 //! `cli`s after leaving boot services.)
@@ -105,6 +108,9 @@ pub static BUSY: AtomicU64 = AtomicU64::new(0);
 /// exit), as `spin_lock_irqsave` does.
 pub struct CorePlatform;
 
+/// How many core calls this CPU is inside (the platform's critical sections).
+static IN_CORE: AtomicU64 = AtomicU64::new(0);
+
 impl gmem_core::Platform for CorePlatform {
     fn current_cpu(&self) -> usize {
         0
@@ -115,9 +121,11 @@ impl gmem_core::Platform for CorePlatform {
     fn enter_critical(&self) -> usize {
         let enabled = x86_64::instructions::interrupts::are_enabled();
         x86_64::instructions::interrupts::disable();
+        IN_CORE.fetch_add(1, Ordering::Relaxed);
         usize::from(enabled)
     }
     fn exit_critical(&self, saved: usize) {
+        IN_CORE.fetch_sub(1, Ordering::Relaxed);
         if saved != 0 {
             x86_64::instructions::interrupts::enable();
         }
@@ -228,10 +236,20 @@ extern "sysv64" fn page_fault(frame: *mut u64) {
                 println!("  #PF: ... (further {what} faults served quietly)");
             }
         }
-        // A lock the fault needs is held by the context it interrupted: return and let
-        // the access fault again once that context has gone on.
+        // A lock the fault needs is held. By the context this handler interrupted (a
+        // core call on this CPU: the only holder on one CPU): retrying would fault
+        // again forever, a kernel bug. (An SMP kernel returns when another CPU holds
+        // it: that one goes on and the retry is served.)
         Err(FaultError::Busy(_)) => {
             BUSY.fetch_add(1, Ordering::Relaxed);
+            // The handler's own `dev_try_fault` section has been left: any depth left
+            // is the interrupted context's.
+            if IN_CORE.load(Ordering::Relaxed) > 0 {
+                println!(
+                    "{what} page fault at {va:#x} (rip {rip:#x}) inside a core call: the core's lock is held by the context that faulted"
+                );
+                exit_fail(7);
+            }
         }
         Err(e) => {
             let mut probe = PROBE.lock();
