@@ -30,6 +30,10 @@ fn small_benches() -> Vec<Bench> {
             tiles: 1,
         },
         Bench::Butterfly { batches: 1 },
+        Bench::Gather {
+            coeffs: 32,
+            trips: 2,
+        },
     ]
 }
 
