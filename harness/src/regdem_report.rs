@@ -1,7 +1,9 @@
 //! `reproduce regdem`: RegDem (register demotion into unused shared memory) on
 //! register-heavy kernels — per kernel and variant the registers, occupancy, shared
 //! memory, simulated cycles, speedup over the baseline allocation, the predictor's
-//! choice and the exhaustive best; the geometric mean; the predictor's accuracy against
+//! choice and the exhaustive best; per kernel the occupancy ceiling (the baseline run
+//! at the first cliff's occupancy as if its registers fitted); the geometric means over
+//! all kernels and over those where RegDem applies; the predictor's accuracy against
 //! exhaustive search; the ablations. Everything is measured by `gmem-regdem`'s
 //! interpreter (bit-identical outputs) and cycle-level SM simulator; the predictor is
 //! separate code. Writes `regdem.{csv,json,svg}` into `--out`.
@@ -394,6 +396,11 @@ fn write(
             "exhaustive_best": kr.exhaustive_best,
             "predicted_speedup": kr.predicted_speedup,
             "best_speedup": kr.best_speedup,
+            "predicted_speedup_no_margin": kr.unguarded_speedup,
+            "ceiling": kr.ceiling.map(|c| serde_json::json!({
+                "target_registers": c.target_registers, "warps": c.warps,
+                "cycles": c.cycles, "speedup": c.speedup, "verified": c.verified,
+            })),
             "rows": kr.rows.iter().map(|r| serde_json::json!({
                 "variant": r.variant, "registers": r.registers, "occupancy": r.occupancy,
                 "shared_bytes": r.shared_bytes, "cycles": r.cycles, "speedup": r.speedup,
@@ -442,6 +449,9 @@ fn plot(path: &Path, results: &[KernelResult]) -> Result<(), Box<dyn std::error:
             }),
             series("best nvcc cap", 3, &|kr| {
                 best(kr, &|k| *k == variants::Kind::LocalCap)
+            }),
+            series("occupancy ceiling", 4, &|kr| {
+                kr.ceiling.map_or(f64::NAN, |c| c.speedup)
             }),
         ],
         y_desc: "speedup (x)".into(),

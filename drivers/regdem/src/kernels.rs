@@ -218,7 +218,9 @@ impl Bench {
                 }
             }
             Bench::Gather { coeffs, trips } => {
-                let l = GatherLayout::new(coeffs, trips, grid);
+                let Some(l) = GatherLayout::new(coeffs, trips, grid) else {
+                    return out;
+                };
                 let c = |i: u32| f32w(g, l.coef0 + i);
                 let (alpha, beta) = (c(coeffs), c(coeffs + 1));
                 for gid in 0..l.n {
@@ -707,21 +709,24 @@ struct GatherLayout {
 }
 
 impl GatherLayout {
-    fn new(coeffs: u32, trips: u32, grid: u32) -> GatherLayout {
-        let n = grid * T;
+    /// The layout, or `None` if the arrays do not fit a 32-bit byte address space.
+    fn new(coeffs: u32, trips: u32, grid: u32) -> Option<GatherLayout> {
+        let n = grid.checked_mul(T)?;
         let idx0 = 0;
-        let x0 = idx0 + trips * n;
-        let coef0 = x0 + n + GATHER_BAND + 1;
-        let yold0 = coef0 + coeffs + 2;
-        let out0 = yold0 + n;
-        GatherLayout {
+        let x0 = trips.checked_mul(n)?;
+        let coef0 = x0.checked_add(n)?.checked_add(GATHER_BAND + 1)?;
+        let yold0 = coef0.checked_add(coeffs)?.checked_add(2)?;
+        let out0 = yold0.checked_add(n)?;
+        // Every byte address (word index · 4) must fit in 32 bits.
+        out0.checked_add(n)?.checked_mul(4)?;
+        Some(GatherLayout {
             n,
             idx0,
             x0,
             coef0,
             yold0,
             out0,
-        }
+        })
     }
 }
 
@@ -729,7 +734,7 @@ fn gather(coeffs: u32, trips: u32, grid: u32) -> Result<Kernel, IrError> {
     if !(2..=200).contains(&coeffs) || trips == 0 || grid == 0 {
         return Err(bad());
     }
-    let l = GatherLayout::new(coeffs, trips, grid);
+    let l = GatherLayout::new(coeffs, trips, grid).ok_or_else(bad)?;
     let mut b = Builder::new(&format!("gather-c{coeffs}"), T, grid);
     b.global_words = l.out0 + l.n;
     b.inputs = vec![(0, l.out0)];
