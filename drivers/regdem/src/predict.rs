@@ -22,7 +22,7 @@
 //! that consumes them: the compiler's estimate (GL_MEM_STALL = 200, SH_MEM_STALL = 24,
 //! as in the paper) minus the stalls issued since the producer. Block costs are
 //! multiplied by loop trip counts. A resident wave of `W` warps then takes the per-warp
-//! total `C`, and the kernel takes `ceil(blocks / blocks_per_sm) · C`.
+//! total `C`, and the kernel the sum of its waves' `C`.
 //!
 //! **How the two terms combine (changed in issue 34, after seeing results).** The first
 //! rebuild added each wait's exposed latency to the adjusted stall `S'_i`, i.e. a warp
@@ -30,12 +30,18 @@
 //! other warp issued while it waited. That makes every extra warp cost as much as it
 //! hides, so the predictor never saw occupancy buy latency hiding; measured before the
 //! change, `reproduce regdem --quick` picked variants worth 0.917x (exhaustive 1.012x).
-//! Now `C = max(Σ S'_i, Σ (s_i + exposed_i))`: a warp is bound either by its share of
-//! the issue slots (Eq. 2 summed) or by its own dependence chain, whichever is longer —
-//! the usual latency/throughput bound, not a fit to any figure. The issue view sums
-//! Eq. 2's contention term per unit (dispatch, ALU, SFU, FP64, load/store) and takes the
-//! busiest, since different units work in parallel. A last, partial wave of blocks is
-//! charged with its own (smaller) number of competing warps, not a full wave's.
+//! Now Eq. 2's `max(s_i, contention)` is taken over the whole warp instead of per
+//! instruction:
+//!
+//! ```text
+//! C = max( W/N_sched · max_u Σ_{i∈u} MAX_THROUGHPUT/T_i ,  Σ_i (s_i + exposed_i) )
+//! ```
+//!
+//! a warp is bound either by its share of the busiest issue resource `u` (dispatch, which
+//! every instruction takes once; ALU; SFU; FP64; load/store — different units work in
+//! parallel) or by its own dependence chain, whichever is longer: the usual
+//! latency/throughput bound, not a fit to any figure. A last, partial wave of blocks is
+//! charged with its own (smaller) `W`, not a full wave's.
 //!
 //! Throughputs `T_i` are the CUDA C Programming Guide's per-SM figures for compute
 //! capability 5.x (FP32 and integer add/logic 128, shifts 64, SFU 32, FP64 4, loads and
@@ -83,7 +89,8 @@ pub struct Prediction {
     pub warp_cycles: f64,
     /// Of which exposed memory latency.
     pub exposed_latency: f64,
-    /// The issue view of `C`: Eq. 2's adjusted stalls summed over the executed code.
+    /// The issue view of `C` for a full wave: Eq. 2's contention term summed over the
+    /// executed code per unit, the busiest unit's sum.
     pub issue_cycles: f64,
     /// The dependence view of `C`: annotated stalls plus exposed latencies.
     pub chain_cycles: f64,
