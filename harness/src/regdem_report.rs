@@ -21,7 +21,7 @@ const SEED: u64 = 0x5eed_0014;
 
 /// The benchmarks, each with its grid size: `quick` keeps CI at seconds. The shared-memory
 /// tiled kernels of the first pass run on 8 (quick) or 30 (full) blocks; the
-/// latency-bound gathers (issue 34) on 30 or 60 blocks, multiples of the resident block
+/// latency-bound gathers and (full only) two-hop chases (issue 34) on 30 or 60 blocks, multiples of the resident block
 /// counts on both sides of their cliffs, so wave tails do not decide the comparison.
 fn benches(quick: bool) -> Vec<(Bench, u32)> {
     use Bench::*;
@@ -56,6 +56,9 @@ fn benches(quick: bool) -> Vec<(Bench, u32)> {
             .collect();
         for coeffs in [24, 32, 42, 56] {
             list.push((Gather { coeffs, trips: 8 }, 60));
+        }
+        for coeffs in [24, 42] {
+            list.push((Chase { coeffs, trips: 8 }, 60));
         }
         list
     }

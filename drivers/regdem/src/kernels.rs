@@ -21,6 +21,9 @@
 //!   epilogue addresses, the epilogue's `alpha` and `beta`) is computed or loaded at
 //!   kernel entry and kept live across the loop, so the kernel carries long-lived,
 //!   rarely read registers — the cheap candidates demotion relies on (paper §3).
+//! - [`Bench::Chase`]: the gather with a second dependent hop (BFS / CSR-SpMV style:
+//!   the gathered word is itself an index into a second array), so two global loads
+//!   stand in each iteration's dependence chain.
 //!
 //! Every kernel's CPU reference performs the same IEEE operations in the same order, so
 //! the reference, the interpreter and every variant agree bit for bit.
@@ -79,6 +82,14 @@ pub enum Bench {
         /// Elements per thread.
         trips: u32,
     },
+    /// [`Bench::Gather`] with two dependent hops per element: index word → index in a
+    /// first array → element of a second array.
+    Chase {
+        /// Polynomial coefficients kept in registers (at least 2).
+        coeffs: u32,
+        /// Elements per thread.
+        trips: u32,
+    },
 }
 
 const T: u32 = 256;
@@ -113,6 +124,7 @@ impl Bench {
             Bench::Stencil { outputs, .. } => format!("stencil-{outputs}"),
             Bench::Butterfly { .. } => "fft4-fp64".to_string(),
             Bench::Gather { coeffs, .. } => format!("gather-c{coeffs}"),
+            Bench::Chase { coeffs, .. } => format!("chase-c{coeffs}"),
         }
     }
 
@@ -128,7 +140,8 @@ impl Bench {
             Bench::Nbody { unroll, tiles } => nbody(unroll, tiles, grid),
             Bench::Stencil { outputs, tiles } => stencil(outputs, tiles, grid),
             Bench::Butterfly { batches } => butterfly(batches, grid),
-            Bench::Gather { coeffs, trips } => gather(coeffs, trips, grid),
+            Bench::Gather { coeffs, trips } => gather(coeffs, trips, grid, 1),
+            Bench::Chase { coeffs, trips } => gather(coeffs, trips, grid, 2),
         }
     }
 
@@ -217,8 +230,13 @@ impl Bench {
                     }
                 }
             }
-            Bench::Gather { coeffs, trips } => {
-                let Some(l) = GatherLayout::new(coeffs, trips, grid) else {
+            Bench::Gather { coeffs, trips } | Bench::Chase { coeffs, trips } => {
+                let hops = if matches!(self, Bench::Chase { .. }) {
+                    2
+                } else {
+                    1
+                };
+                let Some(l) = GatherLayout::new(coeffs, trips, grid, hops) else {
                     return out;
                 };
                 let c = |i: u32| f32w(g, l.coef0 + i);
@@ -227,7 +245,10 @@ impl Bench {
                     let mut acc = 0f32;
                     for t in 0..trips {
                         let j = g[(l.idx0 + t * l.n + gid) as usize] & GATHER_BAND;
-                        let x = f32w(g, l.x0 + gid + j);
+                        let mut x = f32w(g, l.x0 + gid + j);
+                        if hops == 2 {
+                            x = f32w(g, l.z0 + gid + (x.to_bits() & GATHER_BAND));
+                        }
                         let mut h = c(coeffs - 1).mul_add(x, c(coeffs - 2));
                         for i in (0..coeffs - 2).rev() {
                             h = h.mul_add(x, c(i));
@@ -703,6 +724,8 @@ struct GatherLayout {
     n: u32,
     idx0: u32,
     x0: u32,
+    /// The second hop's array (empty for one hop).
+    z0: u32,
     coef0: u32,
     yold0: u32,
     out0: u32,
@@ -710,11 +733,13 @@ struct GatherLayout {
 
 impl GatherLayout {
     /// The layout, or `None` if the arrays do not fit a 32-bit byte address space.
-    fn new(coeffs: u32, trips: u32, grid: u32) -> Option<GatherLayout> {
+    fn new(coeffs: u32, trips: u32, grid: u32, hops: u32) -> Option<GatherLayout> {
         let n = grid.checked_mul(T)?;
         let idx0 = 0;
         let x0 = trips.checked_mul(n)?;
-        let coef0 = x0.checked_add(n)?.checked_add(GATHER_BAND + 1)?;
+        let z0 = x0.checked_add(n)?.checked_add(GATHER_BAND + 1)?;
+        let z_words = if hops == 2 { n + GATHER_BAND + 1 } else { 0 };
+        let coef0 = z0.checked_add(z_words)?;
         let yold0 = coef0.checked_add(coeffs)?.checked_add(2)?;
         let out0 = yold0.checked_add(n)?;
         // Every byte address (word index · 4) must fit in 32 bits.
@@ -723,6 +748,7 @@ impl GatherLayout {
             n,
             idx0,
             x0,
+            z0,
             coef0,
             yold0,
             out0,
@@ -730,12 +756,14 @@ impl GatherLayout {
     }
 }
 
-fn gather(coeffs: u32, trips: u32, grid: u32) -> Result<Kernel, IrError> {
-    if !(2..=200).contains(&coeffs) || trips == 0 || grid == 0 {
+/// The gather (`hops` = 1) or the two-hop chase (`hops` = 2).
+fn gather(coeffs: u32, trips: u32, grid: u32, hops: u32) -> Result<Kernel, IrError> {
+    if !(2..=200).contains(&coeffs) || trips == 0 || grid == 0 || !(1..=2).contains(&hops) {
         return Err(bad());
     }
-    let l = GatherLayout::new(coeffs, trips, grid).ok_or_else(bad)?;
-    let mut b = Builder::new(&format!("gather-c{coeffs}"), T, grid);
+    let l = GatherLayout::new(coeffs, trips, grid, hops).ok_or_else(bad)?;
+    let name = if hops == 2 { "chase" } else { "gather" };
+    let mut b = Builder::new(&format!("{name}-c{coeffs}"), T, grid);
     b.global_words = l.out0 + l.n;
     b.inputs = vec![(0, l.out0)];
     b.outputs = vec![(l.out0, l.n)];
@@ -746,6 +774,7 @@ fn gather(coeffs: u32, trips: u32, grid: u32) -> Result<Kernel, IrError> {
     let yout = b.imad(gid, 4u32, VSrc::I(l.out0 * 4));
     let yold = b.imad(gid, 4u32, VSrc::I(l.yold0 * 4));
     let xb = b.imad(gid, 4u32, VSrc::I(l.x0 * 4));
+    let zb = (hops == 2).then(|| b.imad(gid, 4u32, VSrc::I(l.z0 * 4)));
     let p = b.imad(gid, 4u32, VSrc::I(l.idx0 * 4));
     let cb = b.mov(l.coef0 * 4);
     let alpha = b.ldg(cb, coeffs * 4);
@@ -756,7 +785,12 @@ fn gather(coeffs: u32, trips: u32, grid: u32) -> Result<Kernel, IrError> {
     let w = b.ldg(p, 0);
     let j = b.op(Op::And, &[w.into(), GATHER_BAND.into()]);
     let a = b.imad(j, 4u32, xb);
-    let x = b.ldg(a, 0);
+    let mut x = b.ldg(a, 0);
+    if let Some(zb) = zb {
+        let k = b.op(Op::And, &[x.into(), GATHER_BAND.into()]);
+        let a2 = b.imad(k, 4u32, zb);
+        x = b.ldg(a2, 0);
+    }
     let h = b.ffma(c[coeffs as usize - 1], x, c[coeffs as usize - 2]);
     for i in (0..coeffs as usize - 2).rev() {
         b.ffma_to(h, h, x, c[i]);
@@ -793,6 +827,10 @@ mod tests {
             },
             Bench::Butterfly { batches: 2 },
             Bench::Gather {
+                coeffs: 8,
+                trips: 3,
+            },
+            Bench::Chase {
                 coeffs: 8,
                 trips: 3,
             },
