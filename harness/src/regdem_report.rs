@@ -318,9 +318,10 @@ fn print_table(results: &[KernelResult], abls: &[Ablation], cfg: &SimConfig, gri
             .iter()
             .filter(|r| matches!(r.kind, variants::Kind::RegDem(_)))
             .map(|r| r.speedup)
-            .fold(f64::NAN, f64::max);
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+            .map_or("—".to_string(), |x| format!("{x:.3}x"));
         println!(
-            "{:<12} {:>5} {:>4} {:>3}w {:>14} {:>7.3}x {:>17} {:.3}x {:>17} {:.3}x",
+            "{:<12} {:>5} {:>4} {:>3}w {:>14} {:>8} {:>17} {:.3}x {:>17} {:.3}x",
             kr.kernel,
             grid,
             base.registers,
