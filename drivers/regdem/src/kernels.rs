@@ -13,6 +13,17 @@
 //!   consecutive points from a window kept in registers; its large shared-memory tile
 //!   makes shared memory the tight resource (the case where RegDem should not help).
 //! - [`Bench::Butterfly`]: FP64 radix-4 butterflies with twiddles (register pairs).
+//! - [`Bench::Gather`]: a latency-bound, register-limited gather (issue 34): each
+//!   iteration loads an index word, gathers the element it points to (a dependent
+//!   global load, irregular within a band of 16 words), and evaluates a polynomial whose
+//!   `coeffs` coefficients stay in registers for the whole loop (the knob). Written as
+//!   nvcc emits such a loop: every address and constant (coefficients, the output and
+//!   epilogue addresses, the epilogue's `alpha` and `beta`) is computed or loaded at
+//!   kernel entry and kept live across the loop, so the kernel carries long-lived,
+//!   rarely read registers — the cheap candidates demotion relies on (paper §3).
+//! - [`Bench::Chase`]: the gather with a second dependent hop (BFS / CSR-SpMV style:
+//!   the gathered word is itself an index into a second array), so two global loads
+//!   stand in each iteration's dependence chain.
 //!
 //! Every kernel's CPU reference performs the same IEEE operations in the same order, so
 //! the reference, the interpreter and every variant agree bit for bit.
@@ -63,6 +74,22 @@ pub enum Bench {
         /// Butterflies per thread.
         batches: u32,
     },
+    /// Dependent gather plus a `coeffs`-term polynomial per element, `trips` elements
+    /// per thread, `y = alpha · Σ p(x) + beta · y_old` at the end.
+    Gather {
+        /// Polynomial coefficients kept in registers (at least 2).
+        coeffs: u32,
+        /// Elements per thread.
+        trips: u32,
+    },
+    /// [`Bench::Gather`] with two dependent hops per element: index word → index in a
+    /// first array → element of a second array.
+    Chase {
+        /// Polynomial coefficients kept in registers (at least 2).
+        coeffs: u32,
+        /// Elements per thread.
+        trips: u32,
+    },
 }
 
 const T: u32 = 256;
@@ -96,6 +123,8 @@ impl Bench {
             Bench::Nbody { unroll, .. } => format!("nbody-u{unroll}"),
             Bench::Stencil { outputs, .. } => format!("stencil-{outputs}"),
             Bench::Butterfly { .. } => "fft4-fp64".to_string(),
+            Bench::Gather { coeffs, .. } => format!("gather-c{coeffs}"),
+            Bench::Chase { coeffs, .. } => format!("chase-c{coeffs}"),
         }
     }
 
@@ -111,6 +140,8 @@ impl Bench {
             Bench::Nbody { unroll, tiles } => nbody(unroll, tiles, grid),
             Bench::Stencil { outputs, tiles } => stencil(outputs, tiles, grid),
             Bench::Butterfly { batches } => butterfly(batches, grid),
+            Bench::Gather { coeffs, trips } => gather(coeffs, trips, grid, 1),
+            Bench::Chase { coeffs, trips } => gather(coeffs, trips, grid, 2),
         }
     }
 
@@ -197,6 +228,35 @@ impl Bench {
                             out.push(yt[2 * e + 1]);
                         }
                     }
+                }
+            }
+            Bench::Gather { coeffs, trips } | Bench::Chase { coeffs, trips } => {
+                let hops = if matches!(self, Bench::Chase { .. }) {
+                    2
+                } else {
+                    1
+                };
+                let Some(l) = GatherLayout::new(coeffs, trips, grid, hops) else {
+                    return out;
+                };
+                let c = |i: u32| f32w(g, l.coef0 + i);
+                let (alpha, beta) = (c(coeffs), c(coeffs + 1));
+                for gid in 0..l.n {
+                    let mut acc = 0f32;
+                    for t in 0..trips {
+                        let j = g[(l.idx0 + t * l.n + gid) as usize] & GATHER_BAND;
+                        let mut x = f32w(g, l.x0 + gid + j);
+                        if hops == 2 {
+                            x = f32w(g, l.z0 + gid + (x.to_bits() & GATHER_BAND));
+                        }
+                        let mut h = c(coeffs - 1).mul_add(x, c(coeffs - 2));
+                        for i in (0..coeffs - 2).rev() {
+                            h = h.mul_add(x, c(i));
+                        }
+                        acc += h;
+                    }
+                    let r = alpha.mul_add(acc, beta * f32w(g, l.yold0 + gid));
+                    out.push(r.to_bits());
                 }
             }
         }
@@ -656,6 +716,95 @@ fn butterfly(batches: u32, grid: u32) -> Result<Kernel, IrError> {
     b.finish()
 }
 
+/// The gather's index mask: an element is gathered from within 16 words of its thread.
+const GATHER_BAND: u32 = 15;
+
+/// Where the gather's arrays live (word offsets), for `n = grid · 256` threads.
+struct GatherLayout {
+    n: u32,
+    idx0: u32,
+    x0: u32,
+    /// The second hop's array (empty for one hop).
+    z0: u32,
+    coef0: u32,
+    yold0: u32,
+    out0: u32,
+}
+
+impl GatherLayout {
+    /// The layout, or `None` if the arrays do not fit a 32-bit byte address space.
+    fn new(coeffs: u32, trips: u32, grid: u32, hops: u32) -> Option<GatherLayout> {
+        let n = grid.checked_mul(T)?;
+        let idx0 = 0;
+        let x0 = trips.checked_mul(n)?;
+        let z0 = x0.checked_add(n)?.checked_add(GATHER_BAND + 1)?;
+        let z_words = if hops == 2 { n + GATHER_BAND + 1 } else { 0 };
+        let coef0 = z0.checked_add(z_words)?;
+        let yold0 = coef0.checked_add(coeffs)?.checked_add(2)?;
+        let out0 = yold0.checked_add(n)?;
+        // Every byte address (word index · 4) must fit in 32 bits.
+        out0.checked_add(n)?.checked_mul(4)?;
+        Some(GatherLayout {
+            n,
+            idx0,
+            x0,
+            z0,
+            coef0,
+            yold0,
+            out0,
+        })
+    }
+}
+
+/// The gather (`hops` = 1) or the two-hop chase (`hops` = 2).
+fn gather(coeffs: u32, trips: u32, grid: u32, hops: u32) -> Result<Kernel, IrError> {
+    if !(2..=200).contains(&coeffs) || trips == 0 || grid == 0 || !(1..=2).contains(&hops) {
+        return Err(bad());
+    }
+    let l = GatherLayout::new(coeffs, trips, grid, hops).ok_or_else(bad)?;
+    let name = if hops == 2 { "chase" } else { "gather" };
+    let mut b = Builder::new(&format!("{name}-c{coeffs}"), T, grid);
+    b.global_words = l.out0 + l.n;
+    b.inputs = vec![(0, l.out0)];
+    b.outputs = vec![(l.out0, l.n)];
+    let tid = b.s2r(Special::Tid);
+    let cta = b.s2r(Special::CtaId);
+    let gid = b.imad(cta, T, tid);
+    // Hoisted as nvcc does: addresses and constants first, live across the loop.
+    let yout = b.imad(gid, 4u32, VSrc::I(l.out0 * 4));
+    let yold = b.imad(gid, 4u32, VSrc::I(l.yold0 * 4));
+    let xb = b.imad(gid, 4u32, VSrc::I(l.x0 * 4));
+    let zb = (hops == 2).then(|| b.imad(gid, 4u32, VSrc::I(l.z0 * 4)));
+    let p = b.imad(gid, 4u32, VSrc::I(l.idx0 * 4));
+    let cb = b.mov(l.coef0 * 4);
+    let alpha = b.ldg(cb, coeffs * 4);
+    let beta = b.ldg(cb, coeffs * 4 + 4);
+    let c: Vec<V> = (0..coeffs).map(|i| b.ldg(cb, i * 4)).collect();
+    let acc = b.mov(0f32);
+    let lp = b.loop_begin(trips);
+    let w = b.ldg(p, 0);
+    let j = b.op(Op::And, &[w.into(), GATHER_BAND.into()]);
+    let a = b.imad(j, 4u32, xb);
+    let mut x = b.ldg(a, 0);
+    if let Some(zb) = zb {
+        let k = b.op(Op::And, &[x.into(), GATHER_BAND.into()]);
+        let a2 = b.imad(k, 4u32, zb);
+        x = b.ldg(a2, 0);
+    }
+    let h = b.ffma(c[coeffs as usize - 1], x, c[coeffs as usize - 2]);
+    for i in (0..coeffs as usize - 2).rev() {
+        b.ffma_to(h, h, x, c[i]);
+    }
+    b.op_to(acc, Op::FAdd, &[acc.into(), h.into()]);
+    b.iadd_to(p, p, l.n * 4);
+    b.loop_end(lp);
+    let yo = b.ldg(yold, 0);
+    let t = b.fmul(beta, yo);
+    let r = b.ffma(alpha, acc, t);
+    b.stg(yout, 0, r);
+    b.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,6 +826,14 @@ mod tests {
                 tiles: 2,
             },
             Bench::Butterfly { batches: 2 },
+            Bench::Gather {
+                coeffs: 8,
+                trips: 3,
+            },
+            Bench::Chase {
+                coeffs: 8,
+                trips: 3,
+            },
         ] {
             let k = bench.build(2).unwrap();
             assert!(bench.verify(&k, 7).unwrap(), "{}", bench.name());

@@ -20,9 +20,28 @@
 //! own stall when the warp is latency-bound and its share of the contended unit when
 //! throughput-bound. Variable-latency results add their *exposed* latency at the wait
 //! that consumes them: the compiler's estimate (GL_MEM_STALL = 200, SH_MEM_STALL = 24,
-//! as in the paper) minus the adjusted stalls issued since the producer. Block costs are
+//! as in the paper) minus the stalls issued since the producer. Block costs are
 //! multiplied by loop trip counts. A resident wave of `W` warps then takes the per-warp
-//! total `C`, and the kernel takes `ceil(blocks / blocks_per_sm) · C`.
+//! total `C`, and the kernel the sum of its waves' `C`.
+//!
+//! **How the two terms combine (changed in issue 34, after seeing results).** The first
+//! rebuild added each wait's exposed latency to the adjusted stall `S'_i`, i.e. a warp
+//! paid both its share of a saturated issue port and its own memory latency, as if no
+//! other warp issued while it waited. That makes every extra warp cost as much as it
+//! hides, so the predictor never saw occupancy buy latency hiding; measured before the
+//! change, `reproduce regdem --quick` picked variants worth 0.917x (exhaustive 1.012x).
+//! Now Eq. 2's `max(s_i, contention)` is taken over the whole warp instead of per
+//! instruction:
+//!
+//! ```text
+//! C = max( W/N_sched · max_u Σ_{i∈u} MAX_THROUGHPUT/T_i ,  Σ_i (s_i + exposed_i) )
+//! ```
+//!
+//! a warp is bound either by its share of the busiest issue resource `u` (dispatch, which
+//! every instruction takes once; ALU; SFU; FP64; load/store — different units work in
+//! parallel) or by its own dependence chain, whichever is longer: the usual
+//! latency/throughput bound, not a fit to any figure. A last, partial wave of blocks is
+//! charged with its own (smaller) `W`, not a full wave's.
 //!
 //! Throughputs `T_i` are the CUDA C Programming Guide's per-SM figures for compute
 //! capability 5.x (FP32 and integer add/logic 128, shifts 64, SFU 32, FP64 4, loads and
@@ -50,6 +69,17 @@ pub fn throughput(op: &Op) -> f64 {
     }
 }
 
+/// Which issue resource an instruction class occupies (index into the per-unit sums;
+/// 0 is the dispatch slot every instruction takes).
+fn unit_of(c: Class) -> usize {
+    match c {
+        Class::Alu | Class::Branch | Class::Sync => 1,
+        Class::Sfu | Class::S2r => 2,
+        Class::Fp64 => 3,
+        Class::Shared | Class::Global | Class::Local => 4,
+    }
+}
+
 /// A prediction for one kernel variant.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Prediction {
@@ -59,6 +89,11 @@ pub struct Prediction {
     pub warp_cycles: f64,
     /// Of which exposed memory latency.
     pub exposed_latency: f64,
+    /// The issue view of `C` for a full wave: Eq. 2's contention term summed over the
+    /// executed code per unit, the busiest unit's sum.
+    pub issue_cycles: f64,
+    /// The dependence view of `C`: annotated stalls plus exposed latencies.
+    pub chain_cycles: f64,
     /// Waves of resident blocks.
     pub waves: u32,
     /// Predicted kernel cycles on one SM.
@@ -80,13 +115,18 @@ pub fn predict(k: &Kernel, sm: &SmConfig) -> Result<Prediction, OccupancyError> 
     )?;
     let per_sched = f64::from(occ.warps_per_sm) / f64::from(sm.schedulers.max(1));
     let trips = k.block_trips();
-    let mut total = 0.0;
+    // Two views of one warp's time (see the module docs): its share of the issue slots
+    // (Eq. 2's adjusted stalls) and its own dependence chain (annotated stalls plus the
+    // exposed latency of variable-latency results at the waits that consume them).
+    // Issue view per unit: [dispatch (every instruction), ALU, SFU/S2R, FP64, LSU].
+    let mut unit_total = [0.0f64; 5];
+    let mut chain_total = 0.0;
     let mut exposed_total = 0.0;
     for (b, blk) in k.blocks.iter().enumerate() {
-        // Per barrier: (estimated latency, adjusted cycles since set).
+        // Per barrier: (estimated latency, annotated cycles since set).
         let mut bars: [Option<(f64, f64)>; 6] = [None; 6];
-        let mut cost = 0.0;
-        let mut exposed = 0.0;
+        let mut unit = [0.0f64; 5];
+        let (mut chain, mut exposed) = (0.0, 0.0);
         for inst in &blk.insts {
             // Exposed latency at this instruction's waits.
             let mut wait: f64 = 0.0;
@@ -100,11 +140,12 @@ pub fn predict(k: &Kernel, sm: &SmConfig) -> Result<Prediction, OccupancyError> 
             }
             let wait = wait.max(0.0);
             exposed += wait;
-            let contention = MAX_THROUGHPUT / throughput(&inst.op) * per_sched;
-            let s = f64::from(inst.ctrl.stall.max(1)).max(contention) + wait;
-            for (lat, since) in bars.iter_mut().flatten() {
-                let _ = lat;
-                *since += s;
+            let stall = f64::from(inst.ctrl.stall.max(1));
+            // Eq. 2's contention term per competing warp (times W / N_sched below).
+            let contention = MAX_THROUGHPUT / throughput(&inst.op);
+            let step = stall + wait;
+            for (_, since) in bars.iter_mut().flatten() {
+                *since += step;
             }
             let wr = inst
                 .ctrl
@@ -119,22 +160,44 @@ pub fn predict(k: &Kernel, sm: &SmConfig) -> Result<Prediction, OccupancyError> 
                     _ => (est, 0.0),
                 });
             }
-            cost += s;
+            unit[0] += 1.0;
+            unit[unit_of(inst.op.class())] += contention;
+            chain += step;
         }
-        total += cost * trips[b] as f64;
-        exposed_total += exposed * trips[b] as f64;
+        let n = trips[b] as f64;
+        for (t, u) in unit_total.iter_mut().zip(unit) {
+            *t += u * n;
+        }
+        chain_total += chain * n;
+        exposed_total += exposed * n;
     }
-    let waves = if occ.blocks_per_sm == 0 {
-        0
-    } else {
-        k.grid_blocks.div_ceil(occ.blocks_per_sm)
+    let per_warp_issue = unit_total.iter().copied().fold(0.0, f64::max);
+    // A wave of `blocks` resident blocks: its warps share the schedulers.
+    let wave = |blocks: u32| {
+        let warps = blocks * k.threads_per_block.div_ceil(sm.warp_size.max(1));
+        let per_sched = f64::from(warps) / f64::from(sm.schedulers.max(1));
+        (per_warp_issue * per_sched).max(chain_total)
     };
+    let (waves, cycles) = match k.grid_blocks.checked_div(occ.blocks_per_sm) {
+        None => (0, 0.0),
+        Some(full) => {
+            let tail = k.grid_blocks % occ.blocks_per_sm;
+            let tail_cycles = if tail == 0 { 0.0 } else { wave(tail) };
+            (
+                full + u32::from(tail > 0),
+                f64::from(full) * wave(occ.blocks_per_sm) + tail_cycles,
+            )
+        }
+    };
+    let total = wave(occ.blocks_per_sm);
     Ok(Prediction {
         occupancy: occ,
         warp_cycles: total,
         exposed_latency: exposed_total,
+        issue_cycles: per_warp_issue * per_sched,
+        chain_cycles: chain_total,
         waves,
-        cycles: total * f64::from(waves),
+        cycles,
     })
 }
 
@@ -170,5 +233,42 @@ mod tests {
         let mut smaller = k.clone();
         smaller.grid_blocks = 1;
         assert!(predict(&smaller, &sm).unwrap().cycles < p.cycles);
+    }
+
+    #[test]
+    fn a_latency_bound_gather_is_predicted_faster_one_cliff_down() {
+        use crate::demote::{demote, Options, Strategy};
+        use crate::kernels::Bench;
+        let sm = SmConfig::maxwell();
+        let k = Bench::Gather {
+            coeffs: 56,
+            trips: 8,
+        }
+        .build(60)
+        .unwrap();
+        let base = predict(&k, &sm).unwrap();
+        // The dependence view dominates: occupancy buys latency hiding.
+        assert!(base.chain_cycles > base.issue_cycles, "{base:?}");
+        let d = demote(&k, &sm, &Options::regdem(Strategy::LoopWeighted, 64)).unwrap();
+        let v = predict(&d.kernel, &sm).unwrap();
+        assert!(v.occupancy.warps_per_sm > base.occupancy.warps_per_sm);
+        assert!(v.cycles < base.cycles, "{} vs {}", v.cycles, base.cycles);
+    }
+
+    #[test]
+    fn a_partial_last_wave_costs_less_than_a_full_one_for_an_issue_bound_kernel() {
+        use crate::kernels::Bench;
+        let sm = SmConfig::maxwell();
+        let k = Bench::Butterfly { batches: 1 }.build(5).unwrap();
+        let per_sm = predict(&k, &sm).unwrap().occupancy.blocks_per_sm;
+        let mut one = k.clone();
+        one.grid_blocks = per_sm;
+        let mut tail = k.clone();
+        tail.grid_blocks = per_sm + 1;
+        let (a, b) = (
+            predict(&one, &sm).unwrap().cycles,
+            predict(&tail, &sm).unwrap().cycles,
+        );
+        assert!(b > a && b < 2.0 * a, "{a} {b}");
     }
 }

@@ -30,6 +30,10 @@ fn small_benches() -> Vec<Bench> {
             tiles: 1,
         },
         Bench::Butterfly { batches: 1 },
+        Bench::Gather {
+            coeffs: 32,
+            trips: 2,
+        },
     ]
 }
 
@@ -241,6 +245,13 @@ fn bad_requests_get_typed_errors_and_leave_the_kernel_alone() {
     }
     .build(1)
     .is_err());
+    // A gather with one coefficient, or arrays beyond a 32-bit address space.
+    for (coeffs, trips, grid) in [(1, 4, 1), (8, 0, 1), (8, 1 << 20, 1 << 12)] {
+        assert_eq!(
+            Bench::Gather { coeffs, trips }.build(grid).unwrap_err(),
+            gmem_regdem::ir::IrError::BadParameter
+        );
+    }
     // Local-memory spills need no address register.
     let l = demote(&k, &sm, &Options::local_cap(40)).unwrap();
     assert!(l.kernel.local_bytes > 0 && l.kernel.spill_shared == 0);
