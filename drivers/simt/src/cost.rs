@@ -55,9 +55,10 @@ pub struct CostModel {
     /// pages miss waits in one walk queue for the shared walkers, fills land when its
     /// walks start, and requests for a page being walked merge. When off, each
     /// instruction's walks take the walkers as if no other instruction walked, and a
-    /// walk's fill lands at issue (the first model, and the default: the MESC
-    /// reproduction and the main job run on it; `gmem-harness simt --timed-walks`
-    /// shows what timing changes, see harness/results/simt.md).
+    /// walk's fill lands at issue (the first model, and the default: the main job
+    /// runs on it; the MESC reproduction runs timed, [`CostModel::mesc`];
+    /// `gmem-harness simt --timed-walks` shows what timing changes, see
+    /// harness/results/simt.md).
     pub timed_walks: bool,
     /// L1 data-cache hit.
     pub l1_data: u64,
