@@ -370,7 +370,7 @@ fn run_full_report(out: &str) -> Result<Report, String> {
     } = full_report::run(std::path::Path::new(out), &bar)?;
     bar.finish_and_clear();
     println!(
-        "{:<10} {:<20} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>7} {:>7} {:>8}",
+        "{:<10} {:<20} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>7} {:>7} {:>8} {:>8}",
         "workload",
         "accelerator",
         "WS MiB",
@@ -382,11 +382,12 @@ fn run_full_report(out: &str) -> Result<Report, String> {
         "evicted",
         "L1 hit",
         "L2 hit",
+        "L2 look",
         "walks"
     );
     for r in &rows {
         println!(
-            "{:<10} {:<20} {:>9.1} {:>8} {:>8} {:>8} {:>10.1} {:>10.1} {:>9} {:>7.3} {:>7.3} {:>8}",
+            "{:<10} {:<20} {:>9.1} {:>8} {:>8} {:>8} {:>10.1} {:>10.1} {:>9} {:>7.3} {:>7.3} {:>8} {:>8}",
             r.workload,
             r.accel,
             r.working_set as f64 / (1 << 20) as f64,
@@ -398,9 +399,11 @@ fn run_full_report(out: &str) -> Result<Report, String> {
             r.evictions,
             r.gpu_l1_hit_ratio,
             r.gpu_l2_hit_ratio,
+            r.gpu_l2_lookups,
             r.gpu_walks
         );
     }
+    println!("{}", full_report::l2_note(&rows));
     println!("\nGMEM Table 4 (device memory: dev-zero-fill / host-to-dev / dev-to-host, MiB):");
     for r in &t4 {
         println!(

@@ -87,6 +87,13 @@ pub trait TranslationCaches: Send + 'static {
     fn fill_missed(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
         self.fill(unit, root, va, leaf)
     }
+    /// Table entries the last [`TranslationCaches::fill`] read beyond the walk's own
+    /// (MESC's head-leaf reads, §IV-B), reset by the call: the MMU adds them to the
+    /// walk's reads so that a timing model charges them as walk reads. The default
+    /// reads nothing beyond the walk.
+    fn take_fill_reads(&mut self) -> u32 {
+        0
+    }
     /// Drop `unit`'s and the shared level's entries for `va` (the entry behind a fault).
     fn forget(&mut self, unit: usize, root: u64, va: u64);
     /// The page-walk cache a walk may use.

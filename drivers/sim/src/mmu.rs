@@ -274,7 +274,6 @@ fn translate_looked_up<C: TranslationCaches>(
     *walks += 1;
     let w = walk(caches);
     caches.note_walk(&w);
-    let served = Served::Walk { reads: w.reads };
     let r = match w.leaf {
         None => Err(Miss::NotPresent),
         Some(leaf) if !leaf.prot.contains(access) => Err(Miss::Protection { allowed: leaf.prot }),
@@ -286,6 +285,16 @@ fn translate_looked_up<C: TranslationCaches>(
             }
             Ok(leaf)
         }
+    };
+    // A fill that read entries beyond the walk (MESC's head leaves) makes the walk
+    // longer: the served reads count them (the trace keeps the hardware walk's).
+    let extra = if r.is_ok() {
+        caches.take_fill_reads()
+    } else {
+        0
+    };
+    let served = Served::Walk {
+        reads: w.reads + extra,
     };
     (r, served, Some(w), w.leaf)
 }

@@ -256,8 +256,10 @@ pub(crate) fn memory(
             Served::Walk { reads } => {
                 stats.walks += 1;
                 stats.walk_reads += u64::from(reads);
-                let latency = cost.walk_cache + u64::from(reads) * cost.dram;
-                m.walkers.walk(page, at_walkers, latency)
+                let link_free = &mut m.link_free;
+                m.walkers.walk_with(page, at_walkers, |start| {
+                    walk_end(cost, start, reads, link_free)
+                })
             }
             hit => match m.walkers.in_flight(page, issue) {
                 Some(end) => {
@@ -311,7 +313,8 @@ fn untimed(
             Served::Walk { reads } => {
                 walk_reads += u64::from(reads);
                 walks += 1;
-                let c = cost.l1_tlb + cost.l2_tlb + cost.walk_cache + u64::from(reads) * cost.dram;
+                let start = issue + 1 + cost.l1_tlb + cost.l2_tlb;
+                let c = walk_end(cost, start, reads, &mut m.link_free) - (issue + 1);
                 worst_walk = worst_walk.max(c);
                 c
             }
@@ -331,6 +334,30 @@ fn untimed(
     };
     let translation = worst + queued;
     data(cost, issue, issue + 1 + translation, m, l1d, stats, op)
+}
+
+/// The cycle a walk of `reads` table reads started at `start` ends: a page-walk-cache
+/// probe, then its reads one after another, each a DRAM access. With
+/// [`CostModel::walk_read_bytes`] set each read also holds the shared DRAM link (free
+/// from `*link_free`) for that many bytes, so the data queued behind it waits that
+/// much longer (walks take bandwidth, MESC §II-B), while the read itself goes ahead of
+/// the queued data: the memory controller serves the walker first (assumption, chosen
+/// after a first version that queued walk reads behind all booked data made the
+/// streaming vector add 5.1x slower than THP, its walks waiting for the whole queue of
+/// every warp's loads; this model has no bound on loads in flight, so that queue is
+/// deeper than a real controller's; both measured in harness/results/mesc.md).
+#[inline]
+fn walk_end(cost: &CostModel, start: u64, reads: u32, link_free: &mut u64) -> u64 {
+    let mut t = start + cost.walk_cache;
+    if cost.walk_read_bytes == 0 {
+        return t + u64::from(reads) * cost.dram;
+    }
+    let hold = (cost.walk_read_bytes as f64 / cost.dram_bytes_per_cycle).ceil() as u64;
+    for _ in 0..reads {
+        *link_free = (*link_free).max(t) + hold;
+        t += hold + cost.dram;
+    }
+    t
 }
 
 /// Charge the data of the instruction in `m` (issued at `issue`) once its translations
@@ -421,5 +448,41 @@ fn transaction(
         let start = t0.max(*link_free);
         *link_free = start + link;
         (*link_free - t0) + cost.dram
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With walk reads on the link, each read holds it for its burst (pushing the
+    /// data booked behind it) but does not wait for the data already booked; without,
+    /// a walk costs latency only and the link is untouched.
+    #[test]
+    fn walk_reads_take_link_time_only_when_asked() {
+        let mut cost = CostModel::calibrated();
+        let mut link = 1_000u64;
+        assert_eq!(
+            walk_end(&cost, 0, 2, &mut link),
+            cost.walk_cache + 2 * cost.dram
+        );
+        assert_eq!(link, 1_000, "latency only: the link is not touched");
+        cost.walk_read_bytes = 64;
+        let hold = (64.0 / cost.dram_bytes_per_cycle).ceil() as u64;
+        assert_eq!(hold, 2, "one 64-byte burst at 45.7 B/cycle");
+        let end = walk_end(&cost, 0, 2, &mut link);
+        assert_eq!(end, cost.walk_cache + 2 * (hold + cost.dram));
+        assert_eq!(
+            link,
+            1_000 + 2 * hold,
+            "both reads pushed the booked data back"
+        );
+        let mut idle = 0u64;
+        walk_end(&cost, 500, 1, &mut idle);
+        assert_eq!(
+            idle,
+            500 + cost.walk_cache + hold,
+            "an idle link is held from the read"
+        );
     }
 }

@@ -61,6 +61,9 @@ impl TranslationCaches for Plugged {
     fn fill_missed(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
         self.0.fill_missed(unit, root, va, leaf)
     }
+    fn take_fill_reads(&mut self) -> u32 {
+        self.0.take_fill_reads()
+    }
     fn forget(&mut self, unit: usize, root: u64, va: u64) {
         self.0.forget(unit, root, va)
     }

@@ -25,6 +25,8 @@ pub(crate) struct DataCache {
     lines: Vec<u64>,
     sets: u64,
     ways: usize,
+    /// Set index hashed from the line's higher bits ([`DataCache::hashed`]).
+    hashed: bool,
 }
 
 impl DataCache {
@@ -38,11 +40,26 @@ impl DataCache {
             lines: vec![EMPTY; sets * ways],
             sets: sets as u64,
             ways,
+            hashed: false,
         })
     }
 
+    /// The same cache with its set index the XOR of the line number's low bits with
+    /// the two next groups of as many bits (an XOR-folded index, as GPU caches hash
+    /// their set index so that power-of-two strides do not pile into a few sets:
+    /// GPGPU-Sim's hashed set-index functions, after Nugteren et al., "A detailed GPU
+    /// cache model based on reuse distance theory", HPCA 2014, who measured Fermi's).
+    /// Only for a power-of-two number of sets; otherwise the index stays a modulo.
+    pub(crate) fn hashed(mut self) -> DataCache {
+        self.hashed = self.sets.is_power_of_two() && self.sets > 1;
+        self
+    }
+
     fn set(&mut self, line: u64) -> &mut [u64] {
-        let s = if self.sets.is_power_of_two() {
+        let s = if self.hashed {
+            let bits = self.sets.trailing_zeros();
+            (line ^ (line >> bits) ^ (line >> (2 * bits))) & (self.sets - 1)
+        } else if self.sets.is_power_of_two() {
             line & (self.sets - 1)
         } else {
             line % self.sets
@@ -110,6 +127,26 @@ mod tests {
         assert!(DataCache::new(usize::MAX, 2).is_none());
         assert!(DataCache::new(1, 65).is_some());
         assert!(DataCache::new(64, 4).is_some());
+    }
+
+    /// The hashed index keeps a 4 KiB stride (ATAX's rows) from piling into few sets:
+    /// 1024 lines 4 KiB apart thrash a 1024-set 16-way cache under a modulo index (32
+    /// sets × 16 ways hold 512 of them) and fit under the hashed one.
+    #[test]
+    fn a_hashed_index_spreads_a_page_stride_that_a_modulo_index_thrashes() {
+        let stride = 4096u64;
+        let again = |mut c: DataCache| {
+            for k in 0..1024 {
+                c.touch(k * stride);
+            }
+            (0..1024).filter(|&k| c.touch(k * stride)).count()
+        };
+        let modulo = again(DataCache::new(1024, 16).unwrap());
+        let hashed = again(DataCache::new(1024, 16).unwrap().hashed());
+        assert_eq!(modulo, 0, "LRU over 512 ways cycling 1024 lines never hits");
+        assert_eq!(hashed, 1024);
+        // A non-power-of-two cache keeps its modulo index.
+        assert!(!DataCache::new(3, 2).unwrap().hashed().hashed);
     }
 
     /// Hits and misses equal those of the LRU TLB it replaced (looked up, and filled

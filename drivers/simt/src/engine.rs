@@ -328,7 +328,9 @@ fn run_units<K: Kernel, S: WarpScheduler, const FAST: bool, const MASKED: bool>(
             None => open.push_back(b),
         }
     }
-    let mut mem = Memory::new(cache(cost.l2_data_geometry)?, cost);
+    let l2d =
+        cache(cost.l2_data_geometry)?.map(|c| if cost.l2_data_hashed { c.hashed() } else { c });
+    let mut mem = Memory::new(l2d, cost);
     let mut queue: VecDeque<Queued> = VecDeque::new();
     let mut stats = RunStats {
         warps_per_unit: warps_per_sm,

@@ -83,6 +83,21 @@ pub struct SimtMachine {
     spare_io: Mutex<Vec<Box<WarpIo>>>,
     /// The units' wake calendars kept between launches (see `Launch::spare_wakes`).
     spare_wakes: Mutex<SpareWakes>,
+    /// MESC §IV-D's OS scan before each launch, and what the scans found
+    /// ([`SimtMachine::set_mesc_scan`]).
+    mesc_scan: Mutex<Option<ScanLog>>,
+}
+
+/// What MESC's OS scans before launches found ([`SimtMachine::set_mesc_scan`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanLog {
+    /// Scans run (one per launch).
+    pub scans: u64,
+    /// Level-1 table pointers whose stored bits lagged their leaves when a scan came
+    /// and were rewritten: the contiguity the GPU could not use until then.
+    pub repaired: u64,
+    /// Table entries the scans read.
+    pub entries_read: u64,
 }
 
 impl SimtMachine {
@@ -248,6 +263,7 @@ impl SimtMachine {
             cost: CostModel::calibrated(),
             spare_io: Mutex::new(Vec::new()),
             spare_wakes: Mutex::new(SpareWakes::default()),
+            mesc_scan: Mutex::new(None),
         })
     }
 
@@ -261,6 +277,40 @@ impl SimtMachine {
             GpuKind::Integrated,
             mesc_tlbs(MESC_UNITS),
         )
+    }
+
+    /// Run MESC's OS scan (Alg. 1, rewriting stale bits) over the tables the GPU walks
+    /// before every launch: §IV-D has the OS scan the page table after memory is
+    /// allocated, so contiguity the allocator made becomes visible at the next launch
+    /// (a program allocates, writes, then launches). Boot the host tables without the
+    /// eager upkeep (`X86Config::mesc` off) for the bits to come from the scan alone.
+    pub fn set_mesc_scan(&self, on: bool) {
+        *gmem_sim::lock(&self.mesc_scan) = on.then(ScanLog::default);
+    }
+
+    /// What the launch scans found (`None` when [`SimtMachine::set_mesc_scan`] is off).
+    pub fn mesc_scans(&self) -> Option<ScanLog> {
+        *gmem_sim::lock(&self.mesc_scan)
+    }
+
+    fn scan_before_launch(&self) {
+        let mut g = gmem_sim::lock(&self.mesc_scan);
+        let Some(log) = g.as_mut() else {
+            return;
+        };
+        let Some(root) = self.gpu_root() else {
+            return;
+        };
+        let r = match self.discrete_tables() {
+            Some(t) => gmem_ptengine::mesc::scan(t.codec(), t.engine().memory(), root.0, true),
+            None => {
+                let t = self.cpu.tables();
+                gmem_ptengine::mesc::scan(t.codec(), t.engine().memory(), root.0, true)
+            }
+        };
+        log.scans += 1;
+        log.repaired += r.stale;
+        log.entries_read += r.entries_read;
     }
 
     /// The GMEM instance.
@@ -514,6 +564,7 @@ impl SimtMachine {
         scheduler: &dyn Fn() -> Box<dyn WarpScheduler>,
         observer: Option<&mut dyn AccessObserver>,
     ) -> Result<RunStats, SimtError> {
+        self.scan_before_launch();
         // Taken, not held: launches from other threads run meanwhile with fresh ones.
         let mut spare = std::mem::take(&mut *gmem_sim::lock(&self.spare_io));
         let mut wakes = std::mem::take(&mut *gmem_sim::lock(&self.spare_wakes));

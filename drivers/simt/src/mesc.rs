@@ -302,6 +302,9 @@ pub struct DesignCaches {
     pwc: Tlb<u64>,
     walk: HierarchyStats,
     ds: DesignStats,
+    /// Extra reads of the last fill, not yet taken by the MMU
+    /// ([`TranslationCaches::take_fill_reads`]).
+    fill_reads: u32,
 }
 
 impl DesignCaches {
@@ -328,6 +331,7 @@ impl DesignCaches {
             pwc: Tlb::new(geo.walk_cache)?,
             walk: HierarchyStats::default(),
             ds: DesignStats::default(),
+            fill_reads: 0,
         })
     }
 
@@ -455,6 +459,7 @@ impl DesignCaches {
         let w = tables.walk(root, va, Some(&mut view));
         self.ds.extra_reads += u64::from(w.extra_reads);
         self.walk.walk_reads += u64::from(w.extra_reads);
+        self.fill_reads = w.extra_reads;
         match w.mode {
             Mode::Frame => self.ds.modes[0] += 1,
             Mode::Subregion => self.ds.modes[2] += 1,
@@ -531,6 +536,7 @@ impl TranslationCaches for DesignCaches {
     }
 
     fn fill(&mut self, unit: usize, root: u64, va: u64, leaf: Leaf) {
+        self.fill_reads = 0;
         let u = self.unit(unit);
         let vpn = va >> 12;
         let all = 0..self.geo.l2_ways;
@@ -577,6 +583,10 @@ impl TranslationCaches for DesignCaches {
 
     fn walk_cache(&mut self) -> Option<&mut Tlb<u64>> {
         Some(&mut self.pwc)
+    }
+
+    fn take_fill_reads(&mut self) -> u32 {
+        std::mem::take(&mut self.fill_reads)
     }
 
     fn note_walk(&mut self, walk: &Walk) {

@@ -65,9 +65,16 @@ impl Walkers {
 
     /// Walk `page` for `latency` cycles on the earliest free walker, not before `at`;
     /// returns the cycle the walk ends, which requests for `page` until then wait for.
+    #[cfg(test)]
     pub(crate) fn walk(&mut self, page: u64, at: u64, latency: u64) -> u64 {
+        self.walk_with(page, at, |start| start + latency)
+    }
+
+    /// [`Walkers::walk`] whose end `end_of(start)` depends on when it starts (its reads
+    /// queue on the DRAM link from then).
+    pub(crate) fn walk_with(&mut self, page: u64, at: u64, end_of: impl FnOnce(u64) -> u64) -> u64 {
         let Reverse(free) = self.free.pop().expect("at least one walker");
-        let end = at.max(free) + latency;
+        let end = end_of(at.max(free));
         self.free.push(Reverse(end));
         let e = self.ends.entry(page).or_insert(end);
         *e = (*e).max(end);

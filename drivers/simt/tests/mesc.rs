@@ -132,3 +132,42 @@ fn one_changed_page_drops_the_subregion_entry_covering_it() {
     assert_eq!(m.design_stats().unwrap().msc_lines, 0);
     m.audit_tlbs((0..512).map(|p| va(p).as_u64())).unwrap();
 }
+
+/// MESC §IV-D's upkeep: with the bits not kept in edits, MESC coalesces nothing until
+/// the OS scan before a launch writes them; with the scan on, it coalesces again, the
+/// scan finds the lagging pointers, and every served translation still equals a walk.
+#[test]
+fn without_eager_upkeep_the_launch_scan_alone_gives_the_bits() {
+    let pages = pages_needed("atax", Size::Medium);
+    let lazy = |scan: bool| {
+        let x86 = gmem_x86pt::X86Config {
+            mesc: false,
+            ..Design::Mesc.x86()
+        };
+        let m = SimtMachine::integrated_with(pages + 1024, x86, |t| {
+            DesignCaches::new(Design::Mesc, Geometry::paper(MESC_UNITS), t)
+                .map(|c| Box::new(c) as Box<dyn GpuCaches>)
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
+        m.set_mesc_scan(scan);
+        let o = workloads::run(&m, "atax", Size::Medium).unwrap();
+        assert!(o.verified);
+        m.audit_tlbs((0..pages).map(|p| BASE + p * PAGE_SIZE))
+            .unwrap();
+        (m.design_stats().unwrap().subregion_hits, m.mesc_scans())
+    };
+    let (hits, log) = lazy(false);
+    assert_eq!(
+        (hits, log),
+        (0, None),
+        "no upkeep, no scan: no bit, no subregion hit"
+    );
+    let (hits, log) = lazy(true);
+    let log = log.unwrap();
+    assert!(hits > 0, "the scan's bits were used");
+    assert!(
+        log.scans >= 1 && log.repaired > 0 && log.entries_read > 0,
+        "{log:?}"
+    );
+}
