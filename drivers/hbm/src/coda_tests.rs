@@ -107,7 +107,9 @@ fn coda_keeps_block_exclusive_data_local() {
 
 #[test]
 fn the_sm_model_prices_what_each_sm_really_did() {
-    let n = 16384u64;
+    // 128 blocks: more than one round of affinity's 24-block grain per stack, so
+    // every SM runs blocks under CODA too.
+    let n = 32768u64;
     let w = VecAdd { n };
     for (k, cache) in [Config::Fgp, Config::Coda]
         .into_iter()
@@ -310,6 +312,11 @@ fn every_configuration_is_priced_with_the_same_cost_model() {
             local_latency_ns: c.sm.local_latency_ns / 2.0,
             remote_hop_ns: c.sm.remote_hop_ns / 2.0,
             ..c.sm
+        },
+        cache: CacheModel {
+            l1_hit_ns: c.cache.l1_hit_ns / 2.0,
+            l2_hit_ns: c.cache.l2_hit_ns / 2.0,
+            ..c.cache
         },
         ..c
     };

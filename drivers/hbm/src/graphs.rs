@@ -1,5 +1,10 @@
-//! The graph workloads: BFS and pull PageRank over CSR graphs, uniform (every vertex
-//! the same out-degree, random targets) or R-MAT (skewed degrees). The graphs, the
+//! The graph workloads (GraphBIG's, as the CODA paper names them): BFS, pull
+//! PageRank, SSSP (pull Bellman-Ford rounds until nothing changes, verified against
+//! Dijkstra) and degree centrality (DC: each vertex adds one to every out-neighbour's
+//! degree, a read-modify-write per edge as GraphBIG's atomic add — atomic here because
+//! the executor runs blocks one after another — and its own out-degree), over CSR
+//! graphs, uniform (every vertex the same out-degree, random targets) or R-MAT (skewed
+//! degrees). The graphs, the
 //! CPU references they are verified against and PageRank's damping are the SIMT
 //! model's ([`gmem_simt::workloads::graph`]), so both experiments walk the same
 //! graphs; this module owns only the block kernels and their descriptors. A block owns [`crate::workloads::THREADS`] consecutive vertices; the
@@ -37,6 +42,54 @@ pub enum Algo {
     Bfs,
     /// Pull PageRank (the edges are in-edges), this many iterations.
     PageRank(u32),
+    /// Single-source shortest paths from vertex 0, pulling over in-edges with
+    /// weights 1..=15 (an **assumption**: GraphBIG's weights are its datasets';
+    /// ours are a hash of the edge's ends).
+    Sssp,
+    /// Degree centrality: in-degree + out-degree of every vertex.
+    Dc,
+}
+
+/// The weight of edge `u → v` (1..=15, a hash of its ends).
+pub fn weight(u: u32, v: u32) -> u32 {
+    let h = (u64::from(u) << 32 | u64::from(v)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    1 + ((h >> 40) % 15) as u32
+}
+
+/// Distances from `src` along out-edges of `g` with [`weight`]s (`u32::MAX` when
+/// unreachable): Dijkstra, the CPU reference of SSSP.
+pub fn sssp_ref(g: &Csr, src: usize) -> Vec<u32> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let n = g.nodes();
+    let mut dist = vec![UNVISITED; n];
+    let mut heap = BinaryHeap::new();
+    dist[src] = 0;
+    heap.push(Reverse((0u32, src as u32)));
+    while let Some(Reverse((d, u))) = heap.pop() {
+        if d != dist[u as usize] {
+            continue;
+        }
+        let (a, b) = (g.row[u as usize] as usize, g.row[u as usize + 1] as usize);
+        for &v in &g.col[a..b] {
+            let nd = d + weight(u, v);
+            if nd < dist[v as usize] {
+                dist[v as usize] = nd;
+                heap.push(Reverse((nd, v)));
+            }
+        }
+    }
+    dist
+}
+
+/// In-degree + out-degree of every vertex of `g`: the CPU reference of DC.
+pub fn dc_ref(g: &Csr) -> Vec<u32> {
+    let n = g.nodes();
+    let mut d: Vec<u32> = (0..n).map(|v| g.row[v + 1] - g.row[v]).collect();
+    for &u in &g.col {
+        d[u as usize] += 1;
+    }
+    d
 }
 
 /// A graph workload.
@@ -54,8 +107,12 @@ pub struct GraphWork {
     /// The graph the kernels walk: out-edges for BFS, in-edges (the transpose) for
     /// PageRank.
     graph: Csr,
-    /// PageRank: `1 / out-degree` per vertex (empty for BFS).
+    /// PageRank: `1 / out-degree` per vertex (empty otherwise).
     inv: Vec<f32>,
+    /// SSSP: the weight of each entry of `graph.col` (empty otherwise).
+    weights: Vec<u32>,
+    /// SSSP: the graph as generated (out-edges), for the reference.
+    out: Option<Csr>,
 }
 
 const UNVISITED: u32 = u32::MAX;
@@ -70,9 +127,19 @@ impl GraphWork {
             GraphKind::Uniform => uniform(scale, degree, seed),
             GraphKind::Rmat => rmat(scale, degree, seed),
         };
+        let (mut weights, mut out) = (Vec::new(), None);
         let (graph, inv) = match algo {
-            Algo::Bfs => (g, Vec::new()),
+            Algo::Bfs | Algo::Dc => (g, Vec::new()),
             Algo::PageRank(_) => (g.transpose(), inv_out_degree(&g)),
+            Algo::Sssp => {
+                let t = g.transpose();
+                for v in 0..t.nodes() {
+                    let (a, b) = (t.row[v] as usize, t.row[v + 1] as usize);
+                    weights.extend(t.col[a..b].iter().map(|&u| weight(u, v as u32)));
+                }
+                out = Some(g);
+                (t, Vec::new())
+            }
         };
         GraphWork {
             algo,
@@ -82,6 +149,8 @@ impl GraphWork {
             seed,
             graph,
             inv,
+            weights,
+            out,
         }
     }
 
@@ -108,6 +177,8 @@ impl Workload for GraphWork {
         let a = match self.algo {
             Algo::Bfs => "bfs",
             Algo::PageRank(_) => "pagerank",
+            Algo::Sssp => "sssp",
+            Algo::Dc => "dc",
         };
         let k = match self.kind {
             GraphKind::Uniform => "uniform",
@@ -136,6 +207,23 @@ impl Workload for GraphWork {
         match self.algo {
             Algo::Bfs => o.push(Object {
                 name: "level",
+                bytes: n * 4,
+                descriptor: Descriptor::Profile,
+            }),
+            Algo::Sssp => {
+                o.push(Object {
+                    name: "weights",
+                    bytes: m.max(1) * 4,
+                    descriptor: Descriptor::Profile,
+                });
+                o.push(Object {
+                    name: "dist",
+                    bytes: n * 4,
+                    descriptor: Descriptor::Profile,
+                });
+            }
+            Algo::Dc => o.push(Object {
+                name: "degree",
                 bytes: n * 4,
                 descriptor: Descriptor::Profile,
             }),
@@ -173,6 +261,13 @@ impl Workload for GraphWork {
                 m.store_f32s(HOST, base[2], &self.inv)?;
                 m.store_f32s(HOST, base[4], &vec![1.0 / n as f32; n])
             }
+            Algo::Sssp => {
+                m.store_u32s(HOST, base[2], &self.weights)?;
+                let mut dist = vec![UNVISITED; n];
+                dist[0] = 0;
+                m.store_u32s(HOST, base[3], &dist)
+            }
+            Algo::Dc => m.store_u32s(HOST, base[2], &vec![0; n]),
         }
     }
     fn run(&self, x: &mut Exec<'_>, base: &[u64]) -> Result<(), MachineError> {
@@ -245,6 +340,55 @@ impl Workload for GraphWork {
                 }
                 Ok(())
             }
+            Algo::Sssp => loop {
+                let mut changed = false;
+                x.launch(blocks, |c| {
+                    let v0 = c.block() * THREADS;
+                    let k = THREADS.min(n - v0) as usize;
+                    let dist = c.load_u32s(base[3] + v0 * 4, k)?;
+                    let off = c.load_u32s(base[0] + v0 * 4, k + 1)?;
+                    for i in 0..k {
+                        let deg = (off[i + 1] - off[i]) as usize;
+                        let e = u64::from(off[i]) * 4;
+                        let nbrs = c.load_u32s(base[1] + e, deg)?;
+                        let w = c.load_u32s(base[2] + e, deg)?;
+                        let mut best = dist[i];
+                        for (u, w) in nbrs.into_iter().zip(w) {
+                            let du = c.load_u32(base[3] + u64::from(u) * 4)?;
+                            if du != UNVISITED {
+                                best = best.min(du + w);
+                            }
+                        }
+                        c.alu(2 * deg as u64 + 1); // an add and a min per edge
+                        if best < dist[i] {
+                            c.store_u32s(base[3] + (v0 + i as u64) * 4, &[best])?;
+                            changed = true;
+                        }
+                    }
+                    Ok(())
+                })?;
+                if !changed {
+                    return Ok(());
+                }
+            },
+            Algo::Dc => x.launch(blocks, |c| {
+                let v0 = c.block() * THREADS;
+                let k = THREADS.min(n - v0) as usize;
+                let off = c.load_u32s(base[0] + v0 * 4, k + 1)?;
+                for i in 0..k {
+                    let deg = (off[i + 1] - off[i]) as usize;
+                    let nbrs = c.load_u32s(base[1] + u64::from(off[i]) * 4, deg)?;
+                    for u in nbrs {
+                        let at = base[2] + u64::from(u) * 4;
+                        let d = c.load_u32(at)?;
+                        c.store_u32s(at, &[d + 1])?;
+                    }
+                    c.alu(deg as u64 + 1); // an add per edge, one for the out-degree
+                }
+                let own = c.load_u32s(base[2] + v0 * 4, k)?;
+                let sum: Vec<u32> = (0..k).map(|i| own[i] + off[i + 1] - off[i]).collect();
+                c.store_u32s(base[2] + v0 * 4, &sum)
+            }),
         }
     }
     fn verify(&self, m: &HbmMachine, base: &[u64]) -> Result<bool, MachineError> {
@@ -254,6 +398,19 @@ impl Workload for GraphWork {
             Algo::PageRank(iters) => {
                 m.load_f32s(HOST, base[4], n)? == pagerank_ref(&self.graph, &self.inv, iters)
             }
+            Algo::Sssp => {
+                let Some(g) = &self.out else { return Ok(false) };
+                m.load_u32s(HOST, base[3], n)? == sssp_ref(g, 0)
+            }
+            Algo::Dc => m.load_u32s(HOST, base[2], n)? == dc_ref(&self.graph),
+        })
+    }
+    fn paper_name(&self) -> Option<&'static str> {
+        Some(match self.algo {
+            Algo::Bfs => "BFS",
+            Algo::PageRank(_) => "PR",
+            Algo::Sssp => "SSSP",
+            Algo::Dc => "DC",
         })
     }
     fn other_input(&self) -> Option<Box<dyn Workload>> {
