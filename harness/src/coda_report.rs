@@ -49,7 +49,7 @@ pub fn workloads(size: Size) -> Vec<Box<dyn Workload>> {
     // SM) spreads a launch over every stack (issue 33: at the first pass's 8 Ki
     // vertices a launch had 32 blocks, two stacks' worth).
     let (s, v, g): (u64, u32, u32) = match size {
-        Size::Tiny => (0, 1 << 12, 4),
+        Size::Tiny => (0, 1 << 11, 4),
         Size::Quick => (1, 1 << 16, 8),
         Size::Full => (4, 1 << 18, 8),
     };
