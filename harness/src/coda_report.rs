@@ -107,6 +107,9 @@ pub struct Row {
     pub label: &'static str,
     /// The paper's name for it, if the paper names it.
     pub paper_name: Option<&'static str>,
+    /// Thread blocks one SM holds for this workload's block (the occupancy
+    /// calculator's; Eq. 1's blocks per stack is 4 × this).
+    pub resident_blocks: u32,
     /// The configuration.
     pub config: &'static str,
     /// `sm` (near-data kernels) or `host` (host-side execution).
@@ -267,6 +270,7 @@ fn row(
         class,
         label: w.class().name(),
         paper_name: w.paper_name(),
+        resident_blocks: cfg.resident_blocks,
         config: config.name(),
         side: if host { "host" } else { "sm" },
         speedup_vs_fgp: base.report.time_ns(cfg) / time,
@@ -1010,7 +1014,7 @@ pub fn run_report(quick: bool, out: &str, output: Output) -> Result<Report, Stri
             "remote_hop_derivation": format!("{:?}", gmem_hbm::config::RemoteHop::derived()),
             "resident_blocks_per_sm_256_threads": cfg.resident_blocks,
             "blocks_per_stack_256_threads": cfg.blocks_per_stack(),
-            "resident_blocks_per_workload": m.rows.iter().filter(|r| r.side == "sm" && r.config == "fgp").map(|r| (r.workload.clone(), workloads(size).iter().find(|w| w.name() == r.workload).and_then(|w| cfg.for_kernel(&w.kernel()).ok()).map(|c| c.resident_blocks))).collect::<BTreeMap<_, _>>(),
+            "resident_blocks_per_workload": m.rows.iter().filter(|r| r.side == "sm" && r.config == "fgp").map(|r| (r.workload.clone(), r.resident_blocks)).collect::<BTreeMap<_, _>>(),
             "data_caches": cfg.cache.enabled,
             "l1_sets": cfg.cache.l1_sets,
             "l1_ways": cfg.cache.l1_ways,
