@@ -1,13 +1,15 @@
-//! `gmem-harness reproduce coda`: CODA's near-data HBM-stack system (`gmem-hbm`) — ten
-//! workloads under six configurations, each run on a fresh machine and verified
+//! `gmem-harness reproduce coda`: CODA's near-data HBM-stack system (`gmem-hbm`) — the
+//! paper's workloads ([`workloads`]: twelve, eight of the paper's names) under six
+//! configurations, each run on a fresh machine and verified
 //! against a CPU-only reference; speedup over fine-grain only, remote fraction,
 //! traffic by path, pages by thread blocks touching them (the paper's Fig. 3), a
 //! remote-bandwidth sweep (16 → 256 GB/s), host-side execution, and an ablation:
 //! fine grain only and CODA again with the SMs' data caches off.
 //!
-//! The cost model's parameters (bandwidths and the near-data SM model, with its one
-//! calibrated parameter) are printed and are the same for every run (one
-//! `HbmConfig`); the sweep re-prices the same counted traffic and work at other
+//! The cost model's parameters (bandwidths and the near-data SM model; nothing fitted
+//! since issue 33: the remote hop is derived from the topology, Eq. 1's blocks per
+//! stack come from the occupancy calculator per workload) are printed and are the
+//! same for every run (one `HbmConfig`, with each workload's occupancy); the sweep re-prices the same counted traffic and work at other
 //! remote bandwidths. The paper's shape is checked claim by claim, PASS or FAIL as it comes
 //! out; the thresholds are fixed here before any run and nothing is tuned to meet them.
 
