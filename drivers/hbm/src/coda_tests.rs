@@ -53,7 +53,55 @@ fn small() -> Vec<Box<dyn Workload>> {
             4,
             4
         )),
+        Box::new(GraphWork::new(Algo::Sssp, GraphKind::Uniform, 2048, 4, 5)),
+        Box::new(GraphWork::new(Algo::Sssp, GraphKind::Rmat, 2048, 4, 6)),
+        Box::new(GraphWork::new(Algo::Dc, GraphKind::Uniform, 2048, 4, 7)),
+        Box::new(GraphWork::new(Algo::Dc, GraphKind::Rmat, 2048, 4, 8)),
+        Box::new(crate::gaussian::Gaussian { n: 24 }),
+        Box::new(crate::hotspot2d::Hotspot2d {
+            rows: 32,
+            cols: 512,
+            tile: 16,
+            steps: 2,
+        }),
     ]
+}
+
+/// The SSSP reference (Dijkstra) agrees with plain Bellman-Ford relaxation to a fixed
+/// point, and DC's reference counts every edge twice (once at each end).
+#[test]
+fn the_sssp_and_dc_references_agree_with_brute_force() {
+    use crate::graphs::{dc_ref, sssp_ref, weight};
+    use gmem_simt::workloads::graph::rmat;
+    let g = rmat(9, 4, 11);
+    let n = g.nodes();
+    let mut d = std::vec![u32::MAX; n];
+    d[0] = 0;
+    loop {
+        let mut changed = false;
+        for u in 0..n {
+            if d[u] == u32::MAX {
+                continue;
+            }
+            for &v in &g.col[g.row[u] as usize..g.row[u + 1] as usize] {
+                let nd = d[u] + weight(u as u32, v);
+                if nd < d[v as usize] {
+                    d[v as usize] = nd;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    assert_eq!(sssp_ref(&g, 0), d);
+    assert!(d.iter().filter(|&&x| x != u32::MAX).count() > 1);
+    let dc = dc_ref(&g);
+    assert_eq!(
+        dc.iter().map(|&x| u64::from(x)).sum::<u64>(),
+        2 * g.col.len() as u64
+    );
 }
 
 #[test]
@@ -107,7 +155,9 @@ fn coda_keeps_block_exclusive_data_local() {
 
 #[test]
 fn the_sm_model_prices_what_each_sm_really_did() {
-    let n = 16384u64;
+    // 128 blocks: more than one round of affinity's 24-block grain per stack, so
+    // every SM runs blocks under CODA too.
+    let n = 32768u64;
     let w = VecAdd { n };
     for (k, cache) in [Config::Fgp, Config::Coda]
         .into_iter()
@@ -310,6 +360,11 @@ fn every_configuration_is_priced_with_the_same_cost_model() {
             local_latency_ns: c.sm.local_latency_ns / 2.0,
             remote_hop_ns: c.sm.remote_hop_ns / 2.0,
             ..c.sm
+        },
+        cache: CacheModel {
+            l1_hit_ns: c.cache.l1_hit_ns / 2.0,
+            l2_hit_ns: c.cache.l2_hit_ns / 2.0,
+            ..c.cache
         },
         ..c
     };

@@ -34,12 +34,11 @@ use gmem_core::{PhysAddr, Region, PAGE_SIZE};
 use std::collections::{BTreeMap, HashMap};
 use std::vec::Vec;
 
-/// Thread blocks one SM holds at once (the affinity grain is the SMs of a stack × this).
-pub const RESIDENT_BLOCKS: u64 = 2;
-
-/// Consecutive thread blocks that one stack runs under affinity scheduling.
+/// Consecutive thread blocks that one stack runs under affinity scheduling (Eq. 1):
+/// its SMs × the blocks each holds, from the occupancy calculator
+/// ([`HbmConfig::blocks_per_stack`]; before issue 33 a hard-coded 4 × 2 = 8).
 pub fn blocks_per_stack(cfg: &HbmConfig) -> u64 {
-    u64::from(cfg.sms_per_stack) * RESIDENT_BLOCKS
+    cfg.blocks_per_stack()
 }
 
 /// Where thread blocks go.

@@ -1,5 +1,11 @@
-//! The graph workloads: BFS and pull PageRank over CSR graphs, uniform (every vertex
-//! the same out-degree, random targets) or R-MAT (skewed degrees). The graphs, the
+//! The graph workloads (GraphBIG's, as the CODA paper names them): BFS, pull
+//! PageRank, SSSP (push Bellman-Ford over a frontier — a vertex whose distance fell in
+//! one round relaxes its out-edges in the next — until no distance falls, verified
+//! against Dijkstra) and degree centrality (DC: each vertex adds one to every out-neighbour's
+//! degree, a read-modify-write per edge as GraphBIG's atomic add — atomic here because
+//! the executor runs blocks one after another — and its own out-degree), over CSR
+//! graphs, uniform (every vertex the same out-degree, random targets) or R-MAT (skewed
+//! degrees). The graphs, the
 //! CPU references they are verified against and PageRank's damping are the SIMT
 //! model's ([`gmem_simt::workloads::graph`]), so both experiments walk the same
 //! graphs; this module owns only the block kernels and their descriptors. A block owns [`crate::workloads::THREADS`] consecutive vertices; the
@@ -37,6 +43,55 @@ pub enum Algo {
     Bfs,
     /// Pull PageRank (the edges are in-edges), this many iterations.
     PageRank(u32),
+    /// Single-source shortest paths from vertex 0, pushing over out-edges from the
+    /// vertices whose distance fell in the previous round, with weights 1..=15 (an
+    /// **assumption**: GraphBIG's weights are its datasets'; ours are a hash of the
+    /// edge's ends).
+    Sssp,
+    /// Degree centrality: in-degree + out-degree of every vertex.
+    Dc,
+}
+
+/// The weight of edge `u → v` (1..=15, a hash of its ends).
+pub fn weight(u: u32, v: u32) -> u32 {
+    let h = (u64::from(u) << 32 | u64::from(v)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    1 + ((h >> 40) % 15) as u32
+}
+
+/// Distances from `src` along out-edges of `g` with [`weight`]s (`u32::MAX` when
+/// unreachable): Dijkstra, the CPU reference of SSSP.
+pub fn sssp_ref(g: &Csr, src: usize) -> Vec<u32> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let n = g.nodes();
+    let mut dist = vec![UNVISITED; n];
+    let mut heap = BinaryHeap::new();
+    dist[src] = 0;
+    heap.push(Reverse((0u32, src as u32)));
+    while let Some(Reverse((d, u))) = heap.pop() {
+        if d != dist[u as usize] {
+            continue;
+        }
+        let (a, b) = (g.row[u as usize] as usize, g.row[u as usize + 1] as usize);
+        for &v in &g.col[a..b] {
+            let nd = d + weight(u, v);
+            if nd < dist[v as usize] {
+                dist[v as usize] = nd;
+                heap.push(Reverse((nd, v)));
+            }
+        }
+    }
+    dist
+}
+
+/// In-degree + out-degree of every vertex of `g`: the CPU reference of DC.
+pub fn dc_ref(g: &Csr) -> Vec<u32> {
+    let n = g.nodes();
+    let mut d: Vec<u32> = (0..n).map(|v| g.row[v + 1] - g.row[v]).collect();
+    for &u in &g.col {
+        d[u as usize] += 1;
+    }
+    d
 }
 
 /// A graph workload.
@@ -54,8 +109,10 @@ pub struct GraphWork {
     /// The graph the kernels walk: out-edges for BFS, in-edges (the transpose) for
     /// PageRank.
     graph: Csr,
-    /// PageRank: `1 / out-degree` per vertex (empty for BFS).
+    /// PageRank: `1 / out-degree` per vertex (empty otherwise).
     inv: Vec<f32>,
+    /// SSSP: the weight of each entry of `graph.col` (empty otherwise).
+    weights: Vec<u32>,
 }
 
 const UNVISITED: u32 = u32::MAX;
@@ -70,8 +127,15 @@ impl GraphWork {
             GraphKind::Uniform => uniform(scale, degree, seed),
             GraphKind::Rmat => rmat(scale, degree, seed),
         };
+        let mut weights = Vec::new();
+        if algo == Algo::Sssp {
+            for u in 0..g.nodes() {
+                let (a, b) = (g.row[u] as usize, g.row[u + 1] as usize);
+                weights.extend(g.col[a..b].iter().map(|&v| weight(u as u32, v)));
+            }
+        }
         let (graph, inv) = match algo {
-            Algo::Bfs => (g, Vec::new()),
+            Algo::Bfs | Algo::Dc | Algo::Sssp => (g, Vec::new()),
             Algo::PageRank(_) => (g.transpose(), inv_out_degree(&g)),
         };
         GraphWork {
@@ -82,6 +146,7 @@ impl GraphWork {
             seed,
             graph,
             inv,
+            weights,
         }
     }
 
@@ -108,6 +173,8 @@ impl Workload for GraphWork {
         let a = match self.algo {
             Algo::Bfs => "bfs",
             Algo::PageRank(_) => "pagerank",
+            Algo::Sssp => "sssp",
+            Algo::Dc => "dc",
         };
         let k = match self.kind {
             GraphKind::Uniform => "uniform",
@@ -136,6 +203,29 @@ impl Workload for GraphWork {
         match self.algo {
             Algo::Bfs => o.push(Object {
                 name: "level",
+                bytes: n * 4,
+                descriptor: Descriptor::Profile,
+            }),
+            Algo::Sssp => {
+                o.push(Object {
+                    name: "weights",
+                    bytes: m.max(1) * 4,
+                    descriptor: Descriptor::Profile,
+                });
+                o.push(Object {
+                    name: "dist",
+                    bytes: n * 4,
+                    descriptor: Descriptor::Profile,
+                });
+                // Read by its own block, written at neighbours: input-dependent.
+                o.push(Object {
+                    name: "round",
+                    bytes: n * 4,
+                    descriptor: Descriptor::Profile,
+                });
+            }
+            Algo::Dc => o.push(Object {
+                name: "degree",
                 bytes: n * 4,
                 descriptor: Descriptor::Profile,
             }),
@@ -173,6 +263,18 @@ impl Workload for GraphWork {
                 m.store_f32s(HOST, base[2], &self.inv)?;
                 m.store_f32s(HOST, base[4], &vec![1.0 / n as f32; n])
             }
+            Algo::Sssp => {
+                m.store_u32s(HOST, base[2], &self.weights)?;
+                let mut dist = vec![UNVISITED; n];
+                dist[0] = 0;
+                m.store_u32s(HOST, base[3], &dist)?;
+                // The round in which each vertex relaxes its edges next (the source
+                // in round 0, the others not yet).
+                let mut round = vec![UNVISITED; n];
+                round[0] = 0;
+                m.store_u32s(HOST, base[4], &round)
+            }
+            Algo::Dc => m.store_u32s(HOST, base[2], &vec![0; n]),
         }
     }
     fn run(&self, x: &mut Exec<'_>, base: &[u64]) -> Result<(), MachineError> {
@@ -245,6 +347,62 @@ impl Workload for GraphWork {
                 }
                 Ok(())
             }
+            Algo::Sssp => {
+                let mut r = 0u32;
+                loop {
+                    let mut changed = false;
+                    x.launch(blocks, |c| {
+                        let v0 = c.block() * THREADS;
+                        let k = THREADS.min(n - v0) as usize;
+                        let round = c.load_u32s(base[4] + v0 * 4, k)?;
+                        c.alu(k as u64); // compare each vertex's round with this one
+                        for (i, &ri) in round.iter().enumerate() {
+                            if ri != r {
+                                continue;
+                            }
+                            let u = v0 + i as u64;
+                            let du = c.load_u32(base[3] + u * 4)?;
+                            let off = c.load_u32s(base[0] + u * 4, 2)?;
+                            let deg = (off[1] - off[0]) as usize;
+                            let e = u64::from(off[0]) * 4;
+                            let nbrs = c.load_u32s(base[1] + e, deg)?;
+                            let w = c.load_u32s(base[2] + e, deg)?;
+                            c.alu(2 * deg as u64); // an add and a compare per edge
+                            for (v, w) in nbrs.into_iter().zip(w) {
+                                let at = u64::from(v) * 4;
+                                if du + w < c.load_u32(base[3] + at)? {
+                                    c.store_u32s(base[3] + at, &[du + w])?;
+                                    c.store_u32s(base[4] + at, &[r + 1])?;
+                                    changed = true;
+                                }
+                            }
+                        }
+                        Ok(())
+                    })?;
+                    if !changed {
+                        return Ok(());
+                    }
+                    r += 1;
+                }
+            }
+            Algo::Dc => x.launch(blocks, |c| {
+                let v0 = c.block() * THREADS;
+                let k = THREADS.min(n - v0) as usize;
+                let off = c.load_u32s(base[0] + v0 * 4, k + 1)?;
+                for i in 0..k {
+                    let deg = (off[i + 1] - off[i]) as usize;
+                    let nbrs = c.load_u32s(base[1] + u64::from(off[i]) * 4, deg)?;
+                    for u in nbrs {
+                        let at = base[2] + u64::from(u) * 4;
+                        let d = c.load_u32(at)?;
+                        c.store_u32s(at, &[d + 1])?;
+                    }
+                    c.alu(deg as u64 + 1); // an add per edge, one for the out-degree
+                }
+                let own = c.load_u32s(base[2] + v0 * 4, k)?;
+                let sum: Vec<u32> = (0..k).map(|i| own[i] + off[i + 1] - off[i]).collect();
+                c.store_u32s(base[2] + v0 * 4, &sum)
+            }),
         }
     }
     fn verify(&self, m: &HbmMachine, base: &[u64]) -> Result<bool, MachineError> {
@@ -254,6 +412,16 @@ impl Workload for GraphWork {
             Algo::PageRank(iters) => {
                 m.load_f32s(HOST, base[4], n)? == pagerank_ref(&self.graph, &self.inv, iters)
             }
+            Algo::Sssp => m.load_u32s(HOST, base[3], n)? == sssp_ref(&self.graph, 0),
+            Algo::Dc => m.load_u32s(HOST, base[2], n)? == dc_ref(&self.graph),
+        })
+    }
+    fn paper_name(&self) -> Option<&'static str> {
+        Some(match self.algo {
+            Algo::Bfs => "BFS",
+            Algo::PageRank(_) => "PR",
+            Algo::Sssp => "SSSP",
+            Algo::Dc => "DC",
         })
     }
     fn other_input(&self) -> Option<Box<dyn Workload>> {

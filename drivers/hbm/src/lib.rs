@@ -19,7 +19,7 @@
 //! | [`dcache`] | the SMs' data caches: per-SM L1, per-stack L2 beside the SMs, 128-byte lines whose granularity bit routes their write-backs; they filter traffic accounting, the bytes always move through memory |
 //! | [`cost`] | the cost model pricing counted traffic and work: bandwidth bounds, a per-SM issue/latency bound (near-data kernels), host-side windows |
 //! | [`exec`] | the block-sequential executor: round-robin, affinity or host schedules; Fig. 3's pages-by-blocks record; first-touch migration; profiles |
-//! | [`workloads`], [`graphs`] | the ten verified workloads and their descriptors |
+//! | [`workloads`], [`graphs`], [`hotspot2d`], [`gaussian`] | the verified workloads and their descriptors |
 //! | [`coda`] | the six configurations of the experiment and CODA's placement plan |
 //!
 //! How it meets the core: the device's memory is managed in page groups of
@@ -51,6 +51,7 @@ pub mod cost;
 pub mod dcache;
 pub mod decode;
 pub mod exec;
+pub mod gaussian;
 pub mod graphs;
 pub mod hotspot2d;
 pub mod machine;
