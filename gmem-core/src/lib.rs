@@ -181,8 +181,9 @@
 
 extern crate alloc;
 // Only the optional `std` feature (user-space hosts) links std: yielding lock waits and
-// the debug-build lock-order checker.
-#[cfg(feature = "std")]
+// the debug-build lock-order checker; and loom builds (loom needs std), whose spin lock
+// model names the thread that holds it.
+#[cfg(any(feature = "std", gmem_loom))]
 extern crate std;
 
 pub mod addr;

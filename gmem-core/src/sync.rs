@@ -238,13 +238,18 @@ mod imp {
         pub fn ranked(value: T, _rank: super::Rank) -> Self {
             Self::new(value)
         }
-        /// Lock.
+        /// Lock. (Poisoning is ignored, as a real build's spin lock has none: a model
+        /// that caught a failure inside a call goes on to report it.)
         pub fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().expect("loom mutex poisoned")
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
         }
         /// Lock if free.
         pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            self.0.try_lock().ok()
+            match self.0.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
         }
         /// The value, through an exclusive borrow of the mutex.
         pub fn get_mut(&mut self) -> &mut T {
@@ -265,15 +270,22 @@ mod imp {
     /// thread about to try a mutex that another then takes is marked blocked), which
     /// reports a false deadlock when the trying thread holds a lock the owner then
     /// waits for: exactly what a fault does, trying the space under its binding.
+    ///
+    /// It also names its holder (outside loom's view: loom runs every model thread on
+    /// one OS thread, so a plain mutex never waits), so that a thread that waits for a
+    /// lock it already holds — a re-entry that would spin forever in a real build —
+    /// fails at once with a message instead of exhausting loom's branch bound.
     pub struct SpinMutex<T> {
         held: AtomicBool,
         value: loom::sync::Mutex<T>,
+        holder: std::sync::Mutex<Option<loom::thread::ThreadId>>,
     }
 
     /// Guard of a [`SpinMutex`]: releases the value, then the flag.
     pub struct SpinMutexGuard<'a, T> {
         guard: Option<loom::sync::MutexGuard<'a, T>>,
         held: &'a AtomicBool,
+        holder: &'a std::sync::Mutex<Option<loom::thread::ThreadId>>,
     }
 
     impl<T> SpinMutex<T> {
@@ -282,10 +294,17 @@ mod imp {
             Self {
                 held: AtomicBool::new(false),
                 value: loom::sync::Mutex::new(value),
+                holder: std::sync::Mutex::new(None),
             }
         }
         /// Lock, yielding until the flag is free.
         pub fn lock(&self) -> SpinMutexGuard<'_, T> {
+            let me = loom::thread::current().id();
+            let holder = *self.holder.lock().unwrap_or_else(|e| e.into_inner());
+            assert!(
+                holder != Some(me),
+                "a thread waits for a lock it holds (a re-entry that never returns)"
+            );
             loop {
                 if let Some(g) = self.try_lock() {
                     return g;
@@ -298,11 +317,15 @@ mod imp {
             self.held
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .ok()?;
-            // Only the flag's holder takes the value's mutex: it is always free here.
-            let guard = self.value.lock().expect("loom mutex poisoned");
+            // Only the flag's holder takes the value's mutex: it is always free here
+            // (poisoned only by a model that already failed, while unwinding).
+            let guard = self.value.lock().unwrap_or_else(|e| e.into_inner());
+            *self.holder.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(loom::thread::current().id());
             Some(SpinMutexGuard {
                 guard: Some(guard),
                 held: &self.held,
+                holder: &self.holder,
             })
         }
     }
@@ -322,6 +345,7 @@ mod imp {
 
     impl<T> Drop for SpinMutexGuard<'_, T> {
         fn drop(&mut self) {
+            *self.holder.lock().unwrap_or_else(|e| e.into_inner()) = None;
             drop(self.guard.take());
             self.held.store(false, Ordering::Release);
         }
@@ -341,11 +365,11 @@ mod imp {
         }
         /// Shared lock.
         pub fn read(&self) -> RwLockReadGuard<'_, T> {
-            self.0.read().expect("loom rwlock poisoned")
+            self.0.read().unwrap_or_else(|e| e.into_inner())
         }
         /// Exclusive lock.
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            self.0.write().expect("loom rwlock poisoned")
+            self.0.write().unwrap_or_else(|e| e.into_inner())
         }
         /// Shared lock if no writer holds it.
         pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {

@@ -451,12 +451,19 @@ impl Gmem {
         #[allow(unsafe_code)]
         let space: &SpaceInner = unsafe { &*raw };
         // Deliberately broken (loom model `reentry` must catch it): wait for the space
-        // as `dev_fault` does, which a context that holds it never gets.
+        // as `dev_fault`'s slow path does (the binding dropped first), which a context
+        // that holds it never gets.
         #[cfg(gmem_loom_bug = "try_fault_waits_for_the_space")]
-        let mut st = space.lock();
+        let mut st = {
+            drop(binding);
+            space.lock()
+        };
         #[cfg(not(gmem_loom_bug = "try_fault_waits_for_the_space"))]
-        let mut st = space.try_lock().ok_or(busy)?;
-        drop(binding);
+        let mut st = {
+            let st = space.try_lock().ok_or(busy)?;
+            drop(binding);
+            st
+        };
         #[cfg(gmem_loom)]
         assert!(
             space.registered(),
