@@ -16,8 +16,8 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use gmem_core::{
-    AllocRequest, DeviceId, FaultError, MapFlags, MigrateScope, PageTableRoot, Prot, Region,
-    SpaceId, VaRange, VirtAddr, PAGE_SIZE,
+    AllocRequest, DeviceId, FaultError, MapFlags, MigrateScope, PageTableRoot, Placement,
+    PlacementMode, PlacementTarget, Prot, Region, SpaceId, VaRange, VirtAddr, PAGE_SIZE,
 };
 use gmem_sv39::Sv39;
 
@@ -357,6 +357,18 @@ pub(super) fn run(
     // Migration: the page moves to the second memory; once the call returned and the
     // new frame holds new contents, no hart may read the old frame.
     let (r6, pa6) = spin_target(k, mmu, root, space)?;
+    // The page's home is the second memory from now on: a spinner that faults on it
+    // after the migration maps it where it is, instead of migrating it straight back
+    // to the faulting hart's memory (the default placement), which could happen before
+    // the check below looks at the frame.
+    gm.region_set_policy(
+        r6,
+        Placement {
+            target: PlacementTarget::Device(second),
+            mode: PlacementMode::Unique,
+        },
+    )
+    .map_err(|e| format!("region_set_policy: {e}"))?;
     let mut moved_to = 0;
     let r = phase_spinners(5, boot, || {
         let range = VaRange::new(r6.start, PAGE_SIZE).map_err(|e| format!("{e}"))?;
