@@ -6,6 +6,7 @@
 //! the RISC-V Sv39 kernel booted under QEMU (`cargo xtask qemu`, see [`qemu`]) and the
 //! x86-64 kernel with VT-d (`cargo xtask qemu-x86`, see [`qemu_x86`]).
 
+mod boot;
 mod fuzz;
 mod loom;
 mod qemu;

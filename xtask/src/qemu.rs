@@ -17,12 +17,9 @@
 //! translation (a failure for another reason, a check that passes, a pass or a hang
 //! fails the task); the xtask then prints `smp: missing shootdown caught`.
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
+use crate::boot::{self, Kernel, Run};
+use std::path::Path;
+use std::time::Duration;
 
 /// The kernel's directory, relative to the repository root.
 const KERNEL_DIR: &str = "drivers/sv39/kernel";
@@ -54,57 +51,21 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// The QEMU binary.
 const QEMU: &str = "qemu-system-riscv64";
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the repository root")
-        .to_path_buf()
-}
-
-fn cargo_in(dir: &Path, step: &str, args: &[&str]) -> Result<(), String> {
-    eprintln!("\n== {step}: (in {KERNEL_DIR}) cargo {}", args.join(" "));
-    let status = Command::new(env!("CARGO"))
-        .args(args)
-        .current_dir(dir)
-        .status()
-        .map_err(|e| format!("{step}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{step} failed ({status})"))
-    }
-}
-
 /// Check, build and boot the kernel.
 pub fn qemu() -> Result<(), String> {
-    let dir = repo_root().join(KERNEL_DIR);
-    let target_dir = dir.join("target");
-    let target_dir_s = target_dir.to_string_lossy().into_owned();
-    cargo_in(&dir, "kernel format", &["fmt", "--", "--check"])?;
-    let common = [
-        "--release",
-        "--target",
-        TARGET,
-        "--target-dir",
-        &target_dir_s,
-    ];
-    let mut clippy = vec!["clippy"];
-    clippy.extend(common);
-    clippy.extend(["--", "-D", "warnings"]);
-    cargo_in(&dir, "kernel clippy", &clippy)?;
-    let elf = target_dir.join(TARGET).join("release").join("sv39-kernel");
+    let kernel = Kernel::new(KERNEL_DIR, TARGET);
+    kernel.check("kernel")?;
+    let elf = kernel.artifact("sv39-kernel");
     // The negative kernel first, kept under its own name, so that the kernel left in
     // the target directory is the real one.
     let negative_elf = elf.with_file_name(format!("sv39-kernel-{NEGATIVE_FEATURE}"));
-    let mut negative = vec!["build"];
-    negative.extend(common);
-    negative.extend(["--features", NEGATIVE_FEATURE]);
-    cargo_in(&dir, "kernel build (negative: no-shootdown)", &negative)?;
+    kernel.build(
+        "kernel build (negative: no-shootdown)",
+        &["--features", NEGATIVE_FEATURE],
+    )?;
     std::fs::copy(&elf, &negative_elf)
         .map_err(|e| format!("copy {} to {}: {e}", elf.display(), negative_elf.display()))?;
-    let mut build = vec!["build"];
-    build.extend(common);
-    cargo_in(&dir, "kernel build", &build)?;
+    kernel.build("kernel build", &[])?;
     judge(&boot(&elf)?)?;
 
     // The negative boot: without the remote fences the shootdown check must fail.
@@ -126,13 +87,6 @@ pub fn qemu() -> Result<(), String> {
             run.status
         )),
     }
-}
-
-/// What one boot printed and how QEMU exited.
-struct Run {
-    lines: Vec<String>,
-    /// QEMU's exit status (`None`: killed by a signal).
-    status: Option<i32>,
 }
 
 /// Judge a boot that must pass.
@@ -160,40 +114,9 @@ fn judge(run: &Run) -> Result<(), String> {
     }
 }
 
-enum Output {
-    Line(String),
-    Closed,
-}
-
-fn pump(from: impl Read + Send + 'static, to: mpsc::Sender<Output>) {
-    thread::spawn(move || {
-        let mut r = BufReader::new(from);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match r.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let line = String::from_utf8_lossy(&buf);
-                    let line = line.trim_end_matches(['\n', '\r']).to_string();
-                    if to.send(Output::Line(line)).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = to.send(Output::Closed);
-    });
-}
-
-fn stop(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
 /// Boot `elf`, stream its output, and collect it with QEMU's exit status.
 fn boot(elf: &Path) -> Result<Run, String> {
-    let args = [
+    let mut args: Vec<String> = [
         "-machine",
         "virt",
         "-nographic",
@@ -207,59 +130,9 @@ fn boot(elf: &Path) -> Result<Run, String> {
         "none",
         "-no-reboot",
         "-kernel",
-    ];
-    eprintln!(
-        "\n== boot: {QEMU} {} {} (timeout {} s)",
-        args.join(" "),
-        elf.display(),
-        TIMEOUT.as_secs()
-    );
-    let mut child = Command::new(QEMU)
-        .args(args)
-        .arg(elf)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            format!("cannot start {QEMU}: {e} (install qemu-system-misc; `bash .ci/run` does)")
-        })?;
-    let (tx, rx) = mpsc::channel();
-    pump(child.stdout.take().expect("piped stdout"), tx.clone());
-    pump(child.stderr.take().expect("piped stderr"), tx);
-    let deadline = Instant::now() + TIMEOUT;
-    let mut open = 2;
-    let mut lines = Vec::new();
-    while open > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(Output::Line(line)) => {
-                println!("{line}");
-                lines.push(line);
-            }
-            Ok(Output::Closed) => open -= 1,
-            Err(_) => {
-                stop(&mut child);
-                return Err(format!(
-                    "qemu: no exit within {} s (kernel hung?)",
-                    TIMEOUT.as_secs()
-                ));
-            }
-        }
-    }
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                stop(&mut child);
-                return Err("qemu: closed its output but did not exit".into());
-            }
-            Err(e) => return Err(format!("qemu: {e}")),
-        }
-    };
-    Ok(Run {
-        lines,
-        status: status.code(),
-    })
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push(elf.display().to_string());
+    boot::qemu("boot", QEMU, &args, TIMEOUT, "qemu-system-misc")
 }

@@ -17,12 +17,9 @@
 //! from its fault recording registers. A kernel that wrote a wrong entry format and
 //! still passed would fail `cargo xtask qemu-x86`.
 
-use std::io::{BufRead, BufReader, Read};
+use crate::boot::{self, Kernel, Run};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The kernel's directory, relative to the repository root.
 const KERNEL_DIR: &str = "drivers/x86pt/kernel";
@@ -59,64 +56,19 @@ const QEMU: &str = "qemu-system-x86_64";
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the repository root")
-        .to_path_buf()
-}
-
-fn cargo_in(dir: &Path, step: &str, args: &[&str]) -> Result<(), String> {
-    eprintln!("\n== {step}: (in {KERNEL_DIR}) cargo {}", args.join(" "));
-    let status = Command::new(env!("CARGO"))
-        .args(args)
-        .current_dir(dir)
-        .status()
-        .map_err(|e| format!("{step}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{step} failed ({status})"))
-    }
-}
-
 /// Check, build and boot the kernel.
 pub fn qemu_x86() -> Result<(), String> {
-    let dir = repo_root().join(KERNEL_DIR);
-    let target_dir = dir.join("target");
-    let target_dir_s = target_dir.to_string_lossy().into_owned();
-    cargo_in(&dir, "x86 kernel format", &["fmt", "--", "--check"])?;
-    let common = [
-        "--release",
-        "--target",
-        TARGET,
-        "--target-dir",
-        &target_dir_s,
-    ];
-    let mut clippy = vec!["clippy"];
-    clippy.extend(common);
-    clippy.extend(["--", "-D", "warnings"]);
-    cargo_in(&dir, "x86 kernel clippy", &clippy)?;
-    let mut build = vec!["build"];
-    build.extend(common);
-    cargo_in(&dir, "x86 kernel build", &build)?;
-    let efi = target_dir
-        .join(TARGET)
-        .join("release")
-        .join("x86-kernel.efi");
-    let work = target_dir.join("qemu");
+    let kernel = Kernel::new(KERNEL_DIR, TARGET);
+    kernel.check("x86 kernel")?;
+    kernel.build("x86 kernel build", &[])?;
+    let efi = kernel.artifact("x86-kernel.efi");
+    let work = kernel.target_dir.join("qemu");
     let run = boot(&efi, &work, "ok")?;
     judge(&run)?;
     // The negative test: the same kernel told to set a reserved bit in every
     // second-level leaf must be stopped by QEMU's VT-d model, not pass.
     let negative = boot(&efi, &work, NEGATIVE_CONFIG)?;
     judge_negative(&negative)
-}
-
-/// What one boot printed and how QEMU ended.
-struct Run {
-    lines: Vec<String>,
-    status: Option<i32>,
 }
 
 /// The boot directory (the FAT drive) for `efi` with the kernel's configuration word
@@ -140,37 +92,6 @@ fn prepare(efi: &Path, work: &Path, config: &str) -> Result<(PathBuf, PathBuf, P
     Ok((esp, vars, image))
 }
 
-enum Output {
-    Line(String),
-    Closed,
-}
-
-fn pump(from: impl Read + Send + 'static, to: mpsc::Sender<Output>) {
-    thread::spawn(move || {
-        let mut r = BufReader::new(from);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match r.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let line = String::from_utf8_lossy(&buf);
-                    let line = line.trim_end_matches(['\n', '\r']).to_string();
-                    if to.send(Output::Line(line)).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = to.send(Output::Closed);
-    });
-}
-
-fn stop(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
 /// Boot `efi` with configuration word `config` and collect its output.
 fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
     let (esp, vars, image) = prepare(efi, work, config)?;
@@ -178,7 +99,7 @@ fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
     let code = format!("if=pflash,format=raw,readonly=on,file={OVMF_CODE}");
     let vars = format!("if=pflash,format=raw,file={}", vars.display());
     let fat = format!("format=raw,file=fat:rw:{}", esp.display());
-    let args = [
+    let args: Vec<String> = [
         "-machine",
         "q35",
         // 48-bit I/O virtual addresses: the unit walks 3- and 4-level tables, and the
@@ -210,61 +131,17 @@ fn boot(efi: &Path, work: &Path, config: &str) -> Result<Run, String> {
         &vars,
         "-drive",
         &fat,
-    ];
-    eprintln!(
-        "\n== boot ({config}): {QEMU} {} (timeout {} s)",
-        args.join(" "),
-        TIMEOUT.as_secs()
-    );
-    let mut child = Command::new(QEMU)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            format!("cannot start {QEMU}: {e} (install qemu-system-x86; `bash .ci/run` does)")
-        })?;
-    let (tx, rx) = mpsc::channel();
-    pump(child.stdout.take().expect("piped stdout"), tx.clone());
-    pump(child.stderr.take().expect("piped stderr"), tx);
-    let deadline = Instant::now() + TIMEOUT;
-    let mut open = 2;
-    let mut lines = Vec::new();
-    while open > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(Output::Line(line)) => {
-                // OVMF's console writes terminal escapes; keep the text.
-                let clean: String = line.chars().filter(|c| !c.is_control()).collect();
-                println!("{line}");
-                lines.push(clean);
-            }
-            Ok(Output::Closed) => open -= 1,
-            Err(_) => {
-                stop(&mut child);
-                return Err(format!(
-                    "qemu: no exit within {} s (kernel hung?)",
-                    TIMEOUT.as_secs()
-                ));
-            }
-        }
-    }
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                stop(&mut child);
-                return Err("qemu: closed its output but did not exit".into());
-            }
-            Err(e) => return Err(format!("qemu: {e}")),
-        }
-    };
-    Ok(Run {
-        lines,
-        status: status.code(),
-    })
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    boot::qemu(
+        &format!("boot ({config})"),
+        QEMU,
+        &args,
+        TIMEOUT,
+        "qemu-system-x86 and ovmf",
+    )
 }
 
 /// The negative run: the kernel must fail, on the unit's reserved-field fault.
