@@ -20,7 +20,7 @@ mod reproduce;
 mod simt;
 mod workloads;
 
-use gmem_harness::trace;
+use gmem_trace as trace;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use report::{Output, Report};

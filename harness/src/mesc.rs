@@ -8,7 +8,7 @@
 //! ## The experiment
 //! For each workload, each fragmentation target (0 / 25 / 50 / 75 %) with and without
 //! compaction, and each design, a fresh machine boots (host memory twice the
-//! workload's need); a [`gmem_harness::frag::Fragmenter`] holds every free host frame
+//! workload's need); a [`gmem_testkit::frag::Fragmenter`] holds every free host frame
 //! and releases the workload's need so that the unusable-free-space index at 2 MiB
 //! (order 9) is the target, the unusable part in runs of 1 to [`MAX_RUN`] frames; with compaction the core's `dev_compact` then runs; the
 //! index the core measures is reported. The workload then allocates, is written by the
@@ -52,11 +52,11 @@ use crate::plot::{write_svg, BarChart, BarSeries};
 use crate::report::Report;
 use crate::Output;
 use gmem_core::{Activation, AllocPolicy, MmuMode, VirtAddr, PAGE_SIZE};
-use gmem_harness::frag::Fragmenter;
 use gmem_simt::caches::GpuCaches;
 use gmem_simt::machine::{SimtMachine, MESC_UNITS};
 use gmem_simt::mesc::{Design, DesignCaches, Geometry, MescTables};
 use gmem_simt::workloads::{self, pages_needed, sensitive, Size};
+use gmem_testkit::frag::Fragmenter;
 use plotters::style::RGBColor;
 use std::path::Path;
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 //!   [`replay_vmem`].
 //!
 //! Four runners (the two below, and [`page_table`] for the x86-64 driver tables
-//! against a map model, [`trace`] for the harness's trace parsers on arbitrary text):
+//! against a map model, [`trace`] for the trace parsers of `gmem-trace` on arbitrary text):
 //! - [`vmem`]: one [`gmem_core::vmem::Arena`] (any quantum, quantum caches with or
 //!   without magazines, checked or trusted frees, any fit policy) against a brute-force
 //!   interval model: every allocation is checked for overlap, placement and

@@ -1,9 +1,9 @@
-//! The `trace` runner: the harness's trace parsers (gmem's own format and valgrind
+//! The `trace` runner: the trace parsers of `gmem-trace` (gmem's own format and valgrind
 //! lackey output) on arbitrary input. They must never panic; a line they accept must
 //! parse to the same event again when written back by itself; a line they reject must
 //! be reported with the right line number.
 
-use gmem_harness::trace::{parse_gmem_line, parse_lackey_line, Dev, Format, Reader};
+use gmem_trace::{parse_gmem_line, parse_lackey_line, Dev, Format, Reader};
 
 /// Run both parsers over `data` (as text, invalid UTF-8 replaced) and check them.
 pub fn run(data: &[u8]) -> crate::Summary {
