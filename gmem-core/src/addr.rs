@@ -17,6 +17,7 @@ pub const PAGE_SHIFT: u32 = 12;
 
 /// Why an address or a range was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AddrError {
     /// The address is not aligned to the required boundary.
     Unaligned {

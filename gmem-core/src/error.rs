@@ -21,7 +21,8 @@
 //! | [`MapError`] | `region_map` |
 //! | [`PopulateError`] | `region_migrate`, `region_wire` |
 //! | [`SetError`] | `mapping_set_unmap`, `mapping_set_destroy` |
-//! | [`FaultError`] | `dev_fault` |
+//! | [`FaultError`] | `dev_fault`, `dev_try_fault` |
+//! | [`MoveError`] | inside [`FaultError::Move`] and [`PopulateError::Move`]: a page could not be allocated, filled, moved or mapped |
 
 use crate::addr::{AddrError, PhysAddr, VaRange, VirtAddr};
 use crate::flags::{AllocPolicy, Prot};
@@ -35,6 +36,7 @@ use core::fmt;
 /// Errors of `Gmem::new`, `dev_create`, `dev_destroy`, `dev_register_physmem` and the
 /// device queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeviceError {
     /// The handle names no live device.
     UnknownDevice(DeviceId),
@@ -67,6 +69,7 @@ pub enum DeviceError {
 /// Errors of `as_create`, `as_destroy`, `as_synchronize`, the space queries and
 /// `mapping_set_create`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SpaceError {
     /// The handle names no live address space.
     UnknownSpace(SpaceId),
@@ -78,6 +81,7 @@ pub enum SpaceError {
 
 /// Errors of `as_attach`, `dev_switch` and `dev_detach`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AttachError {
     /// The handle names no live address space.
     UnknownSpace(SpaceId),
@@ -95,6 +99,7 @@ pub enum AttachError {
 
 /// Errors of `as_alloc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AllocError {
     /// The handle names no live address space.
     UnknownSpace(SpaceId),
@@ -107,12 +112,14 @@ pub enum AllocError {
         /// The size asked for.
         size: u64,
     },
-    /// Failure injected for testing.
+    /// Failure injected for testing (`as_fail_every`, feature `test-util`).
+    #[cfg(feature = "test-util")]
     Injected,
 }
 
 /// Errors of `as_lookup`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LookupError {
     /// The handle names no live address space.
     UnknownSpace(SpaceId),
@@ -123,6 +130,7 @@ pub enum LookupError {
 /// Errors of the calls that only resolve a region handle: `region_info`,
 /// `region_unmap`, `region_dealloc`, `region_unwire`. The other region calls wrap it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RegionError {
     /// The handle's address space is gone.
     UnknownSpace(SpaceId),
@@ -135,6 +143,7 @@ pub enum RegionError {
 
 /// Errors of `region_protect`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ProtectError {
     /// The region handle does not resolve.
     Region(RegionError),
@@ -146,6 +155,7 @@ pub enum ProtectError {
 
 /// Errors of `region_set_policy` and `region_set_zero_fill_block`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// The region handle does not resolve.
     Region(RegionError),
@@ -159,6 +169,7 @@ pub enum PolicyError {
 
 /// Errors of `region_map`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MapError {
     /// The region handle does not resolve.
     Region(RegionError),
@@ -189,19 +200,14 @@ pub enum MapError {
 /// Errors of `region_migrate` and `region_wire`: the calls that allocate, zero-fill or
 /// move pages outside a fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PopulateError {
     /// The region handle does not resolve.
     Region(RegionError),
     /// The target names no live device.
     UnknownDevice(DeviceId),
-    /// Neither the target memory nor host memory (after eviction) has a free frame.
-    OutOfMemory(DeviceId),
-    /// The space already names the most memories it can (255).
-    TooManyMemories(DeviceId),
-    /// The driver failed to update a page table.
-    Mmu(MmuError),
-    /// A data mover failed.
-    Memory(MemError),
+    /// Allocating, filling or moving a page failed (shared with [`FaultError::Move`]).
+    Move(MoveError),
     /// `dev_evacuate` of the host, whose memory is where evacuated pages go.
     IsHost,
     /// `region_alloc_private`: the device is not attached to the region's space.
@@ -213,6 +219,7 @@ pub enum PopulateError {
 
 /// Errors of `mapping_set_unmap` and `mapping_set_destroy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SetError {
     /// The handle names no live address space.
     UnknownSpace(SpaceId),
@@ -222,6 +229,7 @@ pub enum SetError {
 
 /// Errors of `dev_fault`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FaultError {
     /// The handle names no live device.
     UnknownDevice(DeviceId),
@@ -242,28 +250,29 @@ pub enum FaultError {
         /// What the region permits.
         allowed: Prot,
     },
-    /// Neither the target memory nor host memory (after eviction) has a free frame.
-    OutOfMemory(DeviceId),
-    /// The driver failed to update a page table.
-    Mmu(MmuError),
-    /// A data mover failed.
-    Memory(MemError),
-    /// The space already names the most memories it can (255) and cannot place a page
-    /// in one more: the device's memory is refused rather than aliased.
-    TooManyMemories(DeviceId),
+    /// Allocating, filling, moving or mapping the page failed (shared with
+    /// [`PopulateError::Move`]).
+    Move(MoveError),
     /// Another call is editing the page's translations right now (an unlocked
     /// `region_map` of its region, see [`crate::Mmu::concurrent_edits`]): nothing
     /// changed; retry the access (it succeeds once that call has returned).
     Busy(VirtAddr),
 }
 
-/// Why the core could not allocate, fill or move a page: the failures the fault path
-/// shares with `region_migrate` and `region_wire`, converted losslessly into each.
+/// Why the core could not allocate, fill, move or map a page: the failures the fault
+/// path shares with `region_migrate`, `region_wire`, `region_alloc_private` and
+/// `dev_evacuate`, carried by [`FaultError::Move`] and [`PopulateError::Move`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MoveError {
+#[non_exhaustive]
+pub enum MoveError {
+    /// Neither the target memory nor host memory (after eviction) has a free frame.
     OutOfMemory(DeviceId),
+    /// The space already names the most memories it can (255) and cannot place a page
+    /// in one more: the device's memory is refused rather than aliased.
     TooManyMemories(DeviceId),
+    /// The driver failed to update a page table.
     Mmu(MmuError),
+    /// A data mover failed.
     Memory(MemError),
 }
 
@@ -279,27 +288,22 @@ impl From<MemError> for MoveError {
 }
 impl From<MoveError> for FaultError {
     fn from(e: MoveError) -> Self {
-        match e {
-            MoveError::OutOfMemory(d) => FaultError::OutOfMemory(d),
-            MoveError::TooManyMemories(d) => FaultError::TooManyMemories(d),
-            MoveError::Mmu(e) => FaultError::Mmu(e),
-            MoveError::Memory(e) => FaultError::Memory(e),
-        }
+        FaultError::Move(e)
     }
 }
 impl From<MoveError> for PopulateError {
     fn from(e: MoveError) -> Self {
-        match e {
-            MoveError::OutOfMemory(d) => PopulateError::OutOfMemory(d),
-            MoveError::TooManyMemories(d) => PopulateError::TooManyMemories(d),
-            MoveError::Mmu(e) => PopulateError::Mmu(e),
-            MoveError::Memory(e) => PopulateError::Memory(e),
-        }
+        PopulateError::Move(e)
     }
 }
 impl From<MmuError> for FaultError {
     fn from(e: MmuError) -> Self {
-        FaultError::Mmu(e)
+        FaultError::Move(MoveError::Mmu(e))
+    }
+}
+impl From<MemError> for FaultError {
+    fn from(e: MemError) -> Self {
+        FaultError::Move(MoveError::Memory(e))
     }
 }
 impl From<MmuError> for ProtectError {
@@ -381,6 +385,7 @@ impl fmt::Display for AllocError {
             AllocError::BadArgument(e) => write!(f, "bad allocation argument: {e}"),
             AllocError::BadConstraint(p) => write!(f, "contradictory constraints: {p:?}"),
             AllocError::NoSpace { size } => write!(f, "no free range of {size:#x} bytes"),
+            #[cfg(feature = "test-util")]
             AllocError::Injected => f.write_str("allocation failure injected for testing"),
         }
     }
@@ -464,12 +469,7 @@ impl fmt::Display for PopulateError {
         match self {
             PopulateError::Region(e) => e.fmt(f),
             PopulateError::UnknownDevice(d) => write!(f, "target {d} is no live device"),
-            PopulateError::OutOfMemory(d) => write!(f, "no free frame in {d}'s memory"),
-            PopulateError::TooManyMemories(d) => {
-                write!(f, "the space names 255 memories and cannot name {d}'s")
-            }
-            PopulateError::Mmu(e) => write!(f, "driver failed: {e}"),
-            PopulateError::Memory(e) => write!(f, "data mover failed: {e}"),
+            PopulateError::Move(e) => e.fmt(f),
             PopulateError::IsHost => write!(f, "host memory cannot be evacuated"),
             PopulateError::NotAttached(d) => write!(f, "{d} is not attached to the space"),
             PopulateError::CannotHoldPrivate(d) => write!(
@@ -505,14 +505,7 @@ impl fmt::Display for FaultError {
                 f,
                 "{access:?} access to {va:?} where the region allows {allowed:?}"
             ),
-            FaultError::OutOfMemory(d) => {
-                write!(f, "no free frame in {d}'s memory, even after eviction")
-            }
-            FaultError::Mmu(e) => write!(f, "driver failed to map: {e}"),
-            FaultError::Memory(e) => write!(f, "data mover failed: {e}"),
-            FaultError::TooManyMemories(d) => {
-                write!(f, "the space names 255 memories and cannot name {d}'s")
-            }
+            FaultError::Move(e) => e.fmt(f),
             FaultError::Busy(va) => {
                 write!(
                     f,
@@ -572,8 +565,7 @@ impl core::error::Error for PopulateError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             PopulateError::Region(e) => Some(e),
-            PopulateError::Mmu(e) => Some(e),
-            PopulateError::Memory(e) => Some(e),
+            PopulateError::Move(e) => Some(e),
             _ => None,
         }
     }
@@ -582,8 +574,32 @@ impl core::error::Error for PopulateError {
 impl core::error::Error for FaultError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
-            FaultError::Mmu(e) => Some(e),
-            FaultError::Memory(e) => Some(e),
+            FaultError::Move(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for MoveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MoveError::OutOfMemory(d) => {
+                write!(f, "no free frame in {d}'s memory, even after eviction")
+            }
+            MoveError::TooManyMemories(d) => {
+                write!(f, "the space names 255 memories and cannot name {d}'s")
+            }
+            MoveError::Mmu(e) => write!(f, "driver failed: {e}"),
+            MoveError::Memory(e) => write!(f, "data mover failed: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for MoveError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            MoveError::Mmu(e) => Some(e),
+            MoveError::Memory(e) => Some(e),
             _ => None,
         }
     }

@@ -212,8 +212,8 @@ pub use addr::{AddrError, PageSize, Pfn, PhysAddr, VaRange, VirtAddr, Vpn, PAGE_
 pub use check::Violation;
 pub use device::DeviceDesc;
 pub use error::{
-    AllocError, AttachError, DeviceError, FaultError, LookupError, MapError, PolicyError,
-    PopulateError, ProtectError, RegionError, SetError, SpaceError,
+    AllocError, AttachError, DeviceError, FaultError, LookupError, MapError, MoveError,
+    PolicyError, PopulateError, ProtectError, RegionError, SetError, SpaceError,
 };
 pub use fault::{FaultKind, FaultResolution};
 pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};

@@ -246,6 +246,7 @@ impl MapRun {
 
 /// Why an MMU operation failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MmuError {
     /// No memory for page-table pages.
     OutOfTableMemory,
@@ -359,6 +360,7 @@ pub trait Mmu: Send + Sync {
 
 /// Why a memory operation of a driver failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MemError {
     /// The physical range is not memory of this device.
     OutOfRange {

@@ -140,7 +140,7 @@ fn misuse_and_exhaustion_are_typed_and_leave_nothing() {
             .unwrap();
     assert_eq!(
         s.gm.region_alloc_private(r, dev),
-        Err(PopulateError::OutOfMemory(dev))
+        Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(dev)))
     );
     let c = s.gm.dev_frames(dev).unwrap();
     assert_eq!(

@@ -180,7 +180,7 @@ impl Gmem {
     ///
     /// # Errors
     /// [`PopulateError::UnknownDevice`], [`PopulateError::IsHost`], or a move that
-    /// failed ([`PopulateError::OutOfMemory`] when host memory is full even after
+    /// failed ([`PopulateError::Move`] when host memory is full even after
     /// eviction, a driver or data-mover failure); pages moved before stay moved.
     pub fn dev_evacuate(&self, id: DeviceId) -> Result<u64, PopulateError> {
         let _critical = self.critical();

@@ -37,6 +37,7 @@ use core::fmt;
 
 /// Errors of `dev_free_extents`, `dev_compact` and the page-group calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FrameError {
     /// The handle names no live device.
     UnknownDevice(DeviceId),

@@ -259,6 +259,7 @@ impl Gmem {
             && req.hint.as_u64() == 0;
         let map_err = |e: vmem::AllocError| match e {
             vmem::AllocError::BadConstraint { reason } => AllocError::BadConstraint(reason),
+            #[cfg(feature = "test-util")]
             vmem::AllocError::Injected => AllocError::Injected,
             _ => AllocError::NoSpace { size: req.size },
         };
@@ -438,6 +439,7 @@ impl Gmem {
     ///
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
+    #[cfg(feature = "test-util")]
     pub fn as_fail_every(&self, space_id: SpaceId, n: u32) -> Result<(), SpaceError> {
         let _critical = self.critical();
         self.space(space_id)

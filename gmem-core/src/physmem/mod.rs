@@ -175,6 +175,7 @@ pub struct FrameCounts {
 
 /// Why registering physical memory failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RegisterError {
     /// `begin` or `end` is not page aligned, or `end <= begin`.
     BadRange {

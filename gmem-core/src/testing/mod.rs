@@ -49,6 +49,7 @@ pub struct TestDevice {
 
 /// Why a test access failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AccessError {
     /// The fault could not be served.
     Fault(FaultError),
@@ -298,7 +299,7 @@ impl TestSystem {
                     PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
                     chunk,
                 )
-                .map_err(|e| AccessError::Fault(FaultError::Memory(e)))
+                .map_err(|e| AccessError::Fault(FaultError::from(e)))
             })??;
             done += n;
         }
@@ -326,7 +327,7 @@ impl TestSystem {
                     PhysAddr::new((p.pfn << PAGE_SHIFT) + a.page_offset()),
                     chunk,
                 )
-                .map_err(|e| AccessError::Fault(FaultError::Memory(e)))
+                .map_err(|e| AccessError::Fault(FaultError::from(e)))
             })??;
             done += n;
         }

@@ -6,6 +6,7 @@ use core::fmt;
 
 /// Why [`crate::vmem::Arena::new`] rejected a configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ArenaError {
     /// The quantum is zero or not a power of two.
     BadQuantum {
@@ -38,6 +39,7 @@ impl fmt::Display for ArenaError {
 
 /// Why [`crate::vmem::Arena::add_span`] rejected a span.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SpanError {
     /// The span has size zero.
     Empty,
@@ -93,6 +95,7 @@ impl fmt::Display for SpanError {
 
 /// Why a constraint given to [`crate::vmem::Arena::xalloc`] can never be satisfied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConstraintProblem {
     /// `align` is neither zero nor a power of two.
     AlignNotPowerOfTwo,
@@ -133,6 +136,7 @@ impl fmt::Display for ConstraintProblem {
 
 /// Why an allocation failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AllocError {
     /// A zero-sized allocation was requested.
     ZeroSize,
@@ -153,7 +157,8 @@ pub enum AllocError {
         /// Requested size.
         size: u64,
     },
-    /// Failure injection ([`crate::vmem::Arena::set_fail_every`]) failed this attempt.
+    /// Failure injection (`Arena::set_fail_every`, feature `test-util`) failed this attempt.
+    #[cfg(feature = "test-util")]
     Injected,
 }
 
@@ -167,6 +172,7 @@ impl fmt::Display for AllocError {
             ),
             Self::BadConstraint { reason } => write!(f, "unsatisfiable constraint: {reason}"),
             Self::NoSpace { size } => write!(f, "no free segment of {size:#x} bytes"),
+            #[cfg(feature = "test-util")]
             Self::Injected => write!(f, "injected allocation failure"),
         }
     }
@@ -174,6 +180,7 @@ impl fmt::Display for AllocError {
 
 /// Why a free was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FreeError {
     /// Nothing is allocated at this address (never allocated, or already freed).
     NotAllocated {

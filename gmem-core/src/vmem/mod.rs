@@ -151,9 +151,9 @@
 //! locks dropped), so the reap on exhaustion cannot deadlock against itself. All locks
 //! and atomics come from [`crate::sync`], so loom models exercise the real code.
 //!
-//! **9. Failure injection and counters.** [`Arena::set_fail_every`] makes every n-th
-//! allocation attempt fail with [`AllocError::Injected`] (illumos `vmem_mtbf`), to test
-//! callers' error paths. [`Arena::stats`] reports spans, bytes (total, allocated,
+//! **9. Failure injection and counters.** With the `test-util` feature,
+//! `Arena::set_fail_every` makes every n-th allocation attempt fail with
+//! `AllocError::Injected` (illumos `vmem_mtbf`), to test callers' error paths. [`Arena::stats`] reports spans, bytes (total, allocated,
 //! cached, free), operations, failures, cache hits and misses, depot exchanges and
 //! segment counts.
 //!
@@ -190,7 +190,9 @@ use qcache::{Class, QuantumCaches};
 use seglist::Kind;
 
 use crate::platform::Platform;
-use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
+#[cfg(feature = "test-util")]
+use crate::sync::AtomicU32;
+use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// Ask the CPU to start loading the cache line holding `r`, without waiting for it.
 ///
@@ -239,7 +241,9 @@ pub struct Arena {
     caches: QuantumCaches,
     platform: Option<Arc<dyn Platform>>,
     ncpus: usize,
+    #[cfg(feature = "test-util")]
     fail_every: AtomicU32,
+    #[cfg(feature = "test-util")]
     attempts: AtomicU64,
     failures: AtomicU64,
     reaps: AtomicU64,
@@ -290,7 +294,9 @@ impl Arena {
             caches,
             platform,
             ncpus,
+            #[cfg(feature = "test-util")]
             fail_every: AtomicU32::new(0),
+            #[cfg(feature = "test-util")]
             attempts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             reaps: AtomicU64::new(0),
@@ -398,7 +404,10 @@ impl Arena {
         let fit = self.config.fit;
         if fit != FitPolicy::NextFit && Placement::check_size(size, self.config.quantum).is_ok() {
             let cpu = self.cpu();
+            #[cfg(feature = "test-util")]
             let injecting = self.fail_every.load(Ordering::Relaxed) != 0;
+            #[cfg(not(feature = "test-util"))]
+            let injecting = false;
             if let (Some(mut class), false) = (self.caches.class_of_mut(size), injecting) {
                 if let Some(addr) = class.alloc_mut(cpu) {
                     class.shared().track(addr);
@@ -458,7 +467,7 @@ impl Arena {
     ///
     /// # Errors
     /// [`AllocError::BadConstraint`] for contradictory constraints, [`AllocError::NoSpace`]
-    /// when no segment satisfies them, [`AllocError::Injected`] for an injected failure;
+    /// when no segment satisfies them, `AllocError::Injected` for an injected failure (feature `test-util`);
     /// the arena is unchanged.
     pub fn xalloc(&self, c: &Constraint) -> Result<u64, AllocError> {
         let r = Placement::from_constraint(c, self.config.quantum).and_then(|p| {
@@ -633,7 +642,8 @@ impl Arena {
 
     /// Failure injection (illumos `vmem_mtbf`): from now on every `n`-th allocation
     /// attempt (alloc, alloc_fit, xalloc with valid input) fails with
-    /// [`AllocError::Injected`]; `0` turns injection off.
+    /// `AllocError::Injected`; `0` turns injection off. Only with the `test-util` feature.
+    #[cfg(feature = "test-util")]
     pub fn set_fail_every(&self, n: u32) {
         self.attempts.store(0, Ordering::Relaxed);
         self.fail_every.store(n, Ordering::SeqCst);
@@ -680,6 +690,7 @@ impl Arena {
     }
 
     #[inline]
+    #[cfg(feature = "test-util")]
     fn inject(&self) -> Result<(), AllocError> {
         let n = self.fail_every.load(Ordering::Relaxed);
         if n == 0 {
@@ -694,6 +705,13 @@ impl Arena {
         } else {
             Ok(())
         }
+    }
+
+    /// Without `test-util` nothing can turn injection on.
+    #[inline(always)]
+    #[cfg(not(feature = "test-util"))]
+    fn inject(&self) -> Result<(), AllocError> {
+        Ok(())
     }
 
     /// Allocate from the segment layer; on failure reap the caches and retry once.

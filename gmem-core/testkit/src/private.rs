@@ -439,7 +439,13 @@ impl PrivateRunner {
                     assert_eq!(got, Err(PopulateError::NotAttached(self.dev)), "{ctx}");
                     self.summary.rejected += 1;
                 } else if need > self.dev_pages - self.privates() {
-                    assert_eq!(got, Err(PopulateError::OutOfMemory(self.dev)), "{ctx}");
+                    assert_eq!(
+                        got,
+                        Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(
+                            self.dev
+                        ))),
+                        "{ctx}"
+                    );
                     self.summary.rejected += 1;
                 } else {
                     assert_eq!(got, Ok(need), "{ctx}");

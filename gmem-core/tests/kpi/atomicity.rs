@@ -89,7 +89,9 @@ fn a_zero_fill_whose_replica_fails_leaves_no_page_no_mapping_and_no_frame() {
     let gid = s.devices[g].id;
     assert_eq!(
         s.gm.dev_fault(gid, r.start, Prot::WRITE),
-        Err(FaultError::Mmu(MmuError::OutOfTableMemory))
+        Err(FaultError::Move(gmem_core::MoveError::Mmu(
+            MmuError::OutOfTableMemory
+        )))
     );
     let root = s.devices[g].mmu.active_root().unwrap();
     assert_eq!(
@@ -173,7 +175,7 @@ fn a_space_refuses_a_memory_beyond_the_255_it_can_name() {
     let (id, res) = last.unwrap();
     assert_eq!(
         res,
-        Err(FaultError::TooManyMemories(id)),
+        Err(FaultError::Move(gmem_core::MoveError::TooManyMemories(id))),
         "the 256th memory"
     );
     ok(&s, space);

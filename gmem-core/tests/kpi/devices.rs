@@ -329,7 +329,7 @@ fn wiring_pins_pages_replicates_them_and_unwiring_releases_them() {
     s.gm.region_set_policy(big, on_gpu).unwrap();
     assert!(matches!(
         s.gm.region_wire(big),
-        Err(PopulateError::OutOfMemory(_))
+        Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(_)))
     ));
     assert_eq!(s.gm.dev_frames(gid).unwrap().wired, 0);
     ok(&s, space);

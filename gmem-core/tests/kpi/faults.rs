@@ -92,7 +92,9 @@ fn fault_errors_are_typed_and_change_nothing() {
     s.host().mmu.fail_next_maps(1);
     assert_eq!(
         s.gm.dev_fault(host, r.start, Prot::READ),
-        Err(FaultError::Mmu(MmuError::OutOfTableMemory))
+        Err(FaultError::Move(gmem_core::MoveError::Mmu(
+            MmuError::OutOfTableMemory
+        )))
     );
     assert_eq!(s.gm.dev_frames(host).unwrap().active, 0);
     assert_eq!(s.gm.stats().faults_failed, 5);

@@ -199,7 +199,7 @@ const PROBE_SENTINEL: u64 = 0xdead_beef_dead_beef;
 /// The core's [`FaultError`] when `dev_fault` refused the page fault the load took
 /// ([`FaultError::NotAllocated`] for an address in no region,
 /// [`FaultError::ProtectionViolation`] for a region that does not permit reads,
-/// [`FaultError::OutOfMemory`] when no frame is free, ...); the trap handler then
+/// [`FaultError::Move`] when no frame is free, ...); the trap handler then
 /// skipped the load.
 pub fn probe_read(va: VirtAddr) -> Result<u64, FaultError> {
     let hart = hart_index();

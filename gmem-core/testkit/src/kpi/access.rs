@@ -75,8 +75,12 @@ impl KpiRunner {
                 }
             }
             Kind::Anonymous if faultable => Expect::Either(vec![
-                fault(FaultError::OutOfMemory(self.devices[HOST])),
-                fault(FaultError::OutOfMemory(self.devices[DGPU])),
+                fault(FaultError::Move(gmem_core::MoveError::OutOfMemory(
+                    self.devices[HOST],
+                ))),
+                fault(FaultError::Move(gmem_core::MoveError::OutOfMemory(
+                    self.devices[DGPU],
+                ))),
             ]),
             Kind::Anonymous => {
                 let replicate = sp.attached.get(&dev) == Some(&MmuMode::Replicate);

@@ -271,7 +271,7 @@ impl KpiRunner {
                     Ok(_) => self.summary.succeeded += 1,
                     // No aligned free block: the block's mappings were dropped (they
                     // fault back), its pages and bytes are where they were.
-                    Err(PopulateError::OutOfMemory(_)) => {}
+                    Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(_))) => {}
                     Err(e) => panic!("{ctx}: {e:?}"),
                 }
             }

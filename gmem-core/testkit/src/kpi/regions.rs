@@ -441,7 +441,7 @@ impl KpiRunner {
                     m.populated.extend(0..m.pages());
                 }
             }
-            Err(PopulateError::OutOfMemory(_)) => {
+            Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(_))) => {
                 // Pages moved before the failure stay moved: logically invisible.
                 self.region_mut(slot, start).maybe_populated = true;
             }
@@ -587,7 +587,7 @@ impl KpiRunner {
         }
         match res {
             Ok(_) => self.summary.succeeded += 1,
-            Err(PopulateError::OutOfMemory(_)) => {
+            Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(_))) => {
                 self.region_mut(slot, start).maybe_populated = true;
             }
             Err(e) => panic!("{ctx}: {e:?}"),
@@ -608,7 +608,7 @@ impl KpiRunner {
                 m.wired.extend(p0..p0 + n);
                 m.populated.extend(p0..p0 + n);
             }
-            (Kind::Anonymous, Err(PopulateError::OutOfMemory(_))) => {
+            (Kind::Anonymous, Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(_)))) => {
                 self.region_mut(slot, start).maybe_populated = true;
             }
             (_, Err(e)) => panic!("{ctx}: {e:?}"),
@@ -699,7 +699,7 @@ impl KpiRunner {
                     );
                 }
             }
-            Err(PopulateError::OutOfMemory(_)) => {}
+            Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(_))) => {}
             Err(e) => panic!("{ctx}: {e:?}"),
         }
     }
@@ -715,7 +715,7 @@ impl KpiRunner {
                 m.wired.extend(0..m.pages());
                 m.populated.extend(0..m.pages());
             }
-            (Kind::Anonymous, Err(PopulateError::OutOfMemory(_))) => {
+            (Kind::Anonymous, Err(PopulateError::Move(gmem_core::MoveError::OutOfMemory(_)))) => {
                 self.region_mut(slot, start).maybe_populated = true;
             }
             (_, Err(e)) => panic!("{ctx}: {e:?}"),
