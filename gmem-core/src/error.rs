@@ -136,9 +136,12 @@ pub enum RegionError {
     UnknownSpace(SpaceId),
     /// The region handle is stale (deallocated before).
     StaleRegion(Region),
-    /// A page range of a `region_*_range` call is empty, not page-aligned, or not
-    /// inside the region.
+    /// The range of a range call ([`crate::Pages`]) is empty or not page-aligned, or a
+    /// range given with a region is not inside it.
     BadRange(VaRange),
+    /// A range call over a space's range ([`crate::Pages::range`]): no region holds
+    /// this page of the range (the first such page); nothing changed.
+    Unallocated(VirtAddr),
 }
 
 /// Errors of `region_protect`.
@@ -412,6 +415,7 @@ impl fmt::Display for RegionError {
                 "range {:?}+{:#x} is empty, unaligned or outside the region",
                 r.start, r.len
             ),
+            RegionError::Unallocated(va) => write!(f, "no region holds {va:?} of the range"),
         }
     }
 }

@@ -220,6 +220,7 @@ pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::frames::{CompactReport, FrameError};
+pub use kpi::pages::Pages;
 pub use kpi::region::{MapRequest, MigrateScope};
 pub use mmu::{
     bounce_copy, Attrs, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest, MapRun,

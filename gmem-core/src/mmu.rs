@@ -30,7 +30,7 @@
 //!   shoot down) needs its own synchronisation.
 //! - **Empty protection.** The core does not install a mapping that allows nothing:
 //!   `region_map` refuses [`Prot::empty`], and a protect to no access
-//!   (`region_protect`, `region_protect_range`) *unmaps* the pages instead of calling
+//!   (`region_protect` of a region or a range) *unmaps* the pages instead of calling
 //!   [`Mmu::protect`] (and invalidates them), so a format need not encode a present
 //!   leaf without permissions. Eager mappings (replicas, wiring, private frames) and
 //!   large leaves skip pages of no access, and a fault on a page of no access is
@@ -116,7 +116,7 @@
 //!   map the run with smaller leaves (translation is what counts; the split below is
 //!   then a no-op);
 //! - **splits** a large leaf when an [`Mmu::unmap`] or [`Mmu::protect`] covers it in
-//!   part — a partial unmap, protect (`region_protect_range`), migration or eviction:
+//!   part — a partial unmap, protect (`region_protect`), migration or eviction:
 //!   it replaces the leaf by a table of smaller leaves that translate every page
 //!   exactly as before and then applies the edit to the covered ones. The core treats
 //!   the block as mapped by 4 KiB leaves afterwards (a driver that splits into an

@@ -341,7 +341,8 @@ fn protecting_part_of_a_large_leaf_splits_it_and_the_pages_keep_their_protection
     fill(&s, g, r.start, 512);
     assert_eq!(s.gm.as_large_leaves(space).unwrap().len(), 1);
     let part = VaRange::new(va(r.start.as_u64() + 16 * PAGE_SIZE), 4 * PAGE_SIZE).unwrap();
-    s.gm.region_protect_range(r, part, Prot::READ).unwrap();
+    s.gm.region_protect(gmem_core::Pages::range(r.space, part), Prot::READ)
+        .unwrap();
     assert_eq!(s.gm.stats().large_splits, 1);
     assert_eq!(s.devices[g].mmu.store().splits(), 1);
     assert!(s.gm.as_large_leaves(space).unwrap().is_empty());
@@ -362,27 +363,32 @@ fn protecting_part_of_a_large_leaf_splits_it_and_the_pages_keep_their_protection
     let _ = s.read(g, bad, 1).unwrap();
     assert!(s.write(g, bad, b"no").is_err());
     ok(&s, space);
-    // Misuse: empty, unaligned, outside the region; unknown protection bits. Nothing
-    // changes.
+    // Misuse: empty, unaligned, reaching past the region into no region; unknown
+    // protection bits. Nothing changes.
     let before = s.gm.stats();
-    for (start, len) in [
-        (r.start.as_u64(), 0),
-        (r.start.as_u64() + 1, PAGE_SIZE),
-        (r.start.as_u64() + BLOCK - PAGE_SIZE, 2 * PAGE_SIZE),
-        (r.start.as_u64() - PAGE_SIZE, PAGE_SIZE),
+    let (start, past) = (r.start.as_u64(), r.start.as_u64() + BLOCK);
+    for (from, len, unallocated) in [
+        (start, 0, None),
+        (start + 1, PAGE_SIZE, None),
+        (past - PAGE_SIZE, 2 * PAGE_SIZE, Some(past)),
+        (start - PAGE_SIZE, PAGE_SIZE, Some(start - PAGE_SIZE)),
     ] {
         let range = VaRange {
-            start: va(start),
+            start: va(from),
             len,
         };
+        let expected = match unallocated {
+            None => RegionError::BadRange(range),
+            Some(at) => RegionError::Unallocated(va(at)),
+        };
         assert_eq!(
-            s.gm.region_protect_range(r, range, Prot::RW),
-            Err(ProtectError::Region(RegionError::BadRange(range)))
+            s.gm.region_protect(gmem_core::Pages::range(r.space, range), Prot::RW),
+            Err(ProtectError::Region(expected))
         );
     }
     let junk = Prot::from_bits_retain(0x80);
     assert_eq!(
-        s.gm.region_protect_range(r, part, junk),
+        s.gm.region_protect(gmem_core::Pages::range(r.space, part), junk),
         Err(ProtectError::BadProt(junk))
     );
     assert_eq!(s.gm.stats(), before);
@@ -448,7 +454,7 @@ fn a_protect_that_fails_leaves_no_leaf_the_core_does_not_know_of() {
     s.devices[g].mmu.fail_next_protects(1);
     let part = VaRange::new(va(r.start.as_u64() + 8 * PAGE_SIZE), PAGE_SIZE).unwrap();
     assert_eq!(
-        s.gm.region_protect_range(r, part, Prot::READ),
+        s.gm.region_protect(gmem_core::Pages::range(r.space, part), Prot::READ),
         Err(ProtectError::Mmu(MmuError::OutOfTableMemory))
     );
     ok(&s, space);

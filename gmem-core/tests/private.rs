@@ -111,12 +111,14 @@ fn deallocation_and_detach_free_private_frames() {
     s.gm.region_alloc_private(r, dev).unwrap();
     s.gm.region_alloc_private(q, dev).unwrap();
     assert_eq!(s.gm.dev_frames(dev).unwrap().wired, 5);
-    s.gm.region_unmap_range(
-        q,
-        VaRange {
-            start: page(q, 1),
-            len: PAGE_SIZE,
-        },
+    s.gm.region_unmap(
+        gmem_core::Pages::range(
+            q.space,
+            VaRange {
+                start: page(q, 1),
+                len: PAGE_SIZE,
+            },
+        ),
         MapFlags::empty(),
         None,
     )

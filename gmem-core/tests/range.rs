@@ -68,7 +68,7 @@ fn written(s: &TestSystem, space: SpaceId) -> Region {
 fn a_range_protect_splits_the_region_and_merges_back() {
     let (s, space) = system();
     let r = written(&s, space);
-    s.gm.region_protect_range(r, pages(r, 1, 2), Prot::READ)
+    s.gm.region_protect(gmem_core::Pages::range(r.space, pages(r, 1, 2)), Prot::READ)
         .unwrap();
     s.gm.check_invariants(space).unwrap();
     assert!(violation(s.write(0, page(r, 1), b"x")));
@@ -86,7 +86,7 @@ fn a_range_protect_splits_the_region_and_merges_back() {
         "the region keeps its own"
     );
     // Page 2 back to the region's protection: the piece shrinks to page 1.
-    s.gm.region_protect_range(r, pages(r, 2, 1), Prot::RW)
+    s.gm.region_protect(gmem_core::Pages::range(r.space, pages(r, 2, 1)), Prot::RW)
         .unwrap();
     s.write(0, page(r, 2), b"c").unwrap();
     assert!(violation(s.write(0, page(r, 1), b"x")));
@@ -103,8 +103,11 @@ fn no_access_removes_every_mapping_keeps_the_data_and_comes_back() {
     let r = written(&s, space);
     assert_eq!(s.gm.region_wire(r).unwrap(), 4);
     assert_eq!(s.read(io, page(r, 1), 1).unwrap(), [2]);
-    s.gm.region_protect_range(r, pages(r, 1, 1), Prot::empty())
-        .unwrap();
+    s.gm.region_protect(
+        gmem_core::Pages::range(r.space, pages(r, 1, 1)),
+        Prot::empty(),
+    )
+    .unwrap();
     s.gm.check_invariants(space).unwrap();
     assert_eq!(
         s.read(io, page(r, 1), 1),
@@ -120,7 +123,7 @@ fn no_access_removes_every_mapping_keeps_the_data_and_comes_back() {
         [1],
         "its neighbours stay"
     );
-    s.gm.region_protect_range(r, pages(r, 1, 1), Prot::READ)
+    s.gm.region_protect(gmem_core::Pages::range(r.space, pages(r, 1, 1)), Prot::READ)
         .unwrap();
     assert_eq!(
         s.read(io, page(r, 1), 1).unwrap(),
@@ -137,7 +140,7 @@ fn a_failed_range_protect_leaves_every_protection_as_before() {
     let r = written(&s, space);
     s.host().mmu.fail_next_protects(1);
     assert!(matches!(
-        s.gm.region_protect_range(r, pages(r, 0, 3), Prot::READ),
+        s.gm.region_protect(gmem_core::Pages::range(r.space, pages(r, 0, 3)), Prot::READ),
         Err(ProtectError::Mmu(_))
     ));
     let root = s.host().mmu.active_root().unwrap();
@@ -168,25 +171,41 @@ fn bad_ranges_are_typed_errors_that_change_nothing() {
             len: 2 * PAGE_SIZE,
         },
     ];
-    for range in bad {
-        let e = RegionError::BadRange(range);
+    for (i, range) in bad.into_iter().enumerate() {
+        // Empty or unaligned ranges are bad ranges; the others reach into no region.
+        let e = match i {
+            0 | 1 => RegionError::BadRange(range),
+            2 => RegionError::Unallocated(page(r, 4)),
+            _ => RegionError::Unallocated(va(r.start.as_u64() - PAGE_SIZE)),
+        };
         assert_eq!(
-            s.gm.region_protect_range(r, range, Prot::READ),
+            s.gm.region_protect(gmem_core::Pages::range(r.space, range), Prot::READ),
             Err(ProtectError::Region(e))
         );
         assert_eq!(
-            s.gm.region_unmap_range(r, range, MapFlags::empty(), None),
+            s.gm.region_unmap(
+                gmem_core::Pages::range(r.space, range),
+                MapFlags::empty(),
+                None
+            ),
             Err(e)
         );
         assert_eq!(
-            s.gm.region_migrate_range(r, range, s.host().id, MigrateScope::Populated),
+            s.gm.region_migrate(
+                gmem_core::Pages::range(r.space, range),
+                s.host().id,
+                MigrateScope::Populated
+            ),
             Err(PopulateError::Region(e))
         );
         assert_eq!(
-            s.gm.region_wire_range(r, range),
+            s.gm.region_wire(gmem_core::Pages::range(r.space, range)),
             Err(PopulateError::Region(e))
         );
-        assert_eq!(s.gm.region_unwire_range(r, range), Err(e));
+        assert_eq!(
+            s.gm.region_unwire(gmem_core::Pages::range(r.space, range)),
+            Err(e)
+        );
     }
     for k in 0..4 {
         assert_eq!(s.read(0, page(r, k), 1).unwrap(), [k as u8 + 1]);
@@ -201,12 +220,20 @@ fn a_range_unmap_drops_only_its_pages() {
     let (s, space) = system();
     let host = s.host().id;
     let r = written(&s, space);
-    s.gm.region_unmap_range(r, pages(r, 2, 1), MapFlags::empty(), None)
-        .unwrap();
+    s.gm.region_unmap(
+        gmem_core::Pages::range(r.space, pages(r, 2, 1)),
+        MapFlags::empty(),
+        None,
+    )
+    .unwrap();
     assert_eq!(s.read(0, page(r, 2), 1).unwrap(), [0], "zero-filled again");
     assert_eq!(s.read(0, page(r, 1), 1).unwrap(), [2]);
-    s.gm.region_unmap_range(r, pages(r, 0, 2), MapFlags::ASYNC, None)
-        .unwrap();
+    s.gm.region_unmap(
+        gmem_core::Pages::range(r.space, pages(r, 0, 2)),
+        MapFlags::ASYNC,
+        None,
+    )
+    .unwrap();
     s.gm.as_synchronize(space).unwrap();
     assert_eq!(s.read(0, page(r, 0), 1).unwrap(), [0]);
     assert_eq!(s.read(0, page(r, 3), 1).unwrap(), [4]);
@@ -217,8 +244,12 @@ fn a_range_unmap_drops_only_its_pages() {
             .unwrap();
     let frames = [PhysAddr::new(0x7000_0000), PhysAddr::new(0x7000_1000)];
     s.gm.region_map(m, MapRequest::new(&frames, host)).unwrap();
-    s.gm.region_unmap_range(m, pages(m, 0, 1), MapFlags::empty(), None)
-        .unwrap();
+    s.gm.region_unmap(
+        gmem_core::Pages::range(m.space, pages(m, 0, 1)),
+        MapFlags::empty(),
+        None,
+    )
+    .unwrap();
     assert_eq!(
         s.gm.dev_fault(host, m.start, Prot::READ),
         Err(FaultError::NotMapped(m.start))
@@ -235,22 +266,31 @@ fn a_range_migrates_wires_and_unwires_alone() {
     let gid = s.devices[g].id;
     let r = written(&s, space);
     assert_eq!(
-        s.gm.region_migrate_range(r, pages(r, 1, 2), gid, MigrateScope::Populated)
-            .unwrap(),
+        s.gm.region_migrate(
+            gmem_core::Pages::range(r.space, pages(r, 1, 2)),
+            gid,
+            MigrateScope::Populated
+        )
+        .unwrap(),
         2
     );
     assert_eq!(s.gm.dev_frames(gid).unwrap().active, 2);
     for k in 0..4 {
         assert_eq!(s.read(0, page(r, k), 1).unwrap(), [k as u8 + 1]);
     }
-    assert_eq!(s.gm.region_wire_range(r, pages(r, 0, 2)).unwrap(), 2);
+    assert_eq!(
+        s.gm.region_wire(gmem_core::Pages::range(r.space, pages(r, 0, 2)))
+            .unwrap(),
+        2
+    );
     assert_eq!(s.read(io, page(r, 1), 1).unwrap(), [2]);
     assert_eq!(
         s.read(io, page(r, 2), 1),
         Err(AccessError::Unmapped(page(r, 2)))
     );
     s.gm.check_invariants(space).unwrap();
-    s.gm.region_unwire_range(r, pages(r, 1, 1)).unwrap();
+    s.gm.region_unwire(gmem_core::Pages::range(r.space, pages(r, 1, 1)))
+        .unwrap();
     assert_eq!(
         s.read(io, page(r, 1), 1),
         Err(AccessError::Unmapped(page(r, 1)))
@@ -269,7 +309,8 @@ fn evacuation_empties_a_device_wired_pages_included_so_it_can_be_destroyed() {
     let r = written(&s, space);
     s.gm.region_migrate(r, gid, MigrateScope::Populated)
         .unwrap();
-    s.gm.region_wire_range(r, pages(r, 3, 1)).unwrap();
+    s.gm.region_wire(gmem_core::Pages::range(r.space, pages(r, 3, 1)))
+        .unwrap();
     assert_eq!(s.gm.dev_frames(gid).unwrap().wired, 1);
     assert_eq!(s.gm.dev_evacuate(host), Err(PopulateError::IsHost));
     assert_eq!(s.gm.dev_evacuate(gid).unwrap(), 4);
@@ -303,12 +344,12 @@ fn attributes_reach_every_map_run_and_frame_request() {
         s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
             .unwrap();
     s.gm.region_set_attrs(r, Attrs(1)).unwrap();
-    s.gm.region_set_attrs_range(r, pages(r, 2, 1), Attrs(5))
+    s.gm.region_set_attrs(gmem_core::Pages::range(r.space, pages(r, 2, 1)), Attrs(5))
         .unwrap();
     assert_eq!(s.gm.region_info(r).unwrap().attrs, Attrs(1));
     assert_eq!(
-        s.gm.region_set_attrs_range(r, pages(r, 3, 2), Attrs(9)),
-        Err(ProtectError::Region(RegionError::BadRange(pages(r, 3, 2))))
+        s.gm.region_set_attrs(gmem_core::Pages::range(r.space, pages(r, 3, 2)), Attrs(9)),
+        Err(ProtectError::Region(RegionError::Unallocated(page(r, 4))))
     );
     let memory = s.devices[g].memory.clone().unwrap();
     memory.take_frame_requests();
@@ -392,5 +433,95 @@ fn a_preferred_placement_is_tried_first_then_any_frame_without_eviction() {
         .all(|&pa| (GPU_BASE..GPU_BASE + 8 * PAGE_SIZE).contains(&pa)));
     assert_eq!(s.gm.stats().evictions, 0, "a preference never evicts");
     assert_eq!(s.gm.dev_frames(gid).unwrap().active, 3);
+    s.gm.check_invariants(space).unwrap();
+}
+
+/// Two adjacent regions and a hole after them: a range over both is split at the
+/// boundary and acts on each; a range reaching the hole changes nothing.
+#[test]
+fn a_range_over_two_regions_acts_on_both_and_one_over_a_hole_on_neither() {
+    let (mut s, space) = system();
+    let g = attach(&mut s, space, DevCaps::FAULTABLE, 8);
+    let gid = s.devices[g].id;
+    let a = written(&s, space);
+    let b = written(&s, space);
+    assert_eq!(
+        b.start.as_u64(),
+        a.start.as_u64() + 4 * PAGE_SIZE,
+        "adjacent"
+    );
+    // Pages 2..4 of `a` and 0..2 of `b`.
+    let across = Pages::range(space, pages(a, 2, 4));
+    // A range reaching past `b` into no region: refused whole, nothing changes.
+    let over_hole = Pages::range(space, pages(b, 2, 4));
+    let stats = s.gm.stats();
+    assert_eq!(
+        s.gm.region_protect(over_hole, Prot::READ),
+        Err(ProtectError::Region(RegionError::Unallocated(page(b, 4))))
+    );
+    assert_eq!(
+        s.gm.region_unmap(over_hole, MapFlags::empty(), None),
+        Err(RegionError::Unallocated(page(b, 4)))
+    );
+    assert_eq!(s.gm.stats(), stats, "a refused range call changed nothing");
+    assert!(!violation(s.write(0, page(b, 3), b"w")));
+    // Protect across the boundary: both regions split; the rest stays writable.
+    s.gm.region_protect(across, Prot::READ).unwrap();
+    for (r, k, read_only) in [
+        (a, 1, false),
+        (a, 2, true),
+        (a, 3, true),
+        (b, 0, true),
+        (b, 1, true),
+        (b, 2, false),
+    ] {
+        assert_eq!(
+            violation(s.write(0, page(r, k), b"w")),
+            read_only,
+            "{r:?} page {k}"
+        );
+    }
+    s.gm.region_protect(across, Prot::RW).unwrap();
+    s.gm.check_invariants(space).unwrap();
+    // Migrate, wire and unwire across it.
+    assert_eq!(
+        s.gm.region_migrate(across, gid, MigrateScope::Populated)
+            .unwrap(),
+        4
+    );
+    for (r, k) in [(a, 2), (a, 3), (b, 0), (b, 1)] {
+        assert_eq!(
+            s.gm.as_page_frame(space, page(r, k))
+                .unwrap()
+                .map(|(m, _)| m),
+            Some(gid)
+        );
+    }
+    assert_eq!(
+        s.gm.as_page_frame(space, page(a, 1))
+            .unwrap()
+            .map(|(m, _)| m),
+        Some(s.host().id)
+    );
+    assert_eq!(s.gm.region_wire(across).unwrap(), 4);
+    s.gm.region_unwire(across).unwrap();
+    // An asynchronous unmap across it calls its callback once, after both pieces.
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = calls.clone();
+    s.gm.region_unmap(
+        across,
+        MapFlags::ASYNC,
+        Some(Box::new(move |result| {
+            assert_eq!(result, Ok(()));
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })),
+    )
+    .unwrap();
+    s.gm.as_synchronize(space).unwrap();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Pages outside the range keep what was written last (`w` by the checks above).
+    for (r, k, byte) in [(a, 1, b'w'), (a, 2, 0), (b, 1, 0), (b, 2, b'w')] {
+        assert_eq!(s.read(0, page(r, k), 1).unwrap(), [byte], "{r:?} page {k}");
+    }
     s.gm.check_invariants(space).unwrap();
 }

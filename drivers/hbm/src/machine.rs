@@ -194,7 +194,7 @@ impl HbmMachine {
     ) -> Result<(), MachineError> {
         let range = VaRange::new(VirtAddr::new(va), len).map_err(core("range"))?;
         self.gm
-            .region_set_attrs_range(region, range, attrs.encode())
+            .region_set_attrs(gmem_core::Pages::range(region.space, range), attrs.encode())
             .map_err(core("attrs range"))
     }
 
@@ -398,7 +398,11 @@ impl HbmMachine {
         self.set_attrs_range(region, page, PAGE_SIZE, self.page_in_stack(page, stack))?;
         let range = VaRange::new(VirtAddr::new(page), PAGE_SIZE).map_err(core("range"))?;
         self.gm
-            .region_unmap_range(region, range, MapFlags::empty(), None)
+            .region_unmap(
+                gmem_core::Pages::range(region.space, range),
+                MapFlags::empty(),
+                None,
+            )
             .map_err(core("unmap"))?;
         self.store(who, page, &bytes)?;
         Ok(self.placement_of(page))
@@ -421,7 +425,7 @@ impl HbmMachine {
         // access maps it anew and the leaf gets the wrong bit.
         let range = VaRange::new(VirtAddr::new(page), PAGE_SIZE).map_err(core("range"))?;
         self.gm
-            .region_set_attrs_range(region, range, info.attrs)
+            .region_set_attrs(gmem_core::Pages::range(region.space, range), info.attrs)
             .map_err(core("attrs"))
     }
 

@@ -110,7 +110,8 @@ fn one_changed_page_drops_the_subregion_entry_covering_it() {
     assert!(m.audit_tlbs((0..512).map(|p| va(p).as_u64())).unwrap() > 0);
     // Change page 90 (in the same subregion): the covering entry must go.
     let one = VaRange::new(va(90), PAGE_SIZE).unwrap();
-    gm.region_protect_range(r, one, Prot::READ).unwrap();
+    gm.region_protect(gmem_core::Pages::range(r.space, one), Prot::READ)
+        .unwrap();
     m.audit_tlbs((0..512).map(|p| va(p).as_u64())).unwrap();
     let s = m.gpu_mmu().caches;
     assert_eq!(port.load_u32(gm, 2, va(100)).unwrap(), 7);
@@ -128,7 +129,8 @@ fn one_changed_page_drops_the_subregion_entry_covering_it() {
     assert_eq!(after.modes[2], before.modes[2] + 1, "{after:?}");
     assert_eq!(after.msc_lines, 1);
     let one = VaRange::new(va(310), PAGE_SIZE).unwrap();
-    gm.region_protect_range(r, one, Prot::READ).unwrap();
+    gm.region_protect(gmem_core::Pages::range(r.space, one), Prot::READ)
+        .unwrap();
     assert_eq!(m.design_stats().unwrap().msc_lines, 0);
     m.audit_tlbs((0..512).map(|p| va(p).as_u64())).unwrap();
 }

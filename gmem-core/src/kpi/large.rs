@@ -1,5 +1,5 @@
 //! KPI: large pages and superpage reservations — `region_promote`, `as_large_leaves`,
-//! `as_frames`, `dev_set_reservations`, `dev_reservations` — and `region_protect_range`
+//! `as_frames`, `dev_set_reservations`, `dev_reservations` — and `region_protect`
 //! (protection of part of a region, which splits large leaves).
 //!
 //! The mechanism is in `space::large` (when a leaf is large, splits, promotion) and
@@ -47,9 +47,9 @@ impl Gmem {
     /// assert_eq!((leaves.len(), leaves[0].size), (1, PageSize::Size2M));
     ///
     /// let one = VaRange::new(r.start, PAGE_SIZE)?;
-    /// gm.region_protect_range(r, one, Prot::READ)?; // the leaf splits
+    /// gm.region_protect(Pages::range(r.space, one), Prot::READ)?; // the leaf splits
     /// assert!(gm.as_large_leaves(space)?.is_empty());
-    /// gm.region_protect_range(r, one, Prot::RW)?; // one protection again
+    /// gm.region_protect(Pages::range(r.space, one), Prot::RW)?; // one protection again
     /// assert_eq!(gm.region_promote(r)?, 1);
     /// assert_eq!(gm.as_large_leaves(space)?.len(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -294,19 +294,13 @@ impl Gmem {
         edit.finish(&mut st, &self.counters, edited)
     }
 
-    /// Unmap the region (`gm_region_unmap`). A `region_map`ped region then holds nothing
-    /// (faults on it fail with `NotMapped`) until mapped again; an anonymous region loses
-    /// its pages (they are zero-filled again on the next fault).
-    ///
-    /// # Errors
-    /// [`RegionError`] for a stale handle or a destroyed space.
-    pub fn region_unmap(
+    /// `region_unmap` of one region (the whole of it)
+    pub(crate) fn unmap_whole(
         &self,
         region: Region,
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
-        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             st.unmap_region(cx, space, &c, flags, callback);
             Ok(())
@@ -391,18 +385,8 @@ impl Gmem {
         })
     }
 
-    /// Change the protection of a region (pieces a range protect split off merge
-    /// back); every page table that maps its pages is updated and the TLBs
-    /// invalidated before this returns. [`Prot::empty`] is no access: every mapping
-    /// of the region goes (its pages keep their data) and every access faults with a
-    /// protection violation until the protection is raised again.
-    ///
-    /// # Errors
-    /// [`ProtectError`]: a bad handle, a protection with unknown bits, or a driver
-    /// failure — after which every table holds the old protection again (see
-    /// `SpaceState::protect_runs`).
-    pub fn region_protect(&self, region: Region, prot: Prot) -> Result<(), ProtectError> {
-        let _critical = self.critical();
+    /// `region_protect` of one region (the whole of it)
+    pub(crate) fn protect_whole(&self, region: Region, prot: Prot) -> Result<(), ProtectError> {
         if !Prot::RWX.contains(prot) {
             return Err(ProtectError::BadProt(prot));
         }
@@ -411,51 +395,13 @@ impl Gmem {
         })
     }
 
-    /// Change the protection of the pages `range` of a region, splitting it as Linux
-    /// splits a VMA (the pieces merge back when their protection is the region's
-    /// again). [`Prot::empty`] is no access, as for [`Gmem::region_protect`].
-    ///
-    /// # Errors
-    /// [`ProtectError`]: a bad handle, a range that is empty, unaligned or not inside
-    /// the region ([`RegionError::BadRange`]), a protection with unknown bits, or a
-    /// driver failure — after which every table holds the old protections again.
-    ///
-    /// # Examples
-    /// A guard page in the middle of a stack-like region: writes there are refused,
-    /// the rest stays writable.
-    /// ```
-    /// # use gmem_core::testing::{AccessError, TestSystem};
-    /// # use gmem_core::*;
-    /// let sys = TestSystem::new(16);
-    /// let gm = &sys.gm;
-    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
-    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
-    /// let r = gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))?;
-    /// let page = |i: u64| VirtAddr::new(r.start.as_u64() + i * PAGE_SIZE);
-    /// sys.write(0, page(2), b"before").unwrap();
-    /// gm.region_protect_range(r, VaRange::new(page(2), PAGE_SIZE)?, Prot::READ)?;
-    /// assert_eq!(
-    ///     sys.write(0, page(2), b"after"),
-    ///     Err(AccessError::Fault(FaultError::ProtectionViolation {
-    ///         va: page(2),
-    ///         access: Prot::WRITE,
-    ///         allowed: Prot::READ,
-    ///     }))
-    /// );
-    /// assert_eq!(sys.read(0, page(2), 6).unwrap(), b"before"); // still readable
-    /// sys.write(0, page(3), b"fine").unwrap(); // the rest keeps its protection
-    /// // A range outside the region is refused.
-    /// let outside = VaRange::new(page(4), PAGE_SIZE)?;
-    /// assert!(gm.region_protect_range(r, outside, Prot::READ).is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn region_protect_range(
+    /// `region_protect_range` of `range`, inside one region
+    pub(crate) fn protect_piece(
         &self,
         region: Region,
         range: VaRange,
         prot: Prot,
     ) -> Result<(), ProtectError> {
-        let _critical = self.critical();
         if !Prot::RWX.contains(prot) {
             return Err(ProtectError::BadProt(prot));
         }
@@ -465,44 +411,14 @@ impl Gmem {
         })
     }
 
-    /// Unmap the pages `range` of a region (strictly, or queued with
-    /// [`MapFlags::ASYNC`], as [`Gmem::region_unmap`]): an anonymous region zero-fills
-    /// them again on the next fault; in a `region_map`ped one they hold nothing (faults
-    /// fail with `NotMapped`) while the rest stays mapped.
-    ///
-    /// # Errors
-    /// [`RegionError`]: a bad handle or range; nothing changes then and `callback` is
-    /// dropped unrun.
-    ///
-    /// # Examples
-    /// Every page of the range goes, the last one included; the pages around it stay.
-    /// ```
-    /// # use gmem_core::testing::TestSystem;
-    /// # use gmem_core::*;
-    /// let sys = TestSystem::new(16);
-    /// let gm = &sys.gm;
-    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
-    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
-    /// let r = gm.as_alloc(space, AllocRequest::new(6 * PAGE_SIZE))?;
-    /// let page = |i: u64| VirtAddr::new(r.start.as_u64() + i * PAGE_SIZE);
-    /// sys.write(0, r.start, &[1; 6 * PAGE_SIZE as usize]).unwrap();
-    /// gm.region_unmap_range(r, VaRange::new(page(1), 4 * PAGE_SIZE)?, MapFlags::empty(), None)?;
-    /// let mmu = &sys.host().mmu;
-    /// let mapped: Vec<bool> = (0..6).map(|i| mmu.translate(page(i)).is_some()).collect();
-    /// assert_eq!(mapped, [true, false, false, false, false, true]);
-    /// assert_eq!(gm.dev_frames(gm.host())?.free, 16 - 2);
-    /// // An anonymous region's unmapped pages are zero-filled again on the next touch.
-    /// assert_eq!(sys.read(0, page(4), 1).unwrap(), [0]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn region_unmap_range(
+    /// `region_unmap_range` of `range`, inside one region
+    pub(crate) fn unmap_piece(
         &self,
         region: Region,
         range: VaRange,
         flags: MapFlags,
         callback: Option<Callback>,
     ) -> Result<(), RegionError> {
-        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             st.unmap_range(cx, space, &c, first, pages, flags, callback);
@@ -510,58 +426,28 @@ impl Gmem {
         })
     }
 
-    /// Set the driver attributes of a region ([`Attrs`]: opaque to the core, handed to
-    /// the driver in every [`crate::MapRun`] and [`crate::FrameRequest`] of its pages —
-    /// CODA's granularity bit, a placement descriptor). Set it before the pages are
-    /// first touched to steer where their frames go; pages already mapped are mapped
-    /// again with the new value (their frames stay).
-    ///
-    /// # Errors
-    /// [`ProtectError`]: a bad handle, or a driver failure re-making an eager mapping
-    /// (the attributes are set).
-    pub fn region_set_attrs(&self, region: Region, attrs: Attrs) -> Result<(), ProtectError> {
-        let _critical = self.critical();
+    /// `region_set_attrs` of one region (the whole of it)
+    pub(crate) fn set_attrs_whole(&self, region: Region, attrs: Attrs) -> Result<(), ProtectError> {
         self.with_region(region, |cx, space, st, c| {
             Ok(st.set_attrs(cx, space, &c, c.first, c.pages, attrs, true)?)
         })
     }
 
-    /// [`Gmem::region_set_attrs`] of the pages `range` of a region (split off as a
-    /// range protect splits).
-    ///
-    /// # Errors
-    /// [`ProtectError`]: a bad handle or range, or a driver failure re-making an eager
-    /// mapping (the attributes are set).
-    pub fn region_set_attrs_range(
+    /// `region_set_attrs_range` of `range`, inside one region
+    pub(crate) fn set_attrs_piece(
         &self,
         region: Region,
         range: VaRange,
         attrs: Attrs,
     ) -> Result<(), ProtectError> {
-        let _critical = self.critical();
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             Ok(st.set_attrs(cx, space, &c, first, pages, attrs, false)?)
         })
     }
 
-    /// [`Gmem::region_migrate`] of the pages `range` of a region.
-    ///
-    /// # Errors
-    /// [`PopulateError`] as for [`Gmem::region_migrate`], or a bad range.
-    pub fn region_migrate_range(
-        &self,
-        region: Region,
-        range: VaRange,
-        target: DeviceId,
-        scope: MigrateScope,
-    ) -> Result<u64, PopulateError> {
-        let _critical = self.critical();
-        self.migrate_pages(region, Some(range), target, scope)
-    }
-
     /// `region_migrate` of `range` (the whole region for `None`).
-    fn migrate_pages(
+    pub(crate) fn migrate_pages(
         &self,
         region: Region,
         range: Option<VaRange>,
@@ -636,13 +522,8 @@ impl Gmem {
         })
     }
 
-    /// [`Gmem::region_wire`] of the pages `range` of a region.
-    ///
-    /// # Errors
-    /// [`PopulateError`] as for [`Gmem::region_wire`], or a bad range; no page is then
-    /// left wired by this call.
-    pub fn region_wire_range(&self, region: Region, range: VaRange) -> Result<u64, PopulateError> {
-        let _critical = self.critical();
+    /// `region_wire_range` of `range`, inside one region
+    pub(crate) fn wire_piece(&self, region: Region, range: VaRange) -> Result<u64, PopulateError> {
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             if c.rec.explicit {
@@ -653,12 +534,8 @@ impl Gmem {
         })
     }
 
-    /// [`Gmem::region_unwire`] of the pages `range` of a region.
-    ///
-    /// # Errors
-    /// [`RegionError`]: a bad handle or range.
-    pub fn region_unwire_range(&self, region: Region, range: VaRange) -> Result<(), RegionError> {
-        let _critical = self.critical();
+    /// `region_unwire_range` of `range`, inside one region
+    pub(crate) fn unwire_piece(&self, region: Region, range: VaRange) -> Result<(), RegionError> {
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
             st.unwire_range(cx, space, &c, first, pages);
@@ -666,60 +543,8 @@ impl Gmem {
         })
     }
 
-    /// Move every page of the region that has a frame to `target`'s memory (host memory
-    /// for a device without one); with [`MigrateScope::Prefetch`] also allocate and
-    /// zero-fill there the pages that have none. Wired pages stay. Returns the number of
-    /// pages moved or prepared.
-    ///
-    /// # Errors
-    /// [`PopulateError`]: a bad handle or target, memory exhausted even after eviction,
-    /// or a driver or data-mover failure. Pages moved before the failure stay moved
-    /// (each is whole and consistent; the call is a sequence of page migrations).
-    ///
-    /// # Examples
-    /// Before a kernel launch, move what the CPU wrote into the GPU's memory; the
-    /// bytes follow the page.
-    /// ```
-    /// # use gmem_core::testing::TestSystem;
-    /// # use gmem_core::*;
-    /// let mut sys = TestSystem::new(16);
-    /// let gpu = sys.add_device(2, DevCaps::FAULTABLE, 0x8000_0000, 32);
-    /// let gpu_id = sys.devices[gpu].id;
-    /// let gm = &sys.gm;
-    /// let space = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
-    /// gm.as_attach(space, gm.host(), MmuMode::Coherent, Activation::Switch)?;
-    /// gm.as_attach(space, gpu_id, MmuMode::Coherent, Activation::Switch)?;
-    /// let r = gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))?;
-    /// sys.write(0, r.start, b"input").unwrap(); // one page, in host memory
-    /// assert_eq!(gm.as_page_frame(space, r.start)?.map(|(m, _)| m), Some(gm.host()));
-    /// // Only the populated page moves; with `Prefetch` the other three would be
-    /// // zero-filled there too.
-    /// assert_eq!(gm.region_migrate(r, gpu_id, MigrateScope::Populated)?, 1);
-    /// assert_eq!(gm.as_page_frame(space, r.start)?.map(|(m, _)| m), Some(gpu_id));
-    /// assert_eq!(sys.read(gpu, r.start, 5).unwrap(), b"input");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn region_migrate(
-        &self,
-        region: Region,
-        target: DeviceId,
-        scope: MigrateScope,
-    ) -> Result<u64, PopulateError> {
-        let _critical = self.critical();
-        self.migrate_pages(region, None, target, scope)
-    }
-
-    /// Wire the region (the host VM's `mlock`, or a KVM guest whose pass-through device
-    /// cannot fault): every page gets a frame — zero-filled at the region's placement
-    /// target, host memory when that is "the faulting device" — and is pinned on its
-    /// memory's wired queue (never migrated, never evicted), and mapped at once in the
-    /// tables of every device that cannot fault. Returns the pages newly wired.
-    ///
-    /// # Errors
-    /// [`PopulateError`]: a bad handle, memory exhausted, or a driver or data-mover
-    /// failure; no page of the region is then left wired by this call.
-    pub fn region_wire(&self, region: Region) -> Result<u64, PopulateError> {
-        let _critical = self.critical();
+    /// `region_wire` of one region (the whole of it)
+    pub(crate) fn wire_whole(&self, region: Region) -> Result<u64, PopulateError> {
         self.with_region(region, |cx, space, st, c| {
             if c.rec.explicit {
                 return Ok(0);
@@ -729,15 +554,8 @@ impl Gmem {
         })
     }
 
-    /// Undo [`Gmem::region_wire`]: the pages may migrate and be evicted again; every
-    /// mapping of them except replicate-mode mirrors is removed (devices that cannot
-    /// fault lose them; the others fault them back under the region's policy).
-    /// Caller-given frames (`region_map`) stay wired.
-    ///
-    /// # Errors
-    /// [`RegionError`] for a stale handle or a destroyed space.
-    pub fn region_unwire(&self, region: Region) -> Result<(), RegionError> {
-        let _critical = self.critical();
+    /// `region_unwire` of one region (the whole of it)
+    pub(crate) fn unwire_whole(&self, region: Region) -> Result<(), RegionError> {
         self.with_region(region, |cx, space, st, c| {
             st.unwire_region(cx, space, &c);
             Ok(())

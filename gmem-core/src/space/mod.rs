@@ -483,6 +483,15 @@ impl SpaceState {
         self.regions.iter()
     }
 
+    /// The regions overlapping `[start, end)`, with their starts, in address order.
+    pub fn regions_overlapping(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> impl Iterator<Item = (u64, &RegionRec)> {
+        self.regions.overlapping(start, end)
+    }
+
     /// Requests the queue holds before it drains by itself (at least 1).
     pub fn set_batch_limit(&mut self, limit: usize) {
         self.queue.batch_limit = limit.max(1);

@@ -88,6 +88,12 @@ impl Regions {
         self.map.iter().map(|(s, r)| (*s, r))
     }
 
+    /// The regions overlapping `[start, end)`, with their starts, in address order.
+    pub fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, &RegionRec)> {
+        let first = self.at(start).map_or(start, |(s, _)| s);
+        self.map.range(first..end).map(|(s, r)| (*s, r))
+    }
+
     /// The region holding `va`, with its start.
     pub fn at(&self, va: u64) -> Option<(u64, &RegionRec)> {
         let (start, r) = self.map.range(..=va).next_back()?;

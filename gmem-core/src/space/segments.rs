@@ -2,7 +2,7 @@
 //! off.
 //!
 //! A region has one protection and one attribute value ([`crate::Attrs`], the driver's
-//! opaque per-page value); `region_protect_range` and `region_set_attrs_range` give
+//! opaque per-page value); `region_protect` and `region_set_attrs` give
 //! part of it others, as Linux splits a VMA. The split pieces live here, beside the
 //! regions rather than in them, so that a region record stays one small copyable value
 //! and an unsplit space pays one emptiness check: a map from first page to `(pages,

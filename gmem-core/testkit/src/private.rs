@@ -126,7 +126,7 @@ pub enum PrivateOp {
         /// Read-write instead of read-only.
         write: bool,
     },
-    /// `region_unmap_range` of one page.
+    /// `region_unmap` of one page.
     UnmapPage {
         /// Region.
         r: u8,
@@ -509,8 +509,12 @@ impl PrivateRunner {
                     start: VirtAddr::new(h.start.as_u64() + p as u64 * PAGE_SIZE),
                     len: PAGE_SIZE,
                 };
-                gm.region_unmap_range(h, range, MapFlags::empty(), None)
-                    .unwrap_or_else(|e| panic!("{ctx}: {e:?}"));
+                gm.region_unmap(
+                    gmem_core::Pages::range(h.space, range),
+                    MapFlags::empty(),
+                    None,
+                )
+                .unwrap_or_else(|e| panic!("{ctx}: {e:?}"));
                 self.regions[i].pages[p] = PageModel {
                     cpu: zero_page(),
                     wired: false,

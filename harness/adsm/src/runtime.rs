@@ -301,7 +301,9 @@ impl Adsm {
             start: VirtAddr::new(region.start.as_u64() + off),
             len,
         };
-        self.m.gm.region_protect_range(region, range, prot)?;
+        self.m
+            .gm
+            .region_protect(gmem_core::Pages::range(region.space, range), prot)?;
         self.tl.protect();
         Ok(())
     }

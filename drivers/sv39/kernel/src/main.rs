@@ -17,7 +17,7 @@
 //! 6. megapages: allocates a 2 MiB-aligned 2 MiB region and stores to it once — one
 //!    fault, which the core serves with one zero-filled 2 MiB block mapped by one Sv39
 //!    megapage (the driver reports 2 MiB leaves) — then stores and verifies every word
-//!    without another fault; `region_protect_range` makes 4 of its pages read-only,
+//!    without another fault; `region_protect` makes 4 of its pages read-only,
 //!    which splits the megapage into 512 4 KiB leaves (the driver builds the table in
 //!    the megapage's split reserve), and every word is verified again;
 //! 7. prints a summary;
@@ -444,8 +444,8 @@ fn megapage(
     // A partial protect: 4 pages from +64 KiB read-only.
     let ro = VirtAddr::new(base + 16 * PAGE_SIZE);
     let range = gmem_core::VaRange::new(ro, 4 * PAGE_SIZE).map_err(|e| format!("{e}"))?;
-    gm.region_protect_range(big, range, Prot::READ)
-        .map_err(|e| format!("region_protect_range: {e}"))?;
+    gm.region_protect(gmem_core::Pages::range(big.space, range), Prot::READ)
+        .map_err(|e| format!("region_protect: {e}"))?;
     let after = gm.stats();
     let t0 = mmu
         .translate(root, big.start)
@@ -471,7 +471,7 @@ fn megapage(
         "reads after the split faulted".into()
     })?;
     println!(
-        "split: region_protect_range({ro}, 4 pages, READ) split the megapage into 4 KiB leaves (large_splits {}): {ro} is {:?}, {base:#x} is {:?}, same frames; {words} words verified again without a fault",
+        "split: region_protect({ro}, 4 pages, READ) split the megapage into 4 KiB leaves (large_splits {}): {ro} is {:?}, {base:#x} is {:?}, same frames; {words} words verified again without a fault",
         after.large_splits, tr.prot, t0.prot
     );
     gm.region_dealloc(big, MapFlags::empty(), None)

@@ -271,8 +271,8 @@ fn large(
     );
     let ro = VirtAddr::new(base + 16 * PAGE_SIZE);
     let range = VaRange::new(ro, 4 * PAGE_SIZE).map_err(|e| format!("{e}"))?;
-    gm.region_protect_range(big, range, Prot::READ)
-        .map_err(|e| format!("region_protect_range: {e}"))?;
+    gm.region_protect(gmem_core::Pages::range(big.space, range), Prot::READ)
+        .map_err(|e| format!("region_protect: {e}"))?;
     let after = gm.stats();
     let t0 = mmu
         .translate(root, big.start)
@@ -297,7 +297,7 @@ fn large(
         || format!("a write to the protected part gave {refused:?}"),
     )?;
     println!(
-        "x86: 2 MiB leaf split by region_protect_range({ro}, 4 pages, READ): 4 KiB leaves, same frames, {words} words verified again without a fault; a write there is refused"
+        "x86: 2 MiB leaf split by region_protect({ro}, 4 pages, READ): 4 KiB leaves, same frames, {words} words verified again without a fault; a write there is refused"
     );
     gm.region_dealloc(big, MapFlags::empty(), None)
         .map_err(|e| format!("region_dealloc: {e}"))?;

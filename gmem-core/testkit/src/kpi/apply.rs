@@ -239,7 +239,9 @@ impl KpiRunner {
                 let range = r.va_range((p0, n));
                 let handle = r.handle;
                 assert_eq!(
-                    self.sys.gm.region_unwire_range(handle, range),
+                    self.sys
+                        .gm
+                        .region_unwire(gmem_core::Pages::range(handle.space, range)),
                     Ok(()),
                     "{ctx}"
                 );

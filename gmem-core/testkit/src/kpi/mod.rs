@@ -465,6 +465,31 @@ impl KpiRunner {
         &self.space(slot).regions[&start]
     }
 
+    /// A misused range of the region at `start` and the error the core must answer:
+    /// the region's pages from `p0` and one page past its end when no region of the
+    /// model holds that page (`Unallocated`: a range call checks every page of a range,
+    /// which may cross regions), else the same range one byte off its page (`BadRange`).
+    fn misused_range(&self, slot: usize, start: u64, p0: u64) -> (VaRange, RegionError) {
+        let r = self.region(slot, start);
+        let past = r.start() + r.pages() * PAGE_SIZE;
+        let held = self
+            .space(slot)
+            .regions
+            .range(..=past)
+            .next_back()
+            .is_some_and(|(_, m)| past < m.start() + m.pages() * PAGE_SIZE);
+        let range = r.va_range((p0, r.pages() - p0 + 1));
+        if held {
+            let unaligned = VaRange {
+                start: VirtAddr::new(range.start.as_u64() + 1),
+                len: range.len,
+            };
+            (unaligned, RegionError::BadRange(unaligned))
+        } else {
+            (range, RegionError::Unallocated(VirtAddr::new(past)))
+        }
+    }
+
     fn region_mut(&mut self, slot: usize, start: u64) -> &mut RegionModel {
         self.space_mut(slot)
             .regions

@@ -310,7 +310,7 @@ pub enum Op {
         /// The new protection (empty is no access).
         prot: ProtSel,
     },
-    /// `region_protect_range` of pages `page..page + pages` (modulo the region).
+    /// `region_protect` of pages `page..page + pages` (modulo the region).
     ProtectRange {
         /// Which.
         region: u16,
@@ -323,7 +323,7 @@ pub enum Op {
         /// Reach one page past the region's end (misuse).
         bad: bool,
     },
-    /// `region_unmap_range` (strict).
+    /// `region_unmap` (strict).
     UnmapRange {
         /// Which.
         region: u16,
@@ -334,7 +334,7 @@ pub enum Op {
         /// Reach one page past the region's end (misuse).
         bad: bool,
     },
-    /// `region_migrate_range` of populated pages.
+    /// `region_migrate` of populated pages.
     MigrateRange {
         /// Which.
         region: u16,
@@ -345,7 +345,7 @@ pub enum Op {
         /// Where.
         dev: u8,
     },
-    /// `region_wire_range`.
+    /// `region_wire`.
     WireRange {
         /// Which.
         region: u16,
@@ -354,7 +354,7 @@ pub enum Op {
         /// Pages.
         pages: u8,
     },
-    /// `region_unwire_range`.
+    /// `region_unwire`.
     UnwireRange {
         /// Which.
         region: u16,
@@ -368,7 +368,7 @@ pub enum Op {
         /// Which device.
         dev: u8,
     },
-    /// `region_set_attrs` (whole region) or `region_set_attrs_range`; then every
+    /// `region_set_attrs` of the whole region or of a range; then every
     /// mapping of the region's pages in every active table carries the model's value.
     SetAttrs {
         /// Which.

@@ -461,12 +461,21 @@ impl KpiRunner {
         bad: bool,
     ) {
         let r = self.region(slot, start);
+        let space = r.handle.space;
         let (p0, n) = r.range(page, pages, bad);
-        let range = r.va_range((p0, n));
-        let res = self.sys.gm.region_protect_range(r.handle, range, prot);
         if bad {
-            return self.misuse(ctx, res, ProtectError::Region(RegionError::BadRange(range)));
+            let (range, want) = self.misused_range(slot, start, p0);
+            let res = self
+                .sys
+                .gm
+                .region_protect(gmem_core::Pages::range(space, range), prot);
+            return self.misuse(ctx, res, ProtectError::Region(want));
         }
+        let range = r.va_range((p0, n));
+        let res = self
+            .sys
+            .gm
+            .region_protect(gmem_core::Pages::range(space, range), prot);
         assert_eq!(res, Ok(()), "{ctx}");
         self.summary.succeeded += 1;
         // Every page of the range, in every table of the space: nothing maps it with
@@ -525,15 +534,23 @@ impl KpiRunner {
         bad: bool,
     ) {
         let r = self.region(slot, start);
+        let space = r.handle.space;
         let (p0, n) = r.range(page, pages, bad);
-        let range = r.va_range((p0, n));
-        let res = self
-            .sys
-            .gm
-            .region_unmap_range(r.handle, range, MapFlags::empty(), None);
         if bad {
-            return self.misuse(ctx, res, RegionError::BadRange(range));
+            let (range, want) = self.misused_range(slot, start, p0);
+            let res = self.sys.gm.region_unmap(
+                gmem_core::Pages::range(space, range),
+                MapFlags::empty(),
+                None,
+            );
+            return self.misuse(ctx, res, want);
         }
+        let range = r.va_range((p0, n));
+        let res = self.sys.gm.region_unmap(
+            gmem_core::Pages::range(space, range),
+            MapFlags::empty(),
+            None,
+        );
         assert_eq!(res, Ok(()), "{ctx}");
         self.summary.succeeded += 1;
         // Every page of the range: no frame, and no table of the space maps it.
@@ -572,9 +589,8 @@ impl KpiRunner {
     ) {
         let r = self.region(slot, start);
         let range = r.va_range(r.range(page, pages, false));
-        let res = self.sys.gm.region_migrate_range(
-            r.handle,
-            range,
+        let res = self.sys.gm.region_migrate(
+            gmem_core::Pages::range(r.handle.space, range),
             self.devices[dev],
             MigrateScope::Populated,
         );
@@ -599,7 +615,10 @@ impl KpiRunner {
         let (p0, n) = r.range(page, pages, false);
         let range = r.va_range((p0, n));
         let kind = r.kind;
-        let res = self.sys.gm.region_wire_range(r.handle, range);
+        let res = self
+            .sys
+            .gm
+            .region_wire(gmem_core::Pages::range(r.handle.space, range));
         match (kind, res) {
             (Kind::Explicit { .. }, r) => assert_eq!(r, Ok(0), "{ctx}: wiring caller frames"),
             (Kind::Anonymous, Ok(_)) => {
@@ -639,7 +658,7 @@ impl KpiRunner {
             let range = r.va_range((p0, n));
             self.sys
                 .gm
-                .region_set_attrs_range(handle, range, Attrs(value))
+                .region_set_attrs(gmem_core::Pages::range(handle.space, range), Attrs(value))
         };
         assert_eq!(res, Ok(()), "{ctx}");
         self.summary.succeeded += 1;

@@ -205,7 +205,7 @@ pub(super) fn migrate_shootdown(hart: usize) -> Result<(), String> {
             }
             Ok(v) if v == plan.value => {
                 return Err(format!(
-                    "stale translation: hart {hart} read the old frame at {va} after region_migrate_range returned"
+                    "stale translation: hart {hart} read the old frame at {va} after region_migrate returned"
                 ))
             }
             Ok(v) => return Err(format!("hart {hart} read {v:#x} at {va} during a migration")),
@@ -258,15 +258,18 @@ pub(super) fn protect_shootdown(hart: usize) -> Result<(), String> {
             k.gm.as_lookup(SMP.get().expect("set").space, VirtAddr::new(plan.a))
                 .map_err(|e| format!("as_lookup: {e}"))?;
         let range = VaRange::new(VirtAddr::new(plan.a), PAGE_SIZE).map_err(|e| format!("{e}"))?;
-        k.gm.region_protect_range(info.region, range, Prot::READ)
-            .map_err(|e| format!("region_protect_range: {e}"))?;
+        k.gm.region_protect(
+            gmem_core::Pages::range(info.region.space, range),
+            Prot::READ,
+        )
+        .map_err(|e| format!("region_protect: {e}"))?;
     }
     BARRIER.wait("protected")?;
     match probe_write(VirtAddr::new(mine), POISON) {
         Err(FaultError::ProtectionViolation { .. }) => {}
         Ok(()) => {
             return Err(format!(
-                "stale translation: hart {hart} wrote {mine:#x} after region_protect_range(READ) returned"
+                "stale translation: hart {hart} wrote {mine:#x} after region_protect(READ) returned"
             ))
         }
         Err(e) => return Err(format!("write after protect: {e:?}")),
@@ -373,8 +376,12 @@ pub(super) fn run(
     let r = phase_spinners(5, boot, || {
         let range = VaRange::new(r6.start, PAGE_SIZE).map_err(|e| format!("{e}"))?;
         let moved = gm
-            .region_migrate_range(r6, range, second, MigrateScope::Populated)
-            .map_err(|e| format!("region_migrate_range: {e}"))?;
+            .region_migrate(
+                gmem_core::Pages::range(r6.space, range),
+                second,
+                MigrateScope::Populated,
+            )
+            .map_err(|e| format!("region_migrate: {e}"))?;
         let mut frame = None;
         gm.as_frames(space, range, |_, dev, pa| frame = Some((dev, pa)))
             .map_err(|e| format!("as_frames: {e}"))?;
@@ -411,7 +418,7 @@ pub(super) fn run(
         || "OpenSBI refused a remote fence".into(),
     )?;
     println!(
-        "smp: shootdown verified on {MAX_HARTS} harts: strict region_dealloc ({} spinners faulted, none read the page after it returned nor the freed frame's new contents), protect(READ) (the write after it refused on {refused} harts), async region_dealloc (frame quarantined, {} stale reads of the old contents before the batch drained, then {} spinners faulted), region_migrate_range to the second memory ({pa6:#x} -> {moved_to:#x}: {} spinners read the new frame's contents after it returned, none the old frame's); {fences} SBI remote fences ({} range, {} full)",
+        "smp: shootdown verified on {MAX_HARTS} harts: strict region_dealloc ({} spinners faulted, none read the page after it returned nor the freed frame's new contents), protect(READ) (the write after it refused on {refused} harts), async region_dealloc (frame quarantined, {} stale reads of the old contents before the batch drained, then {} spinners faulted), region_migrate to the second memory ({pa6:#x} -> {moved_to:#x}: {} spinners read the new frame's contents after it returned, none the old frame's); {fences} SBI remote fences ({} range, {} full)",
         strict_faulted,
         ASYNC_STALE_READS.load(Ordering::Relaxed),
         async_faulted,

@@ -183,8 +183,8 @@ pub(super) fn stress(k: &Kernel, ctx: &Smp, hart: usize) -> Result<(), String> {
                 let va = l.base() + p * PAGE_SIZE;
                 let range =
                     VaRange::new(VirtAddr::new(va), n * PAGE_SIZE).map_err(|e| format!("{e}"))?;
-                gm.region_protect_range(l.region, range, Prot::READ)
-                    .map_err(|e| format!("op {op}: region_protect_range: {e}"))?;
+                gm.region_protect(gmem_core::Pages::range(l.region.space, range), Prot::READ)
+                    .map_err(|e| format!("op {op}: region_protect: {e}"))?;
                 match probe_write(VirtAddr::new(va), POISON) {
                     Err(FaultError::ProtectionViolation { .. }) => {}
                     other => {
@@ -194,8 +194,8 @@ pub(super) fn stress(k: &Kernel, ctx: &Smp, hart: usize) -> Result<(), String> {
                     }
                 }
                 verify_page(va, l.stamps[p as usize]).map_err(|e| format!("op {op}: {e}"))?;
-                gm.region_protect_range(l.region, range, Prot::RW)
-                    .map_err(|e| format!("op {op}: region_protect_range: {e}"))?;
+                gm.region_protect(gmem_core::Pages::range(l.region.space, range), Prot::RW)
+                    .map_err(|e| format!("op {op}: region_protect: {e}"))?;
                 c.protects.fetch_add(1, Ordering::Relaxed);
             }
             (62..=67, Some(i)) => {
@@ -207,8 +207,12 @@ pub(super) fn stress(k: &Kernel, ctx: &Smp, hart: usize) -> Result<(), String> {
                     .map_err(|e| format!("{e}"))?;
                 let target = if rng.below(2) == 0 { ctx.second } else { k.cpu };
                 let moved = gm
-                    .region_migrate_range(l.region, range, target, MigrateScope::Populated)
-                    .map_err(|e| format!("op {op}: region_migrate_range: {e}"))?;
+                    .region_migrate(
+                        gmem_core::Pages::range(l.region.space, range),
+                        target,
+                        MigrateScope::Populated,
+                    )
+                    .map_err(|e| format!("op {op}: region_migrate: {e}"))?;
                 c.migrations.fetch_add(1, Ordering::Relaxed);
                 c.pages_migrated.fetch_add(moved, Ordering::Relaxed);
                 verify_page(l.base() + p * PAGE_SIZE, l.stamps[p as usize])
@@ -225,8 +229,8 @@ pub(super) fn stress(k: &Kernel, ctx: &Smp, hart: usize) -> Result<(), String> {
                 } else {
                     MapFlags::empty()
                 };
-                gm.region_unmap_range(l.region, range, flags, None)
-                    .map_err(|e| format!("op {op}: region_unmap_range: {e}"))?;
+                gm.region_unmap(gmem_core::Pages::range(l.region.space, range), flags, None)
+                    .map_err(|e| format!("op {op}: region_unmap: {e}"))?;
                 for s in &mut l.stamps[p as usize..(p + n) as usize] {
                     *s = 0;
                 }
