@@ -63,12 +63,38 @@ impl From<Region> for Pages {
 /// One region's share of a [`Pages`]: the whole region (`None`) or a range inside it.
 type Piece = (Region, Option<VaRange>);
 
+/// The pieces of a [`Pages`]: a region's one piece needs no heap allocation (a
+/// region handle is the common case, and a DMA unmap's hot path).
+enum Pieces {
+    One(core::iter::Once<Piece>),
+    Many(alloc::vec::IntoIter<Piece>),
+}
+
+impl Iterator for Pieces {
+    type Item = Piece;
+    fn next(&mut self) -> Option<Piece> {
+        match self {
+            Pieces::One(p) => p.next(),
+            Pieces::Many(p) => p.next(),
+        }
+    }
+}
+
+impl Pieces {
+    fn count_left(&self) -> usize {
+        match self {
+            Pieces::One(p) => p.len(),
+            Pieces::Many(p) => p.len(),
+        }
+    }
+}
+
 impl Gmem {
     /// The pieces of `pages`, checked: a region as it is (its handle is checked by the
     /// call on it), a range cut at region boundaries.
-    fn pieces(&self, pages: Pages) -> Result<Vec<Piece>, RegionError> {
+    fn pieces(&self, pages: Pages) -> Result<Pieces, RegionError> {
         let (space_id, range) = match pages.0 {
-            Target::Region(r) => return Ok(alloc::vec![(r, None)]),
+            Target::Region(r) => return Ok(Pieces::One(core::iter::once((r, None)))),
             Target::Range(s, r) => (s, r),
         };
         let start = range.start.as_u64();
@@ -100,7 +126,7 @@ impl Gmem {
         if cursor < end {
             return Err(RegionError::Unallocated(VirtAddr::new(cursor)));
         }
-        Ok(pieces)
+        Ok(Pieces::Many(pieces.into_iter()))
     }
 
     /// Change the protection of `pages` (`gm_region_protect`, `mprotect`): every page
@@ -206,7 +232,7 @@ impl Gmem {
     ) -> Result<(), RegionError> {
         let _critical = self.critical();
         let pieces = self.pieces(pages.into())?;
-        let mut callbacks = split_callback(callback, pieces.len());
+        let mut callbacks = split_callback(callback, pieces.count_left());
         for (region, piece) in pieces {
             let callback = callbacks.next().flatten();
             match piece {
