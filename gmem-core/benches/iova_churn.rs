@@ -66,8 +66,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use gmem_core::platform::Platform;
 use gmem_core::vmem::{Arena, ArenaConfig, FitPolicy};
+use gmem_core::Platform;
 
 #[path = "iova_churn/huge.rs"]
 mod huge;

@@ -29,7 +29,7 @@
 //! checked to have really zeroed its block.
 
 use criterion::{criterion_group, Criterion, Throughput};
-use gmem_core::mmu::{DeviceMemory, MemError};
+use gmem_core::driver::{DeviceMemory, MemError};
 use gmem_core::testing::{EventLog, TableStore, TestMmu, TestSystem};
 use gmem_core::{
     Activation, AllocPolicy, AllocRequest, DevCaps, DeviceDesc, MapFlags, MmuMode, PageSizes,

@@ -16,7 +16,7 @@
 //! ## 1. What you implement
 //! | trait | who | what |
 //! |---|---|---|
-//! | [`Mmu`](crate::Mmu) | every driver | the page-table format and the TLB: create and destroy a table, map a physically contiguous run, unmap and protect ranges, invalidate (ranges or all), activate a table. Every contract it may rely on is in [`crate::mmu`] |
+//! | [`Mmu`](crate::Mmu) | every driver | the page-table format and the TLB: create and destroy a table, map a physically contiguous run, unmap and protect ranges, invalidate (ranges or all), activate a table. Every contract it may rely on is in [`crate::driver`] |
 //! | [`DeviceMemory`](crate::DeviceMemory) | a device with memory the core manages (the CPU: RAM) | zero, read and write physical ranges (and copy, which defaults to a bounce through read and write) |
 //! | [`Platform`](crate::Platform) | the kernel, once | the current CPU's index and the CPU count (per-CPU caches of the `CACHED` allocation policy), and a critical section around every KPI call (section 3) |
 //! | [`FrameSource`](crate::FrameSource) | the kernel, for its drivers | zeroed 4 KiB frames for page-table pages. The core never calls it and never allocates a page-table page: a driver takes its table pages from wherever its hardware wants them, and this `unsafe trait` is the conventional way a kernel hands them out |
@@ -190,7 +190,7 @@
 //!
 //! The heap itself must never fault into the core: it, the kernel's code and stacks and
 //! the drivers' data live in memory the core does not manage (the kernel's upper half,
-//! mapped in every table a driver creates; see [`crate::mmu`]).
+//! mapped in every table a driver creates; see [`crate::driver`]).
 //!
 //! A driver callback that calls back, as an interrupt on the same CPU would, gets
 //! `Busy` at once — here a fault arrives inside the driver's `map` of another fault:

@@ -10,7 +10,7 @@
 //! A driver implements two traits:
 //! - [`Mmu`] — its page-table format and its TLB: create and destroy a table, map a
 //!   physically contiguous run, unmap and protect ranges, invalidate, activate. The
-//!   contracts it may rely on are in [`mmu`].
+//!   contracts it may rely on are in [`driver`].
 //! - [`DeviceMemory`] — how the core zeroes, reads and writes the memory it manages
 //!   for the device (for the CPU: RAM through the kernel's own mapping).
 //!
@@ -124,7 +124,8 @@
 //! - [`guide`] — the embedding guide: the traits, a page-fault handler, the locking and
 //!   interrupt rules, SMP shootdowns, what the core allocates.
 //! - [`kpi`] — every call, by the object it acts on, each with an example.
-//! - [`mmu`] — every contract a driver relies on.
+//! - [`driver`] — the driver face: every trait and type a driver implements or is
+//!   handed, and every contract it relies on.
 //! - `gmem-core/examples/driver.rs` — a complete toy driver with a data mover
 //!   (`cargo run -p gmem-core --example driver`); `drivers/sv39` — a real RISC-V Sv39
 //!   driver and a kernel that boots on it under QEMU.
@@ -143,29 +144,35 @@
 //!   which page tables currently map it; it is the single source of truth that keeps
 //!   the devices' page tables coherent.
 //!
+//! ## The public face
+//! Two faces and three helpers; everything else is re-exported at the crate root or
+//! private.
+//!
+//! | module | for |
+//! |---|---|
+//! | [`driver`] | **the driver face**: `Mmu`, `DeviceMemory`, `MapRun`, `FrameRequest`, `Platform`, their contracts |
+//! | [`kpi`] | **the KPI face**: every call of [`Gmem`], by the object it acts on |
+//! | [`error`] | one error enum per call family, all `#[non_exhaustive]` |
+//! | [`guide`] | the embedding guide (documentation only) |
+//! | [`sync`] | the core's locks and atomics (loom-switchable) and **the lock order**, for drivers that want them |
+//! | [`vmem`] | the vmem arena on its own (virtual ranges, IOVAs, physical frames) |
+//! | `testing` | (feature `test-util`) an in-memory test MMU, test memory and a test system |
+//!
 //! ## Inside the crate
 //! Not needed to embed the core; for reading its code. The design notes it cites are
 //! `gmem-core/DESIGN.md` (its invariants are the ones `check_invariants` checks).
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`addr`] | addresses, page numbers, page sizes |
-//! | [`flags`] | protections, capabilities, policies (bitflags) |
-//! | [`vmem`] | vmem arenas: virtual ranges and physical frames |
-//! | [`mmu`] | the driver-facing MMU and memory traits |
-//! | [`platform`] | the kernel's hooks: CPUs, critical sections, page-table frames |
-//! | [`device`] | devices and their registered physical memory |
-//! | [`gmem`] | the instance: device and space registries, statistics |
-//! | [`kpi`] | **the KPI entry points**, one module per object: [`kpi::device`] (`dev_*`), [`kpi::space`] (`as_*`), [`kpi::region`] (`region_*`), [`kpi::mapping_set`] (`mapping_set_*`) |
-//! | [`space`] | one address space's state behind its lock: regions, page tables, attachments (`attach`), the fault path (`fault`), the queue's work (`queue`), shared region operations (`ops`), its invariants (`check`) |
-//! | [`fault`] | what a fault answers, and the fault path's theory |
+//! | `addr`, `flags` | addresses, page numbers, page sizes; protections, capabilities, policies |
+//! | `mmu`, `platform`, `device` | the driver traits and their types; the kernel's hooks; devices and their physical memory |
+//! | `gmem` | the instance: device and space registries, statistics |
+//! | `kpi/*` | the KPI entry points, one module per object: `device` (`dev_*`), `space` (`as_*`), `region` (`region_*`), `pages` (the range calls), `mapping_set`, `frames`, `large` |
+//! | `space` | one address space's state behind its lock: regions, page tables, attachments (`attach`), the fault path (`fault`), the queue's work (`queue`), shared region operations (`ops`), its invariants (`check`) |
+//! | `fault` | what a fault answers, and the fault path's theory |
 //! | `queue` | the asynchronous MMU queue, callbacks, strict unmaps invalidated outside the lock |
-//! | [`physmem`] | one device's frames: queues, reverse map, free extents, page groups |
-//! | [`error`] | one error enum per call family |
-//! | [`sync`] | locks and atomics (loom-switchable) and **the lock order** |
-//! | [`check`] | `check_invariants` |
-//! | [`stats`] | counters a caller can read |
-//! | [`guide`] | the embedding guide (documentation only) |
+//! | `physmem` | one device's frames: queues, reverse map, free extents, page groups |
+//! | `check`, `stats` | `check_invariants`; counters a caller can read |
 //!
 //! The entry point is [`Gmem`], one instance per kernel; a KPI call's path is
 //! `lib.rs` → [`kpi`] → the module named for its object.
@@ -186,31 +193,39 @@ extern crate alloc;
 #[cfg(any(feature = "std", gmem_loom))]
 extern crate std;
 
-pub mod addr;
-pub mod check;
-pub mod device;
+mod addr;
+mod check;
+mod device;
+pub mod driver;
 pub mod error;
-pub mod fault;
-pub mod flags;
-pub mod gmem;
+mod fault;
+mod flags;
+mod gmem;
 pub mod guide;
-pub mod handle;
+mod handle;
 pub mod kpi;
 mod lpt;
-pub mod mmu;
-pub mod physmem;
-pub mod platform;
+mod mmu;
+mod physmem;
+mod platform;
 mod queue;
-pub mod space;
-pub mod stats;
+mod space;
+mod stats;
 pub mod sync;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod vmem;
 
+// The driver face lives in `driver`; the root names its items too (kernels and drivers
+// write `gmem_core::Mmu`), as plain re-exports so that each has one page.
 pub use addr::{AddrError, PageSize, Pfn, PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
 pub use check::Violation;
-pub use device::DeviceDesc;
+#[doc(no_inline)]
+pub use driver::{
+    bounce_copy, Attrs, DeviceDesc, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest,
+    FrameSource, MapRun, MemError, Mmu, MmuError, PageTableFormat, PageTableRoot, Platform,
+    SingleCpu, COPY_BOUNCE_BYTES,
+};
 pub use error::{
     AllocError, AttachError, DeviceError, FaultError, LookupError, MapError, MoveError,
     PolicyError, PopulateError, ProtectError, RegionError, SetError, SpaceError,
@@ -222,15 +237,13 @@ pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::frames::{CompactReport, FrameError};
 pub use kpi::pages::Pages;
 pub use kpi::region::{MapRequest, MigrateScope};
-pub use mmu::{
-    bounce_copy, Attrs, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest, MapRun,
-    MemError, Mmu, MmuError, PageTableFormat, PageTableRoot, COPY_BOUNCE_BYTES,
+pub use physmem::{
+    EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats, MAX_GROUP_ORDER,
+    MAX_ORDER,
 };
-pub use physmem::{EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats};
-pub use platform::{FrameSource, Platform, SingleCpu};
 pub use queue::Callback;
 pub use space::{
     Activation, AllocRequest, LargeLeaf, MmuMode, Placement, PlacementMode, PlacementTarget,
-    Region, RegionInfo,
+    Region, RegionInfo, MAX_MEMORIES, MAX_TABLES,
 };
 pub use stats::Stats;

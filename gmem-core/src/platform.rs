@@ -6,8 +6,10 @@
 //! that no interrupt handler on a CPU waits for a spin lock its own interrupted
 //! context holds).
 //! Memory for page-table pages is the drivers' business (an [`crate::Mmu`] gets it from
-//! wherever its hardware wants it); a kernel typically gives its drivers the same
-//! [`FrameSource`] it uses itself.
+//! wherever its hardware wants it); the core never allocates a page-table page.
+//! [`FrameSource`] is the vocabulary a kernel and its drivers share for handing such
+//! frames over (the Sv39, x86-64 and simulated drivers take one): it lives here so that
+//! every driver crate names the same trait, not because the core calls it.
 
 use crate::addr::PhysAddr;
 

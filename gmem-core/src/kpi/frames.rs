@@ -303,8 +303,7 @@ impl Gmem {
     }
 
     /// Manage the device's frames in page groups of `2^order` frames (`Some(order)`),
-    /// every group starting in class 0, or stop (`None`). See [`crate::physmem`]'s
-    /// `groups` module for the rules.
+    /// every group starting in class 0, or stop (`None`). See the rules in `physmem/groups.rs`.
     ///
     /// # Errors
     /// [`FrameError::UnknownDevice`], [`FrameError::NoMemory`],

@@ -4,13 +4,13 @@
 //!
 //! | module | calls |
 //! |---|---|
-//! | the instance ([`crate::gmem`], [`crate::check`]) | [`new`](crate::Gmem::new), [`host`](crate::Gmem::host), [`platform`](crate::Gmem::platform), [`stats`](crate::Gmem::stats), [`check_invariants`](crate::Gmem::check_invariants) |
-//! | [`device`] | [`dev_create`](crate::Gmem::dev_create), [`dev_destroy`](crate::Gmem::dev_destroy), [`dev_register_physmem`](crate::Gmem::dev_register_physmem), [`dev_frames`](crate::Gmem::dev_frames), [`dev_set_eviction_policy`](crate::Gmem::dev_set_eviction_policy), [`dev_evacuate`](crate::Gmem::dev_evacuate), [`dev_data`](crate::Gmem::dev_data), [`dev_name`](crate::Gmem::dev_name), [`dev_caps`](crate::Gmem::dev_caps), [`dev_active`](crate::Gmem::dev_active), [`dev_switch`](crate::Gmem::dev_switch), [`dev_detach`](crate::Gmem::dev_detach), [`dev_fault`](crate::Gmem::dev_fault), [`dev_try_fault`](crate::Gmem::dev_try_fault) |
-//! | [`space`] | [`as_create`](crate::Gmem::as_create), [`as_destroy`](crate::Gmem::as_destroy), [`as_attach`](crate::Gmem::as_attach), [`as_alloc`](crate::Gmem::as_alloc), [`as_lookup`](crate::Gmem::as_lookup), [`as_regions`](crate::Gmem::as_regions), [`as_synchronize`](crate::Gmem::as_synchronize), [`as_set_batch_limit`](crate::Gmem::as_set_batch_limit), [`as_pending`](crate::Gmem::as_pending), [`as_arena_stats`](crate::Gmem::as_arena_stats), `as_fail_every` (failure injection for tests) |
-//! | [`region`] | [`region_info`](crate::Gmem::region_info), [`region_dealloc`](crate::Gmem::region_dealloc), [`region_map`](crate::Gmem::region_map), [`region_unmap`](crate::Gmem::region_unmap), [`region_set_policy`](crate::Gmem::region_set_policy), [`region_set_zero_fill_block`](crate::Gmem::region_set_zero_fill_block), [`region_protect`](crate::Gmem::region_protect), [`region_set_attrs`](crate::Gmem::region_set_attrs), [`region_migrate`](crate::Gmem::region_migrate), [`region_wire`](crate::Gmem::region_wire), [`region_unwire`](crate::Gmem::region_unwire) (these six take [`Pages`](crate::Pages): a region, or a range of a space), [`region_alloc_private`](crate::Gmem::region_alloc_private), [`region_free_private`](crate::Gmem::region_free_private) |
-//! | [`frames`] | [`dev_free_extents`](crate::Gmem::dev_free_extents), [`dev_compact`](crate::Gmem::dev_compact), [`dev_set_page_groups`](crate::Gmem::dev_set_page_groups), [`dev_page_groups`](crate::Gmem::dev_page_groups), [`dev_group_class`](crate::Gmem::dev_group_class), [`dev_set_group_class`](crate::Gmem::dev_set_group_class), [`as_page_frame`](crate::Gmem::as_page_frame), [`as_private_frame`](crate::Gmem::as_private_frame) |
-//! | [`large`] | [`region_promote`](crate::Gmem::region_promote), [`as_large_leaves`](crate::Gmem::as_large_leaves), [`as_frames`](crate::Gmem::as_frames), [`dev_set_reservations`](crate::Gmem::dev_set_reservations), [`dev_reservations`](crate::Gmem::dev_reservations) |
-//! | [`mapping_set`] | [`mapping_set_create`](crate::Gmem::mapping_set_create), [`mapping_set_unmap`](crate::Gmem::mapping_set_unmap), [`mapping_set_destroy`](crate::Gmem::mapping_set_destroy) |
+//! | the instance (`gmem`, `check`) | [`new`](crate::Gmem::new), [`host`](crate::Gmem::host), [`platform`](crate::Gmem::platform), [`stats`](crate::Gmem::stats), [`check_invariants`](crate::Gmem::check_invariants) |
+//! | `device` | [`dev_create`](crate::Gmem::dev_create), [`dev_destroy`](crate::Gmem::dev_destroy), [`dev_register_physmem`](crate::Gmem::dev_register_physmem), [`dev_frames`](crate::Gmem::dev_frames), [`dev_set_eviction_policy`](crate::Gmem::dev_set_eviction_policy), [`dev_evacuate`](crate::Gmem::dev_evacuate), [`dev_data`](crate::Gmem::dev_data), [`dev_name`](crate::Gmem::dev_name), [`dev_caps`](crate::Gmem::dev_caps), [`dev_active`](crate::Gmem::dev_active), [`dev_switch`](crate::Gmem::dev_switch), [`dev_detach`](crate::Gmem::dev_detach), [`dev_fault`](crate::Gmem::dev_fault), [`dev_try_fault`](crate::Gmem::dev_try_fault) |
+//! | `space` | [`as_create`](crate::Gmem::as_create), [`as_destroy`](crate::Gmem::as_destroy), [`as_attach`](crate::Gmem::as_attach), [`as_alloc`](crate::Gmem::as_alloc), [`as_lookup`](crate::Gmem::as_lookup), [`as_regions`](crate::Gmem::as_regions), [`as_synchronize`](crate::Gmem::as_synchronize), [`as_set_batch_limit`](crate::Gmem::as_set_batch_limit), [`as_pending`](crate::Gmem::as_pending), [`as_arena_stats`](crate::Gmem::as_arena_stats), `as_fail_every` (failure injection for tests) |
+//! | `region` | [`region_info`](crate::Gmem::region_info), [`region_dealloc`](crate::Gmem::region_dealloc), [`region_map`](crate::Gmem::region_map), [`region_unmap`](crate::Gmem::region_unmap), [`region_set_policy`](crate::Gmem::region_set_policy), [`region_set_zero_fill_block`](crate::Gmem::region_set_zero_fill_block), [`region_protect`](crate::Gmem::region_protect), [`region_set_attrs`](crate::Gmem::region_set_attrs), [`region_migrate`](crate::Gmem::region_migrate), [`region_wire`](crate::Gmem::region_wire), [`region_unwire`](crate::Gmem::region_unwire) (these six take [`Pages`](crate::Pages): a region, or a range of a space), [`region_alloc_private`](crate::Gmem::region_alloc_private), [`region_free_private`](crate::Gmem::region_free_private) |
+//! | `frames` | [`dev_free_extents`](crate::Gmem::dev_free_extents), [`dev_compact`](crate::Gmem::dev_compact), [`dev_set_page_groups`](crate::Gmem::dev_set_page_groups), [`dev_page_groups`](crate::Gmem::dev_page_groups), [`dev_group_class`](crate::Gmem::dev_group_class), [`dev_set_group_class`](crate::Gmem::dev_set_group_class), [`as_page_frame`](crate::Gmem::as_page_frame), [`as_private_frame`](crate::Gmem::as_private_frame) |
+//! | `large` | [`region_promote`](crate::Gmem::region_promote), [`as_large_leaves`](crate::Gmem::as_large_leaves), [`as_frames`](crate::Gmem::as_frames), [`dev_set_reservations`](crate::Gmem::dev_set_reservations), [`dev_reservations`](crate::Gmem::dev_reservations) |
+//! | `mapping_set` | [`mapping_set_create`](crate::Gmem::mapping_set_create), [`mapping_set_unmap`](crate::Gmem::mapping_set_unmap), [`mapping_set_destroy`](crate::Gmem::mapping_set_destroy) |
 //!
 //! The main calls carry a runnable example; the embedding guide ([`crate::guide`])
 //! shows them together (a fault handler, shootdowns, device teardown).
@@ -19,7 +19,7 @@
 //! ([`crate::Platform::enter_critical`]), resolves its handles (a stale handle is a
 //! typed error), locks the one space it works on through `SpaceInner::lock` — whose
 //! guard, when dropped, releases the lock and then runs the completion callbacks that
-//! became ready — and does its work in [`crate::space`], [`crate::fault`] and `queue`.
+//! became ready — and does its work in `space`, `fault` and `queue`.
 //!
 //! ## Counters
 //! [`crate::Gmem::stats`] sums the instance's counters and every live space's: what
@@ -44,10 +44,10 @@
 //! gm.check_invariants(space).unwrap();
 //! ```
 
-pub mod device;
-pub mod frames;
-pub mod large;
-pub mod mapping_set;
-pub mod pages;
-pub mod region;
-pub mod space;
+pub(crate) mod device;
+pub(crate) mod frames;
+pub(crate) mod large;
+pub(crate) mod mapping_set;
+pub(crate) mod pages;
+pub(crate) mod region;
+pub(crate) mod space;

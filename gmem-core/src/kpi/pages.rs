@@ -31,7 +31,21 @@ use alloc::vec::Vec;
 
 /// The pages a range call acts on: a whole region (`From<Region>`, so a [`Region`]
 /// can be passed as it is), or a page-aligned range of a space that may cross several
-/// regions ([`Pages::range`]).
+/// regions ([`Pages::range`]), which the core splits at region boundaries itself (as
+/// `mprotect(2)` and FreeBSD's `vm_map_protect` take an address range, not a mapping).
+///
+/// A whole region keeps the region-level meaning (`region_protect` of a region sets
+/// the region's protection; pieces a range call split off merge back). A range is cut
+/// into one piece per region it crosses; a piece that is a whole region is treated as
+/// that region, the others as a sub-range of their region (split off as Linux splits a
+/// VMA).
+///
+/// **Checks first.** A range is checked whole before anything changes: empty or
+/// unaligned ([`RegionError::BadRange`]), a page no region holds
+/// ([`RegionError::Unallocated`]), a destroyed space. Then the pieces are applied in
+/// address order, each under the space's lock as one call on its region; a failure of
+/// a later piece (a driver error, memory exhausted, a region deallocated meanwhile by
+/// another thread) leaves the earlier pieces done, as `mprotect` does across VMAs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pages(Target);
 
@@ -138,7 +152,7 @@ impl Gmem {
     /// violation until the protection is raised again.
     ///
     /// # Errors
-    /// [`ProtectError`]: a bad handle or range (see the [module](self)), a protection
+    /// [`ProtectError`]: a bad handle or range (see [`Pages`]), a protection
     /// with unknown bits, or a driver failure — after which every table holds the old
     /// protection of that region again (earlier regions of a range stay changed).
     ///

@@ -149,7 +149,7 @@ impl Fragmenter {
         max_run: u64,
         seed: u64,
     ) -> Result<Fragmented, String> {
-        if !(0.0..=1.0).contains(&target) || order > gmem_core::physmem::MAX_ORDER {
+        if !(0.0..=1.0).contains(&target) || order > gmem_core::MAX_ORDER {
             return Err(format!("bad target {target} or order {order}"));
         }
         if free > self.held.len() as u64 {
