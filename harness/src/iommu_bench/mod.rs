@@ -82,6 +82,12 @@ pub const PACKET_BYTES: usize = 1500;
 pub const REPS: usize = 3;
 /// Thread (queue) counts measured.
 pub const THREADS: [usize; 2] = [1, 2];
+/// Largest `--inval-ns`: 100 µs, fifty times a real IOTLB invalidation's ~2 µs
+/// ([`InvalidationLatency::TYPICAL`]), so a run's busy-waits stay bounded (at most
+/// [`MAX_PACKETS`] × 100 µs per queue and run).
+pub const MAX_INVAL_NS: u64 = 100_000;
+/// Largest `--packets` per queue and run.
+pub const MAX_PACKETS: u64 = 1_000_000;
 /// Buffers per queue: the ring plus what two batches of queued unmaps may hold back.
 const POOL: usize = RING + 2 * 64 + 8;
 const IOVA_BEGIN: u64 = 1 << 20;
@@ -635,14 +641,24 @@ fn pps(m: &Measured) -> f64 {
 /// problems.
 ///
 /// # Errors
-/// A message when `packets` or `reps` is zero, or from the first run that failed:
+/// A message when `packets` is zero or above [`MAX_PACKETS`], `reps` is zero or
+/// `inval_ns` is above [`MAX_INVAL_NS`] (nothing runs then), or from the first run that failed:
 /// building the host, the IOMMU or a device's space, a buffer map or unmap the driver
 /// refused, no buffer coming back from its unmap, or a queue thread that panicked. A
 /// DMA that faulted or a packet that landed wrong is not an error: it is counted and
 /// returned among the verification problems.
 pub fn table3(p: &Params) -> Result<(Vec<Row>, Vec<String>), String> {
-    if p.packets == 0 || p.reps == 0 {
-        return Err("--packets must be positive".into());
+    if p.packets == 0 || p.packets > MAX_PACKETS || p.reps == 0 {
+        return Err(format!(
+            "--packets must be in 1..={MAX_PACKETS} and the repetitions positive (got {} and {})",
+            p.packets, p.reps
+        ));
+    }
+    if p.inval_ns > MAX_INVAL_NS {
+        return Err(format!(
+            "--inval-ns must be in 0..={MAX_INVAL_NS} (got {})",
+            p.inval_ns
+        ));
     }
     let configs: Vec<(Variant, usize)> = THREADS
         .iter()
