@@ -76,5 +76,8 @@ pub use device::{
     IommuError,
 };
 pub use memory::{TableMemory, TableMemoryError, TableMemoryStats};
-pub use mmu::{iotlb, InvalidationLatency, InvalidationWait, IoCaches, IommuMmu, IommuMmuStats};
+pub use mmu::{
+    iotlb, spun_nanos_on_this_thread, InvalidationLatency, InvalidationWait, IoCaches, IommuMmu,
+    IommuMmuStats,
+};
 pub use table::{Discipline, IoTableStats, IoTables, IOMMU_FORMAT};

@@ -74,11 +74,27 @@ impl InvalidationLatency {
         if self.wait == InvalidationWait::Spin && self.nanos > 0 {
             let until = Duration::from_nanos(self.nanos);
             let t = Instant::now();
-            while t.elapsed() < until {
+            let mut spun = t.elapsed();
+            while spun < until {
                 std::hint::spin_loop();
+                spun = t.elapsed();
             }
+            SPUN.with(|c| c.set(c.get() + spun.as_nanos() as u64));
         }
     }
+}
+
+thread_local! {
+    /// Nanoseconds this thread has busy-waited on invalidations (measured, not modeled).
+    static SPUN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The wall-clock nanoseconds the calling thread has spent busy-waiting on
+/// [`InvalidationWait::Spin`] invalidations so far (every context, every IOMMU). A
+/// benchmark that times a map or unmap subtracts the difference across the call to get
+/// the mapping layer's own cost without the invalidation's wait.
+pub fn spun_nanos_on_this_thread() -> u64 {
+    SPUN.with(std::cell::Cell::get)
 }
 
 /// IOTLB geometry for a device with `queues` DMA queues: a 32-entry 8-way L1 per queue
