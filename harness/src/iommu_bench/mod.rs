@@ -20,7 +20,7 @@
 //! ## The variants (Table 3's columns)
 //! | row | allocator | page table | unmap |
 //! |---|---|---|---|
-//! | baseline | tree (`BTreeMap`), top-down, under one giant lock with the table | locked | strict, invalidation under the lock |
+//! | baseline | FreeBSD's GAS: augmented tree, first fit with guard pages, under the domain lock; busdma maps | locked (one lock per table: `DMAR_DOMAIN_PGLOCK`) | strict, the wait under the unit lock (`dmar_qi_invalidate_sync`) |
 //! | GM-V | the core's vmem arena (quantum caches, per-CPU magazines) | locked | strict |
 //! | GM-V-CAS | vmem | lock-free (CAS), no table reclamation | strict |
 //! | GM-V-RW | vmem | reader-writer, table reclamation | strict |
@@ -75,8 +75,8 @@ use gmem_core::{
 };
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_iommu::{
-    Discipline, DmaDevice, DmaError, DmaPort, GiantLockDomain, InvalidationLatency, Iommu,
-    IommuConfig,
+    BusDmaMap, Discipline, DmaDevice, DmaError, DmaPort, GiantLockDomain, InvalidationLatency,
+    Iommu, IommuConfig,
 };
 use gmem_sim::SimMemory;
 use std::cell::Cell;
@@ -299,19 +299,28 @@ impl Driver for GmemNic<'_> {
     }
 }
 
-struct Legacy<'a>(&'a GiantLockDomain);
+/// The baseline driver: one busdma map per buffer (a NIC driver creates one per ring
+/// slot at attach time), loaded and unloaded per packet.
+struct Legacy<'a> {
+    dom: &'a GiantLockDomain,
+    maps: Vec<BusDmaMap>,
+    /// The first buffer frame: buffer `i` is the frame `i` pages above it.
+    base: u64,
+}
 
 impl Driver for Legacy<'_> {
-    type Handle = VirtAddr;
-    fn map(&self, frame: PhysAddr) -> Result<(VirtAddr, VirtAddr), String> {
+    type Handle = usize;
+    fn map(&self, frame: PhysAddr) -> Result<(usize, VirtAddr), String> {
+        let i = ((frame.as_u64() - self.base) / PAGE_SIZE) as usize;
+        let map = self.maps.get(i).ok_or("a buffer outside the pool")?;
         let va = self
-            .0
-            .map(&[frame], Prot::WRITE)
+            .dom
+            .load(map, &[frame], Prot::WRITE)
             .map_err(|e| e.to_string())?;
-        Ok((va, va))
+        Ok((i, va))
     }
-    fn unmap(&self, va: VirtAddr, reusable: &Arc<AtomicBool>) -> Result<(), String> {
-        self.0.unmap(va).map_err(|e| e.to_string())?;
+    fn unmap(&self, i: usize, reusable: &Arc<AtomicBool>) -> Result<(), String> {
+        self.dom.unload(&self.maps[i]).map_err(|e| e.to_string())?;
         reusable.store(true, Ordering::Release);
         Ok(())
     }
@@ -319,7 +328,7 @@ impl Driver for Legacy<'_> {
         Ok(())
     }
     fn dma(&self, queue: usize, va: VirtAddr, data: &[u8]) -> Result<(), DmaError> {
-        self.0.port().write(queue, va, data)
+        self.dom.port().write(queue, va, data)
     }
 }
 
@@ -613,15 +622,23 @@ fn run_baseline(threads: usize, p: &Params) -> Result<Measured, String> {
         h.gm.host(),
     )
     .map_err(|e| e.to_string())?;
-    let runs = run_queues(&Legacy(&dom), &h, threads, p.packets)?;
+    let d = Legacy {
+        dom: &dom,
+        maps: (0..threads * POOL).map(|_| BusDmaMap::new()).collect(),
+        base: h.buffers,
+    };
+    let runs = run_queues(&d, &h, threads, p.packets)?;
     let packets = p.packets * threads as u64;
     let (wall, cpu, mut problems) = summarize(&runs, packets);
-    let iova = dom.iova_stats();
-    if iova.allocs != iova.frees {
+    let st = dom.stats();
+    if st.live != 0 || st.gas.allocs != st.gas.frees || st.loads != st.unloads {
         problems.push(format!(
-            "{} IOVAs still allocated after teardown",
-            iova.allocs - iova.frees
+            "{} IOVAs still allocated after teardown ({} loads, {} unloads)",
+            st.live, st.loads, st.unloads
         ));
+    }
+    if let Err(e) = dom.check() {
+        problems.push(format!("the GAS tree is broken: {e}"));
     }
     Ok(after_teardown(
         &runs,
