@@ -651,3 +651,147 @@ fn the_baseline_keeps_its_books_under_two_threads_loading_and_unloading() {
     assert!(dom.check().unwrap().is_empty());
     assert_eq!(iommu.table_stats().memory.in_use, 1);
 }
+
+// ----- superpages -----------------------------------------------------------------------
+
+const TWO_MIB: u64 = 2 << 20;
+
+fn superpage_nic(m: &Machine, superpages: bool) -> (Iommu, DmaDevice, gmem_core::SpaceId) {
+    let config = IommuConfig {
+        discipline: Discipline::Locked,
+        latency: InvalidationLatency::accounted(2000),
+        superpages,
+        ..IommuConfig::default()
+    };
+    let iommu = Iommu::new(config, m.cpu.memory_map().clone()).unwrap();
+    let dev = iommu.create_device(&m.gm, "nic").unwrap();
+    let space = dev
+        .create_space(
+            &m.gm,
+            VirtAddr::new(1 << 20),
+            VirtAddr::new(1 << 32),
+            AllocPolicy::CACHED,
+        )
+        .unwrap();
+    (iommu, dev, space)
+}
+
+/// 512 contiguous frames at the first 2 MiB boundary of the buffer memory.
+fn two_mib_of_frames(m: &Machine) -> Vec<PhysAddr> {
+    let first = m.buffers.next_multiple_of(TWO_MIB);
+    (0..512)
+        .map(|i| PhysAddr::new(first + i * PAGE_SIZE))
+        .collect()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ (i >> 12) as u8 ^ seed)
+        .collect()
+}
+
+#[test]
+fn a_2mib_buffer_is_one_leaf_one_iotlb_entry_and_a_partial_unmap_splits_it() {
+    let m = machine();
+    let (iommu, dev, space) = superpage_nic(&m, true);
+    let frames = two_mib_of_frames(&m);
+    let region = dev
+        .map_buffer(&m.gm, space, &frames, m.gm.host(), Prot::RW)
+        .unwrap();
+    assert_eq!(region.start.as_u64() % TWO_MIB, 0, "a 2 MiB-aligned IOVA");
+    let edits = iommu.table_stats().edits;
+    assert_eq!((edits.leaves_large, edits.leaves_small), (1, 0), "one leaf");
+    // DMA over all of it: one walk, one IOTLB entry serves the 512 pages.
+    let data = pattern(TWO_MIB as usize, 7);
+    dev.write(0, region.start, &data).unwrap();
+    let st = dev.stats().mmu.sim;
+    assert_eq!(st.caches.walks, 1, "{st:?}");
+    for k in [0u64, 255, 511] {
+        assert!(dev
+            .mmu()
+            .cached(0, VirtAddr::new(region.start.as_u64() + k * PAGE_SIZE)));
+    }
+    let mut got = vec![0u8; TWO_MIB as usize];
+    m.cpu.memory().read(frames[0], &mut got).unwrap();
+    assert!(got == data, "the bytes landed in the 512 frames");
+    // Unmap 4 pages in the middle: the leaf is split, those pages fault, the other 508
+    // still translate to their frames.
+    let hole = VaRange::new(
+        VirtAddr::new(region.start.as_u64() + 100 * PAGE_SIZE),
+        4 * PAGE_SIZE,
+    )
+    .unwrap();
+    m.gm.region_unmap_range(region, hole, MapFlags::empty(), None)
+        .unwrap();
+    assert_eq!(iommu.table_stats().edits.splits, 1);
+    for k in 100..104u64 {
+        let va = VirtAddr::new(region.start.as_u64() + k * PAGE_SIZE);
+        assert!(!dev.mmu().cached(0, va));
+        assert!(matches!(
+            dev.write(0, va, &[1]),
+            Err(DmaError::Fault(DmaFault {
+                miss: Miss::NotPresent,
+                ..
+            }))
+        ));
+    }
+    let before = pattern(100 * PAGE_SIZE as usize, 7);
+    let mut back = vec![0u8; before.len()];
+    dev.read(0, region.start, &mut back).unwrap();
+    assert!(
+        back == before,
+        "pages below the hole read their frames' bytes"
+    );
+    let tail_va = VirtAddr::new(region.start.as_u64() + 104 * PAGE_SIZE);
+    let mut tail = vec![0u8; (408 * PAGE_SIZE) as usize];
+    dev.read(0, tail_va, &mut tail).unwrap();
+    assert!(tail == data[(104 * PAGE_SIZE) as usize..], "and above it");
+    // A fresh write through the split leaves lands in the right frame.
+    dev.write(
+        0,
+        VirtAddr::new(region.start.as_u64() + 300 * PAGE_SIZE),
+        b"split",
+    )
+    .unwrap();
+    let mut w = [0u8; 5];
+    m.cpu.memory().read(frames[300], &mut w).unwrap();
+    assert_eq!(&w, b"split");
+    m.gm.check_invariants(space).unwrap();
+    dev.unmap_buffer(&m.gm, region, MapFlags::empty(), None)
+        .unwrap();
+    assert!(dev.write(0, region.start, &[1]).is_err());
+    m.gm.dev_detach(dev.id(), space).unwrap();
+    assert_eq!(
+        iommu.table_stats().memory.in_use,
+        0,
+        "split reserve and tables freed"
+    );
+}
+
+#[test]
+fn without_superpages_the_same_buffer_is_512_leaves_and_other_disciplines_refuse_them() {
+    let m = machine();
+    let (iommu, dev, space) = superpage_nic(&m, false);
+    let frames = two_mib_of_frames(&m);
+    let region = dev
+        .map_buffer(&m.gm, space, &frames, m.gm.host(), Prot::RW)
+        .unwrap();
+    let edits = iommu.table_stats().edits;
+    assert_eq!((edits.leaves_large, edits.leaves_small), (0, 512));
+    let data = pattern(TWO_MIB as usize, 3);
+    dev.write(0, region.start, &data).unwrap();
+    assert_eq!(dev.stats().mmu.sim.caches.walks, 512);
+    dev.unmap_buffer(&m.gm, region, MapFlags::empty(), None)
+        .unwrap();
+    for d in [Discipline::Cas, Discipline::Rw] {
+        let config = IommuConfig {
+            discipline: d,
+            superpages: true,
+            ..IommuConfig::default()
+        };
+        assert_eq!(
+            Iommu::new(config, m.cpu.memory_map().clone()).err(),
+            Some(IommuError::SuperpagesNeedLocked(d))
+        );
+    }
+}
