@@ -80,7 +80,7 @@ pub use device::{
 pub use gas::{Gas, GasEntry, GasStats, IovaError};
 pub use memory::{TableMemory, TableMemoryError, TableMemoryStats};
 pub use mmu::{
-    iotlb, spun_nanos_on_this_thread, InvalidationLatency, InvalidationWait, IoCaches, IommuMmu,
-    IommuMmuStats,
+    invalidating_nanos_on_this_thread, iotlb, InvalidationLatency, InvalidationWait, IoCaches,
+    IommuMmu, IommuMmuStats,
 };
 pub use table::{Discipline, IoTableStats, IoTables, IOMMU_FORMAT};

@@ -42,10 +42,11 @@
 //!
 //! **The mapping layer alone** (issue 36): per packet, the time inside the driver's
 //! map and unmap calls (`Instant` around each call, on the queue's own thread) less the
-//! invalidation busy-waits spun inside them (`gmem_iommu::spun_nanos_on_this_thread`,
-//! the measured spin, not the modeled latency): IOVA allocation and free, the
-//! bookkeeping, the table edits and the locks, without the DMA, the verification and
-//! the invalidation's wait. It is wall time of the calls, equal to their CPU time while
+//! time spent inside IOTLB invalidations in them
+//! (`gmem_iommu::invalidating_nanos_on_this_thread`, measured: the busy-wait and the
+//! simulated IOTLB dropping its entries, the hardware's part): IOVA allocation and
+//! free, the bookkeeping, the table edits and the locks (waiting for a lock included),
+//! without the DMA, the verification and the invalidation. It is wall time of the calls, equal to their CPU time while
 //! the thread is not preempted (the locks spin; nothing sleeps); a preemption inside a
 //! call counts, so on a loaded machine the figure is an upper bound. Waiting in `take`
 //! for an asynchronously unmapped buffer to come back is not counted (it is rare: the
@@ -190,7 +191,7 @@ pub struct Row {
     /// CPU per packet over the baseline's (same threads).
     pub cpu_vs_baseline: f64,
     /// The mapping layer alone: nanoseconds per packet inside the map and unmap calls,
-    /// less the invalidation busy-waits spun in them (no DMA, no verification).
+    /// less the invalidations in them (no DMA, no verification).
     pub map_unmap_ns_per_packet: f64,
     /// That cost over the baseline's (same threads; below 1 is cheaper).
     pub map_unmap_vs_baseline: f64,
@@ -341,19 +342,19 @@ struct QueueRun {
     dma_errors: u64,
     /// The IOVA of the last packet (unmapped since: must fault after the run).
     last_va: VirtAddr,
-    /// Time inside the packets' map and unmap calls, less the invalidation busy-waits
-    /// spun in them: the mapping layer alone.
+    /// Time inside the packets' map and unmap calls, less the invalidations in them:
+    /// the mapping layer alone.
     mapping: Duration,
 }
 
-/// Run `f` (a map or an unmap) and add its wall time less the invalidation busy-waits
-/// this thread spun inside it to `mapping`.
+/// Run `f` (a map or an unmap) and add its wall time less the time this thread spent
+/// inside invalidations in it to `mapping`.
 fn timed<T>(mapping: &mut Duration, f: impl FnOnce() -> T) -> T {
-    let spun = gmem_iommu::spun_nanos_on_this_thread();
+    let spun = gmem_iommu::invalidating_nanos_on_this_thread();
     let t = Instant::now();
     let r = f();
     let took = t.elapsed();
-    let waited = gmem_iommu::spun_nanos_on_this_thread() - spun;
+    let waited = gmem_iommu::invalidating_nanos_on_this_thread() - spun;
     *mapping += took.saturating_sub(Duration::from_nanos(waited));
     r
 }
