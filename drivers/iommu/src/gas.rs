@@ -179,7 +179,7 @@ impl Gas {
             .checked_mul(PAGE_SIZE)
             .filter(|s| *s > 0 && *s <= self.end - self.start)
             .ok_or(no)?;
-        let need = size + 2 * PAGE_SIZE;
+        let need = size.saturating_add(2 * PAGE_SIZE);
         let mut visited = 0;
         let found = self.find(self.root, need, &mut visited);
         self.stats.nodes_visited += visited;
@@ -479,6 +479,11 @@ mod tests {
         g.check().unwrap();
         assert!(Gas::new(P, P).is_err() && Gas::new(0, 2 * P).is_err());
         assert!(Gas::new(1, 16 * P).is_err());
+        // A size next to the top of the address space is refused, not overflowed.
+        let mut top = Gas::new(0, u64::MAX - (P - 1)).unwrap();
+        let pages = (u64::MAX - (P - 1)) / P;
+        assert_eq!(top.alloc(pages), Err(IovaError::NoSpace { pages }));
+        assert_eq!(top.alloc(pages - 2).unwrap().1, P);
     }
 
     #[test]

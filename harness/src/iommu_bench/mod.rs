@@ -312,8 +312,12 @@ struct Legacy<'a> {
 impl Driver for Legacy<'_> {
     type Handle = usize;
     fn map(&self, frame: PhysAddr) -> Result<(usize, VirtAddr), String> {
-        let i = ((frame.as_u64() - self.base) / PAGE_SIZE) as usize;
-        let map = self.maps.get(i).ok_or("a buffer outside the pool")?;
+        let map = frame
+            .as_u64()
+            .checked_sub(self.base)
+            .map(|off| (off / PAGE_SIZE) as usize)
+            .and_then(|i| self.maps.get(i).map(|m| (i, m)));
+        let (i, map) = map.ok_or("a buffer outside the pool")?;
         let va = self
             .dom
             .load(map, &[frame], Prot::WRITE)
