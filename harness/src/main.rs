@@ -28,6 +28,36 @@ use std::fs::File;
 use std::io::BufReader;
 use std::process::ExitCode;
 
+// Bounds of the numeric arguments: each keeps a run's memory (the simulated devices
+// hold real bytes) and time finite, with the default well inside. An out-of-range
+// value is refused by the parser with the range in its message, before anything runs.
+/// Device memory as a percentage of the working set.
+const MAX_PERCENT: u64 = 1000;
+/// VectorAdd elements per vector: three u32 vectors of 256 MiB.
+const MAX_ELEMENTS: u64 = 1 << 26;
+/// Backprop input units: about 4x the paper's 137.5 MiB network.
+const MAX_INPUTS: u64 = 1 << 22;
+/// Training steps.
+const MAX_STEPS: u32 = 1000;
+/// ATAX matrix dimension: a 256 MiB matrix of f32.
+const MAX_ATAX_N: u64 = 8192;
+/// Pages of a working set or of accelerator memory (4 GiB).
+const MAX_PAGES: u64 = 1 << 20;
+/// Pages of host memory for replay (16 GiB).
+const MAX_HOST_PAGES: u64 = 1 << 22;
+/// Hot/cold accesses.
+const MAX_ACCESSES: u64 = 100_000_000;
+
+/// A parser of u64 values in `lo..=hi`.
+fn bounded(lo: u64, hi: u64) -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(lo..=hi)
+}
+
+/// A parser of u32 values in `lo..=hi`.
+fn bounded_u32(lo: u32, hi: u32) -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(i64::from(lo)..=i64::from(hi))
+}
+
 #[derive(Parser)]
 #[command(
     name = "gmem-harness",
@@ -110,41 +140,42 @@ enum Command {
         /// The accelerator.
         #[arg(long, value_enum, default_value = "discrete")]
         accel: AccelKind,
-        /// Discrete-GPU memory as a percentage of the working set.
-        #[arg(long, default_value_t = 50)]
+        /// Discrete-GPU memory as a percentage of the working set (1..=1000).
+        #[arg(long, default_value_t = 50, value_parser = bounded(1, MAX_PERCENT))]
         device_memory_percent: u64,
-        /// VectorAdd: elements per vector (u32).
-        #[arg(long, default_value_t = 1 << 20)]
+        /// VectorAdd: elements per vector (u32; 1..=2^26, three vectors of 256 MiB).
+        #[arg(long, default_value_t = 1 << 20, value_parser = bounded(1, MAX_ELEMENTS))]
         elements: u64,
-        /// Backprop: input units.
-        #[arg(long, default_value_t = 1 << 16)]
+        /// Backprop: input units (1..=2^22, about 4x the paper's network).
+        #[arg(long, default_value_t = 1 << 16, value_parser = bounded(1, MAX_INPUTS))]
         inputs: u64,
-        /// Backprop: training steps.
-        #[arg(long, default_value_t = 3)]
+        /// Backprop: training steps (1..=1000).
+        #[arg(long, default_value_t = 3, value_parser = bounded_u32(1, MAX_STEPS))]
         steps: u32,
-        /// ATAX: matrix dimension.
-        #[arg(long, default_value_t = 1024)]
+        /// ATAX: matrix dimension (1..=8192, a 256 MiB matrix).
+        #[arg(long, default_value_t = 1024, value_parser = bounded(1, MAX_ATAX_N))]
         n: u64,
     },
     /// Reproduce a paper's result; writes CSV, JSON and an SVG plot.
     Reproduce {
         #[arg(value_enum)]
         experiment: Experiment,
-        /// Backprop input units (the default makes the paper's 137.5 MiB network).
-        #[arg(long, default_value_t = 1_092_000)]
+        /// Backprop input units (the default makes the paper's 137.5 MiB network;
+        /// 1..=2^22).
+        #[arg(long, default_value_t = 1_092_000, value_parser = bounded(1, MAX_INPUTS))]
         inputs: u64,
-        /// Training steps.
-        #[arg(long, default_value_t = 3)]
+        /// Training steps (1..=1000).
+        #[arg(long, default_value_t = 3, value_parser = bounded_u32(1, MAX_STEPS))]
         steps: u32,
         /// Where to write the table and the plot.
         #[arg(long, default_value = "out")]
         out: String,
         /// iommu: modeled IOTLB invalidation latency in ns (busy-waited by the CPU
-        /// that issues the invalidation).
-        #[arg(long, default_value_t = 2000)]
+        /// that issues the invalidation; 0..=100000).
+        #[arg(long, default_value_t = 2000, value_parser = bounded(0, iommu_bench::MAX_INVAL_NS))]
         inval_ns: u64,
-        /// iommu: packets per receive queue per run.
-        #[arg(long, default_value_t = 20_000)]
+        /// iommu: packets per receive queue per run (1..=1000000).
+        #[arg(long, default_value_t = 20_000, value_parser = bounded(1, iommu_bench::MAX_PACKETS))]
         packets: u64,
         /// regdem, adsm, coda, mesc: CI sizes (seconds).
         #[arg(long)]
@@ -164,17 +195,17 @@ enum Command {
     /// FIFO against CLOCK eviction of the discrete GPU's memory: Table 4's traffic and
     /// a skewed hot/cold workload under each policy, in one run (every run verified).
     Aging {
-        /// Backprop input units (1_092_000 is the paper's 137.5 MiB network).
-        #[arg(long, default_value_t = 1 << 16)]
+        /// Backprop input units (1_092_000 is the paper's 137.5 MiB network; 1..=2^22).
+        #[arg(long, default_value_t = 1 << 16, value_parser = bounded(1, MAX_INPUTS))]
         inputs: u64,
-        /// Backprop training steps.
-        #[arg(long, default_value_t = 3)]
+        /// Backprop training steps (1..=1000).
+        #[arg(long, default_value_t = 3, value_parser = bounded_u32(1, MAX_STEPS))]
         steps: u32,
-        /// Hot/cold: pages of the working set (the device holds half).
-        #[arg(long, default_value_t = 4096)]
+        /// Hot/cold: pages of the working set (the device holds half; 2..=2^20).
+        #[arg(long, default_value_t = 4096, value_parser = bounded(2, MAX_PAGES))]
         pages: u64,
-        /// Hot/cold: accesses.
-        #[arg(long, default_value_t = 200_000)]
+        /// Hot/cold: accesses (1..=10^8).
+        #[arg(long, default_value_t = 200_000, value_parser = bounded(1, MAX_ACCESSES))]
         accesses: u64,
     },
     /// Run workloads on the SIMT GPU model (MESC geometry), verified, with per-unit L1
@@ -207,8 +238,8 @@ enum Command {
         /// The CI size (about a second).
         #[arg(long)]
         quick: bool,
-        /// The churn's seed.
-        #[arg(long, default_value_t = 0x5eed)]
+        /// The churn's seed (any u64; a value that does not parse as one is refused).
+        #[arg(long, default_value_t = 0x5eed, value_parser = bounded(0, u64::MAX))]
         seed: u64,
     },
     /// Replay a trace, checking every load against a reference model of the bytes.
@@ -220,11 +251,12 @@ enum Command {
         /// Device that replays lackey accesses.
         #[arg(long, value_enum, default_value = "gpu")]
         on: OnDevice,
-        /// Pages of accelerator memory (fewer than the trace touches = oversubscription).
-        #[arg(long, default_value_t = 4096)]
+        /// Pages of accelerator memory (fewer than the trace touches = oversubscription;
+        /// 1..=2^20).
+        #[arg(long, default_value_t = 4096, value_parser = bounded(1, MAX_PAGES))]
         gpu_pages: u64,
-        /// Pages of host memory.
-        #[arg(long, default_value_t = 1 << 20)]
+        /// Pages of host memory (1..=2^22, 16 GiB).
+        #[arg(long, default_value_t = 1 << 20, value_parser = bounded(1, MAX_HOST_PAGES))]
         host_pages: u64,
         /// Check the core's invariants after every event (slow on long traces).
         #[arg(long)]
@@ -730,6 +762,95 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(args: &[&str]) -> String {
+        match Cli::try_parse_from(args) {
+            Ok(_) => panic!("{args:?} was accepted"),
+            Err(e) => {
+                assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+                e.to_string()
+            }
+        }
+    }
+
+    #[test]
+    fn an_invalidation_latency_out_of_range_is_refused_with_the_range() {
+        let m = refused(&[
+            "gmem-harness",
+            "reproduce",
+            "iommu",
+            "--inval-ns",
+            "99999999999999",
+        ]);
+        assert!(m.contains("--inval-ns") && m.contains("0..=100000"), "{m}");
+        assert!(Cli::try_parse_from([
+            "gmem-harness",
+            "reproduce",
+            "iommu",
+            "--inval-ns",
+            "100000"
+        ])
+        .is_ok());
+    }
+
+    #[test]
+    fn every_bounded_numeric_argument_refuses_zero_or_too_much() {
+        let cases: &[&[&str]] = &[
+            &["run", "--device-memory-percent", "0"],
+            &["run", "--device-memory-percent", "1001"],
+            &["run", "--elements", "0"],
+            &["run", "--elements", "67108865"],
+            &["run", "--inputs", "4194305"],
+            &["run", "--steps", "0"],
+            &["run", "--steps", "1001"],
+            &["run", "--n", "8193"],
+            &["reproduce", "iommu", "--packets", "0"],
+            &["reproduce", "iommu", "--packets", "1000001"],
+            &["reproduce", "gmem-table4", "--inputs", "0"],
+            &["reproduce", "gmem-table4", "--steps", "4000000000"],
+            &["aging", "--pages", "1"],
+            &["aging", "--pages", "1048577"],
+            &["aging", "--accesses", "0"],
+            &["aging", "--accesses", "100000001"],
+            &["aging", "--inputs", "0"],
+            &["aging", "--steps", "0"],
+            &["replay", "t", "--gpu-pages", "0"],
+            &["replay", "t", "--host-pages", "4194305"],
+        ];
+        for c in cases {
+            let args: Vec<&str> = std::iter::once("gmem-harness")
+                .chain(c.iter().copied())
+                .collect();
+            let m = refused(&args);
+            assert!(m.contains(c[c.len() - 2]), "{c:?}: {m}");
+        }
+        // A seed takes any u64 but not something else.
+        assert!(Cli::try_parse_from([
+            "gmem-harness",
+            "contiguity",
+            "--seed",
+            "18446744073709551615"
+        ])
+        .is_ok());
+        assert!(Cli::try_parse_from(["gmem-harness", "contiguity", "--seed", "-1"]).is_err());
+        // The defaults are inside the bounds.
+        for c in [
+            &["run"][..],
+            &["reproduce", "iommu"],
+            &["aging"],
+            &["replay", "t"],
+        ] {
+            let args: Vec<&str> = std::iter::once("gmem-harness")
+                .chain(c.iter().copied())
+                .collect();
+            assert!(Cli::try_parse_from(&args).is_ok(), "{c:?}");
         }
     }
 }

@@ -17,8 +17,8 @@ use crate::mmu::{iotlb, InvalidationLatency, IoCaches, IommuMmu, IommuMmuStats};
 use crate::table::{Discipline, IoTableStats, IoTables};
 use gmem_core::{
     Activation, AllocError, AllocPolicy, AllocRequest, AttachError, Callback, DevCaps, DeviceDesc,
-    DeviceError, DeviceId, Gmem, MapError, MapFlags, MapRequest, MmuMode, PhysAddr, Prot, Region,
-    RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
+    DeviceError, DeviceId, Gmem, MapError, MapFlags, MapRequest, Mmu, MmuMode, PageSizes, PhysAddr,
+    Prot, Region, RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
 };
 use gmem_sim::{
     BoundsError, MemoryMap, Miss, SimMemory, TlbConfigError, TranslationCaches, Translator,
@@ -27,6 +27,9 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// A 2 MiB leaf's size.
+const LARGE: u64 = 2 << 20;
 
 /// What an IOMMU is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,11 +44,15 @@ pub struct IommuConfig {
     pub latency: InvalidationLatency,
     /// DMA queues per device (each with an L1 in front of the shared IOTLB).
     pub queues: usize,
+    /// Map 2 MiB leaves where a buffer's IOVA block and frames allow
+    /// ([`IoTables::with_superpages`]; locked discipline only). Off by default; Table 3's
+    /// variants keep it off.
+    pub superpages: bool,
 }
 
 impl Default for IommuConfig {
     /// Reader-writer tables, 4 MiB of table memory at 960 GiB, 2 µs spun invalidations,
-    /// one queue per device.
+    /// one queue per device, 4 KiB leaves only.
     fn default() -> Self {
         IommuConfig {
             discipline: Discipline::Rw,
@@ -53,6 +60,7 @@ impl Default for IommuConfig {
             table_frames: 1024,
             latency: InvalidationLatency::TYPICAL,
             queues: 1,
+            superpages: false,
         }
     }
 }
@@ -74,6 +82,8 @@ pub enum IommuError {
     OutOfTableMemory,
     /// MESC's contiguity bits are kept by the locked discipline only.
     MescNeedsLocked(Discipline),
+    /// Superpages are split by the locked discipline only.
+    SuperpagesNeedLocked(Discipline),
 }
 
 impl fmt::Display for IommuError {
@@ -163,12 +173,21 @@ impl Iommu {
     /// An IOMMU whose devices reach memory through `map` (the machine's memory map).
     ///
     /// # Errors
-    /// [`IommuError::Tables`] with [`TableMemoryError::BadRange`]: `table_base` is not
-    /// page aligned, `table_frames` is zero or above [`crate::memory::MAX_FRAMES`], or
-    /// the range overflows.
+    /// - [`IommuError::Tables`] with [`TableMemoryError::BadRange`]: `table_base` is not
+    ///   page aligned, `table_frames` is zero or above [`crate::memory::MAX_FRAMES`], or
+    ///   the range overflows.
+    /// - [`IommuError::SuperpagesNeedLocked`]: `superpages` with another discipline than
+    ///   [`Discipline::Locked`].
     pub fn new(config: IommuConfig, map: Arc<MemoryMap>) -> Result<Iommu, IommuError> {
-        let tables = IoTables::new(config.discipline, config.table_base, config.table_frames)
-            .map_err(IommuError::Tables)?;
+        let tables = if config.superpages {
+            if config.discipline != Discipline::Locked {
+                return Err(IommuError::SuperpagesNeedLocked(config.discipline));
+            }
+            IoTables::with_superpages(config.table_base, config.table_frames)
+        } else {
+            IoTables::new(config.discipline, config.table_base, config.table_frames)
+        }
+        .map_err(IommuError::Tables)?;
         Ok(Iommu {
             config,
             tables: Arc::new(tables),
@@ -467,7 +486,9 @@ impl DmaDevice {
     /// Map a buffer made of `frames` (4 KiB each, memory of device `memory` the core
     /// does not manage) for DMA with `prot`: an IOVA range from the space's arena, the
     /// mapping installed in the device's table before this returns. On error nothing
-    /// stays allocated.
+    /// stays allocated. With superpages ([`IommuConfig::superpages`]) a buffer of 2 MiB
+    /// or more gets a 2 MiB-aligned IOVA range, so that each aligned 2 MiB block of
+    /// contiguous frames becomes one leaf.
     ///
     /// # Errors
     /// - [`BusDmaError::Alloc`]: no IOVA range: a stale `space`, an empty `frames`
@@ -484,9 +505,11 @@ impl DmaDevice {
         prot: Prot,
     ) -> Result<Region, BusDmaError> {
         let size = frames.len() as u64 * PAGE_SIZE;
-        let region = gm
-            .as_alloc(space, AllocRequest::new(size))
-            .map_err(BusDmaError::Alloc)?;
+        let mut request = AllocRequest::new(size);
+        if size >= LARGE && self.mmu().page_sizes().contains(PageSizes::S2M) {
+            request.align = LARGE;
+        }
+        let region = gm.as_alloc(space, request).map_err(BusDmaError::Alloc)?;
         if let Err(e) = gm.region_map(region, MapRequest::new(frames, memory).prot(prot)) {
             let _ = gm.region_dealloc(region, MapFlags::empty(), None);
             return Err(BusDmaError::Map(e));

@@ -15,12 +15,13 @@
 //! | [`table`] | MMU-specific: x86-64 4-level tables, lock-free / reader-writer / locked edits |
 //! | [`mmu`] | MMU-specific: a device's IOMMU context, its IOTLB, the invalidation latency |
 //! | [`device`] | device-independent: the IOMMU unit, DMA devices in the core, bus_dma map/unmap, DMA |
-//! | [`baseline`] | the peer: tree IOVA allocator + one giant lock, bypassing the core |
+//! | [`baseline`] | the peer: FreeBSD's busdma path (GAS tree, domain / page-table / unit locks), bypassing the core |
+//! | [`gas`] | the peer's IOVA allocator: FreeBSD's augmented tree of map entries |
 //!
 //! ## What each variant of Table 3 is here
 //! | paper | here |
 //! |---|---|
-//! | FreeBSD (tree allocator, giant lock) | [`GiantLockDomain`] on [`Discipline::Locked`] tables |
+//! | FreeBSD (GAS tree allocator, giant-locked page table) | [`GiantLockDomain`] on [`Discipline::Locked`] tables |
 //! | GM-V | [`DmaDevice`] (core's vmem arena), [`Discipline::Locked`], strict unmap |
 //! | GM-V-CAS | [`Discipline::Cas`], strict unmap |
 //! | GM-V-RW | [`Discipline::Rw`], strict unmap |
@@ -63,6 +64,7 @@
 
 pub mod baseline;
 pub mod device;
+pub mod gas;
 pub mod memory;
 pub mod mmu;
 mod sync;
@@ -70,11 +72,15 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
-pub use baseline::{GiantLockDomain, IovaError, LegacyError, TreeIova, TreeIovaStats};
+pub use baseline::{BusDmaMap, GiantLockDomain, LegacyError, LegacyStats};
 pub use device::{
     BusDmaError, CachesFn, DmaDevice, DmaError, DmaFault, DmaPort, DmaStats, Iommu, IommuConfig,
     IommuError,
 };
+pub use gas::{Gas, GasEntry, GasStats, IovaError};
 pub use memory::{TableMemory, TableMemoryError, TableMemoryStats};
-pub use mmu::{iotlb, InvalidationLatency, InvalidationWait, IoCaches, IommuMmu, IommuMmuStats};
+pub use mmu::{
+    invalidating_nanos_on_this_thread, iotlb, InvalidationLatency, InvalidationWait, IoCaches,
+    IommuMmu, IommuMmuStats,
+};
 pub use table::{Discipline, IoTableStats, IoTables, IOMMU_FORMAT};

@@ -34,8 +34,18 @@
 //! The hardware walk ([`TableFormat::walk`]) never takes a lock: it loads each entry
 //! once with acquire ordering, so it sees an entry before or after an edit, never half
 //! of one. Intermediate entries are fully permissive; permissions live in the leaf.
-//! Only 4 KiB leaves are used (DMA buffers are small; the IOVA allocator does not align
-//! them for large pages).
+//!
+//! ## Superpages
+//! By default only 4 KiB leaves are used (DMA buffers are small). Tables made with
+//! [`IoTables::with_superpages`] (locked discipline only: the engine splits a large
+//! leaf under its plain discipline, where no concurrent edit can meet the split) also
+//! map 2 MiB leaves — VT-d's second-level 2 MiB pages, `CAP.SLLPS` bit 0 (Intel VT-d
+//! specification, section 11.4.2) — and report them to the core in
+//! [`TableFormat::page_sizes`]; the core then asks for one whenever a buffer's IOVA
+//! block and frames are one aligned 2 MiB block (see `gmem_core::mmu`, *Large leaves*).
+//! Each large leaf keeps a split reserve (one table page), so a partial unmap splits it
+//! into 512 leaves without allocating and cannot fail. 1 GiB leaves are not offered:
+//! the x86-64 codec here encodes large leaves at level 1 only.
 
 use crate::memory::{TableMemory, TableMemoryError, TableMemoryStats};
 use crate::sync::Ordering;
@@ -112,6 +122,36 @@ impl IoTables {
     ) -> Result<IoTables, TableMemoryError> {
         // 4 KiB leaves only, no derived bits: every discipline accepts the codec.
         IoTables::with_codec(discipline, X86Codec::default(), base, frames)
+    }
+
+    /// Locked tables that map 2 MiB leaves where the core asks for them, each with a
+    /// split reserve (see the module's *Superpages*).
+    ///
+    /// # Errors
+    /// The table memory's range is invalid.
+    pub fn with_superpages(base: PhysAddr, frames: u64) -> Result<IoTables, TableMemoryError> {
+        let codec = X86Codec {
+            config: gmem_x86pt::X86Config {
+                large_pages: true,
+                ..Default::default()
+            },
+        };
+        let memory = TableMemory::new(base, frames)?;
+        let engine = Engine::concurrent(codec, memory, EngineDiscipline::Plain)
+            .map_err(|_| TableMemoryError::BadRange {
+                base: base.as_u64(),
+                frames,
+            })?
+            .with_split_reserve();
+        Ok(IoTables {
+            discipline: Discipline::Locked,
+            engine,
+        })
+    }
+
+    /// Whether the tables map 2 MiB leaves ([`IoTables::with_superpages`]).
+    pub fn superpages(&self) -> bool {
+        self.engine.codec().config.large_pages
     }
 
     /// Locked tables that keep MESC's contiguity bits ([`gmem_x86pt::mesc`]) in every
@@ -205,7 +245,10 @@ impl IoTables {
             None => self.engine.unmap(root.0, va, len),
             Some(p) => self.engine.protect(root.0, va, len, p),
         };
-        // Without large leaves an unmap or protect of a valid range cannot fail.
+        // Without large leaves an unmap or protect of a valid range cannot fail; with
+        // them an unmap splits from the leaf's reserve and cannot fail either, and a
+        // protect that finds no page for a split leaves the leaf whole (the core then
+        // unmaps its block, `gmem_core::mmu`).
         match self.discipline {
             Discipline::Cas => {
                 let _ = edit();
@@ -236,7 +279,11 @@ impl TableFormat for IoTables {
     }
 
     fn page_sizes(&self) -> PageSizes {
-        PageSizes::S4K
+        if self.superpages() {
+            PageSizes::S4K | PageSizes::S2M
+        } else {
+            PageSizes::S4K
+        }
     }
 
     fn create(&self) -> Result<PageTableRoot, MmuError> {

@@ -494,34 +494,7 @@ fn detaching_the_device_destroys_its_table_and_returns_every_table_page() {
 // ----- baseline -------------------------------------------------------------------------
 
 #[test]
-fn the_tree_allocator_hands_out_top_down_reuses_freed_gaps_and_refuses_bad_frees() {
-    let mut t = TreeIova::new(0x1000, 0x11000).unwrap();
-    let a = t.alloc(4).unwrap();
-    let b = t.alloc(4).unwrap();
-    assert_eq!((a, b), (0xd000, 0x9000));
-    t.free(a).unwrap();
-    assert_eq!(
-        t.alloc(2).unwrap(),
-        0xf000,
-        "the freed gap at the top first"
-    );
-    assert_eq!(t.free(a), Err(IovaError::NotAllocated { iova: a }));
-    let c = t.alloc(8).unwrap();
-    assert_eq!(c, 0x1000);
-    assert_eq!(t.alloc(3), Err(IovaError::NoSpace { pages: 3 }));
-    assert_eq!(
-        t.alloc(2).unwrap(),
-        0xd000,
-        "the 2-page hole is found by restarting"
-    );
-    assert_eq!(t.live(), 4);
-    assert!(t.stats().restarts >= 1);
-    assert!(TreeIova::new(0x1000, 0x1000).is_err());
-    assert_eq!(t.alloc(0), Err(IovaError::NoSpace { pages: 0 }));
-}
-
-#[test]
-fn the_giant_lock_baseline_maps_dmas_and_unmaps_strictly_on_the_same_hardware() {
+fn the_freebsd_baseline_loads_dmas_and_unloads_strictly_on_the_same_hardware() {
     let m = machine();
     let config = IommuConfig {
         discipline: Discipline::Locked,
@@ -536,22 +509,32 @@ fn the_giant_lock_baseline_maps_dmas_and_unmaps_strictly_on_the_same_hardware() 
         m.gm.host(),
     )
     .unwrap();
+    let map = BusDmaMap::new();
     let f = PhysAddr::new(m.buffers + 0x3000);
-    let iova = dom.map(&[f], Prot::WRITE).unwrap();
-    assert_eq!(iova.as_u64(), (1 << 32) - PAGE_SIZE);
+    let iova = dom.load(&map, &[f], Prot::WRITE).unwrap();
+    assert_eq!(
+        iova.as_u64(),
+        (1 << 20) + PAGE_SIZE,
+        "first fit after a guard page"
+    );
+    assert!(map.is_loaded());
     dom.port().write(0, iova, b"frame").unwrap();
     let mut got = [0u8; 5];
     m.cpu.memory().read(f, &mut got).unwrap();
     assert_eq!(&got, b"frame");
-    dom.unmap(iova).unwrap();
+    // The guard page after the buffer faults.
+    assert!(dom
+        .port()
+        .write(0, VirtAddr::new(iova.as_u64() + PAGE_SIZE), b"x")
+        .is_err());
+    dom.unload(&map).unwrap();
+    assert!(!map.is_loaded());
     assert!(dom.port().write(0, iova, b"x").is_err());
-    assert_eq!(
-        dom.unmap(iova),
-        Err(LegacyError::Iova(IovaError::NotAllocated {
-            iova: iova.as_u64()
-        }))
-    );
+    assert_eq!(dom.unload(&map), Err(LegacyError::NotLoaded));
+    assert_eq!(dom.load(&map, &[], Prot::WRITE), Err(LegacyError::Empty));
     assert_eq!(dom.port().stats().mmu.invalidations, 1);
+    let s = dom.stats();
+    assert_eq!((s.loads, s.unloads, s.live), (1, 1, 0));
     assert_eq!(
         iommu.table_stats().memory.in_use,
         1,
@@ -559,4 +542,256 @@ fn the_giant_lock_baseline_maps_dmas_and_unmaps_strictly_on_the_same_hardware() 
     );
     drop(dom);
     assert_eq!(iommu.table_stats().memory.in_use, 0);
+}
+
+#[test]
+fn the_baseline_maps_a_16_page_buffer_of_scattered_frames_and_every_byte_verifies() {
+    let m = machine();
+    let config = IommuConfig {
+        discipline: Discipline::Locked,
+        latency: InvalidationLatency::accounted(0),
+        ..IommuConfig::default()
+    };
+    let iommu = Iommu::new(config, m.cpu.memory_map().clone()).unwrap();
+    let dom = GiantLockDomain::new(
+        &iommu,
+        VirtAddr::new(1 << 20),
+        VirtAddr::new(1 << 24),
+        m.gm.host(),
+    )
+    .unwrap();
+    // Two contiguous runs of 8 frames, the second below the first.
+    let frames: Vec<PhysAddr> = (0..16u64)
+        .map(|i| PhysAddr::new(m.buffers + ((i + 8) % 16) * PAGE_SIZE))
+        .collect();
+    let maps: Vec<BusDmaMap> = (0..3).map(|_| BusDmaMap::new()).collect();
+    let a = dom.load(&maps[0], &frames, Prot::RW).unwrap();
+    let b = dom.load(&maps[1], &frames[..1], Prot::RW).unwrap();
+    assert_eq!(
+        b.as_u64(),
+        a.as_u64() + 17 * PAGE_SIZE,
+        "one guard page between"
+    );
+    let data: Vec<u8> = (0..16 * PAGE_SIZE as usize)
+        .map(|i| (i * 7 + 3) as u8)
+        .collect();
+    dom.port().write(0, a, &data).unwrap();
+    for (k, f) in frames.iter().enumerate() {
+        let mut got = vec![0u8; PAGE_SIZE as usize];
+        m.cpu.memory().read(*f, &mut got).unwrap();
+        assert_eq!(
+            got,
+            data[k * PAGE_SIZE as usize..(k + 1) * PAGE_SIZE as usize]
+        );
+    }
+    let mut back = vec![0u8; data.len()];
+    dom.port().read(0, a, &mut back).unwrap();
+    assert_eq!(back, data);
+    dom.unload(&maps[0]).unwrap();
+    // The freed 16 pages are found first again.
+    let c = dom.load(&maps[2], &frames[..4], Prot::READ).unwrap();
+    assert_eq!(c, a);
+    assert_eq!(
+        dom.check().unwrap(),
+        vec![
+            (a.as_u64(), a.as_u64() + 4 * PAGE_SIZE),
+            (b.as_u64(), b.as_u64() + PAGE_SIZE)
+        ]
+    );
+    dom.unload(&maps[1]).unwrap();
+    dom.unload(&maps[2]).unwrap();
+    assert!(dom.check().unwrap().is_empty());
+    assert_eq!(iommu.table_stats().memory.in_use, 1);
+}
+
+#[test]
+fn the_baseline_keeps_its_books_under_two_threads_loading_and_unloading() {
+    let m = machine();
+    let config = IommuConfig {
+        discipline: Discipline::Locked,
+        latency: InvalidationLatency::accounted(0),
+        queues: 2,
+        ..IommuConfig::default()
+    };
+    let iommu = Iommu::new(config, m.cpu.memory_map().clone()).unwrap();
+    let dom = GiantLockDomain::new(
+        &iommu,
+        VirtAddr::new(1 << 20),
+        VirtAddr::new(1 << 26),
+        m.gm.host(),
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        for q in 0..2u64 {
+            let (dom, m) = (&dom, &m);
+            s.spawn(move || {
+                let maps: Vec<BusDmaMap> = (0..8).map(|_| BusDmaMap::new()).collect();
+                for i in 0..2000u64 {
+                    let map = &maps[(i % 8) as usize];
+                    if map.is_loaded() {
+                        dom.unload(map).unwrap();
+                    }
+                    let f = PhysAddr::new(m.buffers + (q * 8 + i % 8) * PAGE_SIZE);
+                    let va = dom.load(map, &[f], Prot::RW).unwrap();
+                    let word = (q << 32 | i).to_le_bytes();
+                    dom.port().write(q as usize, va, &word).unwrap();
+                    let mut got = [0u8; 8];
+                    m.cpu.memory().read(f, &mut got).unwrap();
+                    assert_eq!(got, word);
+                }
+                for map in &maps {
+                    dom.unload(map).unwrap();
+                }
+            });
+        }
+    });
+    let s = dom.stats();
+    assert_eq!((s.loads, s.unloads, s.live), (4000, 4000, 0));
+    assert_eq!(s.gas.allocs, s.gas.frees);
+    assert!(dom.check().unwrap().is_empty());
+    assert_eq!(iommu.table_stats().memory.in_use, 1);
+}
+
+// ----- superpages -----------------------------------------------------------------------
+
+const TWO_MIB: u64 = 2 << 20;
+
+fn superpage_nic(m: &Machine, superpages: bool) -> (Iommu, DmaDevice, gmem_core::SpaceId) {
+    let config = IommuConfig {
+        discipline: Discipline::Locked,
+        latency: InvalidationLatency::accounted(2000),
+        superpages,
+        ..IommuConfig::default()
+    };
+    let iommu = Iommu::new(config, m.cpu.memory_map().clone()).unwrap();
+    let dev = iommu.create_device(&m.gm, "nic").unwrap();
+    let space = dev
+        .create_space(
+            &m.gm,
+            VirtAddr::new(1 << 20),
+            VirtAddr::new(1 << 32),
+            AllocPolicy::CACHED,
+        )
+        .unwrap();
+    (iommu, dev, space)
+}
+
+/// 512 contiguous frames at the first 2 MiB boundary of the buffer memory.
+fn two_mib_of_frames(m: &Machine) -> Vec<PhysAddr> {
+    let first = m.buffers.next_multiple_of(TWO_MIB);
+    (0..512)
+        .map(|i| PhysAddr::new(first + i * PAGE_SIZE))
+        .collect()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ (i >> 12) as u8 ^ seed)
+        .collect()
+}
+
+#[test]
+fn a_2mib_buffer_is_one_leaf_one_iotlb_entry_and_a_partial_unmap_splits_it() {
+    let m = machine();
+    let (iommu, dev, space) = superpage_nic(&m, true);
+    let frames = two_mib_of_frames(&m);
+    let region = dev
+        .map_buffer(&m.gm, space, &frames, m.gm.host(), Prot::RW)
+        .unwrap();
+    assert_eq!(region.start.as_u64() % TWO_MIB, 0, "a 2 MiB-aligned IOVA");
+    let edits = iommu.table_stats().edits;
+    assert_eq!((edits.leaves_large, edits.leaves_small), (1, 0), "one leaf");
+    // DMA over all of it: one walk, one IOTLB entry serves the 512 pages.
+    let data = pattern(TWO_MIB as usize, 7);
+    dev.write(0, region.start, &data).unwrap();
+    let st = dev.stats().mmu.sim;
+    assert_eq!(st.caches.walks, 1, "{st:?}");
+    for k in [0u64, 255, 511] {
+        assert!(dev
+            .mmu()
+            .cached(0, VirtAddr::new(region.start.as_u64() + k * PAGE_SIZE)));
+    }
+    let mut got = vec![0u8; TWO_MIB as usize];
+    m.cpu.memory().read(frames[0], &mut got).unwrap();
+    assert!(got == data, "the bytes landed in the 512 frames");
+    // Unmap 4 pages in the middle: the leaf is split, those pages fault, the other 508
+    // still translate to their frames.
+    let hole = VaRange::new(
+        VirtAddr::new(region.start.as_u64() + 100 * PAGE_SIZE),
+        4 * PAGE_SIZE,
+    )
+    .unwrap();
+    m.gm.region_unmap_range(region, hole, MapFlags::empty(), None)
+        .unwrap();
+    assert_eq!(iommu.table_stats().edits.splits, 1);
+    for k in 100..104u64 {
+        let va = VirtAddr::new(region.start.as_u64() + k * PAGE_SIZE);
+        assert!(!dev.mmu().cached(0, va));
+        assert!(matches!(
+            dev.write(0, va, &[1]),
+            Err(DmaError::Fault(DmaFault {
+                miss: Miss::NotPresent,
+                ..
+            }))
+        ));
+    }
+    let before = pattern(100 * PAGE_SIZE as usize, 7);
+    let mut back = vec![0u8; before.len()];
+    dev.read(0, region.start, &mut back).unwrap();
+    assert!(
+        back == before,
+        "pages below the hole read their frames' bytes"
+    );
+    let tail_va = VirtAddr::new(region.start.as_u64() + 104 * PAGE_SIZE);
+    let mut tail = vec![0u8; (408 * PAGE_SIZE) as usize];
+    dev.read(0, tail_va, &mut tail).unwrap();
+    assert!(tail == data[(104 * PAGE_SIZE) as usize..], "and above it");
+    // A fresh write through the split leaves lands in the right frame.
+    dev.write(
+        0,
+        VirtAddr::new(region.start.as_u64() + 300 * PAGE_SIZE),
+        b"split",
+    )
+    .unwrap();
+    let mut w = [0u8; 5];
+    m.cpu.memory().read(frames[300], &mut w).unwrap();
+    assert_eq!(&w, b"split");
+    m.gm.check_invariants(space).unwrap();
+    dev.unmap_buffer(&m.gm, region, MapFlags::empty(), None)
+        .unwrap();
+    assert!(dev.write(0, region.start, &[1]).is_err());
+    m.gm.dev_detach(dev.id(), space).unwrap();
+    assert_eq!(
+        iommu.table_stats().memory.in_use,
+        0,
+        "split reserve and tables freed"
+    );
+}
+
+#[test]
+fn without_superpages_the_same_buffer_is_512_leaves_and_other_disciplines_refuse_them() {
+    let m = machine();
+    let (iommu, dev, space) = superpage_nic(&m, false);
+    let frames = two_mib_of_frames(&m);
+    let region = dev
+        .map_buffer(&m.gm, space, &frames, m.gm.host(), Prot::RW)
+        .unwrap();
+    let edits = iommu.table_stats().edits;
+    assert_eq!((edits.leaves_large, edits.leaves_small), (0, 512));
+    let data = pattern(TWO_MIB as usize, 3);
+    dev.write(0, region.start, &data).unwrap();
+    assert_eq!(dev.stats().mmu.sim.caches.walks, 512);
+    dev.unmap_buffer(&m.gm, region, MapFlags::empty(), None)
+        .unwrap();
+    for d in [Discipline::Cas, Discipline::Rw] {
+        let config = IommuConfig {
+            discipline: d,
+            superpages: true,
+            ..IommuConfig::default()
+        };
+        assert_eq!(
+            Iommu::new(config, m.cpu.memory_map().clone()).err(),
+            Some(IommuError::SuperpagesNeedLocked(d))
+        );
+    }
 }

@@ -30,10 +30,10 @@ pub fn write(
 ) -> Result<Vec<String>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let csv_path = dir.join("iommu.csv");
-    let mut csv = String::from("variant,threads,packets,wall_s,kpps,cpu_us_per_packet,cpu_percent,pps_vs_baseline,cpu_vs_baseline,invalidations,invalidations_per_packet,walk_cache_flushes,table_pages_peak,table_pages_end,verified\n");
+    let mut csv = String::from("variant,threads,packets,wall_s,kpps,cpu_us_per_packet,cpu_percent,pps_vs_baseline,cpu_vs_baseline,map_unmap_ns_per_packet,map_unmap_vs_baseline,invalidations,invalidations_per_packet,walk_cache_flushes,table_pages_peak,table_pages_end,verified\n");
     for r in rows {
         csv += &format!(
-            "{},{},{},{:.4},{:.2},{:.3},{:.1},{:.3},{:.3},{},{:.4},{},{},{},{}\n",
+            "{},{},{},{:.4},{:.2},{:.3},{:.1},{:.3},{:.3},{:.1},{:.3},{},{:.4},{},{},{},{}\n",
             r.variant,
             r.threads,
             r.packets,
@@ -43,6 +43,8 @@ pub fn write(
             r.cpu_percent,
             r.pps_vs_baseline,
             r.cpu_vs_baseline,
+            r.map_unmap_ns_per_packet,
+            r.map_unmap_vs_baseline,
             r.invalidations,
             r.invalidations_per_packet,
             r.walk_cache_flushes,
@@ -141,7 +143,7 @@ pub fn run(inval_ns: u64, packets: u64, out: &str) -> Result<Report, String> {
         p.reps
     );
     println!(
-        "{:<11} {:>3} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>11} {:>8}",
+        "{:<11} {:>3} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11} {:>8}",
         "variant",
         "thr",
         "kpkt/s",
@@ -149,17 +151,19 @@ pub fn run(inval_ns: u64, packets: u64, out: &str) -> Result<Report, String> {
         "CPU%",
         "pkt/s",
         "CPU/pkt",
+        "map+unmap",
+        "map+unmap",
         "inval/pkt",
         "tbl pk/end",
         "verified"
     );
     println!(
-        "{:<11} {:>3} {:>9} {:>9} {:>6} {:>9} {:>9}",
-        "", "", "", "", "", "vs base", "vs base"
+        "{:<11} {:>3} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9}",
+        "", "", "", "", "", "vs base", "vs base", "ns/pkt", "vs base"
     );
     for r in &rows {
         println!(
-            "{:<11} {:>3} {:>9.1} {:>9.3} {:>6.0} {:>8.2}x {:>8.2}x {:>9.3} {:>5}/{:<5} {:>8}",
+            "{:<11} {:>3} {:>9.1} {:>9.3} {:>6.0} {:>8.2}x {:>8.2}x {:>9.0} {:>8.2}x {:>9.3} {:>5}/{:<5} {:>8}",
             r.variant,
             r.threads,
             r.kpps,
@@ -167,6 +171,8 @@ pub fn run(inval_ns: u64, packets: u64, out: &str) -> Result<Report, String> {
             r.cpu_percent,
             r.pps_vs_baseline,
             r.cpu_vs_baseline,
+            r.map_unmap_ns_per_packet,
+            r.map_unmap_vs_baseline,
             r.invalidations_per_packet,
             r.table_pages_peak,
             r.table_pages_end,
@@ -211,6 +217,10 @@ pub fn run(inval_ns: u64, packets: u64, out: &str) -> Result<Report, String> {
         r.row(
             &format!("{key}: CPU ns/packet"),
             (row.cpu_us_per_packet * 1e3) as u64,
+        );
+        r.row(
+            &format!("{key}: map+unmap ns/packet"),
+            row.map_unmap_ns_per_packet as u64,
         );
         r.row(&format!("{key}: invalidations"), row.invalidations);
     }
