@@ -106,7 +106,16 @@ fn ci() -> Result<(), String> {
     bare_metal()?;
     run(
         "benchmarks compile",
-        &["bench", "-p", "gmem-core", "-p", "gmem-simt", "--no-run"],
+        &[
+            "bench",
+            "-p",
+            "gmem-core",
+            "-p",
+            "gmem-simt",
+            "-p",
+            "gmem-iommu",
+            "--no-run",
+        ],
     )?;
     run(
         "main job",

@@ -721,8 +721,12 @@ fn a_2mib_buffer_is_one_leaf_one_iotlb_entry_and_a_partial_unmap_splits_it() {
         4 * PAGE_SIZE,
     )
     .unwrap();
-    m.gm.region_unmap_range(region, hole, MapFlags::empty(), None)
-        .unwrap();
+    m.gm.region_unmap(
+        gmem_core::Pages::range(region.space, hole),
+        MapFlags::empty(),
+        None,
+    )
+    .unwrap();
     assert_eq!(iommu.table_stats().edits.splits, 1);
     for k in 100..104u64 {
         let va = VirtAddr::new(region.start.as_u64() + k * PAGE_SIZE);
