@@ -1,5 +1,5 @@
-//! The [`Gmem`] instance: the device and address-space registries, the statistics, and
-//! the context the fault path and the space operations work with.
+//! The [`Gmem`] instance: the device and address-space registries, the statistics, the
+//! critical section around every call, and `check_invariants`.
 //!
 //! One `Gmem` per kernel. The KPI calls themselves live in [`crate::kpi`], one module
 //! per object they act on.
@@ -17,7 +17,8 @@ use crate::flags::{DevCaps, PageSizes};
 use crate::handle::{DeviceId, Slots, SpaceId};
 use crate::physmem::PhysMem;
 use crate::platform::Platform;
-use crate::space::SpaceInner;
+use crate::space::check::{fail, Violation};
+use crate::space::{Ctx, SpaceInner};
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Mutex, Rank, RwLock};
 
@@ -59,28 +60,6 @@ pub(crate) fn new_device(id: DeviceId, desc: DeviceDesc, extra: DevCaps) -> Devi
         phys: Mutex::ranked(PhysMem::new(), Rank::PhysMem),
         registered: AtomicU64::new(0),
         binding: Mutex::ranked(Binding::default(), Rank::Binding),
-    }
-}
-
-/// What the fault path and the space operations need of the instance: the counters,
-/// the host device and read access to the registries (leaf locks, see
-/// [`crate::sync`]).
-pub(crate) struct Ctx<'a> {
-    pub counters: &'a Counters,
-    pub host: &'a Arc<DeviceInner>,
-    devices: &'a RwLock<Slots<Arc<DeviceInner>>>,
-    spaces: &'a RwLock<Slots<Arc<SpaceInner>>>,
-}
-
-impl Ctx<'_> {
-    /// The live device `id`.
-    pub fn device(&self, id: DeviceId) -> Option<Arc<DeviceInner>> {
-        self.devices.read().get(id.index, id.generation).cloned()
-    }
-
-    /// The live space `id`.
-    pub fn space(&self, id: SpaceId) -> Option<Arc<SpaceInner>> {
-        self.spaces.read().get(id.index, id.generation).cloned()
     }
 }
 
@@ -158,12 +137,22 @@ impl Gmem {
 
     /// The context handed to the fault path and the space operations.
     pub(crate) fn context(&self) -> Ctx<'_> {
-        Ctx {
-            counters: &self.counters,
-            host: &self.host,
-            devices: &self.devices,
-            spaces: &self.spaces,
-        }
+        Ctx::new(&self.counters, &self.host, &self.devices, &self.spaces)
+    }
+}
+
+impl Gmem {
+    /// Check the invariants of one address space and of every memory it uses.
+    ///
+    /// # Errors
+    /// The first [`Violation`] found, or one naming a stale space handle.
+    pub fn check_invariants(&self, id: SpaceId) -> Result<(), Violation> {
+        let _critical = self.critical();
+        let Some(space) = self.space(id) else {
+            return fail("unknown address space", None);
+        };
+        let st = space.lock();
+        st.check(&space, id)
     }
 }
 

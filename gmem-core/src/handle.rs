@@ -5,6 +5,7 @@
 //! device, a deallocated region, a destroyed space) is recognised and answered with a
 //! typed error instead of silently naming whatever reused the slot.
 
+use crate::addr::VirtAddr;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -173,4 +174,15 @@ mod tests {
         assert_eq!(s.get(i2, g2), Some(&"b"));
         assert_eq!(s.len(), 1);
     }
+}
+
+/// A region handle: an allocated virtual range of a space (`gm_region_t`). `Copy`; a
+/// handle that outlived its region is answered with [`crate::RegionError::StaleRegion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    /// The space.
+    pub space: SpaceId,
+    /// First address.
+    pub start: VirtAddr,
+    pub(crate) id: u64,
 }

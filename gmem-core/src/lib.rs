@@ -172,7 +172,7 @@
 //! | `fault` | what a fault answers, and the fault path's theory |
 //! | `queue` | the asynchronous MMU queue, callbacks, strict unmaps invalidated outside the lock |
 //! | `physmem` | one device's frames: queues, reverse map, free extents, page groups |
-//! | `check`, `stats` | `check_invariants`; counters a caller can read |
+//! | `stats` | counters a caller can read |
 //!
 //! The entry point is [`Gmem`], one instance per kernel; a KPI call's path is
 //! `lib.rs` → [`kpi`] → the module named for its object.
@@ -194,7 +194,6 @@ extern crate alloc;
 extern crate std;
 
 mod addr;
-mod check;
 mod device;
 pub mod driver;
 pub mod error;
@@ -219,7 +218,6 @@ pub mod vmem;
 // The driver face lives in `driver`; the root names its items too (kernels and drivers
 // write `gmem_core::Mmu`), as plain re-exports so that each has one page.
 pub use addr::{AddrError, PageSize, Pfn, PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
-pub use check::Violation;
 #[doc(no_inline)]
 pub use driver::{
     bounce_copy, Attrs, DeviceDesc, DeviceMemory, FrameConstraint, FramePlacement, FrameRequest,
@@ -242,6 +240,7 @@ pub use physmem::{
     MAX_ORDER,
 };
 pub use queue::Callback;
+pub use space::check::Violation;
 pub use space::{
     Activation, AllocRequest, LargeLeaf, MmuMode, Placement, PlacementMode, PlacementTarget,
     Region, RegionInfo, MAX_MEMORIES, MAX_TABLES,

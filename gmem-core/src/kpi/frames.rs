@@ -207,7 +207,7 @@ impl Gmem {
     /// moved and the copies made.
     fn compact_block(
         &self,
-        cx: &crate::gmem::Ctx<'_>,
+        cx: &crate::space::Ctx<'_>,
         dev: &Arc<crate::device::DeviceInner>,
         src: BlockUse,
         order: u32,

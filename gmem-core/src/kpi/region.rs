@@ -5,31 +5,20 @@
 //! of it with the region's page span and write changes back with
 //! `SpaceState::put_region`.
 
-use crate::addr::{PhysAddr, VaRange, VirtAddr, Vpn, PAGE_SIZE};
+use crate::addr::{PhysAddr, VaRange, VirtAddr, PAGE_SIZE};
 use crate::error::{MapError, PolicyError, PopulateError, ProtectError, RegionError};
 use crate::flags::{MapFlags, Prot};
-use crate::gmem::{Ctx, Gmem};
+use crate::gmem::Gmem;
 use crate::handle::{DeviceId, MappingSetId, SpaceId};
 use crate::mmu::Attrs;
 use crate::queue::Callback;
+use crate::space::Ctx;
 use crate::space::{
-    Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
+    Checked, Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
     SpaceState, TableEdits,
 };
 use crate::sync::Arc;
 use alloc::vec::Vec;
-
-/// A region resolved under its space's lock: the handle, a copy of its record and the
-/// pages it spans.
-#[derive(Clone, Copy)]
-pub(crate) struct Checked {
-    pub region: Region,
-    pub rec: RegionRec,
-    /// First page number.
-    pub first: Vpn,
-    /// Pages spanned.
-    pub pages: u64,
-}
 
 /// What `region_map` maps: caller-given frames, how, and who hears when it is done
 /// (`gm_region_map`'s arguments).
@@ -560,30 +549,6 @@ impl Gmem {
             st.unwire_region(cx, space, &c);
             Ok(())
         })
-    }
-}
-
-impl Checked {
-    /// The pages of `range`, which must be non-empty, page-aligned and inside the
-    /// region.
-    ///
-    /// # Errors
-    /// [`RegionError::BadRange`] otherwise.
-    pub(crate) fn range(&self, range: VaRange) -> Result<(Vpn, u64), RegionError> {
-        let start = self.region.start.as_u64();
-        let ok = range.len > 0
-            && range.start.as_u64() % PAGE_SIZE == 0
-            && range.len % PAGE_SIZE == 0
-            && range.start.as_u64() >= start
-            && range
-                .start
-                .as_u64()
-                .checked_add(range.len)
-                .is_some_and(|end| end <= start + (self.pages << crate::addr::PAGE_SHIFT));
-        if !ok {
-            return Err(RegionError::BadRange(range));
-        }
-        Ok((range.start.vpn(), range.len >> crate::addr::PAGE_SHIFT))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Compaction's work inside one space: moving the pages of one aligned block of a
 //! device's memory out into frames elsewhere in the same memory.
 //!
-//! `Gmem::dev_compact` (in [`crate::kpi::frames`]) chooses the blocks and the
+//! `Gmem::dev_compact` (in `kpi/frames.rs`) chooses the blocks and the
 //! destinations; this module moves the pages of one space. A page moves by the core's
 //! own migration path, [`SpaceState::move_run`] — unmap from every table that maps it,
 //! invalidate those TLBs, copy the bytes in one [`crate::DeviceMemory::copy`] per
@@ -14,8 +14,8 @@ use super::{SpaceInner, SpaceState};
 use crate::addr::{Pfn, Vpn};
 use crate::device::DeviceInner;
 use crate::error::MoveError;
-use crate::gmem::Ctx;
 use crate::lpt::PENDING;
+use crate::space::Ctx;
 use crate::sync::Arc;
 
 /// The longest run compaction moves in one copy (2 MiB).

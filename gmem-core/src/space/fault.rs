@@ -10,12 +10,12 @@ use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
 use crate::flags::DevCaps;
 use crate::flags::Prot;
-use crate::gmem::Ctx;
 use crate::handle::{DeviceId, SpaceId};
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
 use crate::mmu::{Attrs, FramePlacement, FrameRequest};
 use crate::physmem::RESERVATION_PAGES;
+use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
 

@@ -43,14 +43,14 @@
 use super::segments::Piece as Values;
 use super::{PlacementMode, SpaceInner, SpaceState, TableRun};
 use crate::addr::{PageSize, Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
-use crate::check::{fail, Violation};
 use crate::device::DeviceInner;
 use crate::error::MoveError;
-use crate::gmem::Ctx;
 use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, EXTERNAL, PENDING, WIRED};
 use crate::mmu::{MapRun, MmuError, PageTableRoot};
 use crate::physmem::RESERVATION_PAGES;
+use crate::space::check::{fail, Violation};
+use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
 use alloc::collections::BTreeMap;

@@ -122,17 +122,6 @@ impl Default for Placement {
     }
 }
 
-/// A region handle: an allocated virtual range of a space (`gm_region_t`). `Copy`; a
-/// handle that outlived its region is answered with [`crate::RegionError::StaleRegion`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Region {
-    /// The space.
-    pub space: SpaceId,
-    /// First address.
-    pub start: VirtAddr,
-    pub(crate) id: u64,
-}
-
 /// A public description of a region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RegionInfo {
@@ -766,7 +755,11 @@ pub use large::LargeLeaf;
 
 pub use memories::MAX_MEMORIES;
 pub(crate) use memories::{Memories, TooManyMemories};
-mod check;
+pub(crate) mod check;
+mod context;
+pub use crate::handle::Region;
+pub(crate) use context::Ctx;
+pub(crate) use regions::Checked;
 mod compact;
 mod evict;
 mod fault;

@@ -5,14 +5,14 @@ use crate::device::DeviceInner;
 use crate::error::{MapError, MoveError};
 use crate::flags::MapFlags;
 use crate::flags::Prot;
-use crate::gmem::Ctx;
 use crate::handle::MappingSetId;
-use crate::kpi::region::Checked;
 use crate::lpt::{PageEntry, EXTERNAL};
 use crate::lpt::{PENDING, WIRED};
 use crate::mmu::MmuError;
 use crate::queue::Callback;
 use crate::space::segments::Piece;
+use crate::space::Checked;
+use crate::space::Ctx;
 use crate::space::{
     PlacementTarget, Region, RegionRec, SpaceInner, SpaceState, TableEdits, UnlockedMap,
 };

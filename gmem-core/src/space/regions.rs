@@ -1,5 +1,5 @@
-//! The space's regions by start address, and the fault path's memo of the last region
-//! a fault found.
+//! The space's regions by start address, the fault path's memo of the last region
+//! a fault found, and a region resolved for a call ([`Checked`]).
 //!
 //! A fault needs, of its region, the start, the length and five small fields
 //! ([`FaultRegion`]). Looking them up in the map is a tree search (about 30
@@ -13,7 +13,9 @@
 //! counter to bump at call sites: the one place where the map can change is here.
 
 use super::segments::Piece;
-use super::{Placement, RegionRec};
+use super::{Placement, Region, RegionRec};
+use crate::addr::{VaRange, Vpn, PAGE_SIZE};
+use crate::error::RegionError;
 use alloc::collections::BTreeMap;
 
 /// What a fault reads of its region (a copy; see the module header for why it stays
@@ -175,5 +177,41 @@ mod tests {
         r.clear();
         assert!(r.for_fault(0x9000).is_none());
         assert!(r.memo_is_exact());
+    }
+}
+
+/// A region resolved under its space's lock: the handle, a copy of its record and the
+/// pages it spans.
+#[derive(Clone, Copy)]
+pub(crate) struct Checked {
+    pub region: Region,
+    pub rec: RegionRec,
+    /// First page number.
+    pub first: Vpn,
+    /// Pages spanned.
+    pub pages: u64,
+}
+
+impl Checked {
+    /// The pages of `range`, which must be non-empty, page-aligned and inside the
+    /// region.
+    ///
+    /// # Errors
+    /// [`RegionError::BadRange`] otherwise.
+    pub(crate) fn range(&self, range: VaRange) -> Result<(Vpn, u64), RegionError> {
+        let start = self.region.start.as_u64();
+        let ok = range.len > 0
+            && range.start.as_u64() % PAGE_SIZE == 0
+            && range.len % PAGE_SIZE == 0
+            && range.start.as_u64() >= start
+            && range
+                .start
+                .as_u64()
+                .checked_add(range.len)
+                .is_some_and(|end| end <= start + (self.pages << crate::addr::PAGE_SHIFT));
+        if !ok {
+            return Err(RegionError::BadRange(range));
+        }
+        Ok((range.start.vpn(), range.len >> crate::addr::PAGE_SHIFT))
     }
 }
