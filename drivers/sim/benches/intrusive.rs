@@ -12,10 +12,11 @@
 //!   it is the same in both designs); a hit moves its slot to the front, a miss in a full
 //!   set reuses the tail, an invalidation unlinks.
 //! - `frame_pool`: the page-table frame pool of the two kernels (`drivers/sv39/kernel`,
-//!   `drivers/x86pt/kernel`, `memory.rs`) — today a bump pointer and a free list through
-//!   each free frame's first word, against a `SinglyLinkedList` whose `Link` is written
-//!   into the free frame. The 4 KiB zeroing of an allocation is left out (the same in
-//!   both, and it would hide the list).
+//!   `drivers/x86pt/kernel`, `memory.rs`) — "today" is the pool they had: a bump pointer
+//!   and a free list through each free frame's first word; "intrusive" is the one they
+//!   have since this measurement, a `SinglyLinkedList` whose `Link` is written into the
+//!   free frame. The 4 KiB zeroing of an allocation is left out (the same in both, and
+//!   it would hide the list).
 //! - `mapping_set`: the core's mapping-set membership (`MappingSet { regions:
 //!   Vec<Region> }`, `leave_set` a `retain`) against a `LinkedList` through a `Link` in
 //!   each region record (O(1) leave); sets of 8, 64 and 512 regions; each operation is a
@@ -32,7 +33,7 @@
 //! alternated batches (today, intrusive, today, ...) and the ratio intrusive / today
 //! (below 1: the intrusive list is faster).
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use intrusive_collections::{intrusive_adapter, LinkedListLink, UnsafeRef};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -1123,9 +1124,70 @@ fn config() -> Criterion {
         .sample_size(30)
 }
 
+/// Run one side `batches` times on its input and nothing else (for an instruction
+/// count: `GMEM_INTRUSIVE_ONE=tlb_lru/today:110` under `valgrind --tool=cachegrind`,
+/// minus the same with `:10`, over 100 batches of 4096 operations).
+fn one(spec: &str) {
+    let (name, batches) = spec.split_once(':').expect("NAME/SIDE:BATCHES");
+    let batches: usize = batches.parse().expect("a batch count");
+    let mut h = 0u64;
+    match name {
+        "tlb_lru/today" => {
+            let (input, mut t) = (lru::input(0x5EED), lru::Today::new());
+            (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+        }
+        "tlb_lru/intrusive" => {
+            let (input, mut t) = (lru::input(0x5EED), lru::Intrusive::new());
+            (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+        }
+        "frame_pool/today" | "frame_pool/intrusive" => {
+            let (input, r, mut live) = (pool::input(0xF4A3), pool::Range::new(), Vec::new());
+            if name.ends_with("today") {
+                let mut t = pool::Today::new(&r);
+                (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input), &mut live)));
+            } else {
+                let mut t = pool::Intrusive::new(&r);
+                (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input), &mut live)));
+            }
+        }
+        "release_batch/today" => {
+            let (input, mut t) = (batch::input(0xBA7C), batch::Today::new());
+            (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+        }
+        "release_batch/intrusive" => {
+            let (input, mut t) = (batch::input(0xBA7C), batch::Intrusive::new());
+            (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+        }
+        other => {
+            let (side, n) = other
+                .strip_prefix("mapping_set/")
+                .and_then(|r| r.split_once('/'))
+                .expect("a known NAME/SIDE");
+            let n: usize = n.parse().expect("a set size");
+            let input = sets::input(0x5E7 + n as u64, n);
+            if side == "today" {
+                let mut t = sets::Today::new(n);
+                (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+            } else {
+                let mut t = sets::Intrusive::new(n);
+                (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+            }
+        }
+    }
+    println!("{spec}: checksum {h:#x}");
+}
+
 criterion_group! {
     name = benches;
     config = config();
     targets = tlb_lru, frame_pool, mapping_set, release_batch
 }
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("GMEM_INTRUSIVE_ONE") {
+        one(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
