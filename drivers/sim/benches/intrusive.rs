@@ -1023,6 +1023,33 @@ fn alternated(
     );
 }
 
+/// gmem-sim's own [`gmem_sim::Tlb`] with the model's geometry and policy.
+fn real_tlb() -> gmem_sim::Tlb<u64> {
+    use gmem_sim::{Replacement, Tlb, TlbConfig};
+    Tlb::new(TlbConfig::new(lru::SETS, lru::WAYS, Replacement::Lru)).expect("a valid TLB")
+}
+
+/// The model's input on the real TLB (4 KiB pages: a tag is a page number): a lookup,
+/// an insert on a miss, a removal for an invalidation. Returns the values looked up
+/// (the models' sum) and accumulates the counters in the TLB.
+fn run_real(t: &mut gmem_sim::Tlb<u64>, steps: &[lru::Step]) -> u64 {
+    let mut sum = 0u64;
+    for &s in steps {
+        match s {
+            lru::Step::Access { asid, tag } => match t.lookup(asid, tag << 12) {
+                Some((_, v)) => sum = sum.wrapping_add(v),
+                None => {
+                    t.insert_missing(asid, tag << 12, 12, tag * 3);
+                }
+            },
+            lru::Step::Invalidate { asid, tag } => {
+                t.remove(asid, tag << 12);
+            }
+        }
+    }
+    sum
+}
+
 fn tlb_lru(c: &mut Criterion) {
     let input = lru::input(0x5EED);
     // The same answers on both sides.
@@ -1030,6 +1057,20 @@ fn tlb_lru(c: &mut Criterion) {
     assert_eq!(t.run(&input), i.run(&input), "same values looked up");
     assert_eq!(t.out, i.out, "same hits, misses, victims");
     assert!(t.out.hits > 0 && t.out.evictions > 0 && t.out.invalidated > 0);
+    // The models answer as the real TLB does, from cold.
+    let (mut real, mut fresh) = (real_tlb(), lru::Today::new());
+    assert_eq!(
+        run_real(&mut real, &input),
+        fresh.run(&input),
+        "same values as gmem-sim's Tlb"
+    );
+    let r = real.stats();
+    let o = fresh.out;
+    assert_eq!(
+        (r.hits, r.misses, r.evictions, r.invalidated),
+        (o.hits, o.misses, o.evictions, o.invalidated),
+        "the same counters as gmem-sim's Tlb"
+    );
     let mut g = c.benchmark_group("tlb_lru");
     g.bench_function("today", |b| b.iter(|| t.run(black_box(&input))));
     g.bench_function("intrusive", |b| b.iter(|| i.run(black_box(&input))));
@@ -1135,6 +1176,11 @@ fn one(spec: &str) {
         "tlb_lru/today" => {
             let (input, mut t) = (lru::input(0x5EED), lru::Today::new());
             (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+        }
+        "tlb_lru/real" => {
+            let input = lru::input(0x5EED);
+            let mut t = real_tlb();
+            (0..batches).for_each(|_| h = mix(h, run_real(&mut t, black_box(&input))));
         }
         "tlb_lru/intrusive" => {
             let (input, mut t) = (lru::input(0x5EED), lru::Intrusive::new());
