@@ -26,7 +26,6 @@
 //! list is small and sweeping the whole array when it is not. [`Tlb::flush_asid`] and
 //! [`Tlb::flush`] drop one tag's entries or all.
 
-use intrusive_collections::{intrusive_adapter, LinkedList, LinkedListLink, UnsafeRef};
 use std::fmt;
 
 mod scan;
@@ -143,16 +142,15 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 
 /// A set-associative TLB caching values of type `V`.
 ///
-/// Stored as arrays indexed by way: the 32-bit probe words a lookup scans (sixteen
-/// ways per SSE2 step on x86-64, whatever page sizes the set holds; module `scan`), one
-/// record per way (key, asid, value) where a candidate is confirmed on its full key
-/// and asid, and one link per way in its set's recency list (an `intrusive-collections`
-/// list); an LRU or FIFO victim is the back of that list.
-#[derive(Debug)]
+/// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (sixteen
+/// ways per SSE2 step on x86-64, whatever page sizes the set holds; module `scan`) and one record per way
+/// (key, asid, value, recency links) where a candidate is confirmed on its full key
+/// and asid; an LRU or FIFO victim is the tail of the set's recency list.
+#[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
-    /// Each slot's entry, one record per way: a confirmed candidate or a fill touches
-    /// one record (one bounds check).
+    /// Each slot's entry and recency links, one record per way: a confirmed candidate,
+    /// a fill or an LRU refresh touches one record (one bounds check).
     slots: Vec<Slot<V>>,
     /// What a lookup scans: each set's ways four to a group (`groups` per set, the last
     /// one padded with empty lanes). Way `w` of set `s` is lane `w % 4` of group
@@ -165,13 +163,10 @@ pub struct Tlb<V> {
     set_mask: u64,
     /// `log2(ways)` when `ways` is a power of two, `u32::MAX` otherwise.
     way_bits: u32,
-    /// Each set's recency list, most recent first (most recently filled or, for LRU,
-    /// used): the LRU / FIFO victim is the list's back, found without a search. Declared
-    /// before `nodes`, which it points into.
-    lists: Vec<LinkedList<NodeAdapter>>,
-    /// Slot `i`'s link in its set's list (linked while the slot is valid). Allocated
-    /// once, never moved or reallocated: the lists hold pointers into it.
-    nodes: Box<[Node]>,
+    /// Each set's most recent slot ([`NIL`] when empty).
+    head: Vec<u32>,
+    /// Each set's least recent slot: the victim.
+    tail: Vec<u32>,
     /// Valid ways per set.
     filled: Vec<u32>,
     /// Valid entries.
@@ -190,68 +185,12 @@ pub struct Tlb<V> {
     stats: TlbStats,
 }
 
-// SAFETY: `Tlb` is not `Send` by default only because its lists hold `UnsafeRef`s to
-// nodes whose links are `Cell`s (not `Sync`). Those references point only into the
-// TLB's own `nodes`, which nothing else can reach (private, never lent out), so moving
-// the TLB to another thread moves every reference to them with it.
-#[allow(unsafe_code)]
-unsafe impl<V: Send> Send for Tlb<V> {}
-
-impl<V> Drop for Tlb<V> {
-    fn drop(&mut self) {
-        // The nodes are dropped with the TLB: forget the lists without walking them.
-        self.lists.iter_mut().for_each(|l| l.fast_clear());
-    }
-}
-
-impl<V: Copy> Clone for Tlb<V> {
-    /// The same entries, counters and recency order, with lists of its own.
-    fn clone(&self) -> Tlb<V> {
-        let mut t = Tlb {
-            config: self.config,
-            slots: self.slots.clone(),
-            probes: self.probes.clone(),
-            groups: self.groups,
-            set_mask: self.set_mask,
-            way_bits: self.way_bits,
-            lists: (0..self.config.sets)
-                .map(|_| LinkedList::new(NodeAdapter::new()))
-                .collect(),
-            nodes: (0..self.nodes.len()).map(|_| Node::default()).collect(),
-            filled: self.filled.clone(),
-            valid: self.valid,
-            asid0: self.asid0,
-            mixed: self.mixed,
-            rng: self.rng,
-            shifts: self.shifts,
-            last_key: self.last_key,
-            stats: self.stats,
-        };
-        for (set, list) in self.lists.iter().enumerate() {
-            // Least recent first, each pushed to the front: the same order.
-            let mut c = list.back();
-            while let Some(n) = c.get() {
-                t.push_front(set, self.node_slot(n));
-                c.move_prev();
-            }
-        }
-        t
-    }
-}
-
 const MAX_ENTRIES: usize = 1 << 20;
 
 const INVALID: u64 = u64::MAX;
 
-/// A slot's place in its set's recency list: an `intrusive-collections` link, kept
-/// beside the slot records (a slot's value can then be lent out while the list points
-/// at the link).
-#[derive(Debug, Default)]
-struct Node {
-    link: LinkedListLink,
-}
-
-intrusive_adapter!(NodeAdapter = UnsafeRef<Node>: Node { link: LinkedListLink });
+/// No slot (an end of a recency list).
+const NIL: u32 = u32::MAX;
 
 fn key(tag: u64, shift: u8) -> u64 {
     tag << 6 | u64::from(shift)
@@ -288,6 +227,12 @@ struct Slot<V> {
     asid: u64,
     /// `va >> shift`.
     tag: u64,
+    /// The slot's neighbours in its set's recency list (more recent, less recent;
+    /// [`NIL`] at the ends) while valid: most recently filled or (LRU) used first, so
+    /// the LRU / FIFO victim is the list's tail, found without a search.
+    newer: u32,
+    /// See `newer`.
+    older: u32,
     /// The cached value (`None` when empty).
     value: Option<V>,
 }
@@ -318,6 +263,8 @@ impl<V: Copy> Tlb<V> {
                     key: INVALID,
                     asid: 0,
                     tag: 0,
+                    newer: NIL,
+                    older: NIL,
                     value: None,
                 };
                 entries
@@ -334,10 +281,8 @@ impl<V: Copy> Tlb<V> {
             } else {
                 u32::MAX
             },
-            lists: (0..config.sets)
-                .map(|_| LinkedList::new(NodeAdapter::new()))
-                .collect(),
-            nodes: (0..entries).map(|_| Node::default()).collect(),
+            head: vec![NIL; config.sets],
+            tail: vec![NIL; config.sets],
             filled: vec![0; config.sets],
             valid: 0,
             asid0: 0,
@@ -490,7 +435,7 @@ impl<V: Copy> Tlb<V> {
         let k_old = self.slots[i].key;
         let old = if k_old != INVALID {
             let old = (self.slots[i].asid, self.slots[i].tag, (k_old & 63) as u8);
-            if !self.is_head(set, i) {
+            if self.head[set] != i as u32 {
                 self.raise(set, i);
             }
             Some(old)
@@ -539,46 +484,56 @@ impl<V: Copy> Tlb<V> {
         self.slots[i].value = None;
     }
 
-    /// The slot whose node is `n`.
-    #[inline(always)]
-    fn node_slot(&self, n: &Node) -> usize {
-        (n as *const Node as usize - self.nodes.as_ptr() as usize) / core::mem::size_of::<Node>()
-    }
-
-    /// Whether valid slot `i` is its set's most recent.
-    #[inline(always)]
-    fn is_head(&self, set: usize, i: usize) -> bool {
-        let n = self.lists[set].front().get().map(|n| n as *const Node);
-        n == Some(&self.nodes[i] as *const Node)
-    }
-
     /// Take valid slot `i` out of its set's recency list.
     #[inline(always)]
-    #[allow(unsafe_code)]
-    fn unlink(&mut self, set: usize, i: usize) -> UnsafeRef<Node> {
-        let n: *const Node = &self.nodes[i];
-        // SAFETY: slot `i` is valid, so its node is on its set's list.
-        let r = unsafe { self.lists[set].cursor_mut_from_ptr(n).remove() };
-        r.expect("a valid slot's node is linked")
+    fn unlink(&mut self, set: usize, i: usize) {
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
+        if n == NIL {
+            self.head[set] = o;
+        } else {
+            self.slots[n as usize].older = o;
+        }
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.slots[o as usize].newer = n;
+        }
     }
 
     /// Make valid slot `i`, which is not its set's most recent, the most recent: an
-    /// LRU hit, or the reuse of a full set's victim.
+    /// LRU hit, or the reuse of a full set's victim. The same list as [`Tlb::unlink`]
+    /// then [`Tlb::push_front`], with the branches those two take for a slot at the
+    /// head (none here) left out.
     #[inline(always)]
     fn raise(&mut self, set: usize, i: usize) {
-        let r = self.unlink(set, i);
-        self.lists[set].push_front(r);
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
+        debug_assert!(n != NIL, "raise of the most recent slot");
+        let h = self.head[set];
+        self.slots[n as usize].older = o;
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.slots[o as usize].newer = n;
+        }
+        let s = &mut self.slots[i];
+        s.newer = NIL;
+        s.older = h;
+        self.slots[h as usize].newer = i as u32;
+        self.head[set] = i as u32;
     }
 
     /// Make slot `i` (not in the list) its set's most recent.
     #[inline]
-    #[allow(unsafe_code)]
     fn push_front(&mut self, set: usize, i: usize) {
-        // SAFETY: the node lives in `self.nodes`, allocated once and never moved while
-        // the lists exist (they are dropped first); it is on no list (slot `i` was
-        // empty).
-        let r = unsafe { UnsafeRef::from_raw(&self.nodes[i] as *const Node) };
-        self.lists[set].push_front(r);
+        let h = self.head[set];
+        self.slots[i].newer = NIL;
+        self.slots[i].older = h;
+        if h == NIL {
+            self.tail[set] = i as u32;
+        } else {
+            self.slots[h as usize].newer = i as u32;
+        }
+        self.head[set] = i as u32;
     }
 
     /// The page shifts present, smallest first (the set bits of `shifts`, one step per
@@ -666,7 +621,7 @@ impl<V: Copy> Tlb<V> {
     /// with nothing changed otherwise.
     #[inline(always)]
     fn recent_hit(&mut self, asid: u64, k: u64, set: usize) -> Option<usize> {
-        let h = self.node_slot(self.lists.get(set)?.front().get()?);
+        let h = self.head.get(set).map_or(NIL, |&h| h) as usize;
         let slot = self.slots.get(h)?;
         if slot.key != k || slot.asid != asid {
             return None;
@@ -735,11 +690,9 @@ impl<V: Copy> Tlb<V> {
         match hit {
             Some(i) => {
                 self.stats.hits += 1;
-                if self.config.policy == Replacement::Lru {
+                if self.config.policy == Replacement::Lru && self.slots[i].newer != NIL {
                     let set = self.slot_set(i);
-                    if !self.is_head(set, i) {
-                        self.raise(set, i);
-                    }
+                    self.raise(set, i);
                 }
                 Some(i)
             }
@@ -833,10 +786,7 @@ impl<V: Copy> Tlb<V> {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
             // The set is full: its least recent entry (the list's tail).
-            Replacement::Lru | Replacement::Fifo => {
-                let back = self.lists[set].back().get().expect("a full set");
-                self.node_slot(back)
-            }
+            Replacement::Lru | Replacement::Fifo => self.tail[set] as usize,
         };
         let (old_asid, old_tag, old_shift) = self
             .occupy(set, victim, asid, tag, shift, value)
@@ -939,8 +889,8 @@ impl<V: Copy> Tlb<V> {
             });
             self.probes.iter_mut().for_each(|g| *g = EMPTY_GROUP);
             self.filled.iter_mut().for_each(|f| *f = 0);
-            // `clear` (not `fast_clear`): each node is marked unlinked again.
-            self.lists.iter_mut().for_each(|l| l.clear());
+            self.head.iter_mut().for_each(|f| *f = NIL);
+            self.tail.iter_mut().for_each(|f| *f = NIL);
         }
         self.valid = 0;
         self.mixed = false;
