@@ -26,8 +26,6 @@
 //! list is small and sweeping the whole array when it is not. [`Tlb::flush_asid`] and
 //! [`Tlb::flush`] drop one tag's entries or all.
 
-use intrusive_collections::{intrusive_adapter, LinkedList, LinkedListLink, UnsafeRef};
-use std::cell::Cell;
 use std::fmt;
 
 mod scan;
@@ -145,17 +143,15 @@ fn overlaps(tag: u64, shift: u8, start: u64, len: u64) -> bool {
 /// A set-associative TLB caching values of type `V`.
 ///
 /// Stored as two arrays indexed by way: the 32-bit probe words a lookup scans (sixteen
-/// ways per SSE2 step on x86-64, whatever page sizes the set holds; module `scan`) and
-/// one record per way (key, asid, value, the link of its set's recency list, an
-/// `intrusive-collections` list) where a candidate is confirmed on its full key and
-/// asid; an LRU or FIFO victim is the back of its set's list.
+/// ways per SSE2 step on x86-64, whatever page sizes the set holds; module `scan`) and one record per way
+/// (key, asid, value, recency links) where a candidate is confirmed on its full key
+/// and asid; an LRU or FIFO victim is the tail of the set's recency list.
+#[derive(Clone, Debug)]
 pub struct Tlb<V> {
     config: TlbConfig,
-    /// Each slot's entry and recency link, one record per way: a confirmed candidate,
-    /// a fill or an LRU refresh touches one record. Allocated once, never moved or
-    /// reallocated, and only ever reached through shared references (its fields are
-    /// cells): the lists hold pointers into it.
-    slots: Box<[Slot<V>]>,
+    /// Each slot's entry and recency links, one record per way: a confirmed candidate,
+    /// a fill or an LRU refresh touches one record (one bounds check).
+    slots: Vec<Slot<V>>,
     /// What a lookup scans: each set's ways four to a group (`groups` per set, the last
     /// one padded with empty lanes). Way `w` of set `s` is lane `w % 4` of group
     /// `s * groups + w / 4`.
@@ -167,10 +163,10 @@ pub struct Tlb<V> {
     set_mask: u64,
     /// `log2(ways)` when `ways` is a power of two, `u32::MAX` otherwise.
     way_bits: u32,
-    /// Each set's recency list, most recent first (most recently filled or, for LRU,
-    /// used), through the slots' links: the LRU / FIFO victim is the list's back, found
-    /// without a search.
-    lists: Vec<LinkedList<SlotAdapter<V>>>,
+    /// Each set's most recent slot ([`NIL`] when empty).
+    head: Vec<u32>,
+    /// Each set's least recent slot: the victim.
+    tail: Vec<u32>,
     /// Valid ways per set.
     filled: Vec<u32>,
     /// Valid entries.
@@ -189,70 +185,12 @@ pub struct Tlb<V> {
     stats: TlbStats,
 }
 
-// SAFETY: `Tlb` is not `Send` by default only because its lists hold `UnsafeRef`s to
-// slots whose fields are `Cell`s (not `Sync`). Those references point only into the
-// TLB's own `slots`, which nothing else can reach (private; a value lent out by
-// `lookup_ref` borrows the whole TLB), so moving the TLB to another thread moves every
-// reference to them with it.
-#[allow(unsafe_code)]
-unsafe impl<V: Send> Send for Tlb<V> {}
-
-impl<V> fmt::Debug for Tlb<V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tlb")
-            .field("config", &self.config)
-            .field("valid", &self.valid)
-            .field("stats", &self.stats)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<V> Drop for Tlb<V> {
-    fn drop(&mut self) {
-        // The slots are dropped with the TLB: forget the lists without walking them.
-        self.lists.iter_mut().for_each(|l| l.fast_clear());
-    }
-}
-
-impl<V: Copy> Clone for Tlb<V> {
-    /// The same entries, counters and recency order, with lists of its own.
-    fn clone(&self) -> Tlb<V> {
-        let mut t = Tlb {
-            config: self.config,
-            slots: self.slots.iter().map(Slot::copy).collect(),
-            probes: self.probes.clone(),
-            groups: self.groups,
-            set_mask: self.set_mask,
-            way_bits: self.way_bits,
-            lists: (0..self.config.sets)
-                .map(|_| LinkedList::new(SlotAdapter::new()))
-                .collect(),
-            filled: self.filled.clone(),
-            valid: self.valid,
-            asid0: self.asid0,
-            mixed: self.mixed,
-            rng: self.rng,
-            shifts: self.shifts,
-            last_key: self.last_key,
-            stats: self.stats,
-        };
-        for (set, list) in self.lists.iter().enumerate() {
-            // Least recent first, each pushed to the front: the same order.
-            let mut c = list.back();
-            while let Some(n) = c.get() {
-                t.push_front(set, self.slot_of(n));
-                c.move_prev();
-            }
-        }
-        t
-    }
-}
-
 const MAX_ENTRIES: usize = 1 << 20;
 
 const INVALID: u64 = u64::MAX;
 
-intrusive_adapter!(SlotAdapter<V> = UnsafeRef<Slot<V>>: Slot<V> { link: LinkedListLink });
+/// No slot (an end of a recency list).
+const NIL: u32 = u32::MAX;
 
 fn key(tag: u64, shift: u8) -> u64 {
     tag << 6 | u64::from(shift)
@@ -280,52 +218,23 @@ fn page_mask(shift: u8) -> u32 {
     }
 }
 
-/// One way's entry. Its fields are cells: the slot is reached through shared
-/// references only, as its set's list points at it.
+/// One way's entry.
+#[derive(Clone, Copy, Debug)]
 struct Slot<V> {
     /// `tag << 6 | shift`, [`INVALID`] when empty.
-    key: Cell<u64>,
+    key: u64,
     /// The entry's asid.
-    asid: Cell<u64>,
+    asid: u64,
     /// `va >> shift`.
-    tag: Cell<u64>,
+    tag: u64,
+    /// The slot's neighbours in its set's recency list (more recent, less recent;
+    /// [`NIL`] at the ends) while valid: most recently filled or (LRU) used first, so
+    /// the LRU / FIFO victim is the list's tail, found without a search.
+    newer: u32,
+    /// See `newer`.
+    older: u32,
     /// The cached value (`None` when empty).
-    value: Cell<Option<V>>,
-    /// The slot's place in its set's recency list (linked while valid).
-    link: LinkedListLink,
-}
-
-impl<V: Copy> Slot<V> {
-    fn empty() -> Slot<V> {
-        Slot {
-            key: Cell::new(INVALID),
-            asid: Cell::new(0),
-            tag: Cell::new(0),
-            value: Cell::new(None),
-            link: LinkedListLink::new(),
-        }
-    }
-
-    /// The same entry, on no list.
-    fn copy(&self) -> Slot<V> {
-        Slot {
-            key: self.key.clone(),
-            asid: self.asid.clone(),
-            tag: self.tag.clone(),
-            value: self.value.clone(),
-            link: LinkedListLink::new(),
-        }
-    }
-
-    /// The value, lent out.
-    #[inline(always)]
-    #[allow(unsafe_code)]
-    fn value_ref(&self) -> Option<&V> {
-        // SAFETY: a slot's value is only written through `&mut Tlb` (fills, vacates,
-        // flushes), and the reference returned here borrows the slot, so the TLB, for
-        // as long as it lives: no write can happen meanwhile.
-        unsafe { (*self.value.as_ptr()).as_ref() }
-    }
+    value: Option<V>,
 }
 
 impl<V: Copy> Tlb<V> {
@@ -349,7 +258,17 @@ impl<V: Copy> Tlb<V> {
         };
         Ok(Tlb {
             config,
-            slots: (0..entries).map(|_| Slot::empty()).collect(),
+            slots: vec![
+                Slot {
+                    key: INVALID,
+                    asid: 0,
+                    tag: 0,
+                    newer: NIL,
+                    older: NIL,
+                    value: None,
+                };
+                entries
+            ],
             probes: vec![EMPTY_GROUP; config.sets * config.ways.div_ceil(4)],
             groups: config.ways.div_ceil(4),
             set_mask: if config.sets.is_power_of_two() {
@@ -362,9 +281,8 @@ impl<V: Copy> Tlb<V> {
             } else {
                 u32::MAX
             },
-            lists: (0..config.sets)
-                .map(|_| LinkedList::new(SlotAdapter::new()))
-                .collect(),
+            head: vec![NIL; config.sets],
+            tail: vec![NIL; config.sets],
             filled: vec![0; config.sets],
             valid: 0,
             asid0: 0,
@@ -459,7 +377,7 @@ impl<V: Copy> Tlb<V> {
         while m != 0 {
             let i = start + m.trailing_zeros() as usize;
             if let Some(s) = self.slots.get(i) {
-                if s.key.get() == k && s.asid.get() == asid {
+                if s.key == k && s.asid == asid {
                     return Some(i);
                 }
             }
@@ -490,10 +408,9 @@ impl<V: Copy> Tlb<V> {
             let mut m = scan::block(b, x);
             while m != 0 {
                 let i = n * 4 * BLOCK + m.trailing_zeros() as usize;
-                let k = self.slots[i].key.get();
+                let k = self.slots[i].key;
                 let s = k & 63;
-                if s < best_shift && k == key(va >> s, s as u8) && self.slots[i].asid.get() == asid
-                {
+                if s < best_shift && k == key(va >> s, s as u8) && self.slots[i].asid == asid {
                     (best, best_shift) = (Some(i), s);
                 }
                 m &= m - 1;
@@ -515,14 +432,10 @@ impl<V: Copy> Tlb<V> {
         shift: u8,
         value: V,
     ) -> Option<(u64, u64, u8)> {
-        let k_old = self.slots[i].key.get();
+        let k_old = self.slots[i].key;
         let old = if k_old != INVALID {
-            let old = (
-                self.slots[i].asid.get(),
-                self.slots[i].tag.get(),
-                (k_old & 63) as u8,
-            );
-            if !self.is_head(set, i) {
+            let old = (self.slots[i].asid, self.slots[i].tag, (k_old & 63) as u8);
+            if self.head[set] != i as u32 {
                 self.raise(set, i);
             }
             Some(old)
@@ -545,18 +458,18 @@ impl<V: Copy> Tlb<V> {
         let p = &mut self.probes[g];
         p.masks[l] = mask;
         p.words[l] = probe_word(tag << shift, asid) & mask;
-        let s = &self.slots[i];
-        s.key.set(key(tag, shift));
-        s.asid.set(asid);
-        s.tag.set(tag);
-        s.value.set(Some(value));
+        let s = &mut self.slots[i];
+        s.key = key(tag, shift);
+        s.asid = asid;
+        s.tag = tag;
+        s.value = Some(value);
         old
     }
 
     /// Empty slot `i` (nothing happens if it is empty).
     fn vacate(&mut self, i: usize) {
         let set = self.slot_set(i);
-        if self.slots[i].key.get() != INVALID {
+        if self.slots[i].key != INVALID {
             self.unlink(set, i);
             self.valid -= 1;
             self.filled[set] -= 1;
@@ -564,54 +477,63 @@ impl<V: Copy> Tlb<V> {
                 self.mixed = false;
             }
         }
-        self.slots[i].key.set(INVALID);
+        self.slots[i].key = INVALID;
         let (g, l) = self.lane(set, i);
         self.probes[g].masks[l] = 0;
         self.probes[g].words[l] = 1;
-        self.slots[i].value.set(None);
-    }
-
-    /// The index of slot `n` (a slot of `self.slots`).
-    #[inline(always)]
-    fn slot_of(&self, n: &Slot<V>) -> usize {
-        (n as *const Slot<V> as usize - self.slots.as_ptr() as usize)
-            / core::mem::size_of::<Slot<V>>()
-    }
-
-    /// Whether valid slot `i` is its set's most recent.
-    #[inline(always)]
-    fn is_head(&self, set: usize, i: usize) -> bool {
-        let n = self.lists[set].front().get().map(|n| n as *const Slot<V>);
-        n == Some(&self.slots[i] as *const Slot<V>)
+        self.slots[i].value = None;
     }
 
     /// Take valid slot `i` out of its set's recency list.
     #[inline(always)]
-    #[allow(unsafe_code)]
-    fn unlink(&mut self, set: usize, i: usize) -> UnsafeRef<Slot<V>> {
-        let n: *const Slot<V> = &self.slots[i];
-        // SAFETY: slot `i` is valid, so it is on its set's list.
-        let r = unsafe { self.lists[set].cursor_mut_from_ptr(n).remove() };
-        r.expect("a valid slot is linked")
+    fn unlink(&mut self, set: usize, i: usize) {
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
+        if n == NIL {
+            self.head[set] = o;
+        } else {
+            self.slots[n as usize].older = o;
+        }
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.slots[o as usize].newer = n;
+        }
     }
 
     /// Make valid slot `i`, which is not its set's most recent, the most recent: an
-    /// LRU hit, or the reuse of a full set's victim.
+    /// LRU hit, or the reuse of a full set's victim. The same list as [`Tlb::unlink`]
+    /// then [`Tlb::push_front`], with the branches those two take for a slot at the
+    /// head (none here) left out.
     #[inline(always)]
     fn raise(&mut self, set: usize, i: usize) {
-        let r = self.unlink(set, i);
-        self.lists[set].push_front(r);
+        let (n, o) = (self.slots[i].newer, self.slots[i].older);
+        debug_assert!(n != NIL, "raise of the most recent slot");
+        let h = self.head[set];
+        self.slots[n as usize].older = o;
+        if o == NIL {
+            self.tail[set] = n;
+        } else {
+            self.slots[o as usize].newer = n;
+        }
+        let s = &mut self.slots[i];
+        s.newer = NIL;
+        s.older = h;
+        self.slots[h as usize].newer = i as u32;
+        self.head[set] = i as u32;
     }
 
     /// Make slot `i` (not in the list) its set's most recent.
     #[inline]
-    #[allow(unsafe_code)]
     fn push_front(&mut self, set: usize, i: usize) {
-        // SAFETY: the slot lives in `self.slots`, allocated once, never moved and only
-        // reached through shared references while the lists exist (they are forgotten
-        // first on drop); it is on no list (slot `i` was empty).
-        let r = unsafe { UnsafeRef::from_raw(&self.slots[i] as *const Slot<V>) };
-        self.lists[set].push_front(r);
+        let h = self.head[set];
+        self.slots[i].newer = NIL;
+        self.slots[i].older = h;
+        if h == NIL {
+            self.tail[set] = i as u32;
+        } else {
+            self.slots[h as usize].newer = i as u32;
+        }
+        self.head[set] = i as u32;
     }
 
     /// The page shifts present, smallest first (the set bits of `shifts`, one step per
@@ -633,10 +555,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup(&mut self, asid: u64, va: u64) -> Option<(u8, V)> {
         let i = self.lookup_any(asid, va)?;
-        Some((
-            (self.slots[i].key.get() & 63) as u8,
-            self.slots[i].value.get()?,
-        ))
+        Some(((self.slots[i].key & 63) as u8, self.slots[i].value?))
     }
 
     /// [`Tlb::lookup`] returning a reference to the value (no copy through the
@@ -644,7 +563,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup_ref(&mut self, asid: u64, va: u64) -> Option<&V> {
         let i = self.lookup_any(asid, va)?;
-        self.slots[i].value_ref()
+        self.slots[i].value.as_ref()
     }
 
     /// [`Tlb::lookup_ref`] with a fast path for a repeated hit (consecutive accesses to
@@ -664,13 +583,13 @@ impl<V: Copy> Tlb<V> {
             self.last_key = k;
             if again {
                 if let Some(h) = self.recent_hit(asid, k, set) {
-                    return self.slots[h].value_ref();
+                    return self.slots[h].value.as_ref();
                 }
             }
             // The scan, with the key and set computed above.
             let hit = self.find_in(asid, va, k, set);
             let i = self.count_hit(hit)?;
-            return self.slots[i].value_ref();
+            return self.slots[i].value.as_ref();
         }
         self.lookup_ref(asid, va)
     }
@@ -694,7 +613,7 @@ impl<V: Copy> Tlb<V> {
         }
         // `last_key` is `k` already.
         let h = self.recent_hit(asid, k, self.set_index(tag))?;
-        self.slots[h].value_ref()
+        self.slots[h].value.as_ref()
     }
 
     /// The repeated-key check of both lookups above: set `set`'s most recent slot when
@@ -702,9 +621,9 @@ impl<V: Copy> Tlb<V> {
     /// with nothing changed otherwise.
     #[inline(always)]
     fn recent_hit(&mut self, asid: u64, k: u64, set: usize) -> Option<usize> {
-        let h = self.slot_of(self.lists.get(set)?.front().get()?);
+        let h = self.head.get(set).map_or(NIL, |&h| h) as usize;
         let slot = self.slots.get(h)?;
-        if slot.key.get() != k || slot.asid.get() != asid {
+        if slot.key != k || slot.asid != asid {
             return None;
         }
         self.stats.hits += 1;
@@ -751,7 +670,7 @@ impl<V: Copy> Tlb<V> {
     #[inline(always)]
     pub fn lookup_deepest(&mut self, asid: u64, va: u64, shifts: &[u8]) -> Option<(u8, V)> {
         let (s, i) = self.lookup_slot(asid, va, shifts)?;
-        Some((s, self.slots[i].value.get()?))
+        Some((s, self.slots[i].value?))
     }
 
     /// The shift and slot of the first of `shifts` that hits (one hit or miss counted,
@@ -771,11 +690,9 @@ impl<V: Copy> Tlb<V> {
         match hit {
             Some(i) => {
                 self.stats.hits += 1;
-                if self.config.policy == Replacement::Lru {
+                if self.config.policy == Replacement::Lru && self.slots[i].newer != NIL {
                     let set = self.slot_set(i);
-                    if !self.is_head(set, i) {
-                        self.raise(set, i);
-                    }
+                    self.raise(set, i);
                 }
                 Some(i)
             }
@@ -858,7 +775,7 @@ impl<V: Copy> Tlb<V> {
         if self.filled[set] < self.config.ways as u32 {
             if let Some(i) = self.slots[range.clone()]
                 .iter()
-                .position(|s| s.key.get() == INVALID)
+                .position(|s| s.key == INVALID)
             {
                 self.occupy(set, range.start + i, asid, tag, shift, value);
                 return None;
@@ -869,10 +786,7 @@ impl<V: Copy> Tlb<V> {
                 range.start + (self.next_random() % self.config.ways as u64) as usize
             }
             // The set is full: its least recent entry (the list's tail).
-            Replacement::Lru | Replacement::Fifo => {
-                let back = self.lists[set].back().get().expect("a full set");
-                self.slot_of(back)
-            }
+            Replacement::Lru | Replacement::Fifo => self.tail[set] as usize,
         };
         let (old_asid, old_tag, old_shift) = self
             .occupy(set, victim, asid, tag, shift, value)
@@ -932,12 +846,12 @@ impl<V: Copy> Tlb<V> {
             }
         } else {
             for i in 0..self.slots.len() {
-                let k = self.slots[i].key.get();
+                let k = self.slots[i].key;
                 if k != INVALID
-                    && self.slots[i].asid.get() == asid
-                    && ranges.iter().any(|&(s, l)| {
-                        l > 0 && overlaps(self.slots[i].tag.get(), (k & 63) as u8, s, l)
-                    })
+                    && self.slots[i].asid == asid
+                    && ranges
+                        .iter()
+                        .any(|&(s, l)| l > 0 && overlaps(self.slots[i].tag, (k & 63) as u8, s, l))
                 {
                     self.vacate(i);
                     dropped += 1;
@@ -954,7 +868,7 @@ impl<V: Copy> Tlb<V> {
         let mut dropped = 0;
         if self.valid > 0 && (self.mixed || self.asid0 == asid) {
             for i in 0..self.slots.len() {
-                if self.slots[i].key.get() != INVALID && self.slots[i].asid.get() == asid {
+                if self.slots[i].key != INVALID && self.slots[i].asid == asid {
                     self.vacate(i);
                     dropped += 1;
                 }
@@ -969,14 +883,14 @@ impl<V: Copy> Tlb<V> {
         self.stats.invalidations += 1;
         let dropped = self.valid as u64;
         if dropped > 0 {
-            self.slots.iter().for_each(|s| {
-                s.key.set(INVALID);
-                s.value.set(None);
+            self.slots.iter_mut().for_each(|s| {
+                s.key = INVALID;
+                s.value = None;
             });
             self.probes.iter_mut().for_each(|g| *g = EMPTY_GROUP);
             self.filled.iter_mut().for_each(|f| *f = 0);
-            // `clear` (not `fast_clear`): each node is marked unlinked again.
-            self.lists.iter_mut().for_each(|l| l.clear());
+            self.head.iter_mut().for_each(|f| *f = NIL);
+            self.tail.iter_mut().for_each(|f| *f = NIL);
         }
         self.valid = 0;
         self.mixed = false;
