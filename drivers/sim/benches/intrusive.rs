@@ -28,10 +28,16 @@
 //!   three vectors and a range, a callback).
 //!
 //! Before timing, each pair runs its inputs and the two answers (hits, victims,
-//! addresses, order of members) must be equal, so both sides do the same work. The
-//! figures: criterion's per-variant estimates, then median ns per operation of 31
-//! alternated batches (today, intrusive, today, ...) and the ratio intrusive / today
-//! (below 1: the intrusive list is faster).
+//! addresses, order of members) must be equal, so both sides do the same work; the TLB
+//! models must also answer as gmem-sim's real `Tlb` does on the same input (values, hits,
+//! misses, evictions, invalidations). The figures: criterion's per-variant estimates,
+//! then median ns per operation of 31 alternated batches (today, intrusive, today, ...)
+//! and the ratio intrusive / today (below 1: the intrusive list is faster).
+//!
+//! `GMEM_INTRUSIVE_ONE=NAME/SIDE:BATCHES` runs one side alone and prints a checksum, for
+//! an instruction count under cachegrind (`tlb_lru/real` is the real `Tlb`: build the
+//! bench before and after a change to it and compare the two). README's dependency
+//! notes hold the figures and what became of each candidate.
 
 use criterion::{criterion_group, Criterion};
 use intrusive_collections::{intrusive_adapter, LinkedListLink, UnsafeRef};
