@@ -728,11 +728,11 @@ mod sets {
 
     /// The intrusive version: a `Link` in each region record, the set a list of them.
     pub struct RecL {
-        space: Cell<u32>,
-        id: Cell<u64>,
-        start: Cell<u64>,
-        set: Cell<Option<u32>>,
-        link: LinkedListLink,
+        pub space: Cell<u32>,
+        pub id: Cell<u64>,
+        pub start: Cell<u64>,
+        pub set: Cell<Option<u32>>,
+        pub link: LinkedListLink,
     }
 
     intrusive_adapter!(RecAdapter = UnsafeRef<RecL>: RecL { link: LinkedListLink });
@@ -797,6 +797,81 @@ mod sets {
                             unsafe { self.set.cursor_mut_from_ptr(r).remove() };
                         }
                         self.join(slot);
+                    }
+                    Step::TakeAll => {
+                        let mut taken = self.set.take();
+                        while let Some(m) = taken.pop_front() {
+                            h = mix(h, m.id.get() ^ m.start.get() ^ u64::from(m.space.get()));
+                            self.set.push_back(m);
+                        }
+                    }
+                }
+            }
+            h
+        }
+    }
+}
+
+// ----- mapping_set with boxed records --------------------------------------------------
+
+/// The intrusive set over records at stable addresses as the core would have to keep
+/// them: each region record boxed (allocated when the region joins, freed when it
+/// leaves), the set's list owning the boxes, the caller holding a pointer per region.
+mod boxed_sets {
+    use super::sets::{RecL, Step};
+    use super::*;
+    use intrusive_collections::LinkedList;
+    use std::cell::Cell;
+
+    intrusive_adapter!(BoxAdapter = Box<RecL>: RecL { link: LinkedListLink });
+
+    pub struct Boxed {
+        set: LinkedList<BoxAdapter>,
+        /// Each member position's record (owned by the set's list).
+        order: Vec<*const RecL>,
+        next_id: u64,
+    }
+
+    impl Boxed {
+        pub fn new(n: usize) -> Boxed {
+            let mut t = Boxed {
+                set: LinkedList::new(BoxAdapter::new()),
+                order: vec![core::ptr::null(); n],
+                next_id: 0,
+            };
+            for i in 0..n {
+                t.join(i);
+            }
+            t
+        }
+
+        fn join(&mut self, pos: usize) {
+            self.next_id += 1;
+            let b = Box::new(RecL {
+                space: Cell::new(1),
+                id: Cell::new(self.next_id),
+                start: Cell::new(0x1000 * self.next_id),
+                set: Cell::new(Some(0)),
+                link: LinkedListLink::new(),
+            });
+            self.order[pos] = &*b;
+            self.set.push_back(b);
+        }
+
+        pub fn run(&mut self, steps: &[Step]) -> u64 {
+            let mut h = 0;
+            for &s in steps {
+                match s {
+                    Step::Replace(pos) => {
+                        let r = self.order[pos];
+                        // SAFETY: `r` is a record the set's list owns (joined, not yet
+                        // left): alive.
+                        if unsafe { (*r).set.take() }.is_some() {
+                            // SAFETY: a record whose `set` is `Some` is on the list; its
+                            // box is freed here and `order[pos]` replaced just below.
+                            drop(unsafe { self.set.cursor_mut_from_ptr(r).remove() });
+                        }
+                        self.join(pos);
                     }
                     Step::TakeAll => {
                         let mut taken = self.set.take();
@@ -1123,6 +1198,12 @@ fn mapping_set(c: &mut Criterion) {
             i.run(&input),
             "same members in the same order"
         );
+        let mut fresh = sets::Today::new(n);
+        assert_eq!(
+            fresh.run(&input),
+            boxed_sets::Boxed::new(n).run(&input),
+            "boxed records: same members in the same order"
+        );
         g.bench_function(format!("today/{n}"), |b| {
             b.iter(|| t.run(black_box(&input)))
         });
@@ -1138,6 +1219,13 @@ fn mapping_set(c: &mut Criterion) {
             input.len(),
             || t.run(&input),
             || i.run(&input),
+        );
+        let mut b = boxed_sets::Boxed::new(n);
+        alternated(
+            &format!("mapping_set+box/{n}"),
+            input.len(),
+            || t.run(&input),
+            || b.run(&input),
         );
     }
 }
@@ -1219,6 +1307,9 @@ fn one(spec: &str) {
             let input = sets::input(0x5E7 + n as u64, n);
             if side == "today" {
                 let mut t = sets::Today::new(n);
+                (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
+            } else if side == "boxed" {
+                let mut t = boxed_sets::Boxed::new(n);
                 (0..batches).for_each(|_| h = mix(h, t.run(black_box(&input))));
             } else {
                 let mut t = sets::Intrusive::new(n);
