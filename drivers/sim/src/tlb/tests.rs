@@ -329,3 +329,31 @@ fn the_recent_slot_fast_path_is_the_plain_lookup() {
         }
     }
 }
+
+/// A clone keeps each set's recency order and is separate: after the clone, the
+/// original and the clone evict the same victims in turn, and what one of them fills
+/// the other does not hold.
+#[test]
+fn a_clone_keeps_the_recency_order_and_is_separate() {
+    // Two sets of four ways: even pages in set 0, odd pages in set 1.
+    let mut t = tlb(2, 4, Replacement::Lru);
+    for p in 0..8 {
+        t.insert(0, p * P, 12, p);
+    }
+    // Set 0, most recent first: pages 2, 6, 0, 4.
+    for p in [4, 0, 6, 2] {
+        assert!(t.lookup(0, p * P).is_some());
+    }
+    let mut c = t.clone();
+    assert_eq!(c.len(), t.len());
+    // Four more even pages evict set 0's pages least recent first, in both.
+    for (new, victim) in [(16, 4), (18, 0), (20, 6), (22, 2)] {
+        assert_eq!(t.insert(0, new * P, 12, new), Some((0, victim * P)));
+        assert_eq!(c.insert(0, new * P, 12, new), Some((0, victim * P)));
+    }
+    // Separate: a fill in the clone is not in the original, and the other way round.
+    c.insert(0, 31 * P, 12, 31);
+    t.insert(0, 33 * P, 12, 33);
+    assert!(c.holds(0, 31 * P) && !t.holds(0, 31 * P));
+    assert!(t.holds(0, 33 * P) && !c.holds(0, 33 * P));
+}

@@ -167,6 +167,7 @@ fn run(layout: &Layout) -> Result<(), String> {
     // SAFETY: the pool's range is free RAM (layout), identity mapped by the globals below
     // and used by nothing else.
     let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
+    println!("{}", pool.check_reuse()?);
     let globals = [
         GlobalMapping::identity(0, 1 << 30, Prot::RW),
         GlobalMapping::identity(RAM_BASE, RAM_END - RAM_BASE, Prot::RWX),

@@ -159,6 +159,7 @@ fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
     // SAFETY: the pool's range is the kernel's block (layout), identity mapped by the
     // global mappings below and used by nothing else.
     let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
+    println!("{}", pool.check_reuse()?);
     // PCI first: a BAR the firmware put above 4 GiB joins the global mappings.
     let controller = nvme::find()?;
     let mut globals = alloc::vec![GlobalMapping::identity(0, IDENTITY_END, Prot::RWX)];
