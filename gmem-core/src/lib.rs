@@ -200,6 +200,7 @@ mod lpt;
 pub mod mmu;
 pub mod physmem;
 pub mod platform;
+pub mod policy;
 mod queue;
 pub mod space;
 pub mod stats;
