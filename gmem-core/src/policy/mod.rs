@@ -32,7 +32,7 @@
 //!   (`uvm_gpu_replayable_faults.c`); counters of faults, batches and duplicates.
 //! - [`prefetch`]: UVM's bitmap-tree prefetcher (`uvm_perf_prefetch.c`): the largest
 //!   subtree around each faulted page whose occupancy passes a threshold (51%).
-//! - `thrashing`: UVM's per-page thrashing detection and its two mitigations, pin
+//! - [`thrashing`]: UVM's per-page thrashing detection and its two mitigations, pin
 //!   (map remotely) and throttle (`uvm_perf_thrashing.c`).
 //! - `counters`: access-counter notifications per (device, block) with a threshold
 //!   (`uvm_gpu_access_counters.c`).
@@ -57,7 +57,7 @@ use crate::handle::DeviceId;
 pub mod batch;
 // pub mod counters;
 pub mod prefetch;
-// pub mod thrashing;
+pub mod thrashing;
 
 /// Base pages per block: 2 MiB / 4 KiB (UVM's `PAGES_PER_UVM_VA_BLOCK`).
 pub const BLOCK_PAGES: usize = 512;
