@@ -34,7 +34,7 @@
 //!   subtree around each faulted page whose occupancy passes a threshold (51%).
 //! - [`thrashing`]: UVM's per-page thrashing detection and its two mitigations, pin
 //!   (map remotely) and throttle (`uvm_perf_thrashing.c`).
-//! - `counters`: access-counter notifications per (device, block) with a threshold
+//! - [`counters`]: access-counter notifications per (device, block) with a threshold
 //!   (`uvm_gpu_access_counters.c`).
 //! - `advice`: the per-range advice record (`cudaMemAdvise`; the GMEM RFC's
 //!   `hmadvise`): preferred location, accessed-by set, read-mostly.
@@ -55,7 +55,7 @@ use crate::handle::DeviceId;
 
 // pub mod advice;
 pub mod batch;
-// pub mod counters;
+pub mod counters;
 pub mod prefetch;
 pub mod thrashing;
 
