@@ -36,7 +36,7 @@
 //!   (map remotely) and throttle (`uvm_perf_thrashing.c`).
 //! - [`counters`]: access-counter notifications per (device, block) with a threshold
 //!   (`uvm_gpu_access_counters.c`).
-//! - `advice`: the per-range advice record (`cudaMemAdvise`; the GMEM RFC's
+//! - [`advice`]: the per-range advice record (`cudaMemAdvise`; the GMEM RFC's
 //!   `hmadvise`): preferred location, accessed-by set, read-mostly.
 //!
 //! **4. Parameters.** Every configuration field names its source: the UVM file and
@@ -53,7 +53,7 @@ use alloc::collections::BTreeMap;
 use crate::addr::{Vpn, PAGE_SIZE};
 use crate::handle::DeviceId;
 
-// pub mod advice;
+pub mod advice;
 pub mod batch;
 pub mod counters;
 pub mod prefetch;
