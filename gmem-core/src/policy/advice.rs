@@ -11,8 +11,9 @@
 //! to a neighbour merge with it, so the map's size is the number of distinct
 //! advised ranges, however often they were edited.
 //!
-//! The map does not know which devices exist: the KPI call that edits it checks the
-//! device handle first (an unknown device is its typed error).
+//! The map does not know which devices exist: the caller says, through the `known`
+//! predicate of [`AdviceMap::apply_checked`], and an edit naming an unknown device is
+//! [`AdviceError::UnknownDevice`].
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -114,6 +115,14 @@ pub enum AdviceOp {
 }
 
 impl AdviceOp {
+    /// The device the edit names, if any.
+    pub fn device(self) -> Option<DeviceId> {
+        match self {
+            Self::SetPreferred(d) | Self::SetAccessedBy(d) | Self::UnsetAccessedBy(d) => Some(d),
+            _ => None,
+        }
+    }
+
     fn apply(self, a: &mut Advice) {
         match self {
             Self::SetPreferred(d) => a.preferred = Some(d),
@@ -143,6 +152,8 @@ pub enum AdviceError {
         /// Its length in pages.
         pages: u64,
     },
+    /// The edit names a device that does not exist.
+    UnknownDevice(DeviceId),
 }
 
 impl fmt::Display for AdviceError {
@@ -156,6 +167,7 @@ impl fmt::Display for AdviceError {
                     first.0
                 )
             }
+            Self::UnknownDevice(d) => write!(f, "advice names unknown device {d:?}"),
         }
     }
 }
@@ -260,6 +272,24 @@ impl AdviceMap {
         }
         self.merge_around(s, e);
         Ok(())
+    }
+
+    /// [`apply`](Self::apply), after checking that the device `op` names (if any)
+    /// satisfies `known`.
+    ///
+    /// # Errors
+    /// [`AdviceError::UnknownDevice`] if it does not; otherwise as
+    /// [`apply`](Self::apply). The map is unchanged on every error.
+    pub fn apply_checked(
+        &mut self,
+        range: VaRange,
+        op: AdviceOp,
+        known: impl Fn(DeviceId) -> bool,
+    ) -> Result<(), AdviceError> {
+        if let Some(d) = op.device().filter(|&d| !known(d)) {
+            return Err(AdviceError::UnknownDevice(d));
+        }
+        self.apply(range, op)
     }
 
     /// Applies `op` to `len` bytes from `start`, checking the range first.
@@ -433,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_ranges_are_typed_errors_that_leave_the_map_unchanged() {
+    fn bad_ranges_and_unknown_devices_are_typed_errors_that_leave_the_map_unchanged() {
         let mut m = AdviceMap::new(Vpn(16), Vpn(32));
         m.apply(range(16, 4), AdviceOp::SetReadMostly).unwrap();
         let before: Vec<_> = m.runs().map(|(s, e, a)| (s, e, a.clone())).collect();
@@ -459,7 +489,19 @@ mod tests {
             m.apply_bytes(VirtAddr::new(0x10_000), 0, AdviceOp::Clear),
             Err(AdviceError::Range(AddrError::BadRange { .. }))
         ));
+        let known = |d: DeviceId| d.index() < 2;
+        assert_eq!(
+            m.apply_checked(range(16, 4), AdviceOp::SetPreferred(dev(7)), known),
+            Err(AdviceError::UnknownDevice(dev(7)))
+        );
+        assert_eq!(
+            m.apply_checked(range(16, 4), AdviceOp::UnsetAccessedBy(dev(9)), known),
+            Err(AdviceError::UnknownDevice(dev(9)))
+        );
         let after: Vec<_> = m.runs().map(|(s, e, a)| (s, e, a.clone())).collect();
         assert_eq!(before, after);
+        m.apply_checked(range(16, 4), AdviceOp::SetPreferred(dev(1)), known)
+            .unwrap();
+        assert_eq!(m.get(Vpn(17)).preferred, Some(dev(1)));
     }
 }
