@@ -47,6 +47,27 @@
 //!
 //! **5. Misuse.** Every fallible call checks its whole input before it changes
 //! anything: a rejected call leaves the engine exactly as it was.
+//!
+//! **6. How a fault path uses them** (the wiring is still to come; this is the order
+//! UVM's `service_fault_batch` follows, stated for our types):
+//! 1. drain the device's fault buffer into [`batch::FaultRecord`]s and group them with
+//!    [`batch::FaultBatcher::batch`]; then, for each (device, block) group:
+//! 2. read each page's [`advice::Advice`]: a device in the accessed-by set maps the
+//!    page where it lives (no migration); a read-mostly page read by a device gets a
+//!    read-only copy;
+//! 3. ask [`thrashing::Thrashing::hint`] for each faulted page: `Pin` maps it remotely
+//!    where it is, `Throttle` puts the record back for a later batch;
+//! 4. ask [`prefetch::plan`] for the rest, with the destination's resident pages, the
+//!    faulted pages, [`thrashing::Thrashing::thrashing_mask`] and the range's extent
+//!    (first touch at the preferred location fills the range);
+//! 5. migrate each of the plan's runs with one copy, map, and tell the engines:
+//!    [`thrashing::Thrashing::record_migration`] per page moved,
+//!    [`counters::AccessCounters::migrated`] per range;
+//! 6. one TLB invalidation and one replay for the whole batch.
+//!
+//! Besides faults: [`thrashing::Thrashing::expire`] now and then (unmap the remote
+//! mappings of the pages it unpins), and a driver's access-counter reports through
+//! [`counters::AccessCounters::record`], whose hot regions migrate like a fault.
 
 use alloc::collections::BTreeMap;
 
