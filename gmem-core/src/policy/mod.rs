@@ -48,8 +48,9 @@
 //! **5. Misuse.** Every fallible call checks its whole input before it changes
 //! anything: a rejected call leaves the engine exactly as it was.
 //!
-//! **6. How a fault path uses them** (the wiring is still to come; this is the order
-//! UVM's `service_fault_batch` follows, stated for our types):
+//! **6. How a fault path uses them** (the wiring is still to come; UVM's
+//! `service_fault_batch_block_locked`, `uvm_gpu_replayable_faults.c`, likewise asks the
+//! thrashing hint per fault before it picks residency and prefetch):
 //! 1. drain the device's fault buffer into [`batch::FaultRecord`]s and group them with
 //!    [`batch::FaultBatcher::batch`]; then, for each (device, block) group:
 //! 2. read each page's [`advice::Advice`]: a device in the accessed-by set maps the
@@ -67,7 +68,9 @@
 //!
 //! Besides faults: [`thrashing::Thrashing::expire`] now and then (unmap the remote
 //! mappings of the pages it unpins), and a driver's access-counter reports through
-//! [`counters::AccessCounters::record`], whose hot regions migrate like a fault.
+//! [`counters::AccessCounters::record`], whose hot regions migrate like a fault (UVM's
+//! access-counter servicing skips a page the thrashing hint throttles, and pins one it
+//! pins).
 
 use alloc::collections::BTreeMap;
 
