@@ -12,7 +12,7 @@
 //! | workload | kernel | what it stresses |
 //! |---|---|---|
 //! | `stream` | `c[i] = a[i] + 3·b[i]`, one pass | first-touch migration, page by page |
-//! | `stencil` | 3-point Jacobi, ping-pong arrays, several sweeps | re-migration when oversubscribed |
+//! | `stencil` | 3-point Jacobi, ping-pong arrays, several sweeps; after each, the host reads one word of every 8th page of the output | pages bouncing GPU -> host -> GPU every sweep (thrashing in UVM's sense, at any memory size); re-migration when oversubscribed |
 //! | `shared-table` | two GPUs, in turn, gather from one read-only table | a table both GPUs read |
 //! | `graph` | pull gather over a random fixed-degree graph, two sweeps | random access |
 
@@ -29,6 +29,11 @@ use gmem_simt::engine::{run, AccessObserver, Device, Launch, SpareWakes};
 use gmem_simt::machine::{mesc_tlbs, MESC_UNITS};
 use gmem_simt::occupancy::SmConfig;
 use gmem_simt::workloads::spec::{Affine, Spec, SpecKernel, MAX_OPS};
+
+/// The stencil's host check reads one word of every this many pages of each sweep's
+/// output (assumption: a sampled convergence check, the host-side step of an
+/// iterative solver that makes its pages move GPU -> host -> GPU every sweep).
+pub const CHECK_STRIDE: usize = 8;
 
 /// The workloads, in report order.
 pub const WORKLOADS: [&str; 4] = ["stream", "stencil", "shared-table", "graph"];
@@ -238,7 +243,7 @@ impl Sizes {
         Sizes {
             stream_n: k * (1 << 18),
             stencil_n: k * (1 << 18),
-            stencil_sweeps: 4,
+            stencil_sweeps: 8,
             table: (k * (1 << 18), k * (1 << 15), 8, 2),
             graph: (k * (1 << 16), 8, 2),
         }
@@ -475,6 +480,7 @@ pub fn run_workload(
             }
             before_kernels(m);
             let regions = [r0, r1];
+            let mut checked_ok = true;
             for s in 0..sizes.stencil_sweeps as usize {
                 let (src, dst) = (regions[s % 2], regions[(s + 1) % 2]);
                 m.launch(
@@ -491,10 +497,21 @@ pub fn run_workload(
                         (0.0f32 + (at(i.checked_sub(1)) + at(Some(i)) + at(Some(i + 1)))) * 0.25
                     })
                     .collect();
+                // The host's sampled convergence check: the first word of every
+                // CHECK_STRIDE-th page of the sweep's output.
+                let words = (PAGE_SIZE / 4) as usize;
+                for i in (0..n as usize).step_by(CHECK_STRIDE * words) {
+                    let va = VirtAddr::new(dst.start.as_u64() + 4 * i as u64);
+                    let v = m
+                        .cpu
+                        .load_u32(&m.gm, va)
+                        .map_err(|e| format!("host load: {e}"))?;
+                    checked_ok &= v == cur[i].to_bits();
+                }
             }
             let last = regions[sizes.stencil_sweeps as usize % 2];
             let got = m.download(last, n as usize)?;
-            Ok(got.into_iter().eq(cur.iter().map(|v| v.to_bits())))
+            Ok(checked_ok && got.into_iter().eq(cur.iter().map(|v| v.to_bits())))
         }
         "shared-table" => {
             let (tm, q, k, rounds) = sizes.table;
