@@ -621,6 +621,64 @@ mod tests {
     }
 
     #[test]
+    fn invariants_hold_under_pseudorandom_operation_sequences() {
+        let mut x = 0x5eed_0f_7e57u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for mitigation in [
+            Mitigation::Pin,
+            Mitigation::Throttle,
+            Mitigation::ThrottleThenPin { pin_threshold: 3 },
+        ] {
+            let mut t = Thrashing::new(ThrashingConfig::new(3, 10, 4, 50, mitigation).unwrap());
+            let mut now = 0u64;
+            for _ in 0..5000 {
+                // Often within a lapse of the page's last event, sometimes not.
+                now += if next() % 256 == 0 { 60 } else { next() % 2 };
+                let p = Vpn(next() % 4);
+                let d = dev((next() % 3) as u32);
+                match next() % 10 {
+                    0..=4 => {
+                        t.record_migration(p, now).unwrap();
+                    }
+                    5..=8 => match t.hint(p, d, Some(dev(0)), now).unwrap() {
+                        ThrashingHint::Pin { residency } => {
+                            assert_eq!(t.pinned(p), Some(residency));
+                            assert!(t.is_thrashing(p), "pinned but not thrashing");
+                        }
+                        ThrashingHint::Throttle { until } => {
+                            assert!(until >= now && until <= now + 4, "throttled past a nap");
+                            assert!(mitigation != Mitigation::Pin);
+                        }
+                        ThrashingHint::None => {}
+                    },
+                    _ => {
+                        for q in t.expire(now).unwrap() {
+                            assert_eq!(t.pinned(q), None);
+                        }
+                    }
+                }
+                let s = t.stats();
+                let pinned = (0..4).filter(|&q| t.pinned(Vpn(q)).is_some()).count() as u64;
+                assert_eq!(s.pins - s.unpins, pinned, "pins and unpins disagree");
+                assert!(s.detected <= s.migrations);
+                if mitigation == Mitigation::Throttle {
+                    assert_eq!(s.pins, 0);
+                }
+            }
+            // The sequence reached every path it checks.
+            let s = t.stats();
+            assert!(s.detected > 0 && s.recovered > 0, "{mitigation:?}: {s:?}");
+            assert!(s.pins > 0 || mitigation == Mitigation::Throttle, "{s:?}");
+            assert!(s.throttles > 0 || mitigation == Mitigation::Pin, "{s:?}");
+        }
+    }
+
+    #[test]
     fn bad_configs_and_backwards_time_are_typed_errors_that_change_nothing() {
         let m = Mitigation::Pin;
         assert_eq!(
