@@ -622,7 +622,7 @@ mod tests {
 
     #[test]
     fn invariants_hold_under_pseudorandom_operation_sequences() {
-        let mut x = 0x5eed_0f_7e57u64;
+        let mut x = 0x005e_ed0f_7e57_u64;
         let mut next = || {
             x ^= x << 13;
             x ^= x >> 7;
