@@ -142,6 +142,7 @@ impl AdviceOp {
 
 /// Why an edit was rejected (the map is unchanged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AdviceError {
     /// The range is malformed: unaligned, empty or overflowing.
     Range(AddrError),

@@ -99,6 +99,7 @@ impl BatchConfig {
 
 /// Why a batch was rejected (the batcher's counters are unchanged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BatchError {
     /// A batch size of 0.
     Config,

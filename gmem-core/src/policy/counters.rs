@@ -30,6 +30,7 @@ pub struct AccessCounterConfig {
 
 /// Why a configuration or a report was rejected (nothing changed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CounterError {
     /// The granularity is not one UVM's hardware supports: 64 KiB, 2 MiB, 16 MiB or
     /// 16 GiB (`uvm_perf_access_counter_granularity`).

@@ -38,6 +38,7 @@ pub struct PrefetchConfig {
 
 /// Why a [`PrefetchConfig`] or a [`PrefetchInput`] was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PrefetchError {
     /// The threshold is outside `1..=100` (UVM: "Valid values 1-100").
     Threshold(u8),

@@ -66,6 +66,7 @@ pub struct ThrashingConfig {
 
 /// Why a configuration or a call was rejected (nothing changed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ThrashingError {
     /// The threshold is outside `1..=7` (`UVM_PERF_THRASHING_THRESHOLD_MAX`: a 3-bit
     /// counter).
