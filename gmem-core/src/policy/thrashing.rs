@@ -215,6 +215,16 @@ struct PageState {
     throttle_end: u64,
     throttle_count: u8,
     do_not_throttle: Option<DeviceId>,
+    /// Migration destinations and faulting processors since the last reset, sorted.
+    processors: Vec<DeviceId>,
+}
+
+impl PageState {
+    fn add_processor(&mut self, d: DeviceId) {
+        if let Err(i) = self.processors.binary_search(&d) {
+            self.processors.insert(i, d);
+        }
+    }
 }
 
 /// Per-page thrashing state for one address space.
@@ -256,25 +266,29 @@ impl Thrashing {
         Ok(())
     }
 
-    /// Records that `page` migrated at `now`; returns whether it just became
+    /// Records that `page` migrated to `to` at `now`; returns whether it just became
     /// thrashing. A migration of a pinned page (the caller moved it anyway) ends the
     /// pin.
     ///
     /// # Errors
     /// [`ThrashingError::TimeWentBack`] if `now` is earlier than a time already seen.
-    pub fn record_migration(&mut self, page: Vpn, now: u64) -> Result<bool, ThrashingError> {
+    pub fn record_migration(
+        &mut self,
+        page: Vpn,
+        to: DeviceId,
+        now: u64,
+    ) -> Result<bool, ThrashingError> {
         self.tick(now)?;
         self.stats.migrations += 1;
         let lapse = self.config.lapse;
         let threshold = self.config.threshold;
         let Some(st) = self.pages.get_mut(&page.0) else {
-            self.pages.insert(
-                page.0,
-                PageState {
-                    last: now,
-                    ..PageState::default()
-                },
-            );
+            let mut st = PageState {
+                last: now,
+                ..PageState::default()
+            };
+            st.add_processor(to);
+            self.pages.insert(page.0, st);
             return Ok(false);
         };
         if st.pinned.take().is_some() {
@@ -283,6 +297,7 @@ impl Thrashing {
         } else if now - st.last <= lapse {
             st.events = st.events.saturating_add(1).min(7);
             st.last = now;
+            st.add_processor(to);
             if st.events >= threshold && !st.thrashing {
                 st.thrashing = true;
                 self.stats.detected += 1;
@@ -294,8 +309,10 @@ impl Thrashing {
             *st = PageState::default();
         } else {
             st.events = 0;
+            st.processors.clear();
         }
         st.last = now;
+        st.add_processor(to);
         Ok(false)
     }
 
@@ -307,6 +324,13 @@ impl Thrashing {
     /// Where `page` is pinned, if it is.
     pub fn pinned(&self, page: Vpn) -> Option<DeviceId> {
         self.pages.get(&page.0).and_then(|s| s.pinned.map(|p| p.0))
+    }
+
+    /// The processors that took part in `page`'s current streak: its migrations'
+    /// destinations and the processors that faulted on it while it thrashed. A pin maps
+    /// the page remotely in each of them (UVM's `hint.pin.processors`).
+    pub fn processors(&self, page: Vpn) -> &[DeviceId] {
+        self.pages.get(&page.0).map_or(&[], |s| &s.processors)
     }
 
     /// The thrashing pages of the block holding `block` (the prefetcher skips them).
@@ -357,6 +381,7 @@ impl Thrashing {
             st.last = now;
             return Ok(ThrashingHint::None);
         }
+        st.add_processor(requester);
         let pin = |st: &mut PageState, stats: &mut ThrashingStats, residency: DeviceId| {
             st.pinned = Some((residency, now.saturating_add(config.pin_time)));
             st.throttle_count = 0;
@@ -469,8 +494,9 @@ mod tests {
     /// returns the time of the last migration.
     fn bounce(t: &mut Thrashing, page: Vpn, n: u64, gap: u64, start: u64) -> u64 {
         let mut now = start;
-        for _ in 0..n {
-            t.record_migration(page, now).unwrap();
+        for k in 0..n {
+            // Back and forth between devices 0 and 1.
+            t.record_migration(page, dev((k % 2) as u32), now).unwrap();
             now += gap;
         }
         now - gap
@@ -486,9 +512,17 @@ mod tests {
             !t.is_thrashing(p),
             "two events are below the threshold of 3"
         );
-        assert!(t.record_migration(p, 12).unwrap());
+        assert!(t.record_migration(p, dev(1), 12).unwrap());
         assert!(t.is_thrashing(p));
         assert_eq!(t.stats().detected, 1);
+        assert_eq!(t.processors(p), [dev(0), dev(1)]);
+        t.hint(p, dev(2), Some(dev(1)), 13).unwrap();
+        assert_eq!(
+            t.processors(p),
+            [dev(0), dev(1), dev(2)],
+            "the requester joins"
+        );
+        assert_eq!(t.processors(Vpn(9)), []);
         assert_eq!(
             t.thrashing_mask(p).iter().collect::<alloc::vec::Vec<_>>(),
             [0x34]
@@ -504,7 +538,7 @@ mod tests {
         // A streak broken by a long gap restarts: 2 quick events, a gap, 2 quick.
         let q = Vpn(8);
         for now in [1000, 1001, 1002, 1100, 1101, 1102] {
-            t.record_migration(q, now).unwrap();
+            t.record_migration(q, dev(0), now).unwrap();
         }
         assert!(!t.is_thrashing(q));
         assert_eq!(t.stats().detected, 0);
@@ -546,7 +580,7 @@ mod tests {
         );
         // Keep the page active so it stays thrashing, then a new period: the same
         // first processor does not get two periods in a row.
-        t.record_migration(p, now + 5).unwrap();
+        t.record_migration(p, dev(0), now + 5).unwrap();
         assert_eq!(
             t.hint(p, dev(1), None, now + 6).unwrap(),
             ThrashingHint::Throttle { until: now + 11 }
@@ -579,7 +613,7 @@ mod tests {
             ));
         }
         now += 1;
-        t.record_migration(p, now).unwrap();
+        t.record_migration(p, dev(0), now).unwrap();
         assert_eq!(
             t.hint(p, dev(1), None, now).unwrap(),
             ThrashingHint::Pin { residency: dev(1) }
@@ -612,7 +646,7 @@ mod tests {
         let p = Vpn(5);
         let last = bounce(&mut t, p, 4, 1, 0);
         t.hint(p, dev(1), Some(dev(0)), last).unwrap();
-        t.record_migration(p, last + 1).unwrap();
+        t.record_migration(p, dev(1), last + 1).unwrap();
         assert_eq!(t.pinned(p), None);
         assert!(!t.is_thrashing(p));
         let last = bounce(&mut t, p, 5, 1, last + 2);
@@ -644,7 +678,7 @@ mod tests {
                 let d = dev((next() % 3) as u32);
                 match next() % 10 {
                     0..=4 => {
-                        t.record_migration(p, now).unwrap();
+                        t.record_migration(p, d, now).unwrap();
                     }
                     5..=8 => match t.hint(p, d, Some(dev(0)), now).unwrap() {
                         ThrashingHint::Pin { residency } => {
@@ -699,10 +733,10 @@ mod tests {
             Err(ThrashingError::ZeroParameter("pin_threshold"))
         );
         let mut t = Thrashing::new(cfg(m));
-        t.record_migration(Vpn(1), 50).unwrap();
+        t.record_migration(Vpn(1), dev(0), 50).unwrap();
         let before = t.stats();
         assert_eq!(
-            t.record_migration(Vpn(1), 49),
+            t.record_migration(Vpn(1), dev(0), 49),
             Err(ThrashingError::TimeWentBack {
                 now: 49,
                 latest: 50
