@@ -143,6 +143,18 @@ impl PageMask {
         }
     }
 
+    /// The pages `i` of the block for which `f(i)` holds (e.g. the pages a logical
+    /// page table says are resident in one memory).
+    pub fn from_fn(mut f: impl FnMut(usize) -> bool) -> Self {
+        let mut m = Self::new();
+        for i in 0..BLOCK_PAGES {
+            if f(i) {
+                m.words[i / 64] |= 1 << (i % 64);
+            }
+        }
+        m
+    }
+
     /// The pages `[start, end)`; indices past [`BLOCK_PAGES`] are clamped.
     pub fn range(start: usize, end: usize) -> Self {
         let mut m = Self::new();
@@ -374,6 +386,9 @@ mod tests {
         c.clear_range(50, 250);
         assert_eq!(c.count(), 40 + 50);
         assert!(!c.set(512) && !c.test(512) && !c.clear(700));
+        let odd = PageMask::from_fn(|i| i % 2 == 1);
+        assert_eq!(odd.count(), BLOCK_PAGES / 2);
+        assert!(odd.test(511) && !odd.test(0));
     }
 
     #[test]
