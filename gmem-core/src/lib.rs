@@ -156,6 +156,7 @@
 //! | [`guide`] | the embedding guide (documentation only) |
 //! | [`sync`] | the core's locks and atomics (loom-switchable) and **the lock order**, for drivers that want them |
 //! | [`vmem`] | the vmem arena on its own (virtual ranges, IOVAs, physical frames) |
+//! | [`policy`] | the GPU-driver policy engines (fault batching, tree prefetch, thrashing, access counters, advice): data structures and decisions, not yet wired into the fault path |
 //! | `testing` | (feature `test-util`) an in-memory test MMU, test memory and a test system |
 //!
 //! ## Inside the crate
@@ -207,6 +208,7 @@ mod lpt;
 mod mmu;
 mod physmem;
 mod platform;
+pub mod policy;
 mod queue;
 mod space;
 mod stats;

@@ -18,6 +18,8 @@ mod replay;
 mod report;
 mod reproduce;
 mod simt;
+mod uvm;
+mod uvm_work;
 mod workloads;
 
 use gmem_trace as trace;
@@ -114,6 +116,9 @@ enum Experiment {
     /// MESC: subregion contiguity bits against base, CoLT, full CoLT, THP and
     /// MESC+CoLT on the integrated GPU over fragmented memory (`--quick` for CI).
     Mesc,
+    /// UVM-style policies (issue 35): stream, stencil, a table shared by two GPUs and a
+    /// graph gather on the discrete GPU at 50/100/150% device memory (`--quick` for CI).
+    Uvm,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -177,7 +182,7 @@ enum Command {
         /// iommu: packets per receive queue per run (1..=1000000).
         #[arg(long, default_value_t = 20_000, value_parser = bounded(1, iommu_bench::MAX_PACKETS))]
         packets: u64,
-        /// regdem, adsm, coda, mesc: CI sizes (seconds).
+        /// regdem, adsm, coda, mesc, uvm: CI sizes (seconds).
         #[arg(long)]
         quick: bool,
         /// mesc: instead of the experiment, print the VA->PA contiguity histogram of
@@ -731,6 +736,12 @@ fn main() -> ExitCode {
             out,
             ..
         }) => mesc::run(quick, &out, output),
+        Some(Command::Reproduce {
+            experiment: Experiment::Uvm,
+            quick,
+            out,
+            ..
+        }) => uvm::run(quick, &out, output),
         Some(Command::Replay {
             file,
             format,

@@ -80,7 +80,7 @@ fn bare_metal() -> Result<(), String> {
 }
 
 /// The `reproduce` experiments CI runs at their `--quick` size.
-const QUICK_REPRODUCTIONS: &[&str] = &["regdem", "adsm", "coda", "mesc"];
+const QUICK_REPRODUCTIONS: &[&str] = &["regdem", "adsm", "coda", "mesc", "uvm"];
 
 fn ci() -> Result<(), String> {
     run("format", &["fmt", "--all", "--", "--check"])?;

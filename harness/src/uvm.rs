@@ -1,0 +1,523 @@
+//! `gmem-harness reproduce uvm [--quick]`: the workloads of issue 35 on the discrete
+//! SIMT GPU with device memory of 50%, 100% and 150% of each working set, under the
+//! policies the core has today, every run verified bit for bit.
+//!
+//! Policies (the `policy` column):
+//! - `none`: the core's default placement (migrate on first touch to the faulting
+//!   GPU, one 4 KiB page per fault, evict the oldest pages to host memory when video
+//!   memory is full). The core serves one fault per `dev_fault` call, so every fault is
+//!   its own batch (`fault_batches` = `gpu_faults`).
+//! - `remote`: every data region placed in host memory in remote-access mode (the
+//!   core's `PlacementMode::RemoteAccess`): a GPU fault maps the host frame in the
+//!   GPU's table, and only a repeated fault of a GPU that already maps the page
+//!   remotely migrates it; in these kernels a mapped page never faults again, so
+//!   nothing migrates and every GPU access crosses the bus.
+//!
+//! The policies of issue 35 (batching, tree prefetch, thrashing mitigation, read
+//! duplication, advice, access counters) exist as engines in `gmem_core::policy` but
+//! are not wired into the fault path yet: their rows come with that wiring.
+//!
+//! **Time** is the SIMT cost model's kernel time (`gmem_simt::cost`, printed) plus a
+//! bus time: every byte the copy engines moved and every remote 128-byte transaction
+//! at the link bandwidth, plus a fixed latency per copy-engine transfer ([`Bus`],
+//! parameters printed with their sources). Kernel and bus time add up: a fault stalls
+//! its warp until the page is there (no overlap is modelled; an assumption, and a
+//! pessimistic one for remote accesses, whose latency warps can hide). The CPU time of
+//! fault handling is not modelled.
+
+use crate::plot::{write_svg, BarChart, BarSeries, PALETTE};
+use crate::report::{Output, Report};
+use crate::uvm_work::{run_workload, Machine, Sizes, WORKLOADS};
+use gmem_core::{Stats, PAGE_SIZE};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Device memory as a share of the working set, percent.
+pub const PERCENTS: [u64; 3] = [50, 100, 150];
+
+/// The policies with rows today.
+pub const POLICIES: [&str; 2] = ["none", "remote"];
+
+/// The bus between host and GPU memory.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Bus {
+    /// Bytes per second. PCIe 3.0 x16: 8 GT/s per lane, 128b/130b encoding, 16 lanes
+    /// = 15.75 GB/s per direction (PCI-SIG, PCI Express Base Specification 3.0).
+    pub bytes_per_second: f64,
+    /// Seconds of fixed cost per copy-engine transfer (setup and completion):
+    /// assumption, not measured, not tuned.
+    pub transfer_latency_s: f64,
+    /// Bytes one remote access moves: one 128-byte transaction of the SIMT model.
+    pub remote_bytes: u64,
+}
+
+/// The bus of every run.
+pub const BUS: Bus = Bus {
+    bytes_per_second: 8e9 * 16.0 * 128.0 / 130.0 / 8.0,
+    transfer_latency_s: 10e-6,
+    remote_bytes: 128,
+};
+
+/// One verified run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct UvmRow {
+    /// Workload name.
+    pub workload: String,
+    /// Device memory per GPU over the working set, percent.
+    pub device_memory_percent: u64,
+    /// Policy.
+    pub policy: String,
+    /// Working set, bytes.
+    pub working_set: u64,
+    /// Faults the GPUs reported to the core.
+    pub gpu_faults: u64,
+    /// Fault batches serviced (one per fault without batching).
+    pub fault_batches: u64,
+    /// Bytes the core copied host to device.
+    pub bytes_h2d: u64,
+    /// Bytes copied device to host.
+    pub bytes_d2h: u64,
+    /// Bytes copied between the two GPUs' memories.
+    pub bytes_d2d: u64,
+    /// Pages moved by faults (any device) plus pages evicted.
+    pub migrations: u64,
+    /// Of those, evictions.
+    pub evictions: u64,
+    /// GPU transactions to memory outside the GPU's own.
+    pub remote_accesses: u64,
+    /// Copy-engine transfers.
+    pub transfers: u64,
+    /// Kernel time of the SIMT cost model, ms.
+    pub kernel_ms: f64,
+    /// Bus time, ms.
+    pub bus_ms: f64,
+    /// Kernel plus bus time, ms.
+    pub time_ms: f64,
+    /// Every output matched the CPU reference bit for bit.
+    pub verified: bool,
+    /// What failed, if the run did not complete.
+    pub error: Option<String>,
+}
+
+#[derive(Default)]
+struct Snap {
+    core: Stats,
+    faults: u64,
+    transfers: u64,
+}
+
+fn snap(m: &Machine) -> Snap {
+    Snap {
+        core: m.gm().stats(),
+        faults: m.gpus().iter().map(|g| g.port().stats().faults).sum(),
+        transfers: m.gpus().iter().map(|g| g.dma().stats().transfers).sum(),
+    }
+}
+
+/// Runs one configuration.
+fn run_one(sizes: &Sizes, workload: &str, percent: u64, policy: &str) -> UvmRow {
+    let ws = sizes.working_set(workload);
+    let ws_pages = ws / PAGE_SIZE;
+    let vram = (ws_pages * percent).div_ceil(100);
+    let gpus = if workload == "shared-table" { 2 } else { 1 };
+    let mut row = UvmRow {
+        workload: workload.into(),
+        device_memory_percent: percent,
+        policy: policy.into(),
+        working_set: ws,
+        gpu_faults: 0,
+        fault_batches: 0,
+        bytes_h2d: 0,
+        bytes_d2h: 0,
+        bytes_d2d: 0,
+        migrations: 0,
+        evictions: 0,
+        remote_accesses: 0,
+        transfers: 0,
+        kernel_ms: 0.0,
+        bus_ms: 0.0,
+        time_ms: 0.0,
+        verified: false,
+        error: None,
+    };
+    let mut m = match Machine::new(2 * ws_pages + 4096, gpus, vram) {
+        Ok(m) => m,
+        Err(e) => {
+            row.error = Some(e);
+            return row;
+        }
+    };
+    let mut before = Snap::default();
+    let result = run_workload(&mut m, workload, sizes, policy == "remote", &mut |m| {
+        before = snap(m)
+    });
+    let after = snap(&m);
+    let (b, a) = (&before.core, &after.core);
+    row.gpu_faults = after.faults - before.faults;
+    row.fault_batches = row.gpu_faults;
+    row.bytes_h2d = a.bytes_host_to_dev - b.bytes_host_to_dev;
+    row.bytes_d2h = a.bytes_dev_to_host - b.bytes_dev_to_host;
+    row.bytes_d2d = a.bytes_dev_to_dev - b.bytes_dev_to_dev;
+    row.evictions = a.evictions - b.evictions;
+    row.migrations = a.faults_migrate - b.faults_migrate + row.evictions;
+    row.remote_accesses = m.remote;
+    row.transfers = after.transfers - before.transfers;
+    row.kernel_ms = m.cost().seconds(m.cycles) * 1e3;
+    let bus_bytes =
+        row.bytes_h2d + row.bytes_d2h + row.bytes_d2d + row.remote_accesses * BUS.remote_bytes;
+    row.bus_ms = (bus_bytes as f64 / BUS.bytes_per_second
+        + row.transfers as f64 * BUS.transfer_latency_s)
+        * 1e3;
+    row.time_ms = row.kernel_ms + row.bus_ms;
+    match result {
+        Ok(v) => row.verified = v,
+        Err(e) => row.error = Some(e),
+    }
+    row
+}
+
+/// Every workload at every device-memory share under every policy.
+pub fn run_all(quick: bool) -> Vec<UvmRow> {
+    let sizes = Sizes::new(quick);
+    let mut rows = Vec::new();
+    for w in WORKLOADS {
+        for p in PERCENTS {
+            for policy in POLICIES {
+                rows.push(run_one(&sizes, w, p, policy));
+            }
+        }
+    }
+    rows
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+/// The rows as an aligned table.
+pub fn table(rows: &[UvmRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<13} {:>4} {:<7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8}",
+        "workload",
+        "mem%",
+        "policy",
+        "ws MiB",
+        "gpu flts",
+        "batches",
+        "h2d MiB",
+        "d2h MiB",
+        "d2d MiB",
+        "migr",
+        "evict",
+        "remote",
+        "kern ms",
+        "bus ms",
+        "time ms",
+        "verified"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<13} {:>4} {:<7} {:>8.2} {:>9} {:>9} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>9} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>8}",
+            r.workload,
+            r.device_memory_percent,
+            r.policy,
+            r.working_set as f64 / MIB,
+            r.gpu_faults,
+            r.fault_batches,
+            r.bytes_h2d as f64 / MIB,
+            r.bytes_d2h as f64 / MIB,
+            r.bytes_d2d as f64 / MIB,
+            r.migrations,
+            r.evictions,
+            r.remote_accesses,
+            r.kernel_ms,
+            r.bus_ms,
+            r.time_ms,
+            r.verified
+        );
+        if let Some(e) = &r.error {
+            let _ = writeln!(s, "    ERROR: {e}");
+        }
+    }
+    s
+}
+
+/// The rows as CSV.
+pub fn csv(rows: &[UvmRow]) -> String {
+    let mut s = String::from(
+        "workload,device_memory_percent,policy,working_set,gpu_faults,fault_batches,bytes_h2d,bytes_d2h,bytes_d2d,migrations,evictions,remote_accesses,transfers,kernel_ms,bus_ms,time_ms,verified,error\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{},\"{}\"",
+            r.workload,
+            r.device_memory_percent,
+            r.policy,
+            r.working_set,
+            r.gpu_faults,
+            r.fault_batches,
+            r.bytes_h2d,
+            r.bytes_d2h,
+            r.bytes_d2d,
+            r.migrations,
+            r.evictions,
+            r.remote_accesses,
+            r.transfers,
+            r.kernel_ms,
+            r.bus_ms,
+            r.time_ms,
+            r.verified,
+            r.error.as_deref().unwrap_or("").replace('"', "'")
+        );
+    }
+    s
+}
+
+fn plot(path: &Path, rows: &[UvmRow]) -> Result<(), Box<dyn std::error::Error>> {
+    let groups: Vec<(String, u64)> = WORKLOADS
+        .iter()
+        .flat_map(|w| PERCENTS.iter().map(move |p| (w.to_string(), *p)))
+        .collect();
+    let value = |policy: &str, f: fn(&UvmRow) -> f64| -> Vec<f64> {
+        groups
+            .iter()
+            .map(|(w, p)| {
+                rows.iter()
+                    .find(|r| {
+                        &r.workload == w && r.device_memory_percent == *p && r.policy == policy
+                    })
+                    .filter(|r| r.error.is_none())
+                    .map_or(f64::NAN, f)
+            })
+            .collect()
+    };
+    let chart = |caption: &str, y: &str, f: fn(&UvmRow) -> f64| BarChart {
+        caption: caption.into(),
+        groups: groups.iter().map(|(w, p)| format!("{w} {p}%")).collect(),
+        series: POLICIES
+            .iter()
+            .enumerate()
+            .map(|(k, p)| BarSeries {
+                name: (*p).into(),
+                color: PALETTE[k],
+                values: value(p, f),
+            })
+            .collect(),
+        y_desc: y.into(),
+        reference: None,
+    };
+    write_svg(
+        path,
+        (1400, 420),
+        &[
+            // Log scales: the oversubscribed random gather moves ~1000x what the
+            // others do. No bar: nothing moved.
+            chart(
+                "bytes moved (h2d + d2h + d2d), log scale",
+                "log10(KiB)",
+                |r| {
+                    let kib = (r.bytes_h2d + r.bytes_d2h + r.bytes_d2d) as f64 / 1024.0;
+                    if kib > 0.0 {
+                        kib.log10()
+                    } else {
+                        f64::NAN
+                    }
+                },
+            ),
+            chart("time (kernel + bus), log scale", "log10(us)", |r| {
+                (r.time_ms * 1e3).max(1.0).log10()
+            }),
+        ],
+    )
+}
+
+fn write(dir: &Path, rows: &[UvmRow]) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let csv_path = dir.join("uvm.csv");
+    std::fs::write(&csv_path, csv(rows)).map_err(|e| format!("{}: {e}", csv_path.display()))?;
+    let json_path = dir.join("uvm.json");
+    let json = serde_json::json!({ "bus": BUS, "rows": rows });
+    std::fs::write(&json_path, json.to_string())
+        .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let svg_path = dir.join("uvm.svg");
+    plot(&svg_path, rows).map_err(|e| format!("{}: {e}", svg_path.display()))?;
+    Ok([csv_path, json_path, svg_path]
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect())
+}
+
+/// The parameters the table depends on, with their sources.
+pub fn parameters() -> String {
+    format!(
+        "discrete SIMT GPU: 16 CUs, MESC Table I TLBs, 4 KiB pages; {}\n\
+         bus: {:.2} GB/s (PCIe 3.0 x16: 8 GT/s x 16 lanes x 128/130, PCI-SIG base spec 3.0); \
+         {:.0} us per copy-engine transfer (assumption); remote access = {} B at the bus bandwidth \
+         (assumption: latency hidden, no overlap of bus and kernel time)",
+        gmem_simt::cost::CostModel::calibrated(),
+        BUS.bytes_per_second / 1e9,
+        BUS.transfer_latency_s * 1e6,
+        BUS.remote_bytes
+    )
+}
+
+/// `reproduce uvm`: run, print, write CSV/JSON/SVG into `out`.
+///
+/// # Errors
+/// A file that could not be written.
+pub fn run(quick: bool, out: &str, output: Output) -> Result<Report, String> {
+    let t0 = std::time::Instant::now();
+    let rows = run_all(quick);
+    let files = write(Path::new(out), &rows)?;
+    let verified = rows.iter().all(|r| r.verified && r.error.is_none());
+    match output {
+        Output::Table => {
+            println!("{}", parameters());
+            print!("{}", table(&rows));
+            println!("files: {}", files.join(", "));
+            println!("wall time {:.1} s", t0.elapsed().as_secs_f64());
+        }
+        Output::Json => {
+            let doc = serde_json::json!({
+                "experiment": "uvm",
+                "quick": quick,
+                "bus": BUS,
+                "rows": rows,
+                "verified": verified,
+            });
+            println!("{doc}");
+        }
+        Output::Csv => print!("{}", csv(&rows)),
+    }
+    let mut r = Report::new(format!(
+        "UVM policies (baseline): {} runs, {} workloads x {} device-memory shares x {} policies",
+        rows.len(),
+        WORKLOADS.len(),
+        PERCENTS.len(),
+        POLICIES.len()
+    ));
+    r.row("runs", rows.len() as u64);
+    r.row(
+        "runs failed",
+        rows.iter().filter(|r| r.error.is_some()).count() as u64,
+    );
+    r.verify(
+        verified,
+        if verified {
+            "every run completed and matched its CPU reference bit for bit".into()
+        } else {
+            "a run failed or missed its CPU reference (see the rows)".into()
+        },
+    );
+    Ok(r.for_output("uvm", output))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::uvm_work::CHECK_STRIDE;
+
+    /// A few pages per array: every path (eviction included) in a second.
+    fn tiny() -> Sizes {
+        Sizes {
+            stream_n: 8192,
+            stencil_n: 8192,
+            stencil_sweeps: 2,
+            // 64 table pages: at 50% a GPU holds 34 pages, enough for the 33 pages one
+            // warp instruction of the gather may touch (32 lanes + its output page).
+            table: (65536, 2048, 4, 2),
+            graph: (4096, 4, 2),
+        }
+    }
+
+    fn row(w: &str, p: u64, policy: &str) -> UvmRow {
+        let r = run_one(&tiny(), w, p, policy);
+        assert_eq!(r.error, None, "{w} {p}% {policy}");
+        assert!(r.verified, "{w} {p}% {policy} missed its reference");
+        r
+    }
+
+    #[test]
+    fn every_workload_verifies_at_every_share_under_every_policy() {
+        for w in WORKLOADS {
+            for p in PERCENTS {
+                for policy in POLICIES {
+                    row(w, p, policy);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_stream_migrates_each_page_once_without_policy_and_nothing_when_remote() {
+        let ws = tiny().working_set("stream");
+        let none = row("stream", 150, "none");
+        assert_eq!(none.gpu_faults, ws / PAGE_SIZE, "one fault per page");
+        assert_eq!(none.fault_batches, none.gpu_faults);
+        assert_eq!((none.bytes_h2d, none.evictions), (ws, 0));
+        assert_eq!(none.bytes_d2h, ws / 3, "the output comes back to the host");
+        assert_eq!(none.remote_accesses, 0);
+        let remote = row("stream", 150, "remote");
+        assert_eq!(
+            (remote.migrations, remote.bytes_h2d, remote.bytes_d2h),
+            (0, 0, 0)
+        );
+        assert_eq!(
+            remote.remote_accesses,
+            ws / 128,
+            "every line crosses the bus once"
+        );
+        assert!(remote.bus_ms < none.bus_ms);
+    }
+
+    #[test]
+    fn the_stencil_bounces_its_checked_pages_and_remigrates_when_oversubscribed() {
+        let s = tiny();
+        let ws = s.working_set("stencil");
+        let checked = (s.stencil_n * 4 / PAGE_SIZE).div_ceil(CHECK_STRIDE as u64);
+        let fits = row("stencil", 150, "none");
+        assert_eq!(fits.evictions, 0);
+        // Every sweep after the first reads the pages the host checked after the one
+        // before: they come back from host memory.
+        assert_eq!(
+            fits.bytes_h2d,
+            ws + (s.stencil_sweeps - 1) * checked * PAGE_SIZE
+        );
+        let half = row("stencil", 50, "none");
+        assert!(half.evictions > 0);
+        assert!(
+            half.bytes_h2d > fits.bytes_h2d,
+            "{} bytes in at 50%, {} at 150%",
+            half.bytes_h2d,
+            fits.bytes_h2d
+        );
+    }
+
+    #[test]
+    fn a_device_memory_smaller_than_one_warp_instruction_is_a_reported_failure() {
+        // 8 table pages: at 50% each GPU holds 6 pages, fewer than the pages one warp
+        // instruction gathers from, so the pages of an instruction evict each other
+        // and the access never completes. The run says so; it is not papered over.
+        let s = Sizes {
+            table: (8192, 2048, 4, 2),
+            ..tiny()
+        };
+        let r = run_one(&s, "shared-table", 50, "none");
+        let e = r.error.expect("the run cannot complete");
+        assert!(e.contains("still misses"), "{e}");
+        assert!(!r.verified);
+    }
+
+    #[test]
+    fn the_shared_table_moves_between_the_two_gpus_at_every_launch() {
+        let s = tiny();
+        let r = row("shared-table", 150, "none");
+        let (entries, _, _, rounds) = s.table;
+        // The first launch pulls the table from the host; each later one from the other
+        // GPU.
+        assert_eq!(r.bytes_d2d, (2 * rounds - 1) * entries * 4);
+        assert_eq!(r.evictions, 0);
+    }
+}
