@@ -21,7 +21,7 @@
 //! | [`MapError`] | `region_map` |
 //! | [`PopulateError`] | `region_migrate`, `region_wire` |
 //! | [`SetError`] | `mapping_set_unmap`, `mapping_set_destroy` |
-//! | [`FaultError`] | `dev_fault`, `dev_try_fault` |
+//! | [`FaultError`] | `dev_fault`, `dev_try_fault`, `dev_fault_in`, `dev_try_fault_in` |
 //! | [`MoveError`] | inside [`FaultError::Move`] and [`PopulateError::Move`]: a page could not be allocated, filled, moved or mapped |
 
 use crate::addr::{AddrError, PhysAddr, VaRange, VirtAddr};
@@ -240,6 +240,10 @@ pub enum FaultError {
     NotFaultable(DeviceId),
     /// The device is active in no address space.
     NotActive(DeviceId),
+    /// `dev_fault_in`: the handle names no live address space.
+    UnknownSpace(SpaceId),
+    /// `dev_fault_in`: the device is not attached to the named space.
+    NotAttached(DeviceId),
     /// No region holds the address.
     NotAllocated(VirtAddr),
     /// The region holds the address, but it was explicitly unmapped: nothing backs it.
@@ -499,6 +503,8 @@ impl fmt::Display for FaultError {
             FaultError::UnknownDevice(d) => write!(f, "no live device {d}"),
             FaultError::NotFaultable(d) => write!(f, "device {d} cannot take faults"),
             FaultError::NotActive(d) => write!(f, "device {d} is active in no address space"),
+            FaultError::UnknownSpace(s) => write!(f, "no live address space {s}"),
+            FaultError::NotAttached(d) => write!(f, "device {d} is not attached to the space"),
             FaultError::NotAllocated(va) => write!(f, "no region holds {va:?}"),
             FaultError::NotMapped(va) => write!(f, "{va:?} was unmapped: nothing backs it"),
             FaultError::ProtectionViolation {

@@ -87,6 +87,14 @@
 //! core installed — or delivers the typed [`FaultError`](crate::FaultError) to whoever
 //! made the access (a signal to a user task, a panic for the kernel's own access).
 //!
+//! **Which space.** A device faults in the space it is active in
+//! ([`Gmem::dev_switch`](crate::Gmem::dev_switch) makes it active there). A kernel with
+//! one CPU device for all its harts, each running a different process, names the space
+//! instead: [`Gmem::dev_try_fault_in`](crate::Gmem::dev_try_fault_in) (and
+//! [`dev_fault_in`](crate::Gmem::dev_fault_in)) serve the fault in the given space the
+//! device is attached to, with no `dev_switch` per context switch (the kernel loads
+//! the space's table root itself).
+//!
 //! The entry for a handler is [`Gmem::dev_try_fault`](crate::Gmem::dev_try_fault): it
 //! never waits for a lock, and answers [`FaultError::Busy`](crate::FaultError::Busy)
 //! when one it needs is held. `Busy` has two causes, told apart by whether this CPU was
@@ -182,7 +190,7 @@
 //!
 //! | where | legal calls |
 //! |---|---|
-//! | a page-fault (or any exception or interrupt) handler | [`dev_try_fault`](crate::Gmem::dev_try_fault); [`dev_fault`](crate::Gmem::dev_fault) and the rest only if the handler cannot have interrupted a core call on the same CPU (a fault from user mode) |
+//! | a page-fault (or any exception or interrupt) handler | [`dev_try_fault`](crate::Gmem::dev_try_fault) or [`dev_try_fault_in`](crate::Gmem::dev_try_fault_in); [`dev_fault`](crate::Gmem::dev_fault) and the rest only if the handler cannot have interrupted a core call on the same CPU (a fault from user mode) |
 //! | with interrupts off | every call: the core never enables interrupts. It spins on its locks, so a call that may wait for a lock another CPU holds must not be made by a CPU that that CPU is waiting for (for an IPI's acknowledgement, say: section 4) |
 //! | with the kernel's heap lock held | none: every call may allocate (a fault allocates logical-page-table leaves and queue entries), [`dev_try_fault`](crate::Gmem::dev_try_fault) included |
 //! | inside a driver callback ([`Mmu`](crate::Mmu), [`DeviceMemory`](crate::DeviceMemory)) | none but [`dev_try_fault`](crate::Gmem::dev_try_fault), which answers `Busy`: the core calls drivers with the space's lock held (all but the unlocked edits of [`Mmu::concurrent_edits`](crate::Mmu::concurrent_edits) and a strict dealloc's invalidation; and with the device's binding for [`Mmu::activate`](crate::Mmu::activate)), and a call that waits for it waits forever. [`DeviceMemory::group_class_changed`](crate::DeviceMemory::group_class_changed) is the exception to the exception: it runs with the device's frame lock held (`dev_set_group_class` holds no space lock), which a fault waits for, so it calls nothing at all |

@@ -222,3 +222,58 @@ fn every_kpi_call_and_every_driver_call_runs_inside_the_platforms_critical_secti
         "a driver call outside a section: {seen:?}"
     );
 }
+
+/// The explicit fault context: `dev_try_fault_in` re-entering from a driver call on the
+/// same thread answers `Busy` at once, as `dev_try_fault` does; the retry serves it in
+/// the named space, with the device active nowhere.
+#[test]
+fn a_fault_in_a_named_space_reentering_from_a_driver_call_is_answered_busy() {
+    let s = Arc::new(TestSystem::new(16));
+    let host = s.host().id;
+    let space =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    s.gm.as_attach(space, host, MmuMode::Coherent, Activation::Leave)
+        .unwrap();
+    let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    let b = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+    assert_eq!(s.gm.dev_active(host), Ok(None), "active nowhere");
+    let seen: Arc<Mutex<Option<Answer>>> = Arc::default();
+    {
+        let (weak, seen) = (Arc::downgrade(&s), seen.clone());
+        s.host().mmu.run_in_next(
+            GateCall::Map,
+            Box::new(move || {
+                let s = weak.upgrade().expect("the system outlives the fault");
+                let t = Instant::now();
+                let r = s.gm.dev_try_fault_in(host, space, b.start, Prot::WRITE);
+                *seen.lock().unwrap() = Some((r, t.elapsed()));
+            }),
+        );
+    }
+    let outer =
+        s.gm.dev_fault_in(host, space, a.start, Prot::WRITE)
+            .unwrap();
+    assert_eq!(outer.kind, FaultKind::ZeroFill);
+    let (inner, took) = seen.lock().unwrap().take().expect("the driver call ran it");
+    assert_eq!(inner, Err(FaultError::Busy(b.start)));
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    assert_eq!(s.gm.as_page_frame(space, b.start), Ok(None));
+    assert_eq!(
+        s.gm.dev_try_fault_in(host, space, b.start, Prot::WRITE)
+            .map(|r| r.kind),
+        Ok(FaultKind::ZeroFill)
+    );
+    // A space the device is not attached to, and misuse: typed errors, nothing mapped.
+    let other =
+        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
+            .unwrap();
+    let r = s.gm.as_alloc(other, AllocRequest::new(PAGE_SIZE)).unwrap();
+    assert_eq!(
+        s.gm.dev_fault_in(host, other, r.start, Prot::READ),
+        Err(FaultError::NotAttached(host))
+    );
+    assert_eq!(s.gm.as_page_frame(other, r.start), Ok(None));
+    s.gm.check_invariants(space).unwrap();
+    s.gm.check_invariants(other).unwrap();
+}

@@ -419,6 +419,133 @@ impl Gmem {
         r
     }
 
+    /// Serve a fault of device `id` at `va` in the named address space `space`, whether
+    /// or not the device is active there: the explicit fault context a kernel with
+    /// one CPU device for all its harts wants (each hart faults in the space of the
+    /// process it runs; no [`Gmem::dev_switch`] per context switch). The device must be
+    /// attached to `space`; the page is mapped in the device's table of that space.
+    /// Waits for the space's lock like [`Gmem::dev_fault`]; from a context that may
+    /// have interrupted a core call on its own CPU use [`Gmem::dev_try_fault_in`].
+    ///
+    /// # Errors
+    /// As [`Gmem::dev_fault`], with [`FaultError::UnknownSpace`] for a stale space
+    /// handle and [`FaultError::NotAttached`] for a device not attached to it (in
+    /// place of `NotActive`).
+    ///
+    /// # Examples
+    /// One CPU device attached to two spaces, active in neither; each fault names its
+    /// space and is served in that space's table.
+    /// ```
+    /// # use gmem_core::testing::TestSystem;
+    /// # use gmem_core::*;
+    /// let sys = TestSystem::new(16);
+    /// let gm = &sys.gm;
+    /// let cpu = gm.host();
+    /// let a = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// let b = gm.as_create(VirtAddr::new(1 << 30), VirtAddr::new(2 << 30), AllocPolicy::empty())?;
+    /// gm.as_attach(a, cpu, MmuMode::Coherent, Activation::Leave)?;
+    /// gm.as_attach(b, cpu, MmuMode::Coherent, Activation::Leave)?;
+    /// let ra = gm.as_alloc(a, AllocRequest::new(PAGE_SIZE))?;
+    /// let rb = gm.as_alloc(b, AllocRequest::new(PAGE_SIZE))?;
+    /// assert_eq!(ra.start, rb.start); // the same address in two processes
+    /// assert_eq!(gm.dev_fault(cpu, ra.start, Prot::WRITE), Err(FaultError::NotActive(cpu)));
+    /// gm.dev_fault_in(cpu, a, ra.start, Prot::WRITE)?;
+    /// gm.dev_fault_in(cpu, b, rb.start, Prot::WRITE)?;
+    /// let (frame_a, frame_b) = (gm.as_page_frame(a, ra.start)?, gm.as_page_frame(b, rb.start)?);
+    /// assert!(frame_a.is_some() && frame_b.is_some() && frame_a != frame_b);
+    /// gm.as_destroy(b)?;
+    /// assert_eq!(gm.dev_fault_in(cpu, b, rb.start, Prot::READ), Err(FaultError::UnknownSpace(b)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dev_fault_in(
+        &self,
+        id: DeviceId,
+        space: SpaceId,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let _critical = self.critical();
+        let r = self.fault_in_inner(id, space, va, access, false);
+        if r.is_err() {
+            Counters::add(&self.counters.faults_failed, 1);
+        }
+        r
+    }
+
+    /// [`Gmem::dev_fault_in`] for a fault handler or a driver callback that may have
+    /// interrupted a core call on its own CPU: it takes every lock with `try_lock` and
+    /// answers [`FaultError::Busy`] at once where [`Gmem::dev_fault_in`] would wait
+    /// (see [`Gmem::dev_try_fault`]).
+    ///
+    /// # Errors
+    /// As [`Gmem::dev_fault_in`], and [`FaultError::Busy`]: retry the access later.
+    pub fn dev_try_fault_in(
+        &self,
+        id: DeviceId,
+        space: SpaceId,
+        va: VirtAddr,
+        access: Prot,
+    ) -> Result<FaultResolution, FaultError> {
+        let _critical = self.critical();
+        let r = self.fault_in_inner(id, space, va, access, true);
+        if matches!(r, Err(e) if !matches!(e, FaultError::Busy(_))) {
+            Counters::add(&self.counters.faults_failed, 1);
+        }
+        r
+    }
+
+    /// The fault of `dev_fault_in` (waiting) or `dev_try_fault_in` (`try_only`). The
+    /// space is held by a reference of the fault's own (no binding names it).
+    fn fault_in_inner(
+        &self,
+        id: DeviceId,
+        space_id: SpaceId,
+        va: VirtAddr,
+        access: Prot,
+        try_only: bool,
+    ) -> Result<FaultResolution, FaultError> {
+        let busy = FaultError::Busy(va);
+        let looked_up;
+        let dev = if id == self.host.id {
+            &self.host
+        } else {
+            let devices = if try_only {
+                self.devices.try_read().ok_or(busy)?
+            } else {
+                self.devices.read()
+            };
+            looked_up = devices
+                .get(id.index, id.generation)
+                .cloned()
+                .ok_or(FaultError::UnknownDevice(id))?;
+            drop(devices);
+            &looked_up
+        };
+        if !dev.faultable() {
+            return Err(FaultError::NotFaultable(id));
+        }
+        let spaces = if try_only {
+            self.spaces.try_read().ok_or(busy)?
+        } else {
+            self.spaces.read()
+        };
+        let space = spaces
+            .get(space_id.index, space_id.generation)
+            .cloned()
+            .ok_or(FaultError::UnknownSpace(space_id))?;
+        drop(spaces);
+        let mut st = if try_only {
+            space.try_lock().ok_or(busy)?
+        } else {
+            space.lock()
+        };
+        if !st.is_alive() {
+            return Err(FaultError::UnknownSpace(space_id));
+        }
+        let (slot, table) = st.attachment_of(id).ok_or(FaultError::NotAttached(id))?;
+        st.fault(&self.context(), &space, dev, slot, table, va, access)
+    }
+
     fn try_fault_inner(
         &self,
         id: DeviceId,
