@@ -563,7 +563,14 @@ impl Gmem {
     ) -> Result<FaultResolution, FaultError> {
         match st.attachment_of(id) {
             Some((slot, table)) if st.is_alive() => {
-                st.fault(&self.context(), space, dev, slot, table, va, access)
+                let at = crate::space::FaultAt {
+                    dev,
+                    slot,
+                    table,
+                    va,
+                    access,
+                };
+                st.fault(&self.context(), space, at)
             }
             _ => Err(FaultError::NotActive(id)),
         }

@@ -282,7 +282,15 @@ impl Gmem {
             .space(region.space)
             .ok_or(RegionError::UnknownSpace(region.space))?;
         let unlocked = self.with_region(region, |cx, space, st, c| {
-            st.map_frames(cx, space, &c, &memdev, prot, frames, set, flags, callback)
+            let req = crate::space::MapFrames {
+                memdev: &memdev,
+                prot,
+                frames,
+                set,
+                flags,
+                callback,
+            };
+            st.map_frames(cx, space, &c, req)
         })?;
         let Some(edit) = unlocked else {
             return Ok(());
@@ -421,7 +429,14 @@ impl Gmem {
     ) -> Result<(), RegionError> {
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
-            st.unmap_range(cx, space, &c, first, pages, flags, callback);
+            st.unmap_range(
+                cx,
+                space,
+                &c,
+                crate::space::PageSpan { first, pages },
+                flags,
+                callback,
+            );
             Ok(())
         })
     }
@@ -429,7 +444,14 @@ impl Gmem {
     /// `region_set_attrs` of one region (the whole of it)
     pub(crate) fn set_attrs_whole(&self, region: Region, attrs: Attrs) -> Result<(), ProtectError> {
         self.with_region(region, |cx, space, st, c| {
-            Ok(st.set_attrs(cx, space, &c, c.first, c.pages, attrs, true)?)
+            Ok(st.set_attrs(
+                cx,
+                space,
+                &c,
+                crate::space::PageSpan::whole(&c),
+                attrs,
+                true,
+            )?)
         })
     }
 
@@ -442,7 +464,14 @@ impl Gmem {
     ) -> Result<(), ProtectError> {
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
-            Ok(st.set_attrs(cx, space, &c, first, pages, attrs, false)?)
+            Ok(st.set_attrs(
+                cx,
+                space,
+                &c,
+                crate::space::PageSpan { first, pages },
+                attrs,
+                false,
+            )?)
         })
     }
 
@@ -497,7 +526,7 @@ impl Gmem {
                 crate::space::PrivateRefusal::NotAttached => PopulateError::NotAttached(dev),
                 _ => PopulateError::CannotHoldPrivate(dev),
             })?;
-            Ok(st.alloc_private(cx, space, &c, c.first, c.pages, slot, &d)?)
+            Ok(st.alloc_private(cx, space, &c, crate::space::PageSpan::whole(&c), slot, &d)?)
         })
     }
 
