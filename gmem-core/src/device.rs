@@ -11,7 +11,7 @@ use crate::addr::{Pfn, Vpn};
 use crate::flags::{DevCaps, PageSizes};
 use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::{DeviceMemory, Mmu};
-use crate::physmem::PhysMem;
+use crate::physmem::{PhysMem, RunRequest};
 use crate::space::SpaceInner;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use alloc::string::String;
@@ -114,39 +114,20 @@ impl Drop for FrameRun<'_> {
 }
 
 impl DeviceInner {
-    /// Allocate `pages` frames aligned to `align` pages for the pages of `space` from
-    /// `vpn`, within the driver's constraint `limit`, from page groups of `class` when
-    /// the memory has groups.
-    #[allow(clippy::too_many_arguments)]
-    pub fn alloc_frames(
-        &self,
-        pages: u64,
-        align: u64,
-        space: SpaceId,
-        vpn: Vpn,
-        limit: Option<crate::mmu::FrameConstraint>,
-        class: u32,
-    ) -> Option<FrameRun<'_>> {
+    /// Allocate the frames `req` asks for: aligned to `req.align` pages, within the
+    /// driver's constraint, from page groups of its class when the memory has groups.
+    pub fn alloc_frames(&self, req: RunRequest) -> Option<FrameRun<'_>> {
         let mut phys = self.phys.lock();
         let pfn = if phys.group_order().is_some() {
-            phys.alloc_grouped(
-                pages,
-                align,
-                space,
-                vpn,
-                false,
-                limit,
-                class,
-                self.memory.as_deref(),
-            )
+            phys.alloc_grouped(&req, false, self.memory.as_deref())
         } else {
-            phys.alloc_run(pages, align, space, vpn, false, limit)
+            phys.alloc_run(req.pages, req.align, req.space, req.vpn, false, req.limit)
         }?;
         drop(phys);
         Some(FrameRun {
             dev: self,
             pfn,
-            pages,
+            pages: req.pages,
         })
     }
 
@@ -173,32 +154,25 @@ impl DeviceInner {
         })
     }
 
-    /// Frames for the pages of `space` from `vpn`, contiguous, through the memory's
-    /// superpage reservations (`PhysMem::alloc_pages`): a single page gets the frame at
-    /// its offset in its block's reservation. A memory managed in page groups has no
-    /// reservations: the frames come from groups of `class`.
+    /// Frames for the pages `req` asks for, contiguous, through the memory's superpage
+    /// reservations (`PhysMem::alloc_pages`; `req.align` is not used): a single page
+    /// gets the frame at its offset in its block's reservation. A memory managed in
+    /// page groups has no reservations: the frames come from groups of `req`'s class.
     #[inline]
-    pub fn alloc_pages(
-        &self,
-        pages: u64,
-        space: SpaceId,
-        vpn: Vpn,
-        limit: Option<crate::mmu::FrameConstraint>,
-        class: u32,
-    ) -> Option<FrameRun<'_>> {
+    pub fn alloc_pages(&self, req: RunRequest) -> Option<FrameRun<'_>> {
         // One lock round trip on the common path (this runs once per 4 KiB fault).
         let pfn = {
             let mut phys = self.phys.lock();
             if phys.group_order().is_some() {
                 drop(phys);
-                return self.alloc_frames(pages, 1, space, vpn, limit, class);
+                return self.alloc_frames(RunRequest { align: 1, ..req });
             }
-            phys.alloc_pages(pages, space, vpn, false, limit)?
+            phys.alloc_pages(req.pages, req.space, req.vpn, false, req.limit)?
         };
         Some(FrameRun {
             dev: self,
             pfn,
-            pages,
+            pages: req.pages,
         })
     }
 

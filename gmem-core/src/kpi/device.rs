@@ -543,7 +543,14 @@ impl Gmem {
             return Err(FaultError::UnknownSpace(space_id));
         }
         let (slot, table) = st.attachment_of(id).ok_or(FaultError::NotAttached(id))?;
-        st.fault(&self.context(), &space, dev, slot, table, va, access)
+        let at = crate::space::FaultAt {
+            dev,
+            slot,
+            table,
+            va,
+            access,
+        };
+        st.fault(&self.context(), &space, at)
     }
 
     fn try_fault_inner(
@@ -690,7 +697,14 @@ impl Gmem {
     ) -> Result<FaultResolution, FaultError> {
         match st.attachment_of(id) {
             Some((slot, table)) if st.is_alive() => {
-                st.fault(&self.context(), space, dev, slot, table, va, access)
+                let at = crate::space::FaultAt {
+                    dev,
+                    slot,
+                    table,
+                    va,
+                    access,
+                };
+                st.fault(&self.context(), space, at)
             }
             _ => Err(FaultError::NotActive(id)),
         }

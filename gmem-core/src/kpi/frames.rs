@@ -235,7 +235,18 @@ impl Gmem {
             let class = dev.phys.lock().frame_class(pfn);
             let mut st = space.lock();
             let n = st
-                .compact_out(cx, &space, owner.vpn, dev, pfn, end, dests, class)
+                .compact_out(
+                    cx,
+                    &space,
+                    crate::space::CompactMove {
+                        vpn: owner.vpn,
+                        dev,
+                        pfn,
+                        end,
+                        dests,
+                        class,
+                    },
+                )
                 .map_err(|e| match e {
                     MoveError::Memory(m) => FrameError::Memory(m),
                     // The destination is the same memory and every page table exists

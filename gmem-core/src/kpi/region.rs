@@ -271,7 +271,15 @@ impl Gmem {
             .space(region.space)
             .ok_or(RegionError::UnknownSpace(region.space))?;
         let unlocked = self.with_region(region, |cx, space, st, c| {
-            st.map_frames(cx, space, &c, &memdev, prot, frames, set, flags, callback)
+            let req = crate::space::MapFrames {
+                memdev: &memdev,
+                prot,
+                frames,
+                set,
+                flags,
+                callback,
+            };
+            st.map_frames(cx, space, &c, req)
         })?;
         let Some(edit) = unlocked else {
             return Ok(());
@@ -410,7 +418,14 @@ impl Gmem {
     ) -> Result<(), RegionError> {
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
-            st.unmap_range(cx, space, &c, first, pages, flags, callback);
+            st.unmap_range(
+                cx,
+                space,
+                &c,
+                crate::space::PageSpan { first, pages },
+                flags,
+                callback,
+            );
             Ok(())
         })
     }
@@ -418,7 +433,14 @@ impl Gmem {
     /// `region_set_attrs` of one region (the whole of it)
     pub(crate) fn set_attrs_whole(&self, region: Region, attrs: Attrs) -> Result<(), ProtectError> {
         self.with_region(region, |cx, space, st, c| {
-            Ok(st.set_attrs(cx, space, &c, c.first, c.pages, attrs, true)?)
+            Ok(st.set_attrs(
+                cx,
+                space,
+                &c,
+                crate::space::PageSpan::whole(&c),
+                attrs,
+                true,
+            )?)
         })
     }
 
@@ -431,7 +453,14 @@ impl Gmem {
     ) -> Result<(), ProtectError> {
         self.with_region(region, |cx, space, st, c| {
             let (first, pages) = c.range(range)?;
-            Ok(st.set_attrs(cx, space, &c, first, pages, attrs, false)?)
+            Ok(st.set_attrs(
+                cx,
+                space,
+                &c,
+                crate::space::PageSpan { first, pages },
+                attrs,
+                false,
+            )?)
         })
     }
 
@@ -486,7 +515,7 @@ impl Gmem {
                 crate::space::PrivateRefusal::NotAttached => PopulateError::NotAttached(dev),
                 _ => PopulateError::CannotHoldPrivate(dev),
             })?;
-            Ok(st.alloc_private(cx, space, &c, c.first, c.pages, slot, &d)?)
+            Ok(st.alloc_private(cx, space, &c, crate::space::PageSpan::whole(&c), slot, &d)?)
         })
     }
 

@@ -36,10 +36,10 @@
 //! are taken one at a time, so a request that its first candidate serves costs a few
 //! ordered-set lookups, not a pass over every group.
 
-use super::{FrameState, PhysMem};
+use super::{FrameState, PhysMem, RunRequest};
 use crate::addr::{Pfn, PhysAddr, Vpn, PAGE_SHIFT};
 use crate::handle::SpaceId;
-use crate::mmu::{DeviceMemory, FrameConstraint};
+use crate::mmu::DeviceMemory;
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 use core::ops::Bound::{Excluded, Unbounded};
@@ -379,21 +379,23 @@ impl PhysMem {
             .collect()
     }
 
-    /// [`PhysMem::alloc_run`] for a memory managed in groups: the frames come from
-    /// groups of `class` (wholly free groups of another class are converted, `mem`
+    /// [`PhysMem::alloc_run`] for a memory managed in groups: the frames of `req` come
+    /// from groups of its class (wholly free groups of another class are converted, `mem`
     /// told first).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn alloc_grouped(
         &mut self,
-        pages: u64,
-        align_pages: u64,
-        space: SpaceId,
-        vpn: Vpn,
+        req: &RunRequest,
         wired: bool,
-        limit: Option<FrameConstraint>,
-        class: u32,
         mem: Option<&dyn DeviceMemory>,
     ) -> Option<Pfn> {
+        let RunRequest {
+            pages,
+            align: align_pages,
+            space,
+            vpn,
+            limit,
+            class,
+        } = *req;
         if self.retired {
             return None;
         }

@@ -56,6 +56,47 @@ use alloc::vec::Vec;
 mod extents;
 mod groups;
 
+/// One frame allocation as a device memory sees it: `pages` contiguous frames aligned
+/// to `align` pages (a power of two; 1 for a run through the reservations) for the
+/// pages of `space` from `vpn`, within the driver's constraint `limit`, from page
+/// groups of `class` when the memory has groups. The core's side of a
+/// [`crate::FrameRequest`] once the driver has answered it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunRequest {
+    /// Frames wanted.
+    pub pages: u64,
+    /// Their alignment, in pages.
+    pub align: u64,
+    /// The space whose pages they back (the reverse map's owner).
+    pub space: SpaceId,
+    /// The first page they back.
+    pub vpn: Vpn,
+    /// Where the driver requires them, if anywhere.
+    pub limit: Option<FrameConstraint>,
+    /// Their page-group class (ignored by a memory without groups).
+    pub class: u32,
+}
+
+impl RunRequest {
+    /// One frame for page `vpn` of `space`.
+    #[inline(always)]
+    pub(crate) fn page(
+        space: SpaceId,
+        vpn: Vpn,
+        limit: Option<FrameConstraint>,
+        class: u32,
+    ) -> Self {
+        RunRequest {
+            pages: 1,
+            align: 1,
+            space,
+            vpn,
+            limit,
+            class,
+        }
+    }
+}
+
 pub(crate) use extents::BlockUse;
 pub use extents::{FreeExtents, MAX_ORDER};
 pub use groups::{GroupStats, MAX_GROUP_ORDER};

@@ -21,24 +21,42 @@ use crate::sync::Arc;
 /// The longest run compaction moves in one copy (2 MiB).
 const COMPACT_RUN_MAX: u64 = 512;
 
+/// One move compaction asks of a space: page `vpn` — expected on frame `pfn` of
+/// `dev` — and the pages after it on the following frames up to `end`, out into a run
+/// of frames inside one of the frame windows `dests` (`[lo, hi)`, best first), from
+/// page groups of `class` when the memory has groups.
+pub(crate) struct CompactMove<'a> {
+    /// The first page to move.
+    pub vpn: Vpn,
+    /// The memory compacted.
+    pub dev: &'a Arc<DeviceInner>,
+    /// The frame the page is expected on.
+    pub pfn: Pfn,
+    /// Where the block being emptied ends: no run goes past it.
+    pub end: Pfn,
+    /// The destination frame windows, best first.
+    pub dests: &'a [(u64, u64)],
+    /// The page group class of the frames moved, if the memory has groups.
+    pub class: Option<u32>,
+}
+
 impl SpaceState {
-    /// Move page `vpn` — expected on frame `pfn` of `dev` — and the pages after it on
-    /// the following frames up to `end`, out into a run of frames inside one of the
-    /// frame windows `dests` (`[lo, hi)`, best first), from page groups of `class`
-    /// when the memory has groups. Returns the pages moved (0 when the page cannot
-    /// move now or no destination has room).
-    #[allow(clippy::too_many_arguments)]
+    /// Make the move `mv` (see [`CompactMove`]). Returns the pages moved (0 when the
+    /// page cannot move now or no destination has room).
     pub(crate) fn compact_out(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        vpn: Vpn,
-        dev: &Arc<DeviceInner>,
-        pfn: Pfn,
-        end: Pfn,
-        dests: &[(u64, u64)],
-        class: Option<u32>,
+        mv: CompactMove<'_>,
     ) -> Result<u64, MoveError> {
+        let CompactMove {
+            vpn,
+            dev,
+            pfn,
+            end,
+            dests,
+            class,
+        } = mv;
         if self.lpt.get(vpn).has(PENDING) {
             self.drain(cx.counters, &space.arena);
         }

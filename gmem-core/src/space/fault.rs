@@ -3,6 +3,7 @@
 //! `evict`).
 
 use super::segments::Piece;
+use super::tables::BackedRun;
 use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
 use crate::addr::{Pfn, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::{DeviceInner, FrameRun};
@@ -14,7 +15,7 @@ use crate::handle::{DeviceId, SpaceId};
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
 use crate::mmu::{Attrs, FramePlacement, FrameRequest};
-use crate::physmem::RESERVATION_PAGES;
+use crate::physmem::{RunRequest, RESERVATION_PAGES};
 use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
@@ -22,22 +23,75 @@ use crate::sync::Arc;
 /// The longest run a migration moves in one call (2 MiB).
 const MOVE_RUN_MAX: u64 = 512;
 
+/// A fault as the device reported it (built at `dev_fault`'s entry): the faulting
+/// device, its attachment and table (from [`SpaceState::attachment_of`]), the address
+/// and the access.
+pub(crate) struct FaultAt<'c> {
+    /// The faulting device (the caller's reference keeps it alive for the whole fault,
+    /// so the path borrows it instead of cloning the attachment's).
+    pub dev: &'c Arc<DeviceInner>,
+    /// Its attachment slot.
+    pub slot: usize,
+    /// Its page table.
+    pub table: usize,
+    /// The faulting address.
+    pub va: VirtAddr,
+    /// The access that faulted.
+    pub access: Prot,
+}
+
+/// One fault on its way from lookup to mapping: what FreeBSD's `struct faultstate`
+/// (`vm_fault.c`) and Linux's `struct vm_fault` carry. [`SpaceState::fault`] builds
+/// it once the page's region, protection and placement are known, and hands it by
+/// `&mut` to the stage that serves the fault (zero-fill, map in place, migrate and
+/// map, spurious); a stage that gives the page a frame records the new entry in it.
+pub(crate) struct FaultState<'f, 'c> {
+    /// The instance's context: counters, host memory, the device registry.
+    cx: &'f Ctx<'c>,
+    /// The space faulted in.
+    space: &'f SpaceInner,
+    /// The faulting device.
+    dev: &'c Arc<DeviceInner>,
+    /// Its page table.
+    t: usize,
+    /// The faulting page.
+    vpn: Vpn,
+    /// The page's protection and attributes (its region's, or a range call's).
+    piece: Piece,
+    /// The page's logical page table entry as the path last read or wrote it.
+    entry: PageEntry,
+    /// The memory the page's frame belongs in, by the region's placement.
+    target: TargetMemory<'c>,
+    /// The page's region: `[first, end)`.
+    region: (Vpn, Vpn),
+}
+
+impl FaultState<'_, '_> {
+    /// Who asks for the page's frames: the faulting device, with the page's attributes.
+    #[inline(always)]
+    fn asker(&self) -> Asker {
+        Asker {
+            device: Some(self.dev.id),
+            attrs: self.piece.attrs,
+        }
+    }
+}
+
 impl SpaceState {
-    /// Serve a fault of `dev`, the device in attachment `slot`, which uses table `t`
-    /// (both from [`SpaceState::attachment_of`]; the caller's reference keeps `dev`
-    /// alive for the whole fault, so the path borrows it instead of cloning the
-    /// attachment's).
-    #[allow(clippy::too_many_arguments)]
+    /// Serve the fault `at`.
     pub(crate) fn fault<'c>(
         &mut self,
         cx: &Ctx<'c>,
         space: &SpaceInner,
-        dev: &'c Arc<DeviceInner>,
-        slot: usize,
-        t: usize,
-        va: VirtAddr,
-        access: Prot,
+        at: FaultAt<'c>,
     ) -> Result<FaultResolution, FaultError> {
+        let FaultAt {
+            dev,
+            slot,
+            table: t,
+            va,
+            access,
+        } = at;
         let stats = cx.counters;
         let Some(fr) = self.regions.for_fault(va.as_u64()) else {
             return Err(FaultError::NotAllocated(va));
@@ -83,8 +137,19 @@ impl SpaceState {
                 .is_some_and(|a| Arc::ptr_eq(&a.dev, dev) && a.table == t),
             "slot {slot} is not the faulter's, or table {t} not its table"
         );
-        let (dev_id, dev_sizes) = (dev.id, dev.page_sizes);
-        let target = self.target_of(cx, dev, placement.target);
+        let dev_sizes = dev.page_sizes;
+        let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
+        let mut fs = FaultState {
+            cx,
+            space,
+            dev,
+            t,
+            vpn,
+            piece,
+            entry: e,
+            target: self.target_of(cx, dev, placement.target),
+            region: (rfirst, rfirst + rpages),
+        };
 
         if !e.is_populated() {
             if explicit {
@@ -107,19 +172,7 @@ impl SpaceState {
             } else {
                 g
             };
-            let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
-            return Ok(self.zero_fill(
-                cx,
-                space,
-                t,
-                &target,
-                vpn,
-                g,
-                rfirst,
-                rfirst + rpages,
-                piece,
-                Some(dev_id),
-            )?);
+            return Ok(self.zero_fill(&mut fs, g)?);
         }
 
         let here = self.memories.get(e.mem).clone();
@@ -131,9 +184,9 @@ impl SpaceState {
         if SpaceState::is_wired(&e) {
             // Wired pages never move: map them where they are.
             return if mine {
-                self.spurious(stats, t, vpn)
+                self.spurious(&mut fs)
             } else {
-                self.map_in_place(stats, t, vpn, e, piece, false, remote)
+                self.map_in_place(&mut fs, false, remote)
             };
         }
         let replicas = self.replica_mask();
@@ -141,48 +194,46 @@ impl SpaceState {
             PlacementMode::Unique => {
                 let others = e.mapped & !(1 << t) & !replicas;
                 if mine && others == 0 {
-                    self.spurious(stats, t, vpn)
-                } else if here.id == target.id {
+                    self.spurious(&mut fs)
+                } else if here.id == fs.target.id {
                     self.unmap_pages(stats, vpn, 1, others);
-                    self.map_in_place(stats, t, vpn, e, piece, mine, remote)
+                    self.map_in_place(&mut fs, mine, remote)
                 } else {
-                    self.migrate_and_map(cx, space, t, vpn, &target, piece, dev_id)
+                    self.migrate_and_map(&mut fs)
                 }
             }
             PlacementMode::RemoteAccess => {
                 let hinted = e.hint as usize == slot + 1;
-                if here.id == target.id {
+                if here.id == fs.target.id {
                     if mine {
-                        self.spurious(stats, t, vpn)
+                        self.spurious(&mut fs)
                     } else {
-                        self.map_in_place(stats, t, vpn, e, piece, mine, remote)
+                        self.map_in_place(&mut fs, mine, remote)
                     }
                 } else if mine && hinted {
-                    let r = self.migrate_and_map(cx, space, t, vpn, &target, piece, dev_id)?;
+                    let r = self.migrate_and_map(&mut fs)?;
                     self.lpt.update(vpn, |e| e.hint = 0);
                     Ok(r)
                 } else {
                     self.lpt.update(vpn, |e| e.hint = (slot + 1) as u8);
-                    self.map_in_place(stats, t, vpn, e, piece, mine, true)
+                    self.map_in_place(&mut fs, mine, true)
                 }
             }
         }
     }
 
-    /// Map the page's frame where it is into table `t` (if not there yet) and count it.
-    #[allow(clippy::too_many_arguments)]
+    /// Map the page's frame where it is into the faulter's table (unless `mine`: it is
+    /// there already) and count the fault (`remote`: the frame is not in the
+    /// faulter's own memory).
     fn map_in_place(
         &mut self,
-        stats: &Counters,
-        t: usize,
-        vpn: Vpn,
-        e: PageEntry,
-        piece: Piece,
+        fs: &mut FaultState<'_, '_>,
         mine: bool,
         remote: bool,
     ) -> Result<FaultResolution, FaultError> {
+        let e = fs.entry;
         if !mine {
-            self.map_for_fault(stats, t, vpn, e, piece)?;
+            self.map_for_fault(fs.cx.counters, fs.t, fs.vpn, e, fs.piece)?;
         }
         self.memories.get(e.mem).phys.lock().touch(e.pfn);
         let local = self.local();
@@ -195,26 +246,16 @@ impl SpaceState {
         Ok(FaultResolution { kind, pages: 1 })
     }
 
-    /// Migrate the page to `target` (for device `who`'s fault), then map it into table
-    /// `t` and count it.
-    #[allow(clippy::too_many_arguments)]
+    /// Migrate the page to the fault's target memory, then map it into the faulter's
+    /// table and count it.
     fn migrate_and_map(
         &mut self,
-        cx: &Ctx<'_>,
-        space: &SpaceInner,
-        t: usize,
-        vpn: Vpn,
-        target: &Arc<DeviceInner>,
-        piece: Piece,
-        who: DeviceId,
+        fs: &mut FaultState<'_, '_>,
     ) -> Result<FaultResolution, FaultError> {
-        let asker = Asker {
-            device: Some(who),
-            attrs: piece.attrs,
-        };
-        self.migrate_page(cx, space, vpn, target, asker)?;
-        let n = self.lpt.get(vpn);
-        self.map_for_fault(cx.counters, t, vpn, n, piece)?;
+        let (cx, space, vpn) = (fs.cx, fs.space, fs.vpn);
+        self.migrate_page(cx, space, vpn, &fs.target, fs.asker())?;
+        fs.entry = self.lpt.get(vpn);
+        self.map_for_fault(cx.counters, fs.t, vpn, fs.entry, fs.piece)?;
         SpaceCounters::add(&self.local().faults_migrate, 1);
         Ok(FaultResolution {
             kind: FaultKind::Migrated,
@@ -222,20 +263,17 @@ impl SpaceState {
         })
     }
 
-    fn spurious(
-        &mut self,
-        stats: &Counters,
-        t: usize,
-        vpn: Vpn,
-    ) -> Result<FaultResolution, FaultError> {
+    /// The page is mapped in the faulter's table already: a stale TLB entry faulted.
+    /// Invalidate it and count it.
+    fn spurious(&mut self, fs: &mut FaultState<'_, '_>) -> Result<FaultResolution, FaultError> {
         let runs = [crate::space::TableRun {
-            table: t,
+            table: fs.t,
             range: crate::addr::VaRange {
-                start: vpn.addr(),
+                start: fs.vpn.addr(),
                 len: PAGE_SIZE,
             },
         }];
-        self.invalidate(stats, &runs);
+        self.invalidate(fs.cx.counters, &runs);
         SpaceCounters::add(&self.local().faults_spurious, 1);
         Ok(FaultResolution {
             kind: FaultKind::Spurious,
@@ -260,24 +298,19 @@ impl SpaceState {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Give the unpopulated faulting page a zeroed frame in the fault's target memory
+    /// and map it — with the whole aligned block of `g` pages around it when the block
+    /// lies in the page's region, none of its pages is populated and a frame block is
+    /// free — and count it.
     fn zero_fill(
         &mut self,
-        cx: &Ctx<'_>,
-        space: &SpaceInner,
-        t: usize,
-        target: &Arc<DeviceInner>,
-        vpn: Vpn,
+        fs: &mut FaultState<'_, '_>,
         g: u64,
-        rfirst: Vpn,
-        rend: Vpn,
-        piece: Piece,
-        who: Option<DeviceId>,
     ) -> Result<FaultResolution, MoveError> {
-        let asker = Asker {
-            device: who,
-            attrs: piece.attrs,
-        };
+        let (cx, space, t, vpn, piece) = (fs.cx, fs.space, fs.t, fs.vpn, fs.piece);
+        let (rfirst, rend) = fs.region;
+        let target: &Arc<DeviceInner> = &fs.target;
+        let asker = fs.asker();
         let stats = cx.counters;
         let g = g.max(1);
         let b0 = vpn.align_down(g);
@@ -326,13 +359,11 @@ impl SpaceState {
             // the frame). Everything else sees the same state as below: both happen
             // under the space lock, and the mirror reads the written entry.
             self.install_small(t, first, 1, pfn, target.id, piece)?;
-            self.lpt.set_populated(
-                first,
-                PageEntry {
-                    mapped: 1 << t,
-                    ..fresh(0)
-                },
-            );
+            fs.entry = PageEntry {
+                mapped: 1 << t,
+                ..fresh(0)
+            };
+            self.lpt.set_populated(first, fs.entry);
             if let Err(e) = self.mirror(stats, first, 1, replicas) {
                 self.unpopulate(stats, first, 1);
                 return Err(e.into());
@@ -346,12 +377,23 @@ impl SpaceState {
             self.map_for_fault(stats, t, first, fresh(0), piece)
                 .map(|_| ())
         } else {
-            self.map_run(stats, t, first, pages, pfn, mem, piece)
+            self.map_run(
+                stats,
+                t,
+                BackedRun {
+                    first,
+                    pages,
+                    pfn,
+                    mem,
+                },
+                piece,
+            )
         };
         if let Err(e) = mapped.and_then(|()| self.mirror(stats, first, pages, replicas)) {
             self.unpopulate(stats, first, pages);
             return Err(e.into());
         }
+        fs.entry = self.lpt.get(vpn);
         Ok(self.zero_filled(run, pages))
     }
 
@@ -416,7 +458,9 @@ impl SpaceState {
         if tried {
             // Any frame (the common answer): what `alloc_placed` does for it, without
             // passing the answer down.
-            if let Some(run) = target.alloc_pages(1, space.id, vpn, None, placement.class) {
+            if let Some(run) =
+                target.alloc_pages(RunRequest::page(space.id, vpn, None, placement.class))
+            {
                 return Ok(run);
             }
         }
@@ -440,7 +484,7 @@ impl SpaceState {
             if !tried {
                 let run = match placement.placement {
                     FramePlacement::Any => {
-                        target.alloc_pages(1, space.id, vpn, None, placement.class)
+                        target.alloc_pages(RunRequest::page(space.id, vpn, None, placement.class))
                     }
                     _ => alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters),
                 };
@@ -742,10 +786,18 @@ pub(super) fn alloc_placed<'d>(
     // the memory's superpage reservations; larger aligned blocks are one aligned run.
     let reserved = pages <= RESERVATION_PAGES && (align == 1 || align == pages);
     let get = |limit: Option<crate::mmu::FrameConstraint>, class: u32| {
+        let req = RunRequest {
+            pages,
+            align,
+            space,
+            vpn,
+            limit,
+            class,
+        };
         if reserved {
-            dev.alloc_pages(pages, space, vpn, limit, class)
+            dev.alloc_pages(req)
         } else {
-            dev.alloc_frames(pages, align, space, vpn, limit, class)
+            dev.alloc_frames(req)
         }
     };
     let class = placed.class;

@@ -41,6 +41,7 @@
 //!   there yet (`promotion_pages_moved`), and remapped large.
 
 use super::segments::Piece as Values;
+use super::tables::BackedRun;
 use super::{PlacementMode, SpaceInner, SpaceState, TableRun};
 use crate::addr::{PageSize, Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceInner;
@@ -48,7 +49,7 @@ use crate::error::MoveError;
 use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, EXTERNAL, PENDING, WIRED};
 use crate::mmu::{MapRun, MmuError, PageTableRoot};
-use crate::physmem::RESERVATION_PAGES;
+use crate::physmem::{RunRequest, RESERVATION_PAGES};
 use crate::space::check::{fail, Violation};
 use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
@@ -200,30 +201,26 @@ impl SpaceState {
         (out, fallbacks)
     }
 
-    /// Install `pages` pages from `first` on frames `pfn..` of memory `mem` into table
-    /// `t`, with large leaves where allowed; on failure nothing of the run stays mapped
+    /// Install the pages of `run` into table `t`, with large leaves where allowed; on failure nothing of the run stays mapped
     /// (pieces installed before the failing one are unmapped and invalidated). The
     /// caller records the mapping bits.
     ///
     /// The common case — a table of 4 KiB leaves only, one run, one driver call — is
     /// inlined into its callers (every 4 KiB fault comes here); a table with large
     /// leaves plans its pieces out of line.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn install_run(
         &mut self,
         stats: &Counters,
         t: usize,
-        first: Vpn,
-        pages: u64,
-        pfn: Pfn,
-        mem: u8,
+        run: BackedRun,
         piece: Values,
     ) -> Result<(), MmuError> {
         if self.has_large(t) {
-            return self.install_pieces(stats, t, first, pages, pfn, mem, piece);
+            return self.install_pieces(stats, t, run, piece);
         }
-        self.install_small(t, first, pages, pfn, self.memories.get(mem).id, piece)
+        let memory = self.memories.get(run.mem).id;
+        self.install_small(t, run.first, run.pages, run.pfn, memory, piece)
     }
 
     /// [`SpaceState::install_run`] into table `t` when the caller knows the table has
@@ -257,18 +254,20 @@ impl SpaceState {
 
     /// [`SpaceState::install_run`] into a table with large leaves: the run cut into
     /// pieces (`plan`), one driver call per piece.
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn install_pieces(
         &mut self,
         stats: &Counters,
         t: usize,
-        first: Vpn,
-        pages: u64,
-        pfn: Pfn,
-        mem: u8,
+        run: BackedRun,
         piece: Values,
     ) -> Result<(), MmuError> {
+        let BackedRun {
+            first,
+            pages,
+            pfn,
+            mem,
+        } = run;
         let memory = self.memories.get(mem).id;
         let table = self.tables[t].as_ref().expect("mapping into a live table");
         let (mmu, root) = (table.mmu.clone(), table.root);
@@ -415,7 +414,7 @@ impl SpaceState {
                 Counters::add(&stats.promotions, 1);
             }
             let e0 = self.lpt.get(Vpn(b));
-            match self.map_run(stats, t, Vpn(b), n, e0.pfn, e0.mem, piece) {
+            match self.map_run(stats, t, BackedRun::from_entry(Vpn(b), n, &e0), piece) {
                 Ok(()) => return Ok(n),
                 Err(err) => {
                     // Put the faulter's pages back as they were (best effort: the
@@ -423,13 +422,13 @@ impl SpaceState {
                     let pages: Vec<Vpn> = mine.iter().map(|(v, _)| *v).collect();
                     for v in pages {
                         let x = self.lpt.get(v);
-                        let _ = self.map_run(stats, t, v, 1, x.pfn, x.mem, piece);
+                        let _ = self.map_run(stats, t, BackedRun::from_entry(v, 1, &x), piece);
                     }
                     return Err(err);
                 }
             }
         }
-        self.map_run(stats, t, vpn, 1, e.pfn, e.mem, piece)?;
+        self.map_run(stats, t, BackedRun::from_entry(vpn, 1, &e), piece)?;
         Ok(1)
     }
 
@@ -585,7 +584,7 @@ impl SpaceState {
         for t in 0..self.tables.len() {
             if remap & (1 << t) != 0 && self.tables[t].is_some() {
                 // A failure leaves the block unmapped in that table: it faults back.
-                self.map_run(stats, t, Vpn(b), n, e0.pfn, e0.mem, piece)?;
+                self.map_run(stats, t, BackedRun::from_entry(Vpn(b), n, &e0), piece)?;
             }
         }
         mirrored?;
@@ -639,9 +638,16 @@ impl SpaceState {
         let fresh = match reserved_base {
             Some(_) => None,
             None => Some(
-                dev.alloc_frames(n, n, space.id, Vpn(b), limit, class)
-                    .ok_or(MoveError::OutOfMemory(dev.id))?
-                    .commit(),
+                dev.alloc_frames(RunRequest {
+                    pages: n,
+                    align: n,
+                    space: space.id,
+                    vpn: Vpn(b),
+                    limit,
+                    class,
+                })
+                .ok_or(MoveError::OutOfMemory(dev.id))?
+                .commit(),
             ),
         };
         let base = reserved_base
@@ -656,7 +662,7 @@ impl SpaceState {
             }
             if fresh.is_none() {
                 // From the reservation: the page's own reserved frame.
-                match dev.alloc_pages(1, space.id, *v, limit, class) {
+                match dev.alloc_pages(RunRequest::page(space.id, *v, limit, class)) {
                     Some(run) if run.pfn() == want => {
                         let _ = run.commit();
                     }

@@ -19,6 +19,24 @@ use crate::space::{
 use crate::sync::Arc;
 use alloc::vec::Vec;
 
+/// What `region_map` maps, as the space sees it once the memory's device is looked
+/// up: caller-given frames of `memdev`, with which protection, in which mapping set,
+/// how (`flags`), and who hears when it is done.
+pub(crate) struct MapFrames<'a> {
+    /// The device whose physical address space the frames are in.
+    pub memdev: &'a Arc<DeviceInner>,
+    /// Permitted accesses.
+    pub prot: Prot,
+    /// One frame per page of the region.
+    pub frames: &'a [PhysAddr],
+    /// A mapping set the region joins.
+    pub set: Option<MappingSetId>,
+    /// [`MapFlags::ASYNC`] queues the page-table updates of devices that cannot fault.
+    pub flags: MapFlags,
+    /// Runs once the mapping is visible to every device that must hold it.
+    pub callback: Option<Callback>,
+}
+
 impl SpaceState {
     /// Drain the queue if any page of a checked region has a request pending (an
     /// operation never races a queued invalidation).
@@ -165,19 +183,21 @@ impl SpaceState {
     /// that must take the pages eagerly can be edited unlocked (and the map is
     /// synchronous), the page-table edits are left to the caller as an
     /// [`UnlockedMap`] to run after releasing the lock; otherwise they are done here.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn map_frames(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
         c: &Checked,
-        memdev: &Arc<DeviceInner>,
-        prot: Prot,
-        frames: &[PhysAddr],
-        set: Option<MappingSetId>,
-        flags: MapFlags,
-        callback: Option<Callback>,
+        req: MapFrames<'_>,
     ) -> Result<Option<UnlockedMap>, MapError> {
+        let MapFrames {
+            memdev,
+            prot,
+            frames,
+            set,
+            flags,
+            callback,
+        } = req;
         let memory = memdev.id;
         let (first, pages) = (c.first, c.pages);
         if prot.is_empty() {

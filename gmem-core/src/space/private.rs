@@ -24,6 +24,7 @@ use crate::device::DeviceInner;
 use crate::error::MoveError;
 use crate::lpt::WIRED;
 use crate::mmu::MapRun;
+use crate::physmem::RunRequest;
 use crate::space::Checked;
 use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
@@ -97,24 +98,23 @@ impl SpaceState {
         self.private.frames.get(&(slot, vpn.0)).copied()
     }
 
-    /// Give every page of `[first, first + pages)` of region `c` a private frame in
+    /// Give every page of `span` of region `c` a private frame in
     /// `dev`'s memory (attachment `slot`), zeroed and mapped in its table with the
     /// pages' protection and attributes. Returns the pages newly given one.
     ///
     /// # Errors
     /// [`MoveError`]: the memory is full (private frames are wired: nothing is evicted
     /// for them), or the driver failed; every frame this call gave is taken back.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn alloc_private(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
         c: &Checked,
-        first: Vpn,
-        pages: u64,
+        span: super::PageSpan,
         slot: usize,
         dev: &Arc<DeviceInner>,
     ) -> Result<u64, MoveError> {
+        let super::PageSpan { first, pages } = span;
         self.settle(cx, space, c);
         let stats = cx.counters;
         let t = self.attached[slot].as_ref().expect("checked slot").table;
@@ -128,7 +128,7 @@ impl SpaceState {
             if self.private.frames.contains_key(&(slot, v.0)) {
                 continue;
             }
-            let Some(run) = dev.alloc_frames(1, 1, space.id, v, None, 0) else {
+            let Some(run) = dev.alloc_frames(RunRequest::page(space.id, v, None, 0)) else {
                 result = Err(MoveError::OutOfMemory(dev.id));
                 break;
             };

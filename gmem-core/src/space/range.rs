@@ -27,6 +27,26 @@ use crate::stats::Counters;
 use crate::sync::Arc;
 use alloc::vec::Vec;
 
+/// Pages `[first, first + pages)` inside one checked region: the part of it a range
+/// call acts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PageSpan {
+    /// The first page.
+    pub first: Vpn,
+    /// Pages spanned.
+    pub pages: u64,
+}
+
+impl PageSpan {
+    /// Every page of region `c`.
+    pub(crate) fn whole(c: &Checked) -> PageSpan {
+        PageSpan {
+            first: c.first,
+            pages: c.pages,
+        }
+    }
+}
+
 impl SpaceState {
     /// The protection and attributes of page `vpn` (read-only and none outside every
     /// region).
@@ -123,8 +143,8 @@ impl SpaceState {
         Ok(())
     }
 
-    /// Give `[first, first + pages)` of region `c` the driver attributes `attrs` (the
-    /// whole region, its own value included, with `whole`). Pages already mapped lose
+    /// Give the pages `span` of region `c` the driver attributes `attrs` (the whole
+    /// region, its own value included, with `whole`). Pages already mapped lose
     /// their mappings, which are made again with the new attributes: faultable devices
     /// fault them back, the tables that hold pages eagerly get them at once. Frames stay
     /// where they are (a driver that places frames by attributes sees the new value in
@@ -133,17 +153,16 @@ impl SpaceState {
     /// # Errors
     /// The driver's [`MmuError`] when an eager mapping cannot be made again (the
     /// attributes are set; a faultable user would fault the page back).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn set_attrs(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
         c: &Checked,
-        first: Vpn,
-        pages: u64,
+        span: PageSpan,
         attrs: Attrs,
         whole: bool,
     ) -> Result<(), MmuError> {
+        let PageSpan { first, pages } = span;
         self.settle(cx, space, c);
         let region = if whole {
             let rec = super::RegionRec { attrs, ..c.rec };
@@ -189,20 +208,19 @@ impl SpaceState {
         Ok(())
     }
 
-    /// Remove the pages of `[first, first + pages)` (strictly, or queued with
+    /// Remove the pages `span` (strictly, or queued with
     /// [`MapFlags::ASYNC`]): an anonymous region zero-fills them again on the next
     /// fault, a `region_map`ped one holds nothing there any more.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn unmap_range(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
         c: &Checked,
-        first: Vpn,
-        pages: u64,
+        span: PageSpan,
         flags: MapFlags,
         callback: Option<Callback>,
     ) {
+        let PageSpan { first, pages } = span;
         self.settle(cx, space, c);
         if flags.contains(MapFlags::ASYNC) {
             let d = self.discard_pages_deferred(cx.counters, first, pages, TableEdits::UnderLock);

@@ -26,6 +26,34 @@ impl Shootdown {
     }
 }
 
+/// Pages `[first, first + pages)` on the consecutive frames from `pfn` of the
+/// space's memory `mem`: what one install into a table maps.
+#[derive(Clone, Copy)]
+pub(crate) struct BackedRun {
+    /// The first page.
+    pub first: Vpn,
+    /// Pages in the run.
+    pub pages: u64,
+    /// The first page's frame.
+    pub pfn: Pfn,
+    /// The frames' memory (an index of the space's memory list).
+    pub mem: u8,
+}
+
+impl BackedRun {
+    /// `pages` pages from `first`, the first on `e`'s frame (the others on the frames
+    /// after it, in the same memory).
+    #[inline(always)]
+    pub(crate) fn from_entry(first: Vpn, pages: u64, e: &PageEntry) -> BackedRun {
+        BackedRun {
+            first,
+            pages,
+            pfn: e.pfn,
+            mem: e.mem,
+        }
+    }
+}
+
 /// One contiguous run of pages of one table, collected for unmapping.
 #[derive(Clone, Copy)]
 pub(crate) struct TableRun {
@@ -34,22 +62,19 @@ pub(crate) struct TableRun {
 }
 
 impl SpaceState {
-    /// Install a contiguous run of pages (`first` .. `first + pages`, frames `pfn..` in
-    /// memory `mem`) into table `t` — with large leaves where the block, its frames and
-    /// its region allow (`large`) — then record the mapping bits.
-    #[allow(clippy::too_many_arguments)]
+    /// Install a contiguous run of pages on their frames into table `t` — with large
+    /// leaves where the block, its frames and its region allow (`large`) — then
+    /// record the mapping bits.
     pub fn map_run(
         &mut self,
         stats: &Counters,
         t: usize,
-        first: Vpn,
-        pages: u64,
-        pfn: Pfn,
-        mem: u8,
+        run: BackedRun,
         piece: segments::Piece,
     ) -> Result<(), MmuError> {
-        self.install_run(stats, t, first, pages, pfn, mem, piece)?;
-        self.lpt.update_run(first, pages, |_, e| e.mapped |= 1 << t);
+        self.install_run(stats, t, run, piece)?;
+        self.lpt
+            .update_run(run.first, run.pages, |_, e| e.mapped |= 1 << t);
         Ok(())
     }
 
@@ -130,7 +155,7 @@ impl SpaceState {
                 }
                 // A no-access page is mapped by no table.
                 if !piece.prot.is_empty() {
-                    self.map_run(stats, t, v0, n, e0.pfn, e0.mem, piece)?;
+                    self.map_run(stats, t, BackedRun::from_entry(v0, n, &e0), piece)?;
                 }
                 i += n as usize;
             }
