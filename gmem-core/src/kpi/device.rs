@@ -378,11 +378,7 @@ impl Gmem {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let _critical = self.critical();
-        let r = self.fault_inner(id, va, access);
-        if r.is_err() {
-            Counters::add(&self.counters.faults_failed, 1);
-        }
-        r
+        self.counted(self.fault_inner(id, va, access), false)
     }
 
     /// [`Gmem::dev_fault`] for a context that must never wait for a lock: a page-fault
@@ -412,11 +408,7 @@ impl Gmem {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let _critical = self.critical();
-        let r = self.try_fault_inner(id, va, access);
-        if matches!(r, Err(e) if !matches!(e, FaultError::Busy(_))) {
-            Counters::add(&self.counters.faults_failed, 1);
-        }
-        r
+        self.counted(self.try_fault_inner(id, va, access), true)
     }
 
     /// Serve a fault of device `id` at `va` in the named address space `space`, whether
@@ -465,11 +457,7 @@ impl Gmem {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let _critical = self.critical();
-        let r = self.fault_in_inner(id, space, va, access, false);
-        if r.is_err() {
-            Counters::add(&self.counters.faults_failed, 1);
-        }
-        r
+        self.counted(self.fault_in_inner(id, space, va, access, false), false)
     }
 
     /// [`Gmem::dev_fault_in`] for a fault handler or a driver callback that may have
@@ -487,11 +475,7 @@ impl Gmem {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let _critical = self.critical();
-        let r = self.fault_in_inner(id, space, va, access, true);
-        if matches!(r, Err(e) if !matches!(e, FaultError::Busy(_))) {
-            Counters::add(&self.counters.faults_failed, 1);
-        }
-        r
+        self.counted(self.fault_in_inner(id, space, va, access, true), true)
     }
 
     /// The fault of `dev_fault_in` (waiting) or `dev_try_fault_in` (`try_only`). The
@@ -505,25 +489,8 @@ impl Gmem {
         try_only: bool,
     ) -> Result<FaultResolution, FaultError> {
         let busy = FaultError::Busy(va);
-        let looked_up;
-        let dev = if id == self.host.id {
-            &self.host
-        } else {
-            let devices = if try_only {
-                self.devices.try_read().ok_or(busy)?
-            } else {
-                self.devices.read()
-            };
-            looked_up = devices
-                .get(id.index, id.generation)
-                .cloned()
-                .ok_or(FaultError::UnknownDevice(id))?;
-            drop(devices);
-            &looked_up
-        };
-        if !dev.faultable() {
-            return Err(FaultError::NotFaultable(id));
-        }
+        let dev = self.faulting_device(id, va, try_only)?;
+        let dev = &*dev;
         let spaces = if try_only {
             self.spaces.try_read().ok_or(busy)?
         } else {
@@ -553,6 +520,52 @@ impl Gmem {
         st.fault(&self.context(), &space, at)
     }
 
+    /// Count a fault that failed (`faults_failed`); a `Busy` answer of a try entry
+    /// (`try_only`) is not a failure: the access is retried.
+    #[inline(always)]
+    fn counted(
+        &self,
+        r: Result<FaultResolution, FaultError>,
+        try_only: bool,
+    ) -> Result<FaultResolution, FaultError> {
+        if matches!(r, Err(e) if !(try_only && matches!(e, FaultError::Busy(_)))) {
+            Counters::add(&self.counters.faults_failed, 1);
+        }
+        r
+    }
+
+    /// The faulting device `id`, checked faultable. The host device lives as long as
+    /// the instance (`Gmem` holds it, `dev_destroy` refuses it): a host fault borrows
+    /// it, without the registry's read lock and the reference-count round trip a lookup
+    /// costs (4 atomic read-modify-writes). With `try_only` the registry is taken with
+    /// `try_read` (`Busy` if held).
+    #[inline(always)]
+    fn faulting_device(
+        &self,
+        id: DeviceId,
+        va: VirtAddr,
+        try_only: bool,
+    ) -> Result<FaultingDevice<'_>, FaultError> {
+        let dev = if id == self.host.id {
+            FaultingDevice::Host(&self.host)
+        } else {
+            let devices = if try_only {
+                self.devices.try_read().ok_or(FaultError::Busy(va))?
+            } else {
+                self.devices.read()
+            };
+            let dev = devices
+                .get(id.index, id.generation)
+                .cloned()
+                .ok_or(FaultError::UnknownDevice(id))?;
+            FaultingDevice::Other(dev)
+        };
+        if !dev.faultable() {
+            return Err(FaultError::NotFaultable(id));
+        }
+        Ok(dev)
+    }
+
     fn try_fault_inner(
         &self,
         id: DeviceId,
@@ -560,21 +573,8 @@ impl Gmem {
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
         let busy = FaultError::Busy(va);
-        let looked_up;
-        let dev = if id == self.host.id {
-            &self.host
-        } else {
-            let devices = self.devices.try_read().ok_or(busy)?;
-            looked_up = devices
-                .get(id.index, id.generation)
-                .cloned()
-                .ok_or(FaultError::UnknownDevice(id))?;
-            drop(devices);
-            &looked_up
-        };
-        if !dev.faultable() {
-            return Err(FaultError::NotFaultable(id));
-        }
+        let dev = self.faulting_device(id, va, true)?;
+        let dev = &*dev;
         let binding = dev.binding.try_lock().ok_or(busy)?;
         let active = binding.active.as_ref().ok_or(FaultError::NotActive(id))?;
         let raw = Weak::as_ptr(active);
@@ -612,19 +612,8 @@ impl Gmem {
         va: VirtAddr,
         access: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        // The host device lives as long as the instance (`Gmem` holds it, `dev_destroy`
-        // refuses it): a host fault borrows it, without the registry's read lock and
-        // the reference-count round trip a lookup costs (4 atomic read-modify-writes).
-        let looked_up;
-        let dev = if id == self.host.id {
-            &self.host
-        } else {
-            looked_up = self.device(id).ok_or(FaultError::UnknownDevice(id))?;
-            &looked_up
-        };
-        if !dev.faultable() {
-            return Err(FaultError::NotFaultable(id));
-        }
+        let dev = self.faulting_device(id, va, false)?;
+        let dev = &*dev;
         let binding = dev.binding.lock();
         let active = binding.active.as_ref().ok_or(FaultError::NotActive(id))?;
         // The fast path (see "The entry protocol" in this module's header): the space
@@ -707,6 +696,24 @@ impl Gmem {
                 st.fault(&self.context(), space, at)
             }
             _ => Err(FaultError::NotActive(id)),
+        }
+    }
+}
+
+/// The device a fault names: the host borrowed from the instance, any other device by
+/// a reference of the fault's own.
+enum FaultingDevice<'a> {
+    Host(&'a Arc<DeviceInner>),
+    Other(Arc<DeviceInner>),
+}
+
+impl core::ops::Deref for FaultingDevice<'_> {
+    type Target = Arc<DeviceInner>;
+    #[inline(always)]
+    fn deref(&self) -> &Arc<DeviceInner> {
+        match self {
+            FaultingDevice::Host(d) => d,
+            FaultingDevice::Other(d) => d,
         }
     }
 }
