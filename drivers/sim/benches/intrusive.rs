@@ -12,11 +12,11 @@
 //!   it is the same in both designs); a hit moves its slot to the front, a miss in a full
 //!   set reuses the tail, an invalidation unlinks.
 //! - `frame_pool`: the page-table frame pool of the two kernels (`drivers/sv39/kernel`,
-//!   `drivers/x86pt/kernel`, `memory.rs`) — "today" is the pool they had: a bump pointer
-//!   and a free list through each free frame's first word; "intrusive" is the one they
-//!   have since this measurement, a `SinglyLinkedList` whose `Link` is written into the
-//!   free frame. The 4 KiB zeroing of an allocation is left out (the same in both, and
-//!   it would hide the list).
+//!   `drivers/x86pt/kernel`; now `drivers/kernel-support`) — "today" is the pool they
+//!   had: a bump pointer and a free list through each free frame's first word;
+//!   "intrusive" is the one they have since this measurement, a `SinglyLinkedList` whose
+//!   `Link` is written into the free frame. The 4 KiB zeroing of an allocation is left
+//!   out (the same in both, and it would hide the list).
 //! - `mapping_set`: the core's mapping-set membership (`MappingSet { regions:
 //!   Vec<Region> }`, `leave_set` a `retain`) against a `LinkedList` through a `Link` in
 //!   each region record (O(1) leave); sets of 8, 64 and 512 regions; each operation is a

@@ -52,8 +52,9 @@ use gmem_core::{
     Activation, AllocPolicy, AllocRequest, DevCaps, DeviceDesc, DeviceId, FaultError, Gmem,
     MapFlags, MmuMode, PageSize, PageTableRoot, Prot, VirtAddr, PAGE_SIZE,
 };
+use gmem_kernel_support::{DirectRam, FramePool};
 use gmem_sv39::{DirectHart, GlobalMapping, Sv39, Sv39Config};
-use memory::{DirectRam, FramePool, Layout};
+use memory::Layout;
 use sbi::{SmpHart, SmpPlatform};
 
 core::arch::global_asm!(
@@ -166,7 +167,11 @@ fn run(layout: &Layout) -> Result<(), String> {
     // RAM, identity-mapped, so the kernel runs on after satp is written.
     // SAFETY: the pool's range is free RAM (layout), identity mapped by the globals below
     // and used by nothing else.
-    let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
+    let pool = Arc::new(unsafe {
+        FramePool::new(layout.page_tables.0, layout.page_tables.1, |line| {
+            println!("{line}")
+        })
+    });
     println!("{}", pool.check_reuse()?);
     let globals = [
         GlobalMapping::identity(0, 1 << 30, Prot::RW),

@@ -46,8 +46,9 @@ use alloc::sync::Arc;
 use board::{exit_fail, exit_pass};
 use core::sync::atomic::Ordering;
 use gmem_core::{DevCaps, DeviceDesc, DeviceId, Gmem, Prot};
+use gmem_kernel_support::{DirectRam, FramePool};
 use gmem_x86pt::{DirectCpu, GlobalMapping, PagedConfig, PagedMmu, X86Codec, X86Config};
-use memory::{DirectRam, DmaArena, FramePool, Layout, BLOCK_BYTES};
+use memory::{DmaArena, Layout, BLOCK_BYTES};
 use uefi::boot::{AllocateType, MemoryType};
 use uefi::{entry, Status};
 
@@ -158,7 +159,11 @@ pub fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
 fn run(layout: &Layout, rsdp: Option<u64>, config: &str) -> Result<(), String> {
     // SAFETY: the pool's range is the kernel's block (layout), identity mapped by the
     // global mappings below and used by nothing else.
-    let pool = Arc::new(unsafe { FramePool::new(layout.page_tables.0, layout.page_tables.1) });
+    let pool = Arc::new(unsafe {
+        FramePool::new(layout.page_tables.0, layout.page_tables.1, |line| {
+            println!("{line}")
+        })
+    });
     println!("{}", pool.check_reuse()?);
     // PCI first: a BAR the firmware put above 4 GiB joins the global mappings.
     let controller = nvme::find()?;

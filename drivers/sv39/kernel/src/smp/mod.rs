@@ -44,7 +44,7 @@ mod shootdown;
 mod stress;
 
 use crate::board::{hart_index, MAX_HARTS};
-use crate::memory::{DirectRam, Layout};
+use crate::memory::Layout;
 use crate::sbi::{self, SmpHart};
 use crate::trap;
 use crate::{check, println, Kernel};
@@ -54,6 +54,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use gmem_core::{DevCaps, DeviceDesc, DeviceId, Mmu, PageTableRoot, PhysAddr, SpaceId};
+use gmem_kernel_support::DirectRam;
 use gmem_sv39::{Sv39, Sv39Hardware};
 
 /// What every hart needs: the driver, the space's table, the space.
