@@ -169,9 +169,9 @@
 //! | `mmu`, `platform`, `device` | the driver traits and their types; the kernel's hooks; devices and their physical memory |
 //! | `gmem` | the instance: device and space registries, statistics |
 //! | `kpi/*` | the KPI entry points, one module per object: `device` (`dev_*`), `space` (`as_*`), `region` (`region_*`), `pages` (the range calls), `mapping_set`, `frames`, `large` |
-//! | `space` | one address space's state behind its lock: regions, page tables, attachments (`attach`), the fault path (`fault`), the queue's work (`queue`), shared region operations (`ops`), its invariants (`check`) |
+//! | `space` | one address space's state behind its lock: regions, page tables, attachments (`attach`), the fault path (`fault`), the asynchronous MMU queue, its callbacks and strict unmaps invalidated outside the lock (`queue`), shared region operations (`ops`), its invariants (`check`) |
 //! | `fault` | what a fault answers, and the fault path's theory |
-//! | `queue` | the asynchronous MMU queue, callbacks, strict unmaps invalidated outside the lock |
+
 //! | `physmem` | one device's frames: queues, reverse map, free extents, page groups |
 //! | `stats` | counters a caller can read |
 //!
@@ -209,7 +209,6 @@ mod mmu;
 mod physmem;
 mod platform;
 pub mod policy;
-mod queue;
 mod space;
 mod stats;
 pub mod sync;
@@ -241,8 +240,8 @@ pub use physmem::{
     EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats, MAX_GROUP_ORDER,
     MAX_ORDER,
 };
-pub use queue::Callback;
 pub use space::check::Violation;
+pub use space::queue::Callback;
 pub use space::{
     Activation, AllocRequest, LargeLeaf, MmuMode, Placement, PlacementMode, PlacementTarget,
     Region, RegionInfo, MAX_MEMORIES, MAX_TABLES,

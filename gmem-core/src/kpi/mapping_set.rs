@@ -4,7 +4,7 @@ use crate::error::{SetError, SpaceError};
 use crate::flags::MapFlags;
 use crate::gmem::Gmem;
 use crate::handle::{MappingSetId, SpaceId};
-use crate::queue::Callback;
+use crate::space::queue::Callback;
 
 impl Gmem {
     /// Create an empty mapping set in a space.

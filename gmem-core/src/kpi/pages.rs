@@ -23,7 +23,7 @@ use crate::gmem::Gmem;
 use crate::handle::{DeviceId, SpaceId};
 use crate::kpi::region::MigrateScope;
 use crate::mmu::{Attrs, MmuError};
-use crate::queue::Callback;
+use crate::space::queue::Callback;
 use crate::space::Region;
 use crate::sync::{Arc, Mutex};
 use alloc::boxed::Box;

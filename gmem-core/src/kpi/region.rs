@@ -11,7 +11,7 @@ use crate::flags::{MapFlags, Prot};
 use crate::gmem::Gmem;
 use crate::handle::{DeviceId, MappingSetId, SpaceId};
 use crate::mmu::Attrs;
-use crate::queue::Callback;
+use crate::space::queue::Callback;
 use crate::space::Ctx;
 use crate::space::{
     Checked, Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,

@@ -9,7 +9,7 @@ use crate::handle::MappingSetId;
 use crate::lpt::{PageEntry, EXTERNAL};
 use crate::lpt::{PENDING, WIRED};
 use crate::mmu::MmuError;
-use crate::queue::Callback;
+use crate::space::queue::Callback;
 use crate::space::segments::Piece;
 use crate::space::Checked;
 use crate::space::Ctx;

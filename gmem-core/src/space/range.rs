@@ -20,7 +20,7 @@ use crate::error::MoveError;
 use crate::flags::{MapFlags, Prot};
 use crate::lpt::{PageEntry, EXTERNAL, WIRED};
 use crate::mmu::{Attrs, MmuError};
-use crate::queue::Callback;
+use crate::space::queue::Callback;
 use crate::space::Checked;
 use crate::space::Ctx;
 use crate::stats::Counters;

@@ -5,7 +5,7 @@
 //! Two edits leave the lock: the eager mapping of a `region_map`ped region (when every
 //! table that must hold it says it can) and the unmapping of a strict
 //! `region_dealloc` (whose invalidation already runs unlocked, see
-//! [`crate::queue::PendingInvalidation`]). What keeps them sound, owned here:
+//! `queue::PendingInvalidation`). What keeps them sound, owned here:
 //! - **Disjoint ranges.** A region being mapped unlocked is marked *busy*: every KPI
 //!   call on it waits (`Gmem::with_region`) until the edit has finished; a region being
 //!   deallocated is already gone from the space, its pages pending. No two edits of the
@@ -34,7 +34,7 @@ use crate::error::{MapError, RegionError};
 use crate::flags::Prot;
 use crate::handle::{DeviceId, MappingSetId};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableRoot};
-use crate::queue::Callback;
+use crate::space::queue::Callback;
 use crate::space::Checked;
 use crate::stats::Counters;
 use crate::sync::Arc;

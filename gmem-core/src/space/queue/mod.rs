@@ -1,4 +1,6 @@
-//! The asynchronous MMU queue of an address space.
+//! The asynchronous MMU queue of an address space: its types here, its work on the
+//! space state (enqueue, drain, release after invalidation, strict unmaps deferred
+//! out of the lock) in `drain`.
 //!
 //! ## Theory
 //! Unmapping is two steps of very different cost: clearing page-table entries (memory
@@ -23,6 +25,8 @@
 //!
 //! The queue drains on `as_synchronize`, when it holds `batch_limit` requests, and
 //! before any operation that touches a pending page.
+
+mod drain;
 
 use crate::addr::VaRange;
 use crate::addr::{Pfn, Vpn};

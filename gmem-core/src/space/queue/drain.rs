@@ -1,4 +1,4 @@
-//! The queue's work on the space state (the theory is in [`crate::queue`]): enqueue,
+//! The queue's work on the space state (the theory is in the parent module): enqueue,
 //! drain, release after invalidation, strict unmaps deferred out of the lock.
 
 use crate::addr::Vpn;
@@ -11,7 +11,7 @@ use crate::sync::Arc;
 use crate::vmem::Arena;
 use alloc::vec::Vec;
 
-use crate::queue::{Callback, Discard, Op, PendingInvalidation, Request, StrictRelease};
+use super::{Callback, Discard, Op, PendingInvalidation, Request, StrictRelease};
 
 impl SpaceState {
     /// Queue an unmap whose entries are already cleared (`discard` came from
