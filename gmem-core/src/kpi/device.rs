@@ -563,14 +563,7 @@ impl Gmem {
     ) -> Result<FaultResolution, FaultError> {
         match st.attachment_of(id) {
             Some((slot, table)) if st.is_alive() => {
-                let at = crate::space::FaultAt {
-                    dev,
-                    slot,
-                    table,
-                    va,
-                    access,
-                };
-                st.fault(&self.context(), space, at)
+                st.fault(&self.context(), space, dev, (slot, table), va, access)
             }
             _ => Err(FaultError::NotActive(id)),
         }

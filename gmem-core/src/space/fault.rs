@@ -23,23 +23,6 @@ use crate::sync::Arc;
 /// The longest run a migration moves in one call (2 MiB).
 const MOVE_RUN_MAX: u64 = 512;
 
-/// A fault as the device reported it (built at `dev_fault`'s entry): the faulting
-/// device, its attachment and table (from [`SpaceState::attachment_of`]), the address
-/// and the access.
-pub(crate) struct FaultAt<'c> {
-    /// The faulting device (the caller's reference keeps it alive for the whole fault,
-    /// so the path borrows it instead of cloning the attachment's).
-    pub dev: &'c Arc<DeviceInner>,
-    /// Its attachment slot.
-    pub slot: usize,
-    /// Its page table.
-    pub table: usize,
-    /// The faulting address.
-    pub va: VirtAddr,
-    /// The access that faulted.
-    pub access: Prot,
-}
-
 /// One fault on its way from lookup to mapping: what FreeBSD's `struct faultstate`
 /// (`vm_fault.c`) and Linux's `struct vm_fault` carry. [`SpaceState::fault`] builds
 /// it once the page's region, protection and placement are known, and hands it by
@@ -60,8 +43,10 @@ pub(crate) struct FaultState<'f, 'c> {
     piece: Piece,
     /// The page's logical page table entry as the path last read or wrote it.
     entry: PageEntry,
-    /// The memory the page's frame belongs in, by the region's placement.
-    target: TargetMemory<'c>,
+    /// The memory the page's frame belongs in, by the region's placement (a
+    /// reference to the fault's [`TargetMemory`]: the state holds only values and
+    /// references, so that the compiler keeps it in registers on the 4 KiB path).
+    target: &'f Arc<DeviceInner>,
     /// The page's region: `[first, end)`.
     region: (Vpn, Vpn),
 }
@@ -78,20 +63,20 @@ impl FaultState<'_, '_> {
 }
 
 impl SpaceState {
-    /// Serve the fault `at`.
+    /// Serve a fault of `dev` at `va` for `access`; `dev` is the device in attachment
+    /// `slot` of `faulter = (slot, t)`, which uses table `t` (both from
+    /// [`SpaceState::attachment_of`]; the caller's reference keeps `dev` alive for the
+    /// whole fault, so the path borrows it instead of cloning the attachment's).
     pub(crate) fn fault<'c>(
         &mut self,
         cx: &Ctx<'c>,
         space: &SpaceInner,
-        at: FaultAt<'c>,
+        dev: &'c Arc<DeviceInner>,
+        faulter: (usize, usize),
+        va: VirtAddr,
+        access: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        let FaultAt {
-            dev,
-            slot,
-            table: t,
-            va,
-            access,
-        } = at;
+        let (slot, t) = faulter;
         let stats = cx.counters;
         let Some(fr) = self.regions.for_fault(va.as_u64()) else {
             return Err(FaultError::NotAllocated(va));
@@ -139,6 +124,7 @@ impl SpaceState {
         );
         let dev_sizes = dev.page_sizes;
         let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
+        let target = self.target_of(cx, dev, placement.target);
         let mut fs = FaultState {
             cx,
             space,
@@ -147,7 +133,7 @@ impl SpaceState {
             vpn,
             piece,
             entry: e,
-            target: self.target_of(cx, dev, placement.target),
+            target: &target,
             region: (rfirst, rfirst + rpages),
         };
 
@@ -225,6 +211,7 @@ impl SpaceState {
     /// Map the page's frame where it is into the faulter's table (unless `mine`: it is
     /// there already) and count the fault (`remote`: the frame is not in the
     /// faulter's own memory).
+    #[inline(always)]
     fn map_in_place(
         &mut self,
         fs: &mut FaultState<'_, '_>,
@@ -248,12 +235,13 @@ impl SpaceState {
 
     /// Migrate the page to the fault's target memory, then map it into the faulter's
     /// table and count it.
+    #[inline(always)]
     fn migrate_and_map(
         &mut self,
         fs: &mut FaultState<'_, '_>,
     ) -> Result<FaultResolution, FaultError> {
         let (cx, space, vpn) = (fs.cx, fs.space, fs.vpn);
-        self.migrate_page(cx, space, vpn, &fs.target, fs.asker())?;
+        self.migrate_page(cx, space, vpn, fs.target, fs.asker())?;
         fs.entry = self.lpt.get(vpn);
         self.map_for_fault(cx.counters, fs.t, vpn, fs.entry, fs.piece)?;
         SpaceCounters::add(&self.local().faults_migrate, 1);
@@ -265,6 +253,7 @@ impl SpaceState {
 
     /// The page is mapped in the faulter's table already: a stale TLB entry faulted.
     /// Invalidate it and count it.
+    #[inline(always)]
     fn spurious(&mut self, fs: &mut FaultState<'_, '_>) -> Result<FaultResolution, FaultError> {
         let runs = [crate::space::TableRun {
             table: fs.t,
@@ -302,6 +291,7 @@ impl SpaceState {
     /// and map it — with the whole aligned block of `g` pages around it when the block
     /// lies in the page's region, none of its pages is populated and a frame block is
     /// free — and count it.
+    #[inline(always)]
     fn zero_fill(
         &mut self,
         fs: &mut FaultState<'_, '_>,
@@ -309,7 +299,7 @@ impl SpaceState {
     ) -> Result<FaultResolution, MoveError> {
         let (cx, space, t, vpn, piece) = (fs.cx, fs.space, fs.t, fs.vpn, fs.piece);
         let (rfirst, rend) = fs.region;
-        let target: &Arc<DeviceInner> = &fs.target;
+        let target = fs.target;
         let asker = fs.asker();
         let stats = cx.counters;
         let g = g.max(1);
@@ -322,12 +312,11 @@ impl SpaceState {
         // A block inside one reservation-sized block goes through the reservations (a
         // 2 MiB block is one aligned run; a smaller one lands at its offset of its
         // 2 MiB block's reservation); a larger one is one aligned run.
-        let block = whole
-            .then(|| {
-                let placement = frame_placement(target, space.id, b0, g, asker);
-                alloc_placed(target, g, g, space.id, b0, placement, cx.counters)
-            })
-            .flatten();
+        let block = if whole {
+            alloc_block(target, space.id, b0, g, asker, stats)
+        } else {
+            None
+        };
         // The pages first, then the run bound once (no tuple holding the run: its
         // moves cost a copy each on the 4 KiB path).
         let (first, pages) = if block.is_some() { (b0, g) } else { (vpn, 1) };
@@ -740,6 +729,7 @@ pub(crate) struct Asker {
 
 /// Where `dev`'s driver places the frames backing `pages` pages of `space` from
 /// `vpn`, and their page-group class.
+#[inline(always)]
 pub(super) fn frame_placement(
     dev: &DeviceInner,
     space: SpaceId,
@@ -813,6 +803,22 @@ pub(super) fn alloc_placed<'d>(
     let run = get(None, otherwise)?;
     Counters::add(&stats.placement_fallbacks, 1);
     Some(run)
+}
+
+/// The aligned block of `g` frames of `dev` for the `g` pages of `space` from `b0`,
+/// placed as the driver says (a zero-fill of a whole block; out of line: the 4 KiB
+/// fault never takes it).
+#[inline(never)]
+fn alloc_block<'d>(
+    dev: &'d Arc<DeviceInner>,
+    space: SpaceId,
+    b0: Vpn,
+    g: u64,
+    asker: Asker,
+    stats: &Counters,
+) -> Option<FrameRun<'d>> {
+    let placement = frame_placement(dev, space, b0, g, asker);
+    alloc_placed(dev, g, g, space, b0, placement, stats)
 }
 
 /// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one

@@ -772,7 +772,6 @@ mod compact;
 pub(crate) use compact::CompactMove;
 mod evict;
 mod fault;
-pub(crate) use fault::FaultAt;
 mod ops;
 pub(crate) use ops::MapFrames;
 mod tables;
