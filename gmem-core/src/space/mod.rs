@@ -772,6 +772,7 @@ mod compact;
 pub(crate) use compact::CompactMove;
 mod evict;
 mod fault;
+mod frames;
 mod ops;
 pub(crate) use ops::MapFrames;
 mod tables;
