@@ -158,7 +158,7 @@ impl DeviceInner {
     /// reservations (`PhysMem::alloc_pages`; `req.align` is not used): a single page
     /// gets the frame at its offset in its block's reservation. A memory managed in
     /// page groups has no reservations: the frames come from groups of `req`'s class.
-    #[inline]
+    #[inline(always)]
     pub fn alloc_pages(&self, req: RunRequest) -> Option<FrameRun<'_>> {
         // One lock round trip on the common path (this runs once per 4 KiB fault).
         let pfn = {

@@ -509,15 +509,8 @@ impl Gmem {
         if !st.is_alive() {
             return Err(FaultError::UnknownSpace(space_id));
         }
-        let (slot, table) = st.attachment_of(id).ok_or(FaultError::NotAttached(id))?;
-        let at = crate::space::FaultAt {
-            dev,
-            slot,
-            table,
-            va,
-            access,
-        };
-        st.fault(&self.context(), &space, at)
+        let attachment = st.attachment_of(id).ok_or(FaultError::NotAttached(id))?;
+        st.fault(&self.context(), &space, dev, attachment, va, access)
     }
 
     /// Count a fault that failed (`faults_failed`); a `Busy` answer of a try entry
@@ -686,14 +679,7 @@ impl Gmem {
     ) -> Result<FaultResolution, FaultError> {
         match st.attachment_of(id) {
             Some((slot, table)) if st.is_alive() => {
-                let at = crate::space::FaultAt {
-                    dev,
-                    slot,
-                    table,
-                    va,
-                    access,
-                };
-                st.fault(&self.context(), space, at)
+                st.fault(&self.context(), space, dev, (slot, table), va, access)
             }
             _ => Err(FaultError::NotActive(id)),
         }

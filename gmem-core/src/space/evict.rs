@@ -15,7 +15,8 @@
 //! spirit (`SWAP_CLUSTER_MAX`, 32 pages); the bound here is 16 pages (64 KiB) so that a
 //! scan never evicts much more than the fault needs.
 
-use super::fault::{alloc_placed, frame_placement, Asker};
+use super::fault::Asker;
+use super::frames::FrameAsk;
 use super::{SpaceInner, SpaceState, TableRun};
 use crate::addr::{Pfn, VaRange, Vpn, PAGE_SIZE};
 use crate::device::DeviceInner;
@@ -264,25 +265,21 @@ impl SpaceState {
         };
         let mut moved = 0;
         for n in [run, 1] {
-            let placement = frame_placement(&host, space_id, vpn, n, asker);
-            let new = loop {
-                if let Some(new) = alloc_placed(&host, n, 1, space_id, vpn, placement, cx.counters)
-                {
-                    break Some(new);
-                }
-                // Host memory under pressure: break its oldest reservation first.
-                if n > 1 || !host.phys.lock().break_oldest_reservation() {
-                    break None;
-                }
-                Counters::add(&cx.counters.reservations_broken, 1);
+            // A run or nothing at once; a single page with host memory's oldest
+            // reservations broken as needed (host memory evicts nothing).
+            let ask = if n == 1 {
+                FrameAsk::page(space_id, vpn, asker)
+            } else {
+                FrameAsk::run(space_id, vpn, n, 1, asker)
             };
-            if let Some(new) = new {
-                self.move_run(cx, vpn, n, &host, new)?;
-                moved = n;
-                break;
-            }
-            if n == 1 {
-                return Err(MoveError::OutOfMemory(host.id));
+            match self.frames(cx, None, &host, ask) {
+                Ok(new) => {
+                    self.move_run(cx, vpn, n, &host, new)?;
+                    moved = n;
+                    break;
+                }
+                Err(e) if n == 1 => return Err(e),
+                Err(_) => {}
             }
         }
         Counters::add(&cx.counters.evictions, moved);

@@ -2,6 +2,7 @@
 //! fault, zero-fill, migration, prefetch (eviction, which a fault may need, is in
 //! `evict`).
 
+use super::frames::FrameAsk;
 use super::segments::Piece;
 use super::tables::BackedRun;
 use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
@@ -11,34 +12,16 @@ use crate::error::{FaultError, MoveError};
 use crate::fault::{FaultKind, FaultResolution};
 use crate::flags::DevCaps;
 use crate::flags::Prot;
-use crate::handle::{DeviceId, SpaceId};
+use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, PENDING};
+use crate::mmu::Attrs;
 use crate::mmu::MemError;
-use crate::mmu::{Attrs, FramePlacement, FrameRequest};
-use crate::physmem::{RunRequest, RESERVATION_PAGES};
 use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
 
 /// The longest run a migration moves in one call (2 MiB).
 const MOVE_RUN_MAX: u64 = 512;
-
-/// A fault as the device reported it (built at `dev_fault`'s entry): the faulting
-/// device, its attachment and table (from [`SpaceState::attachment_of`]), the address
-/// and the access.
-pub(crate) struct FaultAt<'c> {
-    /// The faulting device (the caller's reference keeps it alive for the whole fault,
-    /// so the path borrows it instead of cloning the attachment's).
-    pub dev: &'c Arc<DeviceInner>,
-    /// Its attachment slot.
-    pub slot: usize,
-    /// Its page table.
-    pub table: usize,
-    /// The faulting address.
-    pub va: VirtAddr,
-    /// The access that faulted.
-    pub access: Prot,
-}
 
 /// One fault on its way from lookup to mapping: what FreeBSD's `struct faultstate`
 /// (`vm_fault.c`) and Linux's `struct vm_fault` carry. [`SpaceState::fault`] builds
@@ -60,8 +43,10 @@ pub(crate) struct FaultState<'f, 'c> {
     piece: Piece,
     /// The page's logical page table entry as the path last read or wrote it.
     entry: PageEntry,
-    /// The memory the page's frame belongs in, by the region's placement.
-    target: TargetMemory<'c>,
+    /// The memory the page's frame belongs in, by the region's placement (a
+    /// reference to the fault's [`TargetMemory`]: the state holds only values and
+    /// references, so that the compiler keeps it in registers on the 4 KiB path).
+    target: &'f Arc<DeviceInner>,
     /// The page's region: `[first, end)`.
     region: (Vpn, Vpn),
 }
@@ -78,20 +63,20 @@ impl FaultState<'_, '_> {
 }
 
 impl SpaceState {
-    /// Serve the fault `at`.
+    /// Serve a fault of `dev` at `va` for `access`; `dev` is the device in attachment
+    /// `slot` of `faulter = (slot, t)`, which uses table `t` (both from
+    /// [`SpaceState::attachment_of`]; the caller's reference keeps `dev` alive for the
+    /// whole fault, so the path borrows it instead of cloning the attachment's).
     pub(crate) fn fault<'c>(
         &mut self,
         cx: &Ctx<'c>,
         space: &SpaceInner,
-        at: FaultAt<'c>,
+        dev: &'c Arc<DeviceInner>,
+        faulter: (usize, usize),
+        va: VirtAddr,
+        access: Prot,
     ) -> Result<FaultResolution, FaultError> {
-        let FaultAt {
-            dev,
-            slot,
-            table: t,
-            va,
-            access,
-        } = at;
+        let (slot, t) = faulter;
         let stats = cx.counters;
         let Some(fr) = self.regions.for_fault(va.as_u64()) else {
             return Err(FaultError::NotAllocated(va));
@@ -139,6 +124,7 @@ impl SpaceState {
         );
         let dev_sizes = dev.page_sizes;
         let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
+        let target = self.target_of(cx, dev, placement.target);
         let mut fs = FaultState {
             cx,
             space,
@@ -147,7 +133,7 @@ impl SpaceState {
             vpn,
             piece,
             entry: e,
-            target: self.target_of(cx, dev, placement.target),
+            target: &target,
             region: (rfirst, rfirst + rpages),
         };
 
@@ -225,6 +211,7 @@ impl SpaceState {
     /// Map the page's frame where it is into the faulter's table (unless `mine`: it is
     /// there already) and count the fault (`remote`: the frame is not in the
     /// faulter's own memory).
+    #[inline(always)]
     fn map_in_place(
         &mut self,
         fs: &mut FaultState<'_, '_>,
@@ -248,12 +235,13 @@ impl SpaceState {
 
     /// Migrate the page to the fault's target memory, then map it into the faulter's
     /// table and count it.
+    #[inline(always)]
     fn migrate_and_map(
         &mut self,
         fs: &mut FaultState<'_, '_>,
     ) -> Result<FaultResolution, FaultError> {
         let (cx, space, vpn) = (fs.cx, fs.space, fs.vpn);
-        self.migrate_page(cx, space, vpn, &fs.target, fs.asker())?;
+        self.migrate_page(cx, space, vpn, fs.target, fs.asker())?;
         fs.entry = self.lpt.get(vpn);
         self.map_for_fault(cx.counters, fs.t, vpn, fs.entry, fs.piece)?;
         SpaceCounters::add(&self.local().faults_migrate, 1);
@@ -265,6 +253,7 @@ impl SpaceState {
 
     /// The page is mapped in the faulter's table already: a stale TLB entry faulted.
     /// Invalidate it and count it.
+    #[inline(always)]
     fn spurious(&mut self, fs: &mut FaultState<'_, '_>) -> Result<FaultResolution, FaultError> {
         let runs = [crate::space::TableRun {
             table: fs.t,
@@ -302,6 +291,7 @@ impl SpaceState {
     /// and map it — with the whole aligned block of `g` pages around it when the block
     /// lies in the page's region, none of its pages is populated and a frame block is
     /// free — and count it.
+    #[inline(always)]
     fn zero_fill(
         &mut self,
         fs: &mut FaultState<'_, '_>,
@@ -309,7 +299,7 @@ impl SpaceState {
     ) -> Result<FaultResolution, MoveError> {
         let (cx, space, t, vpn, piece) = (fs.cx, fs.space, fs.t, fs.vpn, fs.piece);
         let (rfirst, rend) = fs.region;
-        let target: &Arc<DeviceInner> = &fs.target;
+        let target = fs.target;
         let asker = fs.asker();
         let stats = cx.counters;
         let g = g.max(1);
@@ -322,23 +312,23 @@ impl SpaceState {
         // A block inside one reservation-sized block goes through the reservations (a
         // 2 MiB block is one aligned run; a smaller one lands at its offset of its
         // 2 MiB block's reservation); a larger one is one aligned run.
-        let block = whole
-            .then(|| {
-                let placement = frame_placement(target, space.id, b0, g, asker);
-                alloc_placed(target, g, g, space.id, b0, placement, cx.counters)
-            })
-            .flatten();
+        let block = if whole {
+            let ask = FrameAsk::run(space.id, b0, g, g, asker);
+            self.frames(cx, Some(space), target, ask).ok()
+        } else {
+            None
+        };
         // The pages first, then the run bound once (no tuple holding the run: its
         // moves cost a copy each on the 4 KiB path).
         let (first, pages) = if block.is_some() { (b0, g) } else { (vpn, 1) };
         let run = match block {
             Some(run) => run,
-            None => match SpaceState::alloc_frame_first(space, target, vpn, asker) {
-                Ok(run) => run,
-                Err((placement, tried)) => {
-                    self.alloc_frame_placed(cx, space, target, vpn, placement, tried)?
-                }
-            },
+            None => self.frames(
+                cx,
+                Some(space),
+                target,
+                FrameAsk::page(space.id, vpn, asker),
+            )?,
         };
         let pfn = run.pfn();
         let memory = target
@@ -419,91 +409,6 @@ impl SpaceState {
             .update_run(first, pages, |_, e| *e = PageEntry::EMPTY);
     }
 
-    /// One frame in `target` for page `vpn` (where the driver places it for `asker`),
-    /// evicting to host memory if `target` is a full device memory.
-    ///
-    /// The common case — any frame will do and one is free — is inlined into the
-    /// caller; everything else (another placement, memory pressure) continues out of
-    /// line, without repeating the attempt made here.
-    #[inline]
-    pub(crate) fn alloc_frame<'d>(
-        &mut self,
-        cx: &Ctx<'_>,
-        space: &SpaceInner,
-        target: &'d Arc<DeviceInner>,
-        vpn: Vpn,
-        asker: Asker,
-    ) -> Result<FrameRun<'d>, MoveError> {
-        match SpaceState::alloc_frame_first(space, target, vpn, asker) {
-            Ok(run) => Ok(run),
-            Err((placement, tried)) => {
-                self.alloc_frame_placed(cx, space, target, vpn, placement, tried)
-            }
-        }
-    }
-
-    /// [`SpaceState::alloc_frame`]'s common case alone: the run, or the driver's
-    /// answer and whether the first attempt was made, for
-    /// [`SpaceState::alloc_frame_placed`]. The 4 KiB zero-fill calls it directly, so
-    /// that its run is not copied through a `Result<_, MoveError>`.
-    #[inline(always)]
-    fn alloc_frame_first<'d>(
-        space: &SpaceInner,
-        target: &'d Arc<DeviceInner>,
-        vpn: Vpn,
-        asker: Asker,
-    ) -> Result<FrameRun<'d>, (Placed, bool)> {
-        let placement = frame_placement(target, space.id, vpn, 1, asker);
-        let tried = matches!(placement.placement, FramePlacement::Any);
-        if tried {
-            // Any frame (the common answer): what `alloc_placed` does for it, without
-            // passing the answer down.
-            if let Some(run) =
-                target.alloc_pages(RunRequest::page(space.id, vpn, None, placement.class))
-            {
-                return Ok(run);
-            }
-        }
-        Err((placement, tried))
-    }
-
-    /// [`SpaceState::alloc_frame`] past its common case: `tried` says the first
-    /// allocation attempt was made (and failed), so the loop starts with the pressure
-    /// relief that would have followed it.
-    #[inline(never)]
-    fn alloc_frame_placed<'d>(
-        &mut self,
-        cx: &Ctx<'_>,
-        space: &SpaceInner,
-        target: &'d Arc<DeviceInner>,
-        vpn: Vpn,
-        placement: Placed,
-        mut tried: bool,
-    ) -> Result<FrameRun<'d>, MoveError> {
-        loop {
-            if !tried {
-                let run = match placement.placement {
-                    FramePlacement::Any => {
-                        target.alloc_pages(RunRequest::page(space.id, vpn, None, placement.class))
-                    }
-                    _ => alloc_placed(target, 1, 1, space.id, vpn, placement, cx.counters),
-                };
-                if let Some(run) = run {
-                    return Ok(run);
-                }
-            }
-            tried = false;
-            // Memory pressure: break the oldest reservation before evicting anything.
-            if target.phys.lock().break_oldest_reservation() {
-                Counters::add(&cx.counters.reservations_broken, 1);
-                continue;
-            }
-            if target.caps.contains(DevCaps::HOST) || !self.evict_from(cx, space, target, vpn)? {
-                return Err(MoveError::OutOfMemory(target.id));
-            }
-        }
-    }
-
     /// Move page `vpn` to `target` (migration under unique or on the remote hint).
     fn migrate_page(
         &mut self,
@@ -513,7 +418,12 @@ impl SpaceState {
         target: &Arc<DeviceInner>,
         asker: Asker,
     ) -> Result<(), MoveError> {
-        let new = self.alloc_frame(cx, space, target, vpn, asker)?;
+        let new = self.frames(
+            cx,
+            Some(space),
+            target,
+            FrameAsk::page(space.id, vpn, asker),
+        )?;
         self.move_page(cx, vpn, target, new)
     }
 
@@ -618,7 +528,12 @@ impl SpaceState {
             device: None,
             attrs: self.attrs_at(vpn),
         };
-        let run = self.alloc_frame(cx, space, target, vpn, asker)?;
+        let run = self.frames(
+            cx,
+            Some(space),
+            target,
+            FrameAsk::page(space.id, vpn, asker),
+        )?;
         let pfn = run.pfn();
         let memory = target
             .memory
@@ -686,10 +601,8 @@ impl SpaceState {
                     1
                 };
                 if n > 1 {
-                    let placement = frame_placement(target, space.id, vpn, n, asker);
-                    if let Some(run) =
-                        alloc_placed(target, n, 1, space.id, vpn, placement, cx.counters)
-                    {
+                    let ask = FrameAsk::run(space.id, vpn, n, 1, asker);
+                    if let Ok(run) = self.frames(cx, Some(space), target, ask) {
                         self.move_run(cx, vpn, n, target, run)?;
                         done += n;
                         vpn = vpn.add(n);
@@ -728,7 +641,7 @@ impl core::ops::Deref for TargetMemory<'_> {
     }
 }
 
-/// Who asks for frames of some pages: what a [`FrameRequest`] carries besides the
+/// Who asks for frames of some pages: what a [`crate::FrameRequest`] carries besides the
 /// pages themselves.
 #[derive(Clone, Copy)]
 pub(crate) struct Asker {
@@ -736,83 +649,6 @@ pub(crate) struct Asker {
     pub device: Option<DeviceId>,
     /// The pages' attributes.
     pub attrs: Attrs,
-}
-
-/// Where `dev`'s driver places the frames backing `pages` pages of `space` from
-/// `vpn`, and their page-group class.
-pub(super) fn frame_placement(
-    dev: &DeviceInner,
-    space: SpaceId,
-    vpn: Vpn,
-    pages: u64,
-    asker: Asker,
-) -> Placed {
-    let Some(memory) = dev.memory.as_ref() else {
-        return Placed::default();
-    };
-    let request = FrameRequest {
-        space,
-        va: vpn.addr(),
-        pages,
-        attrs: asker.attrs,
-        device: asker.device,
-    };
-    Placed {
-        placement: memory.frame_request(&request),
-        class: memory.frame_class(&request),
-    }
-}
-
-/// A driver's answers for one allocation.
-#[derive(Clone, Copy, Default)]
-pub(super) struct Placed {
-    pub placement: FramePlacement,
-    pub class: u32,
-}
-
-/// `pages` frames of `dev` aligned to `align` pages, placed as the driver said: a
-/// requirement is the only place, a preference is tried first and then any frame (of
-/// the fallback class, for [`FramePlacement::PreferOrClass`]); a fallback is counted.
-pub(super) fn alloc_placed<'d>(
-    dev: &'d Arc<DeviceInner>,
-    pages: u64,
-    align: u64,
-    space: SpaceId,
-    vpn: Vpn,
-    placed: Placed,
-    stats: &Counters,
-) -> Option<FrameRun<'d>> {
-    // Runs up to a reservation's size (unaligned, or aligned to themselves) go through
-    // the memory's superpage reservations; larger aligned blocks are one aligned run.
-    let reserved = pages <= RESERVATION_PAGES && (align == 1 || align == pages);
-    let get = |limit: Option<crate::mmu::FrameConstraint>, class: u32| {
-        let req = RunRequest {
-            pages,
-            align,
-            space,
-            vpn,
-            limit,
-            class,
-        };
-        if reserved {
-            dev.alloc_pages(req)
-        } else {
-            dev.alloc_frames(req)
-        }
-    };
-    let class = placed.class;
-    let (prefer, otherwise) = match placed.placement {
-        FramePlacement::Any => return get(None, class),
-        FramePlacement::Require(c) => return get(Some(c), class),
-        FramePlacement::Prefer(c) => (c, class),
-        FramePlacement::PreferOrClass { prefer, class } => (prefer, class),
-    };
-    if let Some(run) = get(Some(prefer), class) {
-        return Some(run);
-    }
-    let run = get(None, otherwise)?;
-    Counters::add(&stats.placement_fallbacks, 1);
-    Some(run)
 }
 
 /// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one

@@ -619,7 +619,7 @@ impl SpaceState {
             device: None,
             attrs: self.attrs_at(Vpn(b)),
         };
-        let placed = super::fault::frame_placement(dev, space.id, Vpn(b), n, asker);
+        let placed = super::frames::frame_placement(dev, space.id, Vpn(b), n, asker);
         let limit = match placed.placement {
             crate::mmu::FramePlacement::Any => None,
             crate::mmu::FramePlacement::Require(c) | crate::mmu::FramePlacement::Prefer(c) => {

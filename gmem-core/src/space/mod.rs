@@ -765,7 +765,7 @@ mod compact;
 pub(crate) use compact::CompactMove;
 mod evict;
 mod fault;
-pub(crate) use fault::FaultAt;
+mod frames;
 mod ops;
 pub(crate) use ops::MapFrames;
 mod tables;
