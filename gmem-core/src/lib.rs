@@ -240,8 +240,8 @@ pub use physmem::{
     EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats, MAX_GROUP_ORDER,
     MAX_ORDER,
 };
-pub use space::check::Violation;
 pub use space::queue::Callback;
+pub use space::violation::Violation;
 pub use space::{
     Activation, AllocRequest, LargeLeaf, MmuMode, Placement, PlacementMode, PlacementTarget,
     Region, RegionInfo, MAX_MEMORIES, MAX_TABLES,
