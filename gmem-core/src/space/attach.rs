@@ -94,7 +94,10 @@ impl SpaceState {
             dev: dev.clone(),
             table: t,
         });
-        if let Err(e) = self.fill_table(stats, t) {
+        if let Err(e) = self
+            .fill_table(stats, t)
+            .and_then(|()| self.dma_fill(stats, t))
+        {
             self.detach_slot(stats, slot, space_id);
             return Err(AttachError::Mmu(e));
         }
@@ -128,6 +131,7 @@ impl SpaceState {
         for (_, r) in self.regions.iter() {
             let _ = arena.free(r.reserve_start, r.reserve_len);
         }
+        self.dma_destroy(arena);
         self.regions.clear();
         self.segments = super::segments::Segments::default();
         self.alive = false;
@@ -196,6 +200,7 @@ impl SpaceState {
                 .map(|(v, _)| (v, 1u32 << t))
                 .collect();
             touched.sort_unstable();
+            self.dma_table_gone(stats, t);
             // The table's whole TLB goes, not only the ranges unmapped here: a strict
             // dealloc whose invalidation has not run yet, or a queued unmap, cleared
             // entries whose translations the device may still cache, and their late

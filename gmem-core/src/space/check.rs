@@ -203,6 +203,9 @@ impl SpaceState {
         }
         // Large leaves agree with the logical page table.
         st.check_large()?;
+        // DMA records: inside the space and its arena, apart from regions and each
+        // other, held by exactly the live tables.
+        st.check_dma(space, live_tables)?;
         // 2. the space owns exactly the frames its table names; queues are sound.
         for (m, dev) in st.memories.iter() {
             let phys = dev.phys.lock();

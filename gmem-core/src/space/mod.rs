@@ -406,6 +406,8 @@ pub(crate) struct SpaceState {
     /// The space's counter block (`SpaceInner::counters`), bumped through
     /// [`SpaceState::local`].
     tally: Arc<SpaceCounters>,
+    /// Short-lived DMA mappings (`dma`).
+    dma: dma::DmaRecords,
 }
 
 impl SpaceState {
@@ -431,6 +433,7 @@ impl SpaceState {
             in_flight_maps: Vec::new(),
             strict_refs: Vec::new(),
             tally,
+            dma: dma::DmaRecords::default(),
         }
     }
 
@@ -581,10 +584,12 @@ impl SpaceState {
 
     /// How many pages of the space have their frame in device `dev`'s memory.
     pub fn pages_in_memory(&self, dev: DeviceId) -> u64 {
+        let dma = self.dma_pages_in(dev);
         let Some(m) = self.memories.position(dev) else {
-            return 0;
+            return dma;
         };
-        self.lpt
+        dma + self
+            .lpt
             .iter()
             .filter(|(_, e)| e.is_populated() && e.mem == m)
             .count() as u64
@@ -773,6 +778,7 @@ use tables::OwedInvalidation;
 pub(crate) use tables::{table_runs, Shootdown, TableRun};
 mod private;
 pub(crate) use private::PrivateRefusal;
+pub(crate) mod dma;
 pub(crate) mod queue;
 pub(crate) mod segments;
 mod unlocked;

@@ -117,6 +117,7 @@ impl SpaceState {
     /// table (its driver's or its last user's) or a strict unmap's completion.
     pub(crate) fn refers_to_device(&self, id: DeviceId) -> bool {
         self.strict_refs.contains(&id)
+            || self.dma_unmaps_in_flight()
             || self
                 .doomed
                 .iter()
