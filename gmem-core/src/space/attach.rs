@@ -94,7 +94,10 @@ impl SpaceState {
             dev: dev.clone(),
             table: t,
         });
-        if let Err(e) = self.fill_table(stats, t) {
+        if let Err(e) = self
+            .fill_table(stats, t)
+            .and_then(|()| self.dma_fill(stats, t))
+        {
             self.detach_slot(stats, slot, space_id);
             return Err(AttachError::Mmu(e));
         }
@@ -125,6 +128,7 @@ impl SpaceState {
             self.store.release_frame(&e, false);
             self.store.lpt.take(v);
         }
+        self.dma_destroy(arena);
         self.map.clear(|start, len| {
             let _ = arena.free(start, len);
         });
@@ -196,6 +200,7 @@ impl SpaceState {
                 .map(|(v, _)| (v, 1u32 << t))
                 .collect();
             touched.sort_unstable();
+            self.dma_table_gone(stats, t);
             // The table's whole TLB goes, not only the ranges unmapped here: a strict
             // dealloc whose invalidation has not run yet, or a queued unmap, cleared
             // entries whose translations the device may still cache, and their late

@@ -110,6 +110,9 @@ impl SpaceState {
             }
         }
         // Large leaves agree with the logical page table.
-        st.check_large()
+        st.check_large()?;
+        // DMA records: inside the space and its arena, apart from regions and each
+        // other, held by exactly the live tables.
+        st.check_dma(space, live_tables)
     }
 }

@@ -196,6 +196,8 @@ pub(crate) struct SpaceState {
     /// The space's counter block (`SpaceInner::counters`), bumped through
     /// [`SpaceState::local`].
     tally: Arc<SpaceCounters>,
+    /// Short-lived DMA mappings (`dma`).
+    dma: dma::DmaRecords,
 }
 
 impl SpaceState {
@@ -206,6 +208,7 @@ impl SpaceState {
             store: PageStore::new(host),
             xlat: Translation::default(),
             tally,
+            dma: dma::DmaRecords::default(),
         }
     }
 
@@ -290,7 +293,7 @@ impl SpaceState {
 
     /// How many pages of the space have their frame in device `dev`'s memory.
     pub fn pages_in_memory(&self, dev: DeviceId) -> u64 {
-        self.store.pages_in_memory(dev)
+        self.store.pages_in_memory(dev) + self.dma_pages_in(dev)
     }
 
     /// Create an empty mapping set.
@@ -464,6 +467,7 @@ pub(crate) use tables::table_runs;
 use tables::OwedInvalidation;
 mod private;
 pub(crate) use private::PrivateRefusal;
+pub(crate) mod dma;
 pub(crate) mod queue;
 pub(crate) mod segments;
 mod unlocked;

@@ -78,7 +78,7 @@ impl SpaceState {
     /// Whether device `id` is named by work still running outside the lock: a doomed
     /// table (its driver's or its last user's) or a strict unmap's completion.
     pub(crate) fn refers_to_device(&self, id: DeviceId) -> bool {
-        self.xlat.unlocked.refers_to(id)
+        self.xlat.unlocked.refers_to(id) || self.dma_unmaps_in_flight()
     }
 
     /// Whether an unlocked `region_map` in flight edits page `v` of table `t` (the
