@@ -406,6 +406,9 @@ pub(crate) struct SpaceState {
     /// The space's counter block (`SpaceInner::counters`), bumped through
     /// [`SpaceState::local`].
     tally: Arc<SpaceCounters>,
+    /// While a fault batch is serviced (`batch`): the stale-TLB invalidations its
+    /// spurious faults owe, issued once at the end of the batch's block.
+    deferred_spurious: Option<Vec<TableRun>>,
 }
 
 impl SpaceState {
@@ -431,6 +434,7 @@ impl SpaceState {
             in_flight_maps: Vec::new(),
             strict_refs: Vec::new(),
             tally,
+            deferred_spurious: None,
         }
     }
 
@@ -746,6 +750,7 @@ impl SpaceState {
 }
 
 mod attach;
+mod batch;
 mod large;
 mod memories;
 mod range;
