@@ -73,6 +73,10 @@ pub(crate) struct DeviceInner {
     /// Frames registered so far (read without the physical-memory lock on the fault path).
     pub registered: AtomicU64,
     pub binding: Mutex<Binding>,
+    /// The device's tree-prefetch configuration for batched faults, encoded by
+    /// `kpi::batch` (0: prefetch off). An atomic, not a lock: read once per batch,
+    /// before the space lock, and ranked below nothing.
+    pub prefetch: AtomicU64,
 }
 
 /// Frames of one device's memory allocated for pages and not yet committed to them.

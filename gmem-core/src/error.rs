@@ -263,6 +263,9 @@ pub enum FaultError {
     /// `region_map` of its region, see [`crate::Mmu::concurrent_edits`]): nothing
     /// changed; retry the access (it succeeds once that call has returned).
     Busy(VirtAddr),
+    /// `dev_fault_batch`: the batch itself is malformed (empty, larger than the
+    /// device's batch size, or a record with no access); nothing was serviced.
+    Batch(crate::policy::batch::BatchError),
 }
 
 /// Why the core could not allocate, fill, move or map a page: the failures the fault
@@ -521,6 +524,7 @@ impl fmt::Display for FaultError {
                     "{va:?} is being mapped by another call: retry the access"
                 )
             }
+            FaultError::Batch(e) => e.fmt(f),
         }
     }
 }

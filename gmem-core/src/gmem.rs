@@ -60,6 +60,7 @@ pub(crate) fn new_device(id: DeviceId, desc: DeviceDesc, extra: DevCaps) -> Devi
         phys: Mutex::ranked(PhysMem::new(), Rank::PhysMem),
         registered: AtomicU64::new(0),
         binding: Mutex::ranked(Binding::default(), Rank::Binding),
+        prefetch: AtomicU64::new(0),
     }
 }
 

@@ -117,6 +117,14 @@ counters! {
     promotion_pages_moved,
     /// Superpage reservations broken under memory pressure (their free frames returned).
     reservations_broken,
+    /// Fault batches `dev_fault_batch` accepted (issue 35, item 1).
+    fault_batches,
+    /// Fault records in those batches, duplicates included.
+    fault_batch_records,
+    /// Records that repeated a page earlier in their batch (merged, not serviced).
+    fault_batch_duplicates,
+    /// Pages the tree prefetcher brought to a faulting device with a batch's faults.
+    pages_prefetched,
 }
 
 impl Counters {

@@ -14,15 +14,23 @@
 //!    [`AccessGate`] is held, so an invalidation (a migration's shootdown) waits until
 //!    the bytes have moved and no access touches a frame after it was given up.
 //!
+//! With a fault batch size `n > 0` ([`Port::set_fault_batch`]), step 3 translates the
+//! pages of the access on past a miss and reports up to `n` misses in one
+//! `Gmem::dev_fault_batch` call (a GPU's fault buffer), then replays the whole access
+//! once.
+//!
 //! This is the device-independent half of every simulated driver: the drivers differ
 //! only in the [`Translator`] (format and caches) behind the port.
 
 use crate::map::MemoryMap;
 use crate::memory::{BoundsError, SimMemory};
 use crate::mmu::{AccessGate, Miss, Served, Translator};
-use gmem_core::{DeviceId, FaultError, FaultKind, Gmem, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use gmem_core::{
+    BatchFault, DeviceId, FaultError, FaultKind, FaultResolution, Gmem, PhysAddr, Prot, VirtAddr,
+    PAGE_SIZE,
+};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLockReadGuard};
 
 /// Why an access failed.
@@ -107,6 +115,8 @@ pub struct PortStats {
     pub mapped_existing: u64,
     /// Faults the core found spurious (a stale cached entry).
     pub spurious: u64,
+    /// Fault reports made: one per fault, or one per batch with batched faults on.
+    pub batches: u64,
 }
 
 macro_rules! port_counters {
@@ -132,7 +142,8 @@ port_counters!(
     migrations,
     remote,
     mapped_existing,
-    spurious
+    spurious,
+    batches
 );
 
 fn add(c: &AtomicU64, n: u64) {
@@ -228,6 +239,7 @@ pub struct Port {
     local: Option<Arc<SimMemory>>,
     id: OnceLock<DeviceId>,
     max_faults: u32,
+    batch: AtomicU32,
     counters: Counters,
 }
 
@@ -245,6 +257,7 @@ impl Port {
             local,
             id: OnceLock::new(),
             max_faults: DEFAULT_MAX_FAULTS,
+            batch: AtomicU32::new(0),
             counters: Counters::default(),
         }
     }
@@ -258,6 +271,19 @@ impl Port {
     /// The bound on faults per page piece of an access.
     pub fn max_faults(&self) -> u32 {
         self.max_faults
+    }
+
+    /// How faults reach the core: `0` (the default), one `Gmem::dev_fault` per miss;
+    /// `n > 0`, up to `n` misses of one access (a warp instruction's pages) per
+    /// `Gmem::dev_fault_batch` call (at most 256 are accepted by the core), the access
+    /// replayed once per batch. `1` reports each miss alone, through the batch call.
+    pub fn set_fault_batch(&self, n: u32) {
+        self.batch.store(n, Ordering::Relaxed);
+    }
+
+    /// The fault batch size (0: no batches).
+    pub fn fault_batch(&self) -> u32 {
+        self.batch.load(Ordering::Relaxed)
     }
 
     /// Bind the device id the core gave the device.
@@ -320,18 +346,13 @@ impl Port {
         if matches!(miss, Miss::Protection { .. }) {
             add(&c.protection_faults, 1);
         }
+        add(&c.batches, 1);
+        if self.fault_batch() > 0 {
+            return self.serve_batch(gm, id, &[(va, access, miss)]);
+        }
         match gm.dev_fault(id, va, access) {
             Ok(r) => {
-                add(
-                    match r.kind {
-                        FaultKind::ZeroFill => &c.zero_fills,
-                        FaultKind::Migrated => &c.migrations,
-                        FaultKind::Remote => &c.remote,
-                        FaultKind::MappedExisting => &c.mapped_existing,
-                        FaultKind::Spurious => &c.spurious,
-                    },
-                    1,
-                );
+                self.count_served(r);
                 Ok(())
             }
             // Another thread maps the region without the lock right now: nothing
@@ -345,6 +366,88 @@ impl Port {
                 add(&c.failed_faults, 1);
                 Err(AccessError::Fault { va, access, error })
             }
+        }
+    }
+
+    /// Report the misses of one batched pass: counted as faults (each against the
+    /// access's bound `limit`, `faults` running), then served as one batch.
+    fn fault_many(
+        &self,
+        gm: &Gmem,
+        id: DeviceId,
+        missed: &[(VirtAddr, Prot, Miss)],
+        faults: &mut u32,
+        limit: u32,
+    ) -> Result<(), AccessError> {
+        if *faults >= limit {
+            return Err(AccessError::Livelock {
+                va: missed[0].0,
+                faults: *faults,
+            });
+        }
+        *faults = faults.saturating_add(missed.len() as u32);
+        let c = &self.counters;
+        add(&c.faults, missed.len() as u64);
+        add(&c.batches, 1);
+        let protection = missed
+            .iter()
+            .filter(|m| matches!(m.2, Miss::Protection { .. }))
+            .count();
+        add(&c.protection_faults, protection as u64);
+        self.serve_batch(gm, id, missed)
+    }
+
+    /// Count a served fault by what the core did.
+    fn count_served(&self, r: FaultResolution) {
+        let c = &self.counters;
+        add(
+            match r.kind {
+                FaultKind::ZeroFill => &c.zero_fills,
+                FaultKind::Migrated => &c.migrations,
+                FaultKind::Remote => &c.remote,
+                FaultKind::MappedExisting => &c.mapped_existing,
+                FaultKind::Spurious => &c.spurious,
+            },
+            1,
+        );
+    }
+
+    /// Report the misses `missed` (already counted as faults and against the access's
+    /// bound) to the core as one batch, and count the answers: `Busy` is a retry, any
+    /// other refused record fails the access (the first one, in `missed`'s order).
+    fn serve_batch(
+        &self,
+        gm: &Gmem,
+        id: DeviceId,
+        missed: &[(VirtAddr, Prot, Miss)],
+    ) -> Result<(), AccessError> {
+        let c = &self.counters;
+        let records: Vec<BatchFault> = missed
+            .iter()
+            .map(|&(va, access, _)| BatchFault { va, access })
+            .collect();
+        let report = match gm.dev_fault_batch(id, &records) {
+            Ok(r) => r,
+            Err(error) => {
+                add(&c.failed_faults, missed.len() as u64);
+                let (va, access, _) = missed[0];
+                return Err(AccessError::Fault { va, access, error });
+            }
+        };
+        let mut first_error = None;
+        for (&(va, access, _), outcome) in missed.iter().zip(report.outcomes) {
+            match outcome {
+                Ok(r) => self.count_served(r),
+                Err(FaultError::Busy(_)) => add(&c.spurious, 1),
+                Err(error) => {
+                    add(&c.failed_faults, 1);
+                    first_error.get_or_insert(AccessError::Fault { va, access, error });
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -481,7 +584,11 @@ impl Port {
         let limit = self.max_faults.saturating_mul(pages.len().max(1) as u32);
         let mut faults = 0;
         let entries = &mut out.entries;
+        let batch = self.fault_batch() as usize;
+        // With batched faults: every miss of this pass, reported together.
+        let mut misses: Vec<(VirtAddr, Prot, Miss)> = Vec::new();
         loop {
+            misses.clear();
             let gate = self.translator.gate().map(AccessGate::enter);
             // Read after entering the gate; see "Keeping memories across accesses"
             // on `with_pages` for why a cached memory is still right.
@@ -498,6 +605,9 @@ impl Port {
             let local = self.local.as_ref();
             self.translator
                 .translate_batch(unit, pages, &mut |i, r, served| match r {
+                    // Past a miss of a batched pass only the other misses matter:
+                    // the access is replayed whole once the batch is served.
+                    Ok(_) if !misses.is_empty() => true,
                     Ok(leaf) => {
                         let (va, _) = pages[i];
                         let pa = leaf.translate(va);
@@ -541,6 +651,11 @@ impl Port {
                         n += 1;
                         true
                     }
+                    Err(m) if batch > 0 => {
+                        let (va, access) = pages[i];
+                        misses.push((va, access, m));
+                        misses.len() < batch
+                    }
                     Err(m) => {
                         let (va, access) = pages[i];
                         missed = Some((va, access, m));
@@ -549,6 +664,12 @@ impl Port {
                 });
             if let Some(e) = failed {
                 return Err(e);
+            }
+            if !misses.is_empty() {
+                // Never hold the gate across a fault (as below).
+                drop(gate);
+                self.fault_many(gm, id, &misses, &mut faults, limit)?;
+                continue;
             }
             match missed {
                 None => {
@@ -878,6 +999,43 @@ mod tests {
             Err(AccessError::NoMemory { pa: base })
         );
         assert!(out.live().is_empty());
+    }
+
+    /// Batched faults: the misses of one access reach the core as one batch and the
+    /// access is replayed once; unbatched, one report per miss.
+    #[test]
+    fn batched_faults_report_every_miss_of_an_access_in_one_batch() {
+        for batched in [false, true] {
+            let (s, va) = core();
+            let map = MemoryMap::new();
+            let base = PhysAddr::new(0x10_0000);
+            let m = Arc::new(SimMemory::new("m", base, 4 * PAGE_SIZE).unwrap());
+            map.add(s.host().id, m).unwrap();
+            // Misses on the first two lookups, then every page maps.
+            let port = Port::new(fake(Some(0x10_0000), 2), map, None);
+            port.set_fault_batch(if batched { 32 } else { 0 });
+            assert_eq!(port.fault_batch() > 0, batched);
+            port.bind(s.host().id).unwrap();
+            let page = |k: u64| (VirtAddr::new(va.as_u64() + k * PAGE_SIZE), Prot::WRITE);
+            let three = [page(0), page(1), page(2)];
+            let before = s.gm.stats();
+            let n = port
+                .with_pages(&s.gm, 0, &three, &mut PageList::new(), |r| Ok(r.len()))
+                .unwrap();
+            assert_eq!(n, 3);
+            let st = port.stats();
+            let core = s.gm.stats();
+            if batched {
+                // One pass: pages 0 and 1 miss, one batch of two, one replay.
+                assert_eq!((st.faults, st.batches, st.zero_fills), (2, 1, 2));
+                assert_eq!(core.fault_batches - before.fault_batches, 1);
+                assert_eq!(core.fault_batch_records - before.fault_batch_records, 2);
+            } else {
+                // Page 0 misses twice, one fault and one replay each.
+                assert_eq!((st.faults, st.batches), (2, 2));
+                assert_eq!(core.fault_batches, before.fault_batches);
+            }
+        }
     }
 
     #[test]

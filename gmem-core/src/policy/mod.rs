@@ -48,7 +48,8 @@
 //! **5. Misuse.** Every fallible call checks its whole input before it changes
 //! anything: a rejected call leaves the engine exactly as it was.
 //!
-//! **6. How a fault path uses them** (the wiring is still to come; UVM's
+//! **6. How a fault path uses them** (steps 1, 4 and 6 are wired: `space::batch`
+//! behind [`crate::Gmem::dev_fault_batch`]; the rest is still to come; UVM's
 //! `service_fault_batch_block_locked`, `uvm_gpu_replayable_faults.c`, likewise asks the
 //! thrashing hint per fault before it picks residency and prefetch):
 //! 1. drain the device's fault buffer into [`batch::FaultRecord`]s and group them with

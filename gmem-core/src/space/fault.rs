@@ -256,7 +256,11 @@ impl SpaceState {
                 len: PAGE_SIZE,
             },
         }];
-        self.invalidate(fs.cx.counters, &runs);
+        // A batch being serviced issues its stale-TLB invalidations once (`batch`).
+        match self.xlat.deferred_spurious.as_mut() {
+            Some(owed) => owed.extend_from_slice(&runs),
+            None => self.invalidate(fs.cx.counters, &runs),
+        }
         SpaceCounters::add(&self.local().faults_spurious, 1);
         Ok(FaultResolution {
             kind: FaultKind::Spurious,

@@ -427,6 +427,7 @@ impl SpaceState {
 }
 
 mod attach;
+mod batch;
 mod large;
 mod memories;
 mod range;

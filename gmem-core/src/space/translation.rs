@@ -20,7 +20,7 @@
 //! leaves and queue stay reachable by the space's other modules as fields (`xlat.…`):
 //! the edits of `tables` and `attach` borrow a table while they update page entries.
 
-use super::queue::MmuQueue;
+use super::queue::{MmuQueue, TableRun};
 use super::MmuMode;
 use crate::addr::{PageSize, VirtAddr, Vpn, PAGE_SIZE};
 use crate::device::DeviceInner;
@@ -282,6 +282,9 @@ pub(crate) struct Translation {
     pub(super) queue: MmuQueue,
     /// Page-table edits running without the lock (`unlocked`).
     pub(super) unlocked: UnlockedEdits,
+    /// While a fault batch is serviced (`batch`): the stale-TLB invalidations its
+    /// spurious faults owe, issued once at the end of the batch's block.
+    pub(super) deferred_spurious: Option<Vec<TableRun>>,
     /// Generation of the next page table created.
     next_generation: u64,
     /// Bumped by every attach: a strict unmap finishing its unlocked invalidation
