@@ -1,6 +1,6 @@
 //! The KPI entry points, one module per object they act on.
 //!
-//! Every public call of [`crate::Gmem`] (63 of them; 64 with `test-util`), by module:
+//! Every public call of [`crate::Gmem`] (69 of them; 70 with `test-util`), by module:
 //!
 //! | module | calls |
 //! |---|---|
@@ -12,6 +12,7 @@
 //! | `large` | [`region_promote`](crate::Gmem::region_promote), [`as_large_leaves`](crate::Gmem::as_large_leaves), [`as_frames`](crate::Gmem::as_frames), [`dev_set_reservations`](crate::Gmem::dev_set_reservations), [`dev_reservations`](crate::Gmem::dev_reservations) |
 //! | `dma` | [`dma_map`](crate::Gmem::dma_map), [`dma_unmap`](crate::Gmem::dma_unmap), [`dma_mappings`](crate::Gmem::dma_mappings) |
 //! | `batch` | [`dev_fault_batch`](crate::Gmem::dev_fault_batch), [`dev_set_prefetch`](crate::Gmem::dev_set_prefetch), [`dev_prefetch`](crate::Gmem::dev_prefetch) |
+//! | `access` | [`as_set_access_counters`](crate::Gmem::as_set_access_counters), [`as_access_counters`](crate::Gmem::as_access_counters), [`dev_report_accesses`](crate::Gmem::dev_report_accesses) |
 //! | `mapping_set` | [`mapping_set_create`](crate::Gmem::mapping_set_create), [`mapping_set_unmap`](crate::Gmem::mapping_set_unmap), [`mapping_set_destroy`](crate::Gmem::mapping_set_destroy) |
 //!
 //! The main calls carry a runnable example; the embedding guide ([`crate::guide`])
@@ -46,6 +47,7 @@
 //! gm.check_invariants(space).unwrap();
 //! ```
 
+pub(crate) mod access;
 pub(crate) mod batch;
 pub(crate) mod device;
 pub(crate) mod dma;

@@ -177,6 +177,7 @@ impl SpaceState {
         };
         let t = att.table;
         let dev = att.dev.clone();
+        self.forget_accesses_of(dev.id);
         // Its private frames go first (unmapped, invalidated, freed).
         let private = self.private_of_slot(slot);
         self.free_private(stats, &private);

@@ -198,6 +198,8 @@ pub(crate) struct SpaceState {
     tally: Arc<SpaceCounters>,
     /// Short-lived DMA mappings (`dma`).
     dma: dma::DmaRecords,
+    /// The access-counter engine (`access`), when counting is on.
+    access: Option<crate::policy::counters::AccessCounters>,
 }
 
 impl SpaceState {
@@ -209,6 +211,7 @@ impl SpaceState {
             xlat: Translation::default(),
             tally,
             dma: dma::DmaRecords::default(),
+            access: None,
         }
     }
 
@@ -468,6 +471,7 @@ pub(crate) use tables::table_runs;
 use tables::OwedInvalidation;
 mod private;
 pub(crate) use private::PrivateRefusal;
+mod access;
 pub(crate) mod dma;
 pub(crate) mod queue;
 pub(crate) mod segments;
