@@ -17,15 +17,9 @@ fn va(x: u64) -> VirtAddr {
 /// of the whole holds byte `i + 1`) and mapped remotely by the GPU (it read them).
 fn system(regions: usize, pages: u64) -> (TestSystem, SpaceId, usize, Vec<Region>) {
     let mut s = TestSystem::new(256);
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     let gpu = s.add_device(2, DevCaps::FAULTABLE, GPU_BASE, 64);
-    let gpu_id = s.devices[gpu].id;
-    s.gm.as_attach(space, gpu_id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    s.attach(space, gpu);
     let mut out = Vec::new();
     for _ in 0..regions {
         let r =

@@ -17,11 +17,7 @@ fn va(x: u64) -> VirtAddr {
 /// memory whose MMU maps 4 KiB and 2 MiB leaves, both attached to one space.
 fn system(host_pages: u64, gpu_pages: u64) -> (TestSystem, SpaceId, usize) {
     let mut s = TestSystem::new(host_pages);
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     let g = s.add_device_with_sizes(
         GPU,
         DevCaps::FAULTABLE,
@@ -29,13 +25,7 @@ fn system(host_pages: u64, gpu_pages: u64) -> (TestSystem, SpaceId, usize) {
         gpu_pages,
         PageSizes::S4K | PageSizes::S2M,
     );
-    s.gm.as_attach(
-        space,
-        s.devices[g].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, g);
     (s, space, g)
 }
 
@@ -411,13 +401,7 @@ fn a_1g_zero_fill_block_is_one_1g_leaf_where_the_device_advertises_it() {
         1 << 18,
         PageSizes::S4K | PageSizes::S2M | PageSizes::S1G,
     );
-    s.gm.as_attach(
-        space,
-        s.devices[g].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, g);
     let mut req = AllocRequest::new(1 << 30);
     req.align = 1 << 30;
     let r = s.gm.as_alloc(space, req).unwrap();

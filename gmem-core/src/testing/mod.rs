@@ -28,11 +28,13 @@ pub use mmu::{EventLog, Gate, GateCall, MmuEvent, Pte, TableStore, TestMmu};
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceDesc;
 use crate::error::FaultError;
+use crate::flags::AllocPolicy;
 use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::Gmem;
-use crate::handle::DeviceId;
+use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::DeviceMemory;
 use crate::platform::SingleCpu;
+use crate::space::{Activation, MmuMode};
 use crate::sync::{Arc, Mutex};
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -137,6 +139,36 @@ impl TestSystem {
             host_store,
             concurrent_edits: false,
         }
+    }
+
+    /// An address space over [1 GiB, 2 GiB) with no policy flags, the host attached
+    /// to it (coherent) and active in it: where most tests start.
+    pub fn space(&self) -> SpaceId {
+        let space = self
+            .gm
+            .as_create(
+                VirtAddr::new(1 << 30),
+                VirtAddr::new(2 << 30),
+                AllocPolicy::empty(),
+            )
+            .expect("a fresh test space");
+        self.gm
+            .as_attach(space, self.host().id, MmuMode::Coherent, Activation::Switch)
+            .expect("the host attaches to a fresh space");
+        space
+    }
+
+    /// Attach device `d` (an index of [`TestSystem::devices`]) to `space` with a
+    /// coherent table of its own, and make the space its active one.
+    pub fn attach(&self, space: SpaceId, d: usize) {
+        self.gm
+            .as_attach(
+                space,
+                self.devices[d].id,
+                MmuMode::Coherent,
+                Activation::Switch,
+            )
+            .expect("the device attaches");
     }
 
     /// The host device.
