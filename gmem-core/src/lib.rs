@@ -239,6 +239,7 @@ pub use kpi::dma::{DmaMapError, DmaMapping, DmaUnmapError};
 pub use kpi::frames::{CompactReport, FrameError};
 pub use kpi::pages::Pages;
 pub use kpi::region::{MapRequest, MigrateScope};
+pub use kpi::thrashing::ThrashingState;
 pub use physmem::{
     EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats, MAX_GROUP_ORDER,
     MAX_ORDER,

@@ -198,8 +198,8 @@ pub(crate) struct SpaceState {
     tally: Arc<SpaceCounters>,
     /// Short-lived DMA mappings (`dma`).
     dma: dma::DmaRecords,
-    /// The access-counter engine (`access`), when counting is on.
-    access: Option<crate::policy::counters::AccessCounters>,
+    /// The policy engines: access counters, thrashing detection (`policies`).
+    policies: policies::Policies,
 }
 
 impl SpaceState {
@@ -211,7 +211,7 @@ impl SpaceState {
             xlat: Translation::default(),
             tally,
             dma: dma::DmaRecords::default(),
-            access: None,
+            policies: policies::Policies::default(),
         }
     }
 
@@ -334,6 +334,7 @@ impl SpaceState {
     /// Remove every page of `[first, first+pages)` now: unmap everywhere, invalidate,
     /// release frames (the caller releases the range).
     pub fn discard_pages(&mut self, stats: &Counters, first: Vpn, pages: u64) {
+        self.thrashing_forget(first, pages);
         let private = self.private_in(first, pages);
         self.free_private(stats, &private);
         self.unmap_pages(stats, first, pages, u32::MAX);
@@ -359,6 +360,7 @@ impl SpaceState {
         pages: u64,
         edits: TableEdits,
     ) -> Discard {
+        self.thrashing_forget(first, pages);
         let private = self.private_in(first, pages);
         self.free_private(stats, &private);
         let touched: Vec<(Vpn, u32)> = self
@@ -471,8 +473,8 @@ pub(crate) use tables::table_runs;
 use tables::OwedInvalidation;
 mod private;
 pub(crate) use private::PrivateRefusal;
-mod access;
 pub(crate) mod dma;
+mod policies;
 pub(crate) mod queue;
 pub(crate) mod segments;
 mod unlocked;

@@ -291,7 +291,7 @@ impl TestSystem {
             d.mmu.forget(va);
             match self.gm.dev_fault(d.id, va, access) {
                 Ok(_) => served += 1,
-                Err(FaultError::Busy(_)) if waited < BUSY_WAITS => {
+                Err(FaultError::Busy(_) | FaultError::Throttled(_)) if waited < BUSY_WAITS => {
                     waited += 1;
                     crate::sync::spin_wait();
                 }
