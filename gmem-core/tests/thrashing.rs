@@ -178,3 +178,50 @@ fn stale_space_handles_are_refused() {
         Err(SpaceError::UnknownSpace(space))
     );
 }
+
+/// A platform whose clock the test sets.
+struct Clock(std::sync::atomic::AtomicU64);
+
+impl Platform for Clock {
+    fn current_cpu(&self) -> usize {
+        0
+    }
+    fn cpu_count(&self) -> usize {
+        1
+    }
+    fn now_ns(&self) -> Option<u64> {
+        Some(self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+#[test]
+fn with_a_platform_clock_only_migrations_within_the_lapse_thrash() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    // UVM's defaults, in nanoseconds: threshold 3, lapse 500 us, pin 150 ms.
+    let run = |gap_ns: u64| {
+        let clock = Arc::new(Clock(0.into()));
+        let mut s = TestSystem::with_platform(64, clock.clone());
+        let gpu = s.add_device(2, DevCaps::FAULTABLE, GPU_BASE, 32);
+        let space = s.space();
+        s.attach(space, gpu);
+        let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
+        let config = ThrashingConfig::new(3, 500_000, 500_000, 150_000_000, Mitigation::Pin);
+        s.gm.as_set_thrashing(space, Some(config.unwrap())).unwrap();
+        for k in 0..12u8 {
+            clock.0.fetch_add(gap_ns, Ordering::Relaxed);
+            s.write(if k % 2 == 0 { 0 } else { gpu }, r.start, &[k])
+                .unwrap();
+            s.gm.check_invariants(space).unwrap();
+        }
+        assert_eq!(s.read(0, r.start, 1).unwrap(), [11]);
+        s.gm.as_thrashing(space).unwrap().unwrap().stats
+    };
+    // 100 us between accesses: thrashing, pinned.
+    let quick = run(100_000);
+    assert_eq!((quick.detected, quick.pins), (1, 1), "{quick:?}");
+    // 1 ms between accesses: every migration is a new streak.
+    let slow = run(1_000_000);
+    assert_eq!((slow.detected, slow.pins), (0, 0), "{slow:?}");
+    assert!(slow.migrations >= 11, "{slow:?}");
+}

@@ -8,9 +8,9 @@
 //! mitigation instead: *pin* (the page stays where it lives and the faulting device
 //! maps it there remotely, for the pin time) or *throttle* (the faulting device is
 //! answered [`crate::FaultError::Throttled`] and retries; one processor per
-//! throttling period gets the page). Times are counted in the space's migration
-//! clock: one tick per fault that would migrate a page (the core has no clock; see
-//! `space::policies`).
+//! throttling period gets the page). Times are the platform's clock in nanoseconds
+//! ([`crate::Platform::now_ns`]) when it has one; otherwise they are counted in the
+//! space's migration clock: one tick per fault that would migrate a page.
 
 use crate::error::SpaceError;
 use crate::gmem::Gmem;
@@ -20,7 +20,8 @@ use crate::policy::thrashing::{ThrashingConfig, ThrashingStats};
 /// The thrashing detector of a space: its configuration and what it did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ThrashingState {
-    /// The configuration (times in ticks of the space's migration clock).
+    /// The configuration (times in the platform clock's nanoseconds, or in ticks of
+    /// the space's migration clock).
     pub config: ThrashingConfig,
     /// Migrations recorded, pages found thrashing, throttles, pins, unpins.
     pub stats: ThrashingStats,
@@ -28,8 +29,9 @@ pub struct ThrashingState {
 
 impl Gmem {
     /// Turn thrashing detection on for space `space_id` with `config` (times in
-    /// ticks of the space's migration clock: one per fault that would migrate a page),
-    /// or off with `None`. Off by default. Either way every current pin ends: a
+    /// nanoseconds of the platform's clock, [`crate::Platform::now_ns`]; for a
+    /// platform without one, in ticks of the space's migration clock: one per fault
+    /// that would migrate a page), or off with `None`. Off by default. Either way every current pin ends: a
     /// pinned page's mappings are removed, and its next access faults as usual.
     ///
     /// # Errors
@@ -94,7 +96,7 @@ impl Gmem {
         if !st.is_alive() {
             return Err(SpaceError::UnknownSpace(space_id));
         }
-        Ok(st.expire_pins(&self.counters))
+        Ok(st.expire_pins(&self.counters, self.platform().now_ns()))
     }
 
     /// The thrashing detector of space `space_id` (`None`: detection is off).

@@ -183,7 +183,7 @@ impl SpaceState {
                     }
                     self.map_in_place(&mut fs, mine, remote)
                 } else {
-                    match self.thrashing_hint(vpn, dev.id, here.id) {
+                    match self.thrashing_hint(vpn, dev.id, here.id, cx.platform) {
                         ThrashingHint::None => {
                             let r = self.migrate_and_map(&mut fs)?;
                             self.thrashing_migrated(vpn, fs.target.id);

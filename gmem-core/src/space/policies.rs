@@ -14,16 +14,17 @@
 //! page stays where it is and the faulting processor maps it remotely: the one case
 //! where a unique page has two mappings, which `check` allows for a pinned page) or
 //! *throttle* (the faulting processor is answered [`crate::FaultError::Throttled`] and
-//! retries later). A range unmapped or deallocated is forgotten. The core has no
-//! clock (`Platform` has none), so the engine's time is the space's *migration
-//! clock*: one tick per fault that reaches the thrashing question (a fault that would
-//! migrate a page). A configuration's lapse, nap and pin time are counted in those
-//! ticks (an assumption: UVM counts microseconds, `uvm_perf_thrashing.c`; a
-//! simulator's faults are its only time a core can see without a platform clock).
+//! retries later). A range unmapped or deallocated is forgotten. The engine's time is
+//! the platform's clock ([`crate::Platform::now_ns`]) when it has one — then a
+//! configuration is in nanoseconds, and UVM's defaults (`uvm_perf_thrashing.c`)
+//! apply as they are — and otherwise the space's *migration clock*: one tick per
+//! fault that reaches the thrashing question (a fault that would migrate a page),
+//! and a configuration's lapse, nap and pin time are counted in those ticks.
 
 use super::SpaceState;
 use crate::addr::Vpn;
 use crate::handle::DeviceId;
+use crate::platform::Platform;
 use crate::policy::counters::{
     AccessCounterConfig, AccessCounters, AccessReport, CounterError, CounterStats, HotRegion,
 };
@@ -120,19 +121,24 @@ impl SpaceState {
     }
 
     /// What to do about `requester`'s fault on page `vpn`, which lives in `resident`'s
-    /// memory and would migrate: one tick of the migration clock. `None` (service as
-    /// usual) when detection is off.
+    /// memory and would migrate, at `platform`'s time (a platform without a clock:
+    /// one tick of the migration clock). `None` (service as usual) when detection is
+    /// off; the clock is not read then.
     #[inline]
     pub(crate) fn thrashing_hint(
         &mut self,
         vpn: Vpn,
         requester: DeviceId,
         resident: DeviceId,
+        platform: &dyn Platform,
     ) -> ThrashingHint {
         let Some(t) = self.policies.thrashing.as_mut() else {
             return ThrashingHint::None;
         };
-        self.policies.clock += 1;
+        self.policies.clock = match platform.now_ns() {
+            Some(now) => now.max(self.policies.clock),
+            None => self.policies.clock + 1,
+        };
         // The clock only moves forward, so the engine's time check never fails.
         t.hint(vpn, requester, Some(resident), self.policies.clock)
             .unwrap_or(ThrashingHint::None)
@@ -149,10 +155,13 @@ impl SpaceState {
     /// End the pins whose time is up (UVM's unpin worker, `thrashing_unpin_pages`):
     /// each such page's mappings go (but a replicate table's), so that its next access
     /// faults and migrates as usual. Returns the pages unpinned.
-    pub(crate) fn expire_pins(&mut self, stats: &Counters) -> u64 {
+    pub(crate) fn expire_pins(&mut self, stats: &Counters, now: Option<u64>) -> u64 {
         let Some(t) = self.policies.thrashing.as_mut() else {
             return 0;
         };
+        if let Some(now) = now {
+            self.policies.clock = now.max(self.policies.clock);
+        }
         // The clock only moves forward, so the engine's time check never fails.
         let unpinned = t.expire(self.policies.clock).unwrap_or_default();
         let keep = self.xlat.replica_mask();

@@ -33,7 +33,7 @@ use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::Gmem;
 use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::DeviceMemory;
-use crate::platform::SingleCpu;
+use crate::platform::{Platform, SingleCpu};
 use crate::space::{Activation, MmuMode};
 use crate::sync::{Arc, Mutex};
 use alloc::string::String;
@@ -96,7 +96,22 @@ impl TestSystem {
         TestSystem::build(host_pages, true, sizes)
     }
 
+    /// [`TestSystem::new`] on `platform` instead of [`SingleCpu`] (its clock, its
+    /// critical sections).
+    pub fn with_platform(host_pages: u64, platform: Arc<dyn Platform>) -> TestSystem {
+        TestSystem::build_on(platform, host_pages, true, PageSizes::S4K)
+    }
+
     fn build(host_pages: u64, record: bool, sizes: PageSizes) -> TestSystem {
+        TestSystem::build_on(Arc::new(SingleCpu), host_pages, record, sizes)
+    }
+
+    fn build_on(
+        platform: Arc<dyn Platform>,
+        host_pages: u64,
+        record: bool,
+        sizes: PageSizes,
+    ) -> TestSystem {
         let log: EventLog = Arc::new(Mutex::new(Vec::new()));
         let host_store = TableStore::new();
         let mut mmu = TestMmu::new(0, 1, host_store.clone(), log.clone()).with_page_sizes(sizes);
@@ -111,7 +126,7 @@ impl TestSystem {
         };
         let memory = Arc::new(memory);
         let gm = Gmem::new(
-            Arc::new(SingleCpu),
+            platform,
             DeviceDesc {
                 name: String::from("cpu"),
                 mmu: mmu.clone(),
