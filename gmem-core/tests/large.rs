@@ -459,3 +459,41 @@ fn a_protect_that_fails_leaves_no_leaf_the_core_does_not_know_of() {
     ok(&s, space);
     s.write(g, r.start, b"still writable").unwrap();
 }
+
+/// A shared table changes hands when its maker detaches: the heir's MMU maps 4 KiB
+/// only, so the maker's 64 KiB leaves go before it leaves and no later fault asks the
+/// heir for a leaf it does not map (found by the seeded KPI runner, seed 179: the
+/// table kept the maker's sizes and the heir's MMU answered `Unsupported`).
+#[test]
+fn a_shared_table_handed_to_a_4k_only_heir_drops_the_makers_large_leaves() {
+    let mut s = TestSystem::with_host_sizes(64, PageSizes::S4K | PageSizes::S64K);
+    let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);
+    let space = s.space();
+    s.gm.as_attach(
+        space,
+        s.devices[igpu].id,
+        MmuMode::Shared,
+        Activation::Switch,
+    )
+    .unwrap();
+    let mut req = AllocRequest::new(32 * PAGE_SIZE);
+    req.align = 16 * PAGE_SIZE;
+    let r = s.gm.as_alloc(space, req).unwrap();
+    // The host fills the first 64 KiB block: its MMU maps it with one 64 KiB leaf.
+    fill(&s, 0, r.start, 16);
+    assert_eq!(s.gm.as_large_leaves(space).unwrap().len(), 1);
+    s.gm.dev_detach(s.host().id, space).unwrap();
+    ok(&s, space);
+    assert!(
+        s.gm.as_large_leaves(space).unwrap().is_empty(),
+        "the leaf went"
+    );
+    // The heir reaches every page: the filled block's bytes, and a fresh block it
+    // fills page by page with 4 KiB leaves.
+    verify(&s, igpu, r.start, 16);
+    let second = va(r.start.as_u64() + 16 * PAGE_SIZE);
+    fill(&s, igpu, second, 16);
+    verify(&s, igpu, second, 16);
+    assert!(s.gm.as_large_leaves(space).unwrap().is_empty());
+    ok(&s, space);
+}
