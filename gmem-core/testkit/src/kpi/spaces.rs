@@ -43,6 +43,7 @@ impl KpiRunner {
             pages,
             guard: if p.guarded { PAGE_SIZE } else { 0 },
             regions: BTreeMap::new(),
+            dmas: BTreeMap::new(),
             attached: BTreeMap::new(),
             queue: Vec::new(),
             fail_every: 0,
@@ -105,6 +106,7 @@ impl KpiRunner {
         for r in sp.regions.values() {
             self.dead_regions.push(r.handle);
         }
+        self.dead_dmas.extend(sp.dmas.values().map(|d| d.handle));
         self.dead_spaces.push(sp.id);
         for d in 0..NDEV {
             if self.active[d] == Some(slot) {
