@@ -158,6 +158,10 @@ pub struct Summary {
     pub large_splits: u64,
     /// KPI runner: blocks promoted.
     pub promotions: u64,
+    /// KPI runner: fault batches the core served (`Stats::fault_batches`).
+    pub fault_batches: u64,
+    /// KPI runner: pages the tree prefetcher brought (`Stats::pages_prefetched`).
+    pub pages_prefetched: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -170,5 +174,7 @@ impl core::ops::AddAssign for Summary {
         self.large_maps += o.large_maps;
         self.large_splits += o.large_splits;
         self.promotions += o.promotions;
+        self.fault_batches += o.fault_batches;
+        self.pages_prefetched += o.pages_prefetched;
     }
 }
