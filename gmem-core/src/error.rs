@@ -26,10 +26,9 @@
 
 use crate::addr::{AddrError, PhysAddr, VaRange, VirtAddr};
 use crate::flags::{AllocPolicy, Prot};
-use crate::handle::{DeviceId, MappingSetId, SpaceId};
+use crate::handle::{DeviceId, MappingSetId, Region, SpaceId};
 use crate::mmu::{MemError, MmuError};
 use crate::physmem::RegisterError;
-use crate::space::Region;
 use crate::vmem;
 use core::fmt;
 

@@ -17,7 +17,7 @@ use crate::flags::{DevCaps, PageSizes};
 use crate::handle::{DeviceId, Slots, SpaceId};
 use crate::physmem::PhysMem;
 use crate::platform::Platform;
-use crate::space::check::{fail, Violation};
+use crate::space::violation::{fail, Violation};
 use crate::space::{Ctx, SpaceInner};
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Mutex, Rank, RwLock};

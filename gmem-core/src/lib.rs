@@ -234,6 +234,7 @@ pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::batch::{BatchFault, BatchReport};
+pub use kpi::dma::{DmaMapError, DmaMapping, DmaUnmapError};
 pub use kpi::frames::{CompactReport, FrameError};
 pub use kpi::pages::Pages;
 pub use kpi::region::{MapRequest, MigrateScope};
@@ -241,8 +242,8 @@ pub use physmem::{
     EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats, MAX_GROUP_ORDER,
     MAX_ORDER,
 };
-pub use space::check::Violation;
 pub use space::queue::Callback;
+pub use space::violation::Violation;
 pub use space::{
     Activation, AllocRequest, LargeLeaf, MmuMode, Placement, PlacementMode, PlacementTarget,
     Region, RegionInfo, MAX_MEMORIES, MAX_TABLES,

@@ -133,7 +133,7 @@ fn run_one(which: &str, buffers: u64, transfers: u64) -> Result<IommuRow, String
             .map(|p| PhysAddr::new(pool_base + b * (2 << 20) + p * PAGE_SIZE))
             .collect();
         regions.push(
-            dev.map_buffer(&gm, space, &frames, gm.host(), Prot::READ | Prot::WRITE)
+            dev.map_buffer_region(&gm, space, &frames, gm.host(), Prot::READ | Prot::WRITE)
                 .map_err(|x| e(&x))?,
         );
     }
@@ -167,7 +167,7 @@ fn run_one(which: &str, buffers: u64, transfers: u64) -> Result<IommuRow, String
     let s = dev.stats().mmu.sim;
     let translations = s.caches.l1.hits + s.caches.l1.misses;
     for r in regions {
-        dev.unmap_buffer(&gm, r, MapFlags::empty(), None)
+        dev.unmap_buffer_region(&gm, r, MapFlags::empty(), None)
             .map_err(|x| e(&x))?;
     }
     let k = |n: u64| 1000.0 * n as f64 / translations.max(1) as f64;

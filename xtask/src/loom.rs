@@ -31,6 +31,7 @@ pub const BUGS: &[(&str, &str)] = &[
     ("fill_mirrors_busy_pages", "unlocked"),
     ("try_fault_waits_for_the_space", "reentry"),
     ("stats_fold_after_unregister", "stats"),
+    ("dma_release_before_invalidation", "dma"),
 ];
 
 /// Run the loom tests under `rustflags`: every model (`models` empty) or only the

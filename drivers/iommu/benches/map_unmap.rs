@@ -1,7 +1,10 @@
 //! The mapping layer alone: one map + unmap pair of a 1-page and a 16-page DMA buffer,
-//! through the KPI (the core's `as_alloc` + `region_map` and a strict `region_dealloc`
-//! over the IOMMU driver: `DmaDevice::map_buffer` / `unmap_buffer`) against the
-//! FreeBSD-style baseline (`GiantLockDomain::load` / `unload`), in the same run.
+//! through the KPI against the FreeBSD-style baseline (`GiantLockDomain::load` /
+//! `unload`), in the same run. GMEM twice: the DMA path (`dma_map` and a strict
+//! `dma_unmap`, through `DmaDevice::map_buffer` / `unmap_buffer`; variants `GM-V`,
+//! `GM-V-CAS`) and the region path it replaced (`as_alloc` + `region_map` and a strict
+//! `region_dealloc`, through `map_buffer_region` / `unmap_buffer_region`; variants
+//! `GM-V-reg`, `GM-V-CAS-reg`: the *before* of issue 36's item 2).
 //!
 //! No invalidation is waited for (`InvalidationLatency::accounted(0)`: the IOTLB is
 //! still invalidated, with no latency) and the time inside the invalidation calls (the
@@ -77,7 +80,7 @@ fn config(discipline: Discipline) -> IommuConfig {
 /// A variant's map + unmap pair of `pages` pages, ready to call repeatedly.
 type Pair = Box<dyn FnMut()>;
 
-fn gmem_pair(discipline: Discipline, pages: usize) -> Pair {
+fn gmem_pair(discipline: Discipline, pages: usize, region: bool) -> Pair {
     let h = host();
     let iommu = Iommu::new(config(discipline), h.cpu.memory_map().clone()).expect("iommu");
     let nic = iommu.create_device(&h.gm, "nic").expect("device");
@@ -90,6 +93,16 @@ fn gmem_pair(discipline: Discipline, pages: usize) -> Pair {
         )
         .expect("space");
     let host_dev = h.gm.host();
+    if region {
+        return Box::new(move || {
+            let r = nic
+                .map_buffer_region(&h.gm, space, &h.frames[..pages], host_dev, Prot::WRITE)
+                .expect("map");
+            nic.unmap_buffer_region(&h.gm, black_box(r), MapFlags::empty(), None)
+                .expect("unmap");
+            let _ = &iommu;
+        });
+    }
     Box::new(move || {
         let r = nic
             .map_buffer(&h.gm, space, &h.frames[..pages], host_dev, Prot::WRITE)
@@ -124,8 +137,10 @@ fn baseline_pair(pages: usize) -> Pair {
 fn variants(pages: usize) -> Vec<(&'static str, Pair)> {
     vec![
         ("baseline", baseline_pair(pages)),
-        ("GM-V", gmem_pair(Discipline::Locked, pages)),
-        ("GM-V-CAS", gmem_pair(Discipline::Cas, pages)),
+        ("GM-V", gmem_pair(Discipline::Locked, pages, false)),
+        ("GM-V-CAS", gmem_pair(Discipline::Cas, pages, false)),
+        ("GM-V-reg", gmem_pair(Discipline::Locked, pages, true)),
+        ("GM-V-CAS-reg", gmem_pair(Discipline::Cas, pages, true)),
     ]
 }
 
@@ -181,7 +196,7 @@ fn same_run_ratios() {
             .collect();
         for (k, (name, _)) in vs.iter().enumerate() {
             let ratio = median[k] / median[0];
-            let verdict = if k == 0 || pages != 1 {
+            let verdict = if k == 0 || pages != 1 || name.ends_with("-reg") {
                 String::new()
             } else {
                 format!(
@@ -191,7 +206,7 @@ fn same_run_ratios() {
                 )
             };
             println!(
-                "  {pages:>2} page{} {name:<9} {:>8.0} ns/pair  {ratio:>5.2}x the baseline{verdict}",
+                "  {pages:>2} page{} {name:<12} {:>8.0} ns/pair  {ratio:>5.2}x the baseline{verdict}",
                 if pages == 1 { " " } else { "s" },
                 median[k]
             );

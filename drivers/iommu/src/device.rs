@@ -17,8 +17,9 @@ use crate::mmu::{iotlb, InvalidationLatency, IoCaches, IommuMmu, IommuMmuStats};
 use crate::table::{Discipline, IoTableStats, IoTables};
 use gmem_core::{
     Activation, AllocError, AllocPolicy, AllocRequest, AttachError, Callback, DevCaps, DeviceDesc,
-    DeviceError, DeviceId, Gmem, MapError, MapFlags, MapRequest, Mmu, MmuMode, PageSizes, PhysAddr,
-    Prot, Region, RegionError, SpaceError, SpaceId, VirtAddr, PAGE_SIZE,
+    DeviceError, DeviceId, DmaMapError, DmaMapping, DmaUnmapError, Gmem, MapError, MapFlags,
+    MapRequest, Mmu, MmuMode, PageSizes, PhysAddr, Prot, Region, RegionError, SpaceError, SpaceId,
+    VirtAddr, PAGE_SIZE,
 };
 use gmem_sim::{
     BoundsError, MemoryMap, Miss, SimMemory, TlbConfigError, TranslationCaches, Translator,
@@ -141,10 +142,12 @@ impl fmt::Display for DmaError {
 /// Why a bus_dma-style buffer mapping failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BusDmaError {
-    /// No IOVA range.
+    /// No IOVA range ([`DmaDevice::map_buffer_region`]).
     Alloc(AllocError),
-    /// The mapping was refused.
+    /// The mapping was refused ([`DmaDevice::map_buffer_region`]).
     Map(MapError),
+    /// The core's DMA path refused the mapping ([`DmaDevice::map_buffer`]).
+    Dma(DmaMapError),
 }
 
 impl fmt::Display for BusDmaError {
@@ -484,7 +487,50 @@ impl DmaDevice {
     }
 
     /// Map a buffer made of `frames` (4 KiB each, memory of device `memory` the core
-    /// does not manage) for DMA with `prot`: an IOVA range from the space's arena, the
+    /// does not manage) for DMA with `prot` through the core's DMA path
+    /// ([`Gmem::dma_map`]): an IOVA range from the space's arena, a DMA record, the
+    /// mapping installed in every table of the space (4 KiB leaves) before this
+    /// returns — one lock round trip, no heap allocation in the steady state. On
+    /// error nothing stays allocated.
+    ///
+    /// # Errors
+    /// [`BusDmaError::Dma`] with the core's [`DmaMapError`]: a stale `space` or
+    /// `memory`, an empty `prot` or `frames`, a frame not page aligned or inside
+    /// memory the core manages, no free IOVA range, or a table edit that failed.
+    pub fn map_buffer(
+        &self,
+        gm: &Gmem,
+        space: SpaceId,
+        frames: &[PhysAddr],
+        memory: DeviceId,
+        prot: Prot,
+    ) -> Result<DmaMapping, BusDmaError> {
+        gm.dma_map(space, frames, memory, prot)
+            .map_err(BusDmaError::Dma)
+    }
+
+    /// Unmap a buffer of [`DmaDevice::map_buffer`] and free its IOVA range
+    /// ([`Gmem::dma_unmap`]). Strict (`flags` empty): the IOTLB is invalidated before
+    /// this returns. Asynchronous (`MapFlags::ASYNC`): the entries are cleared now,
+    /// the invalidation is coalesced with the space's queued ones, and `callback` runs
+    /// once it completed — only then may the buffer be reused.
+    ///
+    /// # Errors
+    /// [`DmaUnmapError`] when `mapping` is not live: already unmapped (a double
+    /// unmap) or its space destroyed. Nothing changes and `callback` is dropped unrun.
+    pub fn unmap_buffer(
+        &self,
+        gm: &Gmem,
+        mapping: DmaMapping,
+        flags: MapFlags,
+        callback: Option<Callback>,
+    ) -> Result<(), DmaUnmapError> {
+        gm.dma_unmap(mapping, flags, callback)
+    }
+
+    /// Map a buffer as a region (`as_alloc` + `region_map`): the general path, for a
+    /// buffer whose pages are later unmapped or protected piecewise (`region_*` on a
+    /// range), or that wants large leaves. An IOVA range from the space's arena, the
     /// mapping installed in the device's table before this returns. On error nothing
     /// stays allocated. With superpages ([`IommuConfig::superpages`]) a buffer of 2 MiB
     /// or more gets a 2 MiB-aligned IOVA range, so that each aligned 2 MiB block of
@@ -496,7 +542,7 @@ impl DmaDevice {
     /// - [`BusDmaError::Map`]: `gm` refused the mapping (an unknown `memory` device, an
     ///   empty `prot`, a frame not page aligned or inside memory the core manages, or
     ///   a table edit that failed); the IOVA range is freed again.
-    pub fn map_buffer(
+    pub fn map_buffer_region(
         &self,
         gm: &Gmem,
         space: SpaceId,
@@ -517,7 +563,8 @@ impl DmaDevice {
         Ok(region)
     }
 
-    /// Unmap a buffer and free its IOVA range. Strict (`flags` empty): the IOTLB is
+    /// Unmap a buffer of [`DmaDevice::map_buffer_region`] (`region_dealloc`) and free
+    /// its IOVA range. Strict (`flags` empty): the IOTLB is
     /// invalidated before this returns. Asynchronous (`MapFlags::ASYNC`): the entries are
     /// cleared now, the invalidation is coalesced with the space's queued ones, and
     /// `callback` runs once it completed — only then may the buffer be reused.
@@ -525,7 +572,7 @@ impl DmaDevice {
     /// # Errors
     /// [`RegionError`] when `region` does not resolve: already unmapped (a double
     /// unmap) or its space destroyed. Nothing changes and `callback` is dropped unrun.
-    pub fn unmap_buffer(
+    pub fn unmap_buffer_region(
         &self,
         gm: &Gmem,
         region: Region,

@@ -49,13 +49,13 @@
 //!     .create_space(&gm, VirtAddr::new(1 << 20), VirtAddr::new(1 << 32), AllocPolicy::CACHED)
 //!     .unwrap();
 //! let buf = PhysAddr::new(buffers);
-//! let region = nic.map_buffer(&gm, space, &[buf], gm.host(), Prot::WRITE).unwrap();
-//! nic.write(0, region.start, b"packet").unwrap();
+//! let mapping = nic.map_buffer(&gm, space, &[buf], gm.host(), Prot::WRITE).unwrap();
+//! nic.write(0, mapping.start, b"packet").unwrap();
 //! let mut got = [0u8; 6];
 //! cpu.memory().read(buf, &mut got).unwrap();
 //! assert_eq!(&got, b"packet");
-//! nic.unmap_buffer(&gm, region, MapFlags::empty(), None).unwrap();
-//! assert!(nic.write(0, region.start, b"late").is_err()); // an IOMMU fault
+//! nic.unmap_buffer(&gm, mapping, MapFlags::empty(), None).unwrap();
+//! assert!(nic.write(0, mapping.start, b"late").is_err()); // an IOMMU fault
 //! ```
 
 #![forbid(unsafe_code)]

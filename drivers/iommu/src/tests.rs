@@ -696,7 +696,7 @@ fn a_2mib_buffer_is_one_leaf_one_iotlb_entry_and_a_partial_unmap_splits_it() {
     let (iommu, dev, space) = superpage_nic(&m, true);
     let frames = two_mib_of_frames(&m);
     let region = dev
-        .map_buffer(&m.gm, space, &frames, m.gm.host(), Prot::RW)
+        .map_buffer_region(&m.gm, space, &frames, m.gm.host(), Prot::RW)
         .unwrap();
     assert_eq!(region.start.as_u64() % TWO_MIB, 0, "a 2 MiB-aligned IOVA");
     let edits = iommu.table_stats().edits;
@@ -761,7 +761,7 @@ fn a_2mib_buffer_is_one_leaf_one_iotlb_entry_and_a_partial_unmap_splits_it() {
     m.cpu.memory().read(frames[300], &mut w).unwrap();
     assert_eq!(&w, b"split");
     m.gm.check_invariants(space).unwrap();
-    dev.unmap_buffer(&m.gm, region, MapFlags::empty(), None)
+    dev.unmap_buffer_region(&m.gm, region, MapFlags::empty(), None)
         .unwrap();
     assert!(dev.write(0, region.start, &[1]).is_err());
     m.gm.dev_detach(dev.id(), space).unwrap();
@@ -778,14 +778,14 @@ fn without_superpages_the_same_buffer_is_512_leaves_and_other_disciplines_refuse
     let (iommu, dev, space) = superpage_nic(&m, false);
     let frames = two_mib_of_frames(&m);
     let region = dev
-        .map_buffer(&m.gm, space, &frames, m.gm.host(), Prot::RW)
+        .map_buffer_region(&m.gm, space, &frames, m.gm.host(), Prot::RW)
         .unwrap();
     let edits = iommu.table_stats().edits;
     assert_eq!((edits.leaves_large, edits.leaves_small), (0, 512));
     let data = pattern(TWO_MIB as usize, 3);
     dev.write(0, region.start, &data).unwrap();
     assert_eq!(dev.stats().mmu.sim.caches.walks, 512);
-    dev.unmap_buffer(&m.gm, region, MapFlags::empty(), None)
+    dev.unmap_buffer_region(&m.gm, region, MapFlags::empty(), None)
         .unwrap();
     for d in [Discipline::Cas, Discipline::Rw] {
         let config = IommuConfig {

@@ -10,6 +10,7 @@
 //! | `region` | [`region_info`](crate::Gmem::region_info), [`region_dealloc`](crate::Gmem::region_dealloc), [`region_map`](crate::Gmem::region_map), [`region_unmap`](crate::Gmem::region_unmap), [`region_set_policy`](crate::Gmem::region_set_policy), [`region_set_zero_fill_block`](crate::Gmem::region_set_zero_fill_block), [`region_protect`](crate::Gmem::region_protect), [`region_set_attrs`](crate::Gmem::region_set_attrs), [`region_migrate`](crate::Gmem::region_migrate), [`region_wire`](crate::Gmem::region_wire), [`region_unwire`](crate::Gmem::region_unwire) (these six take [`Pages`](crate::Pages): a region, or a range of a space), [`region_alloc_private`](crate::Gmem::region_alloc_private), [`region_free_private`](crate::Gmem::region_free_private) |
 //! | `frames` | [`dev_free_extents`](crate::Gmem::dev_free_extents), [`dev_compact`](crate::Gmem::dev_compact), [`dev_set_page_groups`](crate::Gmem::dev_set_page_groups), [`dev_page_groups`](crate::Gmem::dev_page_groups), [`dev_group_class`](crate::Gmem::dev_group_class), [`dev_set_group_class`](crate::Gmem::dev_set_group_class), [`as_page_frame`](crate::Gmem::as_page_frame), [`as_private_frame`](crate::Gmem::as_private_frame) |
 //! | `large` | [`region_promote`](crate::Gmem::region_promote), [`as_large_leaves`](crate::Gmem::as_large_leaves), [`as_frames`](crate::Gmem::as_frames), [`dev_set_reservations`](crate::Gmem::dev_set_reservations), [`dev_reservations`](crate::Gmem::dev_reservations) |
+//! | `dma` | [`dma_map`](crate::Gmem::dma_map), [`dma_unmap`](crate::Gmem::dma_unmap), [`dma_mappings`](crate::Gmem::dma_mappings) |
 //! | `batch` | [`dev_fault_batch`](crate::Gmem::dev_fault_batch), [`dev_set_prefetch`](crate::Gmem::dev_set_prefetch), [`dev_prefetch`](crate::Gmem::dev_prefetch) |
 //! | `mapping_set` | [`mapping_set_create`](crate::Gmem::mapping_set_create), [`mapping_set_unmap`](crate::Gmem::mapping_set_unmap), [`mapping_set_destroy`](crate::Gmem::mapping_set_destroy) |
 //!
@@ -47,6 +48,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod device;
+pub(crate) mod dma;
 pub(crate) mod frames;
 pub(crate) mod large;
 pub(crate) mod mapping_set;

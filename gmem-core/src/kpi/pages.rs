@@ -127,14 +127,18 @@ impl Gmem {
             if s > cursor {
                 break;
             }
-            let info = crate::kpi::region::info(space_id, s, rec);
+            let region = Region {
+                space: space_id,
+                start: VirtAddr::new(s),
+                id: rec.id,
+            };
             let (lo, hi) = (s.max(start), (s + rec.len).min(end));
             let whole = lo == s && hi == s + rec.len;
             let piece = (!whole).then(|| VaRange {
                 start: VirtAddr::new(lo),
                 len: hi - lo,
             });
-            pieces.push((info.region, piece));
+            pieces.push((region, piece));
             cursor = hi;
         }
         if cursor < end {

@@ -14,8 +14,8 @@ use crate::mmu::Attrs;
 use crate::space::queue::Callback;
 use crate::space::Ctx;
 use crate::space::{
-    Checked, Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, SpaceInner,
-    SpaceState, TableEdits,
+    Placement, PlacementMode, PlacementTarget, Region, RegionInfo, RegionRec, ResolvedRegion,
+    SpaceInner, SpaceState, TableEdits,
 };
 use crate::sync::Arc;
 use alloc::vec::Vec;
@@ -91,7 +91,7 @@ impl Gmem {
     fn with_region<R, E: From<RegionError>>(
         &self,
         region: Region,
-        f: impl FnOnce(&Ctx<'_>, &Arc<SpaceInner>, &mut SpaceState, Checked) -> Result<R, E>,
+        f: impl FnOnce(&Ctx<'_>, &Arc<SpaceInner>, &mut SpaceState, ResolvedRegion) -> Result<R, E>,
     ) -> Result<R, E> {
         let space = self
             .space(region.space)
@@ -107,7 +107,7 @@ impl Gmem {
             rec = *st.region(region).ok_or(RegionError::StaleRegion(region))?;
         }
         let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
-        let checked = Checked {
+        let checked = ResolvedRegion {
             region,
             rec,
             first,

@@ -34,18 +34,18 @@ impl SpaceState {
         if self.slot_of(id).is_some() {
             return Err(AttachError::AlreadyAttached);
         }
-        let slot = match self.attached.iter().position(|a| a.is_none()) {
+        let slot = match self.xlat.attached.iter().position(|a| a.is_none()) {
             Some(s) => s,
-            None if self.attached.len() < MAX_TABLES => {
-                self.attached.push(None);
-                self.attached.len() - 1
+            None if self.xlat.attached.len() < MAX_TABLES => {
+                self.xlat.attached.push(None);
+                self.xlat.attached.len() - 1
             }
             None => return Err(AttachError::TooManyAttachments),
         };
         let format = dev.mmu.format();
         let shared = (mode == MmuMode::Shared)
             .then(|| {
-                self.tables.iter().position(|t| {
+                self.xlat.tables.iter().position(|t| {
                     t.as_ref()
                         .is_some_and(|t| t.mode != MmuMode::Replicate && t.format == format)
                 })
@@ -54,18 +54,18 @@ impl SpaceState {
         let (t, effective) = match shared {
             Some(t) => (t, MmuMode::Shared),
             None => {
-                let t = match self.tables.iter().position(|t| t.is_none()) {
+                let t = match self.xlat.tables.iter().position(|t| t.is_none()) {
                     Some(t) => t,
-                    None if self.tables.len() < MAX_TABLES => {
-                        self.tables.push(None);
-                        self.tables.len() - 1
+                    None if self.xlat.tables.len() < MAX_TABLES => {
+                        self.xlat.tables.push(None);
+                        self.xlat.tables.len() - 1
                     }
                     None => return Err(AttachError::TooManyAttachments),
                 };
                 let root = dev.mmu.create_page_table().map_err(AttachError::Mmu)?;
-                self.next_table_generation += 1;
-                self.tables[t] = Some(PageTable {
-                    generation: self.next_table_generation,
+                let generation = self.xlat.new_generation();
+                self.xlat.tables[t] = Some(PageTable {
+                    generation,
                     root,
                     mmu: dev.mmu.clone(),
                     format,
@@ -75,7 +75,7 @@ impl SpaceState {
                     faultable: true,
                     owner: dev.id,
                 });
-                self.tables_changed();
+                self.xlat.tables_changed();
                 (
                     t,
                     if mode == MmuMode::Shared {
@@ -86,15 +86,18 @@ impl SpaceState {
                 )
             }
         };
-        self.attach_epoch += 1;
-        let table = self.tables[t].as_mut().expect("just set");
+        self.xlat.attached_one();
+        let table = self.xlat.tables[t].as_mut().expect("just set");
         table.users |= 1 << slot;
         table.faultable &= dev.faultable();
-        self.attached[slot] = Some(Attachment {
+        self.xlat.attached[slot] = Some(Attachment {
             dev: dev.clone(),
             table: t,
         });
-        if let Err(e) = self.fill_table(stats, t) {
+        if let Err(e) = self
+            .fill_table(stats, t)
+            .and_then(|()| self.dma_fill(stats, t))
+        {
             self.detach_slot(stats, slot, space_id);
             return Err(AttachError::Mmu(e));
         }
@@ -117,19 +120,18 @@ impl SpaceState {
     /// device, free every frame and every region's range, and mark the space dead.
     pub(crate) fn destroy(&mut self, stats: &Counters, arena: &Arena, id: SpaceId) {
         self.drain(stats, arena);
-        for slot in 0..self.attached.len() {
+        for slot in 0..self.xlat.attached.len() {
             self.detach_slot(stats, slot, id);
         }
-        let entries: Vec<(Vpn, PageEntry)> = self.lpt.iter().collect();
+        let entries: Vec<(Vpn, PageEntry)> = self.store.lpt.iter().collect();
         for (v, e) in entries {
-            self.release_frame(&e, false);
-            self.lpt.take(v);
+            self.store.release_frame(&e, false);
+            self.store.lpt.take(v);
         }
-        for (_, r) in self.regions.iter() {
-            let _ = arena.free(r.reserve_start, r.reserve_len);
-        }
-        self.regions.clear();
-        self.segments = super::segments::Segments::default();
+        self.dma_destroy(arena);
+        self.map.clear(|start, len| {
+            let _ = arena.free(start, len);
+        });
         self.alive = false;
     }
 
@@ -140,12 +142,13 @@ impl SpaceState {
         stats: &Counters,
         t: usize,
     ) -> Result<(), crate::mmu::MmuError> {
-        let table = self.tables[t].as_ref().expect("live table");
+        let table = self.xlat.tables[t].as_ref().expect("live table");
         let all = table.mode == MmuMode::Replicate;
         if !all && table.faultable {
             return Ok(());
         }
         let mut vpns: Vec<Vpn> = self
+            .store
             .lpt
             .iter()
             .filter(|(_, e)| e.is_populated() && (all || e.has(WIRED)) && !e.has(PENDING))
@@ -169,7 +172,7 @@ impl SpaceState {
     /// loses a user; a table without users is emptied (unmap + invalidate) and
     /// destroyed, a shared one left behind gets the device's whole TLB invalidated.
     pub(crate) fn detach_slot(&mut self, stats: &Counters, slot: usize, space: SpaceId) {
-        let Some(att) = self.attached[slot].as_ref() else {
+        let Some(att) = self.xlat.attached[slot].as_ref() else {
             return;
         };
         let t = att.table;
@@ -185,24 +188,26 @@ impl SpaceState {
             }
             b.attached.retain(|s| *s != space);
         }
-        let users = self.tables[t]
+        let users = self.xlat.tables[t]
             .as_ref()
             .map_or(0, |tb| tb.users & !(1 << slot));
         if users == 0 {
             let mut touched: Vec<(Vpn, u32)> = self
+                .store
                 .lpt
                 .iter()
                 .filter(|(_, e)| e.mapped & (1 << t) != 0)
                 .map(|(v, _)| (v, 1u32 << t))
                 .collect();
             touched.sort_unstable();
+            self.dma_table_gone(stats, t);
             // The table's whole TLB goes, not only the ranges unmapped here: a strict
             // dealloc whose invalidation has not run yet, or a queued unmap, cleared
             // entries whose translations the device may still cache, and their late
             // invalidation would name a root that no longer exists (see
             // `Mmu::invalidate`: after this a driver may treat such a call as a no-op).
             let super::OwedInvalidation(_covered) = self.clear_entries(stats, &touched);
-            if let Some(table) = &self.tables[t] {
+            if let Some(table) = &self.xlat.tables[t] {
                 dev.mmu.invalidate_all(table.root);
                 Counters::add(&stats.invalidations, 1);
             }
@@ -212,12 +217,13 @@ impl SpaceState {
             // them takes it over, so that no edit of the table goes through the MMU
             // of a device that may be destroyed next.
             let heir = self
+                .xlat
                 .attached
                 .iter()
                 .enumerate()
                 .filter(|(s, a)| *s != slot && a.as_ref().is_some_and(|a| a.table == t))
                 .find_map(|(_, a)| a.as_ref().map(|a| (a.dev.id, a.dev.mmu.clone())));
-            let table = self.tables[t].as_mut().expect("live table");
+            let table = self.xlat.tables[t].as_mut().expect("live table");
             table.users = users;
             if table.owner == dev.id {
                 if let Some((owner, mmu)) = heir {
@@ -228,9 +234,10 @@ impl SpaceState {
             dev.mmu.invalidate_all(table.root);
             Counters::add(&stats.invalidations, 1);
         }
-        self.attached[slot] = None;
-        if let Some(table) = self.tables[t].as_mut() {
+        self.xlat.attached[slot] = None;
+        if let Some(table) = self.xlat.tables[t].as_mut() {
             let faultable = self
+                .xlat
                 .attached
                 .iter()
                 .flatten()
@@ -240,13 +247,14 @@ impl SpaceState {
         }
         let hint = (slot + 1) as u8;
         let hinted: Vec<Vpn> = self
+            .store
             .lpt
             .iter()
             .filter(|(_, e)| e.hint == hint)
             .map(|(v, _)| v)
             .collect();
         for v in hinted {
-            self.lpt.update(v, |e| e.hint = 0);
+            self.store.lpt.update(v, |e| e.hint = 0);
         }
     }
 }

@@ -9,7 +9,7 @@
 //!    ([`SpaceState::fault`]), so a batched fault decides exactly as a lone one does
 //!    (placement, protection, wiring, zero-fill blocks, eviction). The only
 //!    difference: the stale-TLB invalidations of its spurious faults are collected
-//!    (`SpaceState::deferred_spurious`) and issued as one call at the end of the block;
+//!    (`Translation::deferred_spurious`) and issued as one call at the end of the block;
 //! 2. **the prefetch** (when the device has a [`PrefetchConfig`]): per region of the
 //!    block's successfully faulted pages, [`crate::policy::prefetch::plan`] gets the
 //!    pages resident in the fault's target memory and the faulted pages, clipped to
@@ -27,7 +27,7 @@
 //!   pending pages, pages of a region in `RemoteAccess` mode (those map remotely by
 //!   policy) or of a busy region, or zero-fill a page of an explicitly mapped region.
 
-use super::fault::Asker;
+use super::frames::Requester;
 use super::frames::{FrameAsk, Pressure};
 use super::{PlacementMode, SpaceInner, SpaceState};
 use crate::addr::{Vpn, PAGE_SHIFT};
@@ -64,13 +64,13 @@ impl SpaceState {
         block: &BlockFaults,
         prefetch: Option<PrefetchConfig>,
     ) -> BlockServed {
-        self.deferred_spurious = Some(Vec::new());
+        self.xlat.deferred_spurious = Some(Vec::new());
         let mut outcomes = Vec::with_capacity(block.pages.len());
         for &(page, access) in &block.pages {
             let va = block.block.add(page as u64).addr();
             outcomes.push(self.fault(cx, space, dev, faulter, va, access));
         }
-        if let Some(owed) = self.deferred_spurious.take() {
+        if let Some(owed) = self.xlat.deferred_spurious.take() {
             if !owed.is_empty() {
                 self.invalidate(cx.counters, &owed);
             }
@@ -112,7 +112,7 @@ impl SpaceState {
         let mut i = 0;
         while i < served.len() {
             let va = base.add(served[i] as u64).addr();
-            let Some(fr) = self.regions.for_fault(va.as_u64()) else {
+            let Some(fr) = self.map.for_fault(va.as_u64()) else {
                 i += 1;
                 continue;
             };
@@ -130,11 +130,11 @@ impl SpaceState {
                 continue;
             }
             let target = self.target_of(cx, dev, fr.placement.target);
-            let Ok(tmem) = self.mem_index(&target) else {
+            let Ok(tmem) = self.store.mem_index(&target) else {
                 continue;
             };
             let resident = PageMask::from_fn(|k| {
-                let e = self.lpt.get(base.add(k as u64));
+                let e = self.store.lpt.get(base.add(k as u64));
                 e.is_populated() && e.mem == tmem
             });
             let input = PrefetchInput {
@@ -183,10 +183,10 @@ impl SpaceState {
         region: (super::segments::Piece, bool),
     ) -> (u64, bool) {
         let stats = cx.counters;
-        if self.any_pending(first, pages) {
+        if self.store.any_pending(first, pages) {
             self.drain(stats, &space.arena);
         }
-        let Ok(tmem) = self.mem_index(target) else {
+        let Ok(tmem) = self.store.mem_index(target) else {
             return (0, true);
         };
         let end = first.add(pages);
@@ -194,8 +194,8 @@ impl SpaceState {
         let mut brought = 0;
         let mut full = false;
         while v < end && !full {
-            let e = self.lpt.get(v);
-            let piece = self.segments.at(region.0, v);
+            let e = self.store.lpt.get(v);
+            let piece = self.map.piece(region.0, v);
             if piece.prot.is_empty()
                 || e.has(PENDING)
                 || SpaceState::is_wired(&e)
@@ -204,7 +204,7 @@ impl SpaceState {
                 v = v.add(1);
                 continue;
             }
-            let asker = Asker {
+            let asker = Requester {
                 device: None,
                 attrs: self.attrs_at(v),
             };
@@ -228,9 +228,9 @@ impl SpaceState {
             };
             for k in 0..n {
                 let p = v.add(k);
-                let x = self.lpt.get(p);
+                let x = self.store.lpt.get(p);
                 if x.is_populated() && x.mem == tmem && x.mapped & (1 << t) == 0 {
-                    let piece = self.segments.at(region.0, p);
+                    let piece = self.map.piece(region.0, p);
                     // A failed map leaves the page unmapped: the device faults on it.
                     let _ = self.map_for_fault(stats, t, p, x, piece);
                 }
@@ -250,7 +250,7 @@ impl SpaceState {
         target: &Arc<DeviceInner>,
         v: Vpn,
         end: Vpn,
-        asker: Asker,
+        asker: Requester,
     ) -> Result<u64, ()> {
         let n = self.movable_run(v, end.0 - v.0);
         let n = if n > 1 && self.same_attrs(v, n) { n } else { 1 };
@@ -287,11 +287,11 @@ impl SpaceState {
         tmem: u8,
         v: Vpn,
         end: Vpn,
-        asker: Asker,
+        asker: Requester,
     ) -> Result<u64, ()> {
         let stats = cx.counters;
         let mut n = 1;
-        while v.add(n) < end && !self.lpt.get(v.add(n)).is_populated() {
+        while v.add(n) < end && !self.store.lpt.get(v.add(n)).is_populated() {
             n += 1;
         }
         let n = if n > 1 && self.same_attrs(v, n) { n } else { 1 };
@@ -317,17 +317,19 @@ impl SpaceState {
         if memory.zero(pfn.addr(), n << PAGE_SHIFT).is_err() {
             return Ok(0); // dropping the run frees the frames
         }
-        self.lpt.update_run(v, n, |p, e| {
+        self.store.lpt.update_run(v, n, |p, e| {
             *e = PageEntry {
                 pfn: pfn + (p.0 - v.0),
                 mem: tmem,
                 ..PageEntry::EMPTY
             }
         });
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         if self.mirror(stats, v, n, replicas).is_err() {
             self.unmap_pages(stats, v, n, u32::MAX);
-            self.lpt.update_run(v, n, |_, e| *e = PageEntry::EMPTY);
+            self.store
+                .lpt
+                .update_run(v, n, |_, e| *e = PageEntry::EMPTY);
             return Ok(0);
         }
         run.commit();

@@ -57,10 +57,10 @@ impl SpaceState {
             dests,
             class,
         } = mv;
-        if self.lpt.get(vpn).has(PENDING) {
+        if self.store.lpt.get(vpn).has(PENDING) {
             self.drain(cx.counters, &space.arena);
         }
-        let e = self.lpt.get(vpn);
+        let e = self.store.lpt.get(vpn);
         if !self.evictable(&e, dev, pfn) {
             return Ok(0);
         }
@@ -84,8 +84,8 @@ impl SpaceState {
     /// Where page `vpn` lives: the memory's device and the frame (`None` for a page
     /// without a frame).
     pub(crate) fn frame_of(&self, vpn: Vpn) -> Option<(crate::handle::DeviceId, Pfn)> {
-        let e = self.lpt.get(vpn);
+        let e = self.store.lpt.get(vpn);
         e.is_populated()
-            .then(|| (self.memories.get(e.mem).id, e.pfn))
+            .then(|| (self.store.memories.get(e.mem).id, e.pfn))
     }
 }

@@ -15,8 +15,8 @@
 //! spirit (`SWAP_CLUSTER_MAX`, 32 pages); the bound here is 16 pages (64 KiB) so that a
 //! scan never evicts much more than the fault needs.
 
-use super::fault::Asker;
 use super::frames::FrameAsk;
+use super::frames::Requester;
 use super::{SpaceInner, SpaceState, TableRun};
 use crate::addr::{Pfn, VaRange, Vpn, PAGE_SIZE};
 use crate::device::DeviceInner;
@@ -55,7 +55,7 @@ impl SpaceState {
         let mut n = 1;
         while n < max {
             let v = vpn.add(n);
-            let x = self.lpt.get(v);
+            let x = self.store.lpt.get(v);
             if dev.phys.lock().state(x.pfn) != Some(FrameState::Inactive) {
                 break;
             }
@@ -162,7 +162,7 @@ impl SpaceState {
         policy: EvictionPolicy,
         keep_vpn: Option<Vpn>,
     ) -> Result<Scan, MoveError> {
-        let e = self.lpt.get(vpn);
+        let e = self.store.lpt.get(vpn);
         if !self.evictable(&e, dev, pfn) {
             return Ok(Scan::Skipped);
         }
@@ -205,7 +205,7 @@ impl SpaceState {
         };
         let mut supported = mapped == 0;
         let mut runs = Vec::new();
-        for (t, table) in self.tables.iter().enumerate() {
+        for (t, table) in self.xlat.tables.iter().enumerate() {
             let Some(table) = table.as_ref().filter(|_| mapped & (1 << t) != 0) else {
                 continue;
             };
@@ -226,7 +226,7 @@ impl SpaceState {
     pub(super) fn evictable(&self, e: &PageEntry, dev: &Arc<DeviceInner>, pfn: Pfn) -> bool {
         e.is_populated()
             && e.pfn == pfn
-            && self.memories.get(e.mem).id == dev.id
+            && self.store.memories.get(e.mem).id == dev.id
             && !e.has(PENDING)
             && !SpaceState::is_wired(e)
     }
@@ -243,7 +243,7 @@ impl SpaceState {
         policy: EvictionPolicy,
         keep: Option<Vpn>,
     ) -> Result<u64, MoveError> {
-        let e = self.lpt.get(vpn);
+        let e = self.store.lpt.get(vpn);
         if !self.evictable(&e, dev, pfn) {
             return Ok(0);
         }
@@ -259,7 +259,7 @@ impl SpaceState {
         } else {
             1
         };
-        let asker = Asker {
+        let asker = Requester {
             device: None,
             attrs: self.attrs_at(vpn),
         };

@@ -2,7 +2,7 @@
 //! fault, zero-fill, migration, prefetch (eviction, which a fault may need, is in
 //! `evict`).
 
-use super::frames::FrameAsk;
+use super::frames::{FrameAsk, Requester};
 use super::segments::Piece;
 use super::tables::BackedRun;
 use super::{PlacementMode, PlacementTarget, SpaceInner, SpaceState, MAX_TABLES};
@@ -14,7 +14,6 @@ use crate::flags::DevCaps;
 use crate::flags::Prot;
 use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, PENDING};
-use crate::mmu::Attrs;
 use crate::mmu::MemError;
 use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
@@ -54,8 +53,8 @@ pub(crate) struct FaultState<'f, 'c> {
 impl FaultState<'_, '_> {
     /// Who asks for the page's frames: the faulting device, with the page's attributes.
     #[inline(always)]
-    fn asker(&self) -> Asker {
-        Asker {
+    fn asker(&self) -> Requester {
+        Requester {
             device: Some(self.dev.id),
             attrs: self.piece.attrs,
         }
@@ -78,7 +77,7 @@ impl SpaceState {
     ) -> Result<FaultResolution, FaultError> {
         let (slot, t) = faulter;
         let stats = cx.counters;
-        let Some(fr) = self.regions.for_fault(va.as_u64()) else {
+        let Some(fr) = self.map.for_fault(va.as_u64()) else {
             return Err(FaultError::NotAllocated(va));
         };
         // An unlocked `region_map` is writing the region's pages into tables right
@@ -99,7 +98,7 @@ impl SpaceState {
             fr.len,
         );
         // The page's own protection and attributes: its region's, or a range call's.
-        let piece = self.segments.at(region, va.vpn());
+        let piece = self.map.piece(region, va.vpn());
         let prot = piece.prot;
         // A page of no access is never mapped (see `mmu.rs`, *Empty protection*), even
         // for a fault that names no access (`contains(empty)` is always true).
@@ -111,13 +110,13 @@ impl SpaceState {
             });
         }
         let vpn = va.vpn();
-        let mut e = self.lpt.get(vpn);
+        let mut e = self.store.lpt.get(vpn);
         if e.has(PENDING) {
             self.drain(stats, &space.arena);
-            e = self.lpt.get(vpn);
+            e = self.store.lpt.get(vpn);
         }
         debug_assert!(
-            self.attached[slot]
+            self.xlat.attached[slot]
                 .as_ref()
                 .is_some_and(|a| Arc::ptr_eq(&a.dev, dev) && a.table == t),
             "slot {slot} is not the faulter's, or table {t} not its table"
@@ -148,12 +147,7 @@ impl SpaceState {
             };
             // A block is mapped with one protection: split regions fall back to pages
             // (a single page is uniform: no question to ask).
-            let g = if g > 1
-                && self
-                    .segments
-                    .uniform(region, vpn.align_down(g), g)
-                    .is_none()
-            {
+            let g = if g > 1 && self.map.uniform(region, vpn.align_down(g), g).is_none() {
                 1
             } else {
                 g
@@ -161,7 +155,7 @@ impl SpaceState {
             return Ok(self.zero_fill(&mut fs, g)?);
         }
 
-        let here = self.memories.get(e.mem).clone();
+        let here = self.store.memories.get(e.mem).clone();
         // A mapping is remote when the frame is not in the faulter's own memory (its
         // local memory, or host memory for a device without one).
         let own = own_memory(cx, dev).id;
@@ -175,7 +169,7 @@ impl SpaceState {
                 self.map_in_place(&mut fs, false, remote)
             };
         }
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         match placement.mode {
             PlacementMode::Unique => {
                 let others = e.mapped & !(1 << t) & !replicas;
@@ -198,10 +192,10 @@ impl SpaceState {
                     }
                 } else if mine && hinted {
                     let r = self.migrate_and_map(&mut fs)?;
-                    self.lpt.update(vpn, |e| e.hint = 0);
+                    self.store.lpt.update(vpn, |e| e.hint = 0);
                     Ok(r)
                 } else {
-                    self.lpt.update(vpn, |e| e.hint = (slot + 1) as u8);
+                    self.store.lpt.update(vpn, |e| e.hint = (slot + 1) as u8);
                     self.map_in_place(&mut fs, mine, true)
                 }
             }
@@ -222,7 +216,7 @@ impl SpaceState {
         if !mine {
             self.map_for_fault(fs.cx.counters, fs.t, fs.vpn, e, fs.piece)?;
         }
-        self.memories.get(e.mem).phys.lock().touch(e.pfn);
+        self.store.memories.get(e.mem).phys.lock().touch(e.pfn);
         let local = self.local();
         let (counter, kind) = if remote {
             (&local.faults_remote, FaultKind::Remote)
@@ -242,7 +236,7 @@ impl SpaceState {
     ) -> Result<FaultResolution, FaultError> {
         let (cx, space, vpn) = (fs.cx, fs.space, fs.vpn);
         self.migrate_page(cx, space, vpn, fs.target, fs.asker())?;
-        fs.entry = self.lpt.get(vpn);
+        fs.entry = self.store.lpt.get(vpn);
         self.map_for_fault(cx.counters, fs.t, vpn, fs.entry, fs.piece)?;
         SpaceCounters::add(&self.local().faults_migrate, 1);
         Ok(FaultResolution {
@@ -263,7 +257,7 @@ impl SpaceState {
             },
         }];
         // A batch being serviced issues its stale-TLB invalidations once (`batch`).
-        match self.deferred_spurious.as_mut() {
+        match self.xlat.deferred_spurious.as_mut() {
             Some(owed) => owed.extend_from_slice(&runs),
             None => self.invalidate(fs.cx.counters, &runs),
         }
@@ -308,9 +302,12 @@ impl SpaceState {
         let stats = cx.counters;
         let g = g.max(1);
         let b0 = vpn.align_down(g);
-        let whole =
-            g > 1 && b0 >= rfirst && b0 + g <= rend && self.lpt.entries_in(b0, g).next().is_none();
+        let whole = g > 1
+            && b0 >= rfirst
+            && b0 + g <= rend
+            && self.store.lpt.entries_in(b0, g).next().is_none();
         let mem = self
+            .store
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
         // A block inside one reservation-sized block goes through the reservations (a
@@ -345,7 +342,7 @@ impl SpaceState {
             mem,
             ..PageEntry::EMPTY
         };
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         if pages == 1 && !self.has_large(t) {
             // The 4 KiB fault of a table without large leaves (no block to complete):
             // map first, then write the entry once, populated and mapped. A failed map
@@ -357,14 +354,15 @@ impl SpaceState {
                 mapped: 1 << t,
                 ..fresh(0)
             };
-            self.lpt.set_populated(first, fs.entry);
+            self.store.lpt.set_populated(first, fs.entry);
             if let Err(e) = self.mirror(stats, first, 1, replicas) {
                 self.unpopulate(stats, first, 1);
                 return Err(e.into());
             }
             return Ok(self.zero_filled(run, 1));
         }
-        self.lpt
+        self.store
+            .lpt
             .update_run(first, pages, |v, e| *e = fresh(v.0 - first.0));
         let mapped = if pages == 1 {
             // A single page may complete its block: map the block large then.
@@ -387,7 +385,7 @@ impl SpaceState {
             self.unpopulate(stats, first, pages);
             return Err(e.into());
         }
-        fs.entry = self.lpt.get(vpn);
+        fs.entry = self.store.lpt.get(vpn);
         Ok(self.zero_filled(run, pages))
     }
 
@@ -409,7 +407,8 @@ impl SpaceState {
     /// (invalidating) and forget their entries; dropping the run then frees the frames.
     fn unpopulate(&mut self, stats: &Counters, first: Vpn, pages: u64) {
         self.unmap_pages(stats, first, pages, u32::MAX);
-        self.lpt
+        self.store
+            .lpt
             .update_run(first, pages, |_, e| *e = PageEntry::EMPTY);
     }
 
@@ -420,7 +419,7 @@ impl SpaceState {
         space: &SpaceInner,
         vpn: Vpn,
         target: &Arc<DeviceInner>,
-        asker: Asker,
+        asker: Requester,
     ) -> Result<(), MoveError> {
         let new = self.frames(
             cx,
@@ -458,9 +457,10 @@ impl SpaceState {
         new: FrameRun<'_>,
     ) -> Result<(), MoveError> {
         let stats = cx.counters;
-        let e = self.lpt.get(first);
-        let from = self.memories.get(e.mem).clone();
+        let e = self.store.lpt.get(first);
+        let from = self.store.memories.get(e.mem).clone();
         let mem = self
+            .store
             .mem_index(to)
             .map_err(|_| MoveError::TooManyMemories(to.id))?;
         self.unmap_pages(stats, first, pages, u32::MAX);
@@ -471,13 +471,13 @@ impl SpaceState {
             from.phys.lock().free_run(e.pfn, pages);
         } else {
             for k in 0..pages {
-                let old = self.lpt.get(first.add(k));
-                self.release_frame(&old, false);
+                let old = self.store.lpt.get(first.add(k));
+                self.store.release_frame(&old, false);
             }
         }
         for k in 0..pages {
             let v = first.add(k);
-            self.lpt.update(v, |x| {
+            self.store.lpt.update(v, |x| {
                 x.mem = mem;
                 x.pfn = new.add(k);
             });
@@ -491,7 +491,7 @@ impl SpaceState {
             _ => &stats.bytes_dev_to_dev,
         };
         Counters::add(counter, pages * PAGE_SIZE);
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         self.mirror(stats, first, pages, replicas)?;
         Ok(())
     }
@@ -499,10 +499,10 @@ impl SpaceState {
     /// Pages from `vpn` (at most `max`) that [`SpaceState::move_run`] can move as one
     /// run: populated, not wired, in the memory of `vpn`'s entry, on consecutive frames.
     pub(super) fn movable_run(&self, vpn: Vpn, max: u64) -> u64 {
-        let e = self.lpt.get(vpn);
+        let e = self.store.lpt.get(vpn);
         let mut n = 1;
         while n < max {
-            let x = self.lpt.get(vpn.add(n));
+            let x = self.store.lpt.get(vpn.add(n));
             if !x.is_populated()
                 || x.mem != e.mem
                 || x.pfn != e.pfn.add(n)
@@ -526,9 +526,10 @@ impl SpaceState {
         target: &Arc<DeviceInner>,
     ) -> Result<(), MoveError> {
         let mem = self
+            .store
             .mem_index(target)
             .map_err(|_| MoveError::TooManyMemories(target.id))?;
-        let asker = Asker {
+        let asker = Requester {
             device: None,
             attrs: self.attrs_at(vpn),
         };
@@ -544,7 +545,7 @@ impl SpaceState {
             .as_ref()
             .ok_or(MoveError::OutOfMemory(target.id))?;
         memory.zero(pfn.addr(), PAGE_SIZE)?;
-        self.lpt.set_populated(
+        self.store.lpt.set_populated(
             vpn,
             PageEntry {
                 pfn,
@@ -552,7 +553,7 @@ impl SpaceState {
                 ..PageEntry::EMPTY
             },
         );
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         if let Err(e) = self.mirror(cx.counters, vpn, 1, replicas) {
             self.unpopulate(cx.counters, vpn, 1);
             return Err(e.into());
@@ -575,16 +576,16 @@ impl SpaceState {
         target: &Arc<DeviceInner>,
         prefetch: bool,
     ) -> Result<u64, MoveError> {
-        if self.any_pending(first, pages) {
+        if self.store.any_pending(first, pages) {
             self.drain(cx.counters, &space.arena);
         }
         let mut done = 0;
         let end = first.add(pages);
         let mut vpn = first;
         while vpn < end {
-            let e = self.lpt.get(vpn);
+            let e = self.store.lpt.get(vpn);
             if e.is_populated() {
-                if SpaceState::is_wired(&e) || self.memories.get(e.mem).id == target.id {
+                if SpaceState::is_wired(&e) || self.store.memories.get(e.mem).id == target.id {
                     vpn = vpn.add(1);
                     continue;
                 }
@@ -593,7 +594,7 @@ impl SpaceState {
                 // Runs stop at 2 MiB block boundaries, so that a run lands in its
                 // block's reservation; one run, one frame request: its pages must share
                 // their attributes.
-                let asker = Asker {
+                let asker = Requester {
                     device: None,
                     attrs: self.attrs_at(vpn),
                 };
@@ -643,16 +644,6 @@ impl core::ops::Deref for TargetMemory<'_> {
             TargetMemory::Device(d) => d,
         }
     }
-}
-
-/// Who asks for frames of some pages: what a [`crate::FrameRequest`] carries besides the
-/// pages themselves.
-#[derive(Clone, Copy)]
-pub(crate) struct Asker {
-    /// The faulting device; `None` for a KPI call or an eviction.
-    pub device: Option<DeviceId>,
-    /// The pages' attributes.
-    pub attrs: Attrs,
 }
 
 /// Copy `pages` frames from `src` in `from`'s memory to `dst` in `to`'s, in one

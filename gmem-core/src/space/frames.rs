@@ -19,18 +19,27 @@
 //! private frames (`private`: wired, placed by no driver request) and compaction
 //! (`compact`: inside given frame windows).
 
-use super::fault::Asker;
 use super::{SpaceInner, SpaceState};
 use crate::addr::Vpn;
 use crate::device::{DeviceInner, FrameRun};
 use crate::error::MoveError;
 use crate::flags::DevCaps;
-use crate::handle::SpaceId;
-use crate::mmu::{FramePlacement, FrameRequest};
+use crate::handle::{DeviceId, SpaceId};
+use crate::mmu::{Attrs, FramePlacement, FrameRequest};
 use crate::physmem::{RunRequest, RESERVATION_PAGES};
 use crate::space::Ctx;
 use crate::stats::Counters;
 use crate::sync::Arc;
+
+/// Who asks for frames of some pages: what a [`crate::FrameRequest`] carries besides the
+/// pages themselves.
+#[derive(Clone, Copy)]
+pub(crate) struct Requester {
+    /// The faulting device; `None` for a KPI call or an eviction.
+    pub device: Option<DeviceId>,
+    /// The pages' attributes.
+    pub attrs: Attrs,
+}
 
 /// What one call of [`SpaceState::frames`] asks for: `pages` frames aligned to
 /// `align` pages for the pages of `space` from `vpn`, for `asker`, and what may be
@@ -46,7 +55,7 @@ pub(crate) struct FrameAsk {
     /// Their alignment, in pages (1, or `pages` for an aligned block).
     pub align: u64,
     /// Who asks (what the driver's [`FrameRequest`] names besides the pages).
-    pub asker: Asker,
+    pub asker: Requester,
     /// What happens when no frames fit.
     pub pressure: Pressure,
 }
@@ -54,7 +63,7 @@ pub(crate) struct FrameAsk {
 impl FrameAsk {
     /// One frame for page `vpn`, relieving memory pressure to get it.
     #[inline(always)]
-    pub(crate) fn page(space: SpaceId, vpn: Vpn, asker: Asker) -> FrameAsk {
+    pub(crate) fn page(space: SpaceId, vpn: Vpn, asker: Requester) -> FrameAsk {
         FrameAsk {
             space,
             vpn,
@@ -68,7 +77,13 @@ impl FrameAsk {
     /// A run of `pages` frames aligned to `align` pages, or nothing at once when none
     /// is free (the caller falls back to fewer pages).
     #[inline(always)]
-    pub(crate) fn run(space: SpaceId, vpn: Vpn, pages: u64, align: u64, asker: Asker) -> FrameAsk {
+    pub(crate) fn run(
+        space: SpaceId,
+        vpn: Vpn,
+        pages: u64,
+        align: u64,
+        asker: Requester,
+    ) -> FrameAsk {
         FrameAsk {
             space,
             vpn,
@@ -191,7 +206,7 @@ pub(super) fn frame_placement(
     space: SpaceId,
     vpn: Vpn,
     pages: u64,
-    asker: Asker,
+    asker: Requester,
 ) -> Placed {
     let Some(memory) = dev.memory.as_ref() else {
         return Placed::default();

@@ -40,62 +40,28 @@
 //!   it has one, a fresh aligned block otherwise — by copying the pages that are not
 //!   there yet (`promotion_pages_moved`), and remapped large.
 
-use super::segments::Piece as Values;
+use super::segments::Piece;
 use super::tables::BackedRun;
-use super::{PlacementMode, SpaceInner, SpaceState, TableRun};
-use crate::addr::{PageSize, Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT, PAGE_SIZE};
+use super::{LargeLeaf, PlacementMode, SpaceInner, SpaceState, TableRun};
+use crate::addr::{PageSize, Pfn, VaRange, VirtAddr, Vpn, PAGE_SHIFT};
 use crate::device::DeviceInner;
 use crate::error::MoveError;
 use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, EXTERNAL, PENDING, WIRED};
-use crate::mmu::{MapRun, MmuError, PageTableRoot};
+use crate::mmu::{MapRun, MmuError};
 use crate::physmem::{RunRequest, RESERVATION_PAGES};
-use crate::space::check::{fail, Violation};
+use crate::space::violation::{fail, Violation};
 use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
-
-/// Pages of the largest leaf the core asks for (1 GiB).
-const MAX_LEAF_PAGES: u64 = 1 << 18;
 
 /// Pages of the blocks explicit and opportunistic promotion make (2 MiB).
 const PROMOTE_PAGES: u64 = RESERVATION_PAGES;
 
-/// One large leaf the core asked a driver for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LargeLeaf {
-    /// The page table (its root) that holds the leaf.
-    pub root: PageTableRoot,
-    /// The first address the leaf translates.
-    pub va: VirtAddr,
-    /// The leaf's size.
-    pub size: PageSize,
-}
-
-/// The large leaves of one space: (first page, table) → pages.
-#[derive(Default)]
-pub(crate) struct LargeLeaves {
-    map: BTreeMap<(u64, u8), u64>,
-}
-
-impl LargeLeaves {
-    /// Leaves of table `t` that overlap `[first, first + pages)`: (first page, pages).
-    fn overlapping(&self, t: usize, first: u64, pages: u64) -> Vec<(u64, u64)> {
-        let lo = first.saturating_sub(MAX_LEAF_PAGES - 1);
-        let hi = first.saturating_add(pages);
-        self.map
-            .range((lo, 0)..(hi, 0))
-            .filter(|((s, tt), n)| *tt as usize == t && s + *n > first)
-            .map(|((s, _), n)| (*s, *n))
-            .collect()
-    }
-}
-
-/// One piece of a run: `pages` pages from `first` as leaves of `size`.
+/// One span of a run: `pages` pages from `first` as leaves of `size`.
 #[derive(Clone, Copy)]
-struct Piece {
+struct LeafSpan {
     first: u64,
     pages: u64,
     size: PageSize,
@@ -112,7 +78,7 @@ enum Fallback {
 impl SpaceState {
     /// The large sizes (pages, size) table `t` maps, largest first.
     fn large_sizes(&self, t: usize) -> Vec<(u64, PageSize)> {
-        let Some(table) = self.tables[t].as_ref() else {
+        let Some(table) = self.xlat.tables[t].as_ref() else {
             return Vec::new();
         };
         let sizes = table.sizes;
@@ -128,7 +94,7 @@ impl SpaceState {
     /// path asks this for every page).
     #[inline]
     pub(super) fn has_large(&self, t: usize) -> bool {
-        self.tables[t]
+        self.xlat.tables[t]
             .as_ref()
             .is_some_and(|x| !(x.sizes - crate::flags::PageSizes::S4K).is_empty())
     }
@@ -146,13 +112,13 @@ impl SpaceState {
         first: u64,
         pages: u64,
         pfn: Pfn,
-    ) -> (Vec<Piece>, Vec<(u64, Fallback)>) {
+    ) -> (Vec<LeafSpan>, Vec<(u64, Fallback)>) {
         let larges = self.large_sizes(t);
         let end = first + pages;
-        let mut out: Vec<Piece> = Vec::new();
-        let push = |out: &mut Vec<Piece>, v: u64, n: u64, size: PageSize| match out.last_mut() {
+        let mut out: Vec<LeafSpan> = Vec::new();
+        let push = |out: &mut Vec<LeafSpan>, v: u64, n: u64, size: PageSize| match out.last_mut() {
             Some(p) if p.size == size && p.first + p.pages == v => p.pages += n,
-            _ => out.push(Piece {
+            _ => out.push(LeafSpan {
                 first: v,
                 pages: n,
                 size,
@@ -214,12 +180,12 @@ impl SpaceState {
         stats: &Counters,
         t: usize,
         run: BackedRun,
-        piece: Values,
+        piece: Piece,
     ) -> Result<(), MmuError> {
         if self.has_large(t) {
             return self.install_pieces(stats, t, run, piece);
         }
-        let memory = self.memories.get(run.mem).id;
+        let memory = self.store.memories.get(run.mem).id;
         self.install_small(t, run.first, run.pages, run.pfn, memory, piece)
     }
 
@@ -235,9 +201,11 @@ impl SpaceState {
         pages: u64,
         pfn: Pfn,
         memory: DeviceId,
-        piece: Values,
+        piece: Piece,
     ) -> Result<(), MmuError> {
-        let table = self.tables[t].as_ref().expect("mapping into a live table");
+        let table = self.xlat.tables[t]
+            .as_ref()
+            .expect("mapping into a live table");
         let run = MapRun {
             va: first.addr(),
             pa: pfn.addr(),
@@ -260,7 +228,7 @@ impl SpaceState {
         stats: &Counters,
         t: usize,
         run: BackedRun,
-        piece: Values,
+        piece: Piece,
     ) -> Result<(), MmuError> {
         let BackedRun {
             first,
@@ -268,8 +236,10 @@ impl SpaceState {
             pfn,
             mem,
         } = run;
-        let memory = self.memories.get(mem).id;
-        let table = self.tables[t].as_ref().expect("mapping into a live table");
+        let memory = self.store.memories.get(mem).id;
+        let table = self.xlat.tables[t]
+            .as_ref()
+            .expect("mapping into a live table");
         let (mmu, root) = (table.mmu.clone(), table.root);
         let (pieces, fallbacks) = self.plan(t, first.0, pages, pfn);
         for (i, p) in pieces.iter().enumerate() {
@@ -305,7 +275,7 @@ impl SpaceState {
         for p in pieces.iter().filter(|p| p.size != PageSize::Size4K) {
             let n = p.size.base_pages();
             for k in 0..p.pages / n {
-                self.large.map.insert((p.first + k * n, t as u8), n);
+                self.xlat.large.insert(p.first + k * n, t, n);
             }
             Counters::add(&stats.large_maps, p.pages / n);
         }
@@ -323,13 +293,13 @@ impl SpaceState {
     /// `runs` are being unmapped: forget the large leaves they touch, counting those
     /// they cover only in part as splits.
     pub(crate) fn large_unmapped(&mut self, stats: &Counters, runs: &[TableRun]) {
-        if self.large.map.is_empty() {
+        if self.xlat.large.is_empty() {
             return;
         }
         for r in runs {
             let (first, pages) = (r.range.start.vpn().0, r.range.len >> PAGE_SHIFT);
-            for (s, n) in self.large.overlapping(r.table, first, pages) {
-                self.large.map.remove(&(s, r.table as u8));
+            for (s, n) in self.xlat.large.overlapping(r.table, first, pages) {
+                self.xlat.large.remove(s, r.table);
                 if s < first || s + n > first + pages {
                     Counters::add(&stats.large_splits, 1);
                 }
@@ -345,14 +315,14 @@ impl SpaceState {
         runs: &[TableRun],
     ) -> Vec<(usize, u64, u64)> {
         let mut split = Vec::new();
-        if self.large.map.is_empty() {
+        if self.xlat.large.is_empty() {
             return split;
         }
         for r in runs {
             let (first, pages) = (r.range.start.vpn().0, r.range.len >> PAGE_SHIFT);
-            for (s, n) in self.large.overlapping(r.table, first, pages) {
+            for (s, n) in self.xlat.large.overlapping(r.table, first, pages) {
                 if s < first || s + n > first + pages {
-                    self.large.map.remove(&(s, r.table as u8));
+                    self.xlat.large.remove(s, r.table);
                     Counters::add(&stats.large_splits, 1);
                     split.push((r.table, s, n));
                 }
@@ -365,8 +335,8 @@ impl SpaceState {
     /// one memory, none pending, all with the flags of its first page; the block's
     /// first entry if so.
     fn contiguous_block(&self, b: u64, n: u64) -> Option<PageEntry> {
-        let e0 = self.lpt.get(Vpn(b));
-        let last = self.lpt.get(Vpn(b + n - 1));
+        let e0 = self.store.lpt.get(Vpn(b));
+        let last = self.store.lpt.get(Vpn(b + n - 1));
         if !e0.is_populated()
             || e0.pfn.0 % n != 0
             || !last.is_populated()
@@ -376,7 +346,7 @@ impl SpaceState {
             return None;
         }
         let mut count = 0;
-        for (v, e) in self.lpt.entries_in(Vpn(b), n) {
+        for (v, e) in self.store.lpt.entries_in(Vpn(b), n) {
             if !e.is_populated()
                 || e.mem != e0.mem
                 || e.pfn.0 != e0.pfn.0 + (v.0 - b)
@@ -400,10 +370,11 @@ impl SpaceState {
         t: usize,
         vpn: Vpn,
         e: PageEntry,
-        piece: Values,
+        piece: Piece,
     ) -> Result<u64, MmuError> {
         if let Some((b, n)) = self.fault_block(t, vpn) {
             let mine: Vec<(Vpn, u32)> = self
+                .store
                 .lpt
                 .entries_in(Vpn(b), n)
                 .filter(|(_, x)| x.mapped & (1 << t) != 0)
@@ -413,7 +384,7 @@ impl SpaceState {
                 self.unmap_entries(stats, &mine);
                 Counters::add(&stats.promotions, 1);
             }
-            let e0 = self.lpt.get(Vpn(b));
+            let e0 = self.store.lpt.get(Vpn(b));
             match self.map_run(stats, t, BackedRun::from_entry(Vpn(b), n, &e0), piece) {
                 Ok(()) => return Ok(n),
                 Err(err) => {
@@ -421,7 +392,7 @@ impl SpaceState {
                     // error is the map's), then fail like a 4 KiB map would.
                     let pages: Vec<Vpn> = mine.iter().map(|(v, _)| *v).collect();
                     for v in pages {
-                        let x = self.lpt.get(v);
+                        let x = self.store.lpt.get(v);
                         let _ = self.map_run(stats, t, BackedRun::from_entry(v, 1, &x), piece);
                     }
                     return Err(err);
@@ -444,14 +415,14 @@ impl SpaceState {
         let unique = self
             .region_at(vpn.addr().as_u64())
             .is_some_and(|(_, r)| r.placement.mode == PlacementMode::Unique);
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         for (n, _) in self.large_sizes(t) {
             if n > PROMOTE_PAGES {
                 continue;
             }
             let b = vpn.0 & !(n - 1);
             if !self.in_one_region(b, n)
-                || self.large.map.contains_key(&(b, t as u8))
+                || self.xlat.large.contains(b, t)
                 || !self.uniform_piece(b, n)
             {
                 continue;
@@ -461,6 +432,7 @@ impl SpaceState {
             };
             if unique && !e0.has(WIRED) {
                 let others = self
+                    .store
                     .lpt
                     .entries_in(Vpn(b), n)
                     .any(|(_, x)| x.mapped & !(1 << t) & !replicas != 0);
@@ -476,8 +448,11 @@ impl SpaceState {
     /// Whether every page of the block of `n` pages from `b` has the same entry flags
     /// (wired or not, caller's frame or not): one large leaf covers pages of one state.
     fn same_flags(&self, b: u64, n: u64) -> bool {
-        let f0 = self.lpt.get(Vpn(b)).flags;
-        self.lpt.entries_in(Vpn(b), n).all(|(_, e)| e.flags == f0)
+        let f0 = self.store.lpt.get(Vpn(b)).flags;
+        self.store
+            .lpt
+            .entries_in(Vpn(b), n)
+            .all(|(_, e)| e.flags == f0)
     }
 
     /// Whether the block of `n` pages from `b` has one protection (not none) and one
@@ -485,7 +460,7 @@ impl SpaceState {
     fn uniform_piece(&self, b: u64, n: u64) -> bool {
         match self.region_at(b << PAGE_SHIFT) {
             Some((_, r)) => self
-                .segments
+                .map
                 .uniform(r.piece(), Vpn(b), n)
                 .is_some_and(|p| !p.prot.is_empty()),
             None => false,
@@ -502,7 +477,7 @@ impl SpaceState {
         first: Vpn,
         pages: u64,
     ) -> Result<u64, MoveError> {
-        if self.any_pending(first, pages) {
+        if self.store.any_pending(first, pages) {
             self.drain(cx.counters, &space.arena);
         }
         let n = PROMOTE_PAGES;
@@ -526,7 +501,7 @@ impl SpaceState {
     ) -> Result<bool, MoveError> {
         let stats = cx.counters;
         let n = PROMOTE_PAGES;
-        let entries: Vec<(Vpn, PageEntry)> = self.lpt.entries_in(Vpn(b), n).collect();
+        let entries: Vec<(Vpn, PageEntry)> = self.store.lpt.entries_in(Vpn(b), n).collect();
         if entries.len() as u64 != n
             || entries
                 .iter()
@@ -535,12 +510,12 @@ impl SpaceState {
             return Ok(false);
         }
         let mask = entries.iter().fold(0u32, |m, (_, e)| m | e.mapped);
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         // One protection and one attribute value over the block (a split region's
         // pieces may cut it).
         let piece = match self.region_at(b << PAGE_SHIFT) {
             Some((_, r)) if self.in_one_region(b, n) => {
-                match self.segments.uniform(r.piece(), Vpn(b), n) {
+                match self.map.uniform(r.piece(), Vpn(b), n) {
                     Some(p) if !p.prot.is_empty() => p,
                     _ => return Ok(false),
                 }
@@ -548,17 +523,16 @@ impl SpaceState {
             _ => return Ok(false),
         };
         let contiguous = self.contiguous_block(b, n).is_some();
-        let large_everywhere = (0..self.tables.len())
+        let large_everywhere = (0..self.xlat.tables.len())
             .filter(|t| mask & (1 << t) != 0)
             .all(|t| {
                 // A table with no leaf size up to the block's has nothing to gain.
-                self.large_sizes(t).iter().all(|(m, _)| *m > n)
-                    || self.large.map.contains_key(&(b, t as u8))
+                self.large_sizes(t).iter().all(|(m, _)| *m > n) || self.xlat.large.contains(b, t)
             });
         if contiguous && large_everywhere {
             return Ok(false);
         }
-        let dev = self.memories.get(entries[0].1.mem).clone();
+        let dev = self.store.memories.get(entries[0].1.mem).clone();
         self.unmap_pages(stats, Vpn(b), n, u32::MAX);
         let gathered = match contiguous {
             true => Ok(()),
@@ -579,10 +553,10 @@ impl SpaceState {
         } else {
             0
         };
-        let e0 = self.lpt.get(Vpn(b));
+        let e0 = self.store.lpt.get(Vpn(b));
         let mirrored = self.mirror(stats, Vpn(b), n, replicas);
-        for t in 0..self.tables.len() {
-            if remap & (1 << t) != 0 && self.tables[t].is_some() {
+        for t in 0..self.xlat.tables.len() {
+            if remap & (1 << t) != 0 && self.xlat.tables[t].is_some() {
                 // A failure leaves the block unmapped in that table: it faults back.
                 self.map_run(stats, t, BackedRun::from_entry(Vpn(b), n, &e0), piece)?;
             }
@@ -611,11 +585,12 @@ impl SpaceState {
         let stats = cx.counters;
         let n = PROMOTE_PAGES;
         let mem = self
+            .store
             .mem_index(dev)
             .map_err(|_| MoveError::TooManyMemories(dev.id))?;
         // Where the driver wants the block's frames (a preference is kept to, here:
         // promotion is optional) and their page-group class.
-        let asker = super::fault::Asker {
+        let asker = super::frames::Requester {
             device: None,
             attrs: self.attrs_at(Vpn(b)),
         };
@@ -672,7 +647,7 @@ impl SpaceState {
                     }
                 }
             }
-            let from = self.memories.get(e.mem).clone();
+            let from = self.store.memories.get(e.mem).clone();
             if let Err(err) = super::fault::copy_run(&from, e.pfn, dev, want, 1) {
                 if fresh.is_none() {
                     dev.phys.lock().free(want);
@@ -680,8 +655,8 @@ impl SpaceState {
                 result = Err(err.into());
                 break;
             }
-            self.release_frame(e, false);
-            self.lpt.update(*v, |x| {
+            self.store.release_frame(e, false);
+            self.store.lpt.update(*v, |x| {
                 x.mem = mem;
                 x.pfn = want;
             });
@@ -693,7 +668,7 @@ impl SpaceState {
             let mut phys = dev.phys.lock();
             for k in 0..n {
                 let v = Vpn(b + k);
-                let x = self.lpt.get(v);
+                let x = self.store.lpt.get(v);
                 if !(x.mem == mem && x.pfn == f.add(k)) {
                     phys.free(f.add(k));
                 }
@@ -710,27 +685,16 @@ impl SpaceState {
         pages: u64,
         f: &mut impl FnMut(VirtAddr, crate::handle::DeviceId, crate::addr::PhysAddr),
     ) {
-        for (v, e) in self.lpt.entries_in(first, pages) {
+        for (v, e) in self.store.lpt.entries_in(first, pages) {
             if e.is_populated() {
-                f(v.addr(), self.memories.get(e.mem).id, e.pfn.addr());
+                f(v.addr(), self.store.memories.get(e.mem).id, e.pfn.addr());
             }
         }
     }
 
     /// Every large leaf of the space.
     pub(crate) fn large_leaves(&self) -> Vec<LargeLeaf> {
-        self.large
-            .map
-            .iter()
-            .filter_map(|((s, t), n)| {
-                let table = self.tables.get(*t as usize)?.as_ref()?;
-                Some(LargeLeaf {
-                    root: table.root,
-                    va: Vpn(*s).addr(),
-                    size: PageSize::from_bytes(n * PAGE_SIZE)?,
-                })
-            })
-            .collect()
+        self.xlat.large_leaves()
     }
 
     /// The large-leaf invariants (see the module documentation).
@@ -748,8 +712,8 @@ impl SpaceState {
     ) -> Vec<(usize, u64, u64)> {
         let end = first.0 + pages;
         let mut broken = Vec::new();
-        for t in 0..self.tables.len() {
-            for (s, n) in self.large.overlapping(t, first.0, pages) {
+        for t in 0..self.xlat.tables.len() {
+            for (s, n) in self.xlat.large.overlapping(t, first.0, pages) {
                 if s < first.0 || s + n > end {
                     self.unmap_pages(stats, Vpn(s), n, 1 << t);
                     Counters::add(&stats.large_splits, 1);
@@ -770,7 +734,7 @@ impl SpaceState {
         stats: &Counters,
         broken: &[(usize, u64, u64)],
     ) -> Result<(), MmuError> {
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         for &(t, s, n) in broken {
             if replicas & (1 << t) != 0 {
                 self.mirror(stats, Vpn(s), n, 1 << t)?;
@@ -781,9 +745,8 @@ impl SpaceState {
 
     pub(crate) fn check_large(&self) -> Result<(), Violation> {
         let mut last: [Option<u64>; super::MAX_TABLES] = [None; super::MAX_TABLES];
-        for (&(s, t), &n) in &self.large.map {
-            let t = t as usize;
-            if self.tables.get(t).and_then(|x| x.as_ref()).is_none() {
+        for (s, t, n) in self.xlat.large.iter() {
+            if self.xlat.tables.get(t).and_then(|x| x.as_ref()).is_none() {
                 return fail("large leaf in a dead page table", Some(s));
             }
             if !self.large_sizes(t).iter().any(|(m, _)| *m == n) || s % n != 0 {
@@ -803,6 +766,7 @@ impl SpaceState {
                 );
             };
             if self
+                .store
                 .lpt
                 .entries_in(Vpn(s), n)
                 .any(|(_, e)| e.mapped & (1 << t) == 0)

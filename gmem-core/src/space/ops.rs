@@ -11,8 +11,8 @@ use crate::lpt::{PENDING, WIRED};
 use crate::mmu::MmuError;
 use crate::space::queue::Callback;
 use crate::space::segments::Piece;
-use crate::space::Checked;
 use crate::space::Ctx;
+use crate::space::ResolvedRegion;
 use crate::space::{
     PlacementTarget, Region, RegionRec, SpaceInner, SpaceState, TableEdits, UnlockedMap,
 };
@@ -40,40 +40,27 @@ pub(crate) struct MapFrames<'a> {
 impl SpaceState {
     /// Drain the queue if any page of a checked region has a request pending (an
     /// operation never races a queued invalidation).
-    pub(crate) fn settle(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
-        if self.any_pending(c.first, c.pages) {
+    pub(crate) fn settle(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &ResolvedRegion) {
+        if self.store.any_pending(c.first, c.pages) {
             self.drain(cx.counters, &space.arena);
         }
     }
 
     /// Write back a checked region's record (after a change the caller made to a copy).
-    pub(crate) fn put_region(&mut self, c: &Checked, rec: RegionRec) {
-        if let Some(r) = self.region_mut(c.region) {
+    pub(crate) fn put_region(&mut self, c: &ResolvedRegion, rec: RegionRec) {
+        if let Some(r) = self.map.get_mut(c.region) {
             *r = rec;
         }
     }
 
     /// Remove a checked region's record, and the region from its mapping set.
-    pub(crate) fn remove_region(&mut self, c: &Checked) {
-        self.regions.remove(c.region.start.as_u64());
-        self.segments.clear(c.first, c.pages);
-        self.leave_set(c);
-    }
-
-    /// Take a checked region out of its mapping set.
-    fn leave_set(&mut self, c: &Checked) {
-        if let Some(s) = c
-            .rec
-            .set
-            .and_then(|s| self.sets.get_mut(s.index, s.generation))
-        {
-            s.regions.retain(|x| *x != c.region);
-        }
+    pub(crate) fn remove_region(&mut self, c: &ResolvedRegion) {
+        self.map.remove(c);
     }
 
     /// Pin (or unpin) a populated page: its entry's wired mark and its frame's queue.
     pub(crate) fn set_page_wired(&mut self, vpn: Vpn, wired: bool) {
-        let e = self.lpt.update(vpn, |x| {
+        let e = self.store.lpt.update(vpn, |x| {
             if wired {
                 x.flags |= WIRED;
             } else {
@@ -81,7 +68,12 @@ impl SpaceState {
             }
             *x
         });
-        self.memories.get(e.mem).phys.lock().set_wired(e.pfn, wired);
+        self.store
+            .memories
+            .get(e.mem)
+            .phys
+            .lock()
+            .set_wired(e.pfn, wired);
     }
 
     /// Populate and pin `[first, first + pages)`; see [`Gmem::region_wire`].
@@ -93,7 +85,7 @@ impl SpaceState {
         pages: u64,
         target: PlacementTarget,
     ) -> Result<u64, MoveError> {
-        if self.any_pending(first, pages) {
+        if self.store.any_pending(first, pages) {
             self.drain(cx.counters, &space.arena);
         }
         let dest = self.target_of(cx, cx.host, target);
@@ -102,7 +94,7 @@ impl SpaceState {
         let mut wired = Vec::new();
         let mut result = Ok(());
         for vpn in first.span(pages) {
-            let e = self.lpt.get(vpn);
+            let e = self.store.lpt.get(vpn);
             if e.has(WIRED) {
                 continue;
             }
@@ -116,17 +108,17 @@ impl SpaceState {
             wired.push(vpn);
         }
         if result.is_ok() {
-            let mask = self.wired_mask();
+            let mask = self.xlat.wired_mask();
             result = self
                 .mirror(cx.counters, first, pages, mask)
                 .and_then(|()| self.remirror_broken(cx.counters, &broken))
                 .map_err(MoveError::Mmu);
         }
         if let Err(err) = result {
-            let mask = self.wired_mask() & !self.replica_mask();
+            let mask = self.xlat.wired_mask() & !self.xlat.replica_mask();
             let touched: Vec<(Vpn, u32)> = wired
                 .iter()
-                .map(|v| (*v, self.lpt.get(*v).mapped & mask))
+                .map(|v| (*v, self.store.lpt.get(*v).mapped & mask))
                 .filter(|(_, m)| *m != 0)
                 .collect();
             self.unmap_entries(cx.counters, &touched);
@@ -143,7 +135,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         flags: MapFlags,
         callback: Option<Callback>,
     ) {
@@ -154,9 +146,9 @@ impl SpaceState {
             self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
         } else {
             self.discard_pages(cx.counters, first, pages);
-            self.queue.complete_now(callback, Ok(()));
+            self.xlat.queue.complete_now(callback, Ok(()));
         }
-        self.leave_set(c);
+        self.map.leave_set(c);
         self.put_region(
             c,
             RegionRec {
@@ -168,10 +160,10 @@ impl SpaceState {
     }
 
     /// Resolve a region handle of this space into a checked region, if it is live.
-    pub(crate) fn checked(&self, region: Region) -> Option<Checked> {
+    pub(crate) fn checked(&self, region: Region) -> Option<ResolvedRegion> {
         let rec = *self.region(region)?;
         let (first, pages) = SpaceState::pages_of(region.start.as_u64(), rec.len);
-        Some(Checked {
+        Some(ResolvedRegion {
             region,
             rec,
             first,
@@ -187,7 +179,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         req: MapFrames<'_>,
     ) -> Result<Option<UnlockedMap>, MapError> {
         let MapFrames {
@@ -210,7 +202,7 @@ impl SpaceState {
             });
         }
         if let Some(s) = set {
-            if self.sets.get(s.index, s.generation).is_none() {
+            if !self.map.has_set(s) {
                 return Err(MapError::UnknownSet(s));
             }
         }
@@ -230,6 +222,7 @@ impl SpaceState {
         // before anything changes; a queued unmap leaves no populated entry.
         if c.rec.mapped
             || self
+                .store
                 .lpt
                 .entries_in(first, pages)
                 .any(|(_, e)| e.is_populated())
@@ -238,17 +231,18 @@ impl SpaceState {
             return Err(MapError::AlreadyMapped);
         }
         let mem = self
+            .store
             .mem_index(memdev)
             .map_err(|_| MapError::TooManyMemories(memory))?;
-        if self.any_pending(first, pages) {
+        if self.store.any_pending(first, pages) {
             self.drain(cx.counters, &space.arena);
         }
         let asynchronous = flags.contains(MapFlags::ASYNC);
         let extra = if asynchronous { PENDING } else { 0 };
-        let mask = self.wired_mask();
-        let unlocked = !asynchronous && self.edits_unlocked(mask);
+        let mask = self.xlat.wired_mask();
+        let unlocked = !asynchronous && self.xlat.edits_unlocked(mask);
         for (k, f) in frames.iter().enumerate() {
-            self.lpt.set(
+            self.store.lpt.set(
                 first + k as u64,
                 PageEntry {
                     pfn: f.pfn(),
@@ -263,8 +257,8 @@ impl SpaceState {
             prot,
             attrs: c.rec.attrs,
         };
-        self.segments
-            .update(region, (first, pages), first, pages, |p| Piece {
+        self.map
+            .update_pieces(region, (first, pages), first, pages, |p| Piece {
                 prot,
                 ..p
             });
@@ -288,10 +282,10 @@ impl SpaceState {
             self.put_region(c, c.rec);
             return Err(e.into());
         } else {
-            self.queue.complete_now(callback, Ok(()));
+            self.xlat.queue.complete_now(callback, Ok(()));
         }
-        if let Some(s) = set.and_then(|s| self.sets.get_mut(s.index, s.generation)) {
-            s.regions.push(c.region);
+        if let Some(s) = set {
+            self.map.join_set(s, c.region);
         }
         Ok(None)
     }
@@ -299,10 +293,16 @@ impl SpaceState {
     /// Switching a region to the unique policy: drop every mapping of the pages that
     /// several tables map (remote access allowed it; replicas stay); the next fault
     /// places each page by the new policy.
-    pub(crate) fn drop_shared_mappings(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+    pub(crate) fn drop_shared_mappings(
+        &mut self,
+        cx: &Ctx<'_>,
+        space: &SpaceInner,
+        c: &ResolvedRegion,
+    ) {
         self.settle(cx, space, c);
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         let touched: Vec<(Vpn, u32)> = self
+            .store
             .lpt
             .entries_in(c.first, c.pages)
             .filter(|(_, e)| !e.has(WIRED) && (e.mapped & !replicas).count_ones() > 1)
@@ -317,7 +317,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         prot: Prot,
     ) -> Result<(), MmuError> {
         self.protect_range(cx, space, c, c.first, c.pages, prot)?;
@@ -325,13 +325,13 @@ impl SpaceState {
         self.put_region(c, rec);
         // Every page has `prot` now: pieces that differ from the region only by
         // attributes stay, the others merge back into it.
-        self.segments
-            .update(rec.piece(), (c.first, c.pages), c.first, c.pages, |p| p);
+        self.map
+            .update_pieces(rec.piece(), (c.first, c.pages), c.first, c.pages, |p| p);
         Ok(())
     }
 
     /// `region_unwire` under the lock: [`SpaceState::unwire_range`] of the whole region.
-    pub(crate) fn unwire_region(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &Checked) {
+    pub(crate) fn unwire_region(&mut self, cx: &Ctx<'_>, space: &SpaceInner, c: &ResolvedRegion) {
         self.unwire_range(cx, space, c, c.first, c.pages);
     }
 }

@@ -25,11 +25,10 @@ use crate::error::MoveError;
 use crate::lpt::WIRED;
 use crate::mmu::MapRun;
 use crate::physmem::RunRequest;
-use crate::space::Checked;
 use crate::space::Ctx;
+use crate::space::ResolvedRegion;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 /// Why a device cannot have private frames in a space.
@@ -43,21 +42,6 @@ pub(crate) enum PrivateRefusal {
     SharedTable,
 }
 
-/// The private frames of one space: (slot, page) → (memory index, frame).
-#[derive(Default)]
-pub(crate) struct PrivateFrames {
-    frames: BTreeMap<(usize, u64), (u8, Pfn)>,
-}
-
-impl PrivateFrames {
-    /// Every private frame: `(slot, page, memory index, frame)`.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, Vpn, u8, Pfn)> + '_ {
-        self.frames
-            .iter()
-            .map(|(&(s, v), &(m, p))| (s, Vpn(v), m, p))
-    }
-}
-
 impl SpaceState {
     /// The attachment slot of `dev` if it may hold private frames here.
     pub(crate) fn private_slot(&self, dev: &DeviceInner) -> Result<usize, PrivateRefusal> {
@@ -65,11 +49,11 @@ impl SpaceState {
         if dev.faultable() || !dev.has_memory() {
             return Err(PrivateRefusal::Unsuitable);
         }
-        let t = self.attached[slot]
+        let t = self.xlat.attached[slot]
             .as_ref()
             .expect("slot of an attachment")
             .table;
-        let users = self.tables[t].as_ref().map_or(0, |x| x.users);
+        let users = self.xlat.tables[t].as_ref().map_or(0, |x| x.users);
         if users != 1 << slot {
             return Err(PrivateRefusal::SharedTable);
         }
@@ -78,24 +62,25 @@ impl SpaceState {
 
     /// Whether table `t` maps page `vpn` to a private frame of one of its users.
     pub(crate) fn private_in_table(&self, t: usize, vpn: Vpn) -> bool {
-        if self.private.frames.is_empty() {
+        if self.store.private.is_empty() {
             return false;
         }
-        self.attached
+        self.xlat
+            .attached
             .iter()
             .enumerate()
             .filter_map(|(s, a)| a.as_ref().filter(|a| a.table == t).map(|_| s))
-            .any(|s| self.private.frames.contains_key(&(s, vpn.0)))
+            .any(|s| self.store.private.contains(s, vpn))
     }
 
     /// The device whose memory index is `mem`.
     pub(crate) fn memory_id(&self, mem: u8) -> crate::handle::DeviceId {
-        self.memories.get(mem).id
+        self.store.memories.get(mem).id
     }
 
     /// The private frame of `vpn` for the device in `slot`.
     pub(crate) fn private_frame(&self, slot: usize, vpn: Vpn) -> Option<(u8, Pfn)> {
-        self.private.frames.get(&(slot, vpn.0)).copied()
+        self.store.private.get(slot, vpn)
     }
 
     /// Give every page of `span` of region `c` a private frame in
@@ -109,7 +94,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         span: super::PageSpan,
         slot: usize,
         dev: &Arc<DeviceInner>,
@@ -117,15 +102,19 @@ impl SpaceState {
         let super::PageSpan { first, pages } = span;
         self.settle(cx, space, c);
         let stats = cx.counters;
-        let t = self.attached[slot].as_ref().expect("checked slot").table;
+        let t = self.xlat.attached[slot]
+            .as_ref()
+            .expect("checked slot")
+            .table;
         let mem = self
+            .store
             .mem_index(dev)
             .map_err(|_| MoveError::TooManyMemories(dev.id))?;
         let memory = dev.memory.as_ref().ok_or(MoveError::OutOfMemory(dev.id))?;
         let mut given: Vec<Vpn> = Vec::new();
         let mut result = Ok(());
         for v in first.span(pages) {
-            if self.private.frames.contains_key(&(slot, v.0)) {
+            if self.store.private.contains(slot, v) {
                 continue;
             }
             let Some(run) = dev.alloc_frames(RunRequest::page(space.id, v, None, 0)) else {
@@ -137,13 +126,13 @@ impl SpaceState {
                 break;
             }
             // The shared frame's mapping in this table (if any) gives way.
-            let e = self.lpt.get(v);
+            let e = self.store.lpt.get(v);
             let had_shared = e.mapped & (1 << t) != 0;
             if had_shared {
                 self.unmap_pages(stats, v, 1, 1 << t);
             }
             let piece = self.piece_at(v);
-            let table = self.tables[t].as_ref().expect("live table");
+            let table = self.xlat.tables[t].as_ref().expect("live table");
             let map = MapRun {
                 va: v.addr(),
                 pa: run.pfn().addr(),
@@ -166,7 +155,7 @@ impl SpaceState {
             }
             let pfn = run.commit();
             dev.phys.lock().set_wired(pfn, true);
-            self.private.frames.insert((slot, v.0), (mem, pfn));
+            self.store.private.insert(slot, v, mem, pfn);
             given.push(v);
         }
         if let Err(e) = result {
@@ -187,11 +176,11 @@ impl SpaceState {
         let mut runs: Vec<TableRun> = Vec::new();
         let mut freed: Vec<(usize, Vpn, u8, Pfn)> = Vec::new();
         for &(slot, v) in which {
-            let Some((mem, pfn)) = self.private.frames.remove(&(slot, v.0)) else {
+            let Some((mem, pfn)) = self.store.private.remove(slot, v) else {
                 continue;
             };
-            if let Some(t) = self.attached[slot].as_ref().map(|a| a.table) {
-                if let Some(table) = self.tables[t].as_ref() {
+            if let Some(t) = self.xlat.attached[slot].as_ref().map(|a| a.table) {
+                if let Some(table) = self.xlat.tables[t].as_ref() {
                     let range = VaRange {
                         start: v.addr(),
                         len: PAGE_SIZE,
@@ -206,14 +195,14 @@ impl SpaceState {
         // Nothing goes back before the TLBs forgot it.
         self.invalidate(stats, &runs);
         for &(_, _, mem, pfn) in &freed {
-            let mut phys = self.memories.get(mem).phys.lock();
+            let mut phys = self.store.memories.get(mem).phys.lock();
             phys.set_wired(pfn, false);
             phys.free(pfn);
         }
-        let wired = self.wired_mask();
+        let wired = self.xlat.wired_mask();
         for &(slot, v, _, _) in &freed {
-            if let Some(t) = self.attached[slot].as_ref().map(|a| a.table) {
-                if self.lpt.get(v).has(WIRED) && wired & (1 << t) != 0 {
+            if let Some(t) = self.xlat.attached[slot].as_ref().map(|a| a.table) {
+                if self.store.lpt.get(v).has(WIRED) && wired & (1 << t) != 0 {
                     // Best effort: the table had a mapping here a moment ago.
                     let _ = self.mirror(stats, v, 1, 1 << t);
                 }
@@ -224,24 +213,11 @@ impl SpaceState {
 
     /// The private frames of the pages `[first, first + pages)`, of every slot.
     pub(crate) fn private_in(&self, first: Vpn, pages: u64) -> Vec<(usize, Vpn)> {
-        if self.private.frames.is_empty() {
-            return Vec::new();
-        }
-        self.private
-            .frames
-            .keys()
-            .filter(|&&(_, v)| v >= first.0 && v < first.0 + pages)
-            .map(|&(s, v)| (s, Vpn(v)))
-            .collect()
+        self.store.private.in_range(first, pages)
     }
 
     /// The private frames of attachment `slot`.
     pub(crate) fn private_of_slot(&self, slot: usize) -> Vec<(usize, Vpn)> {
-        self.private
-            .frames
-            .keys()
-            .filter(|&&(s, _)| s == slot)
-            .map(|&(s, v)| (s, Vpn(v)))
-            .collect()
+        self.store.private.of_slot(slot)
     }
 }

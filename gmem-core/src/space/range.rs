@@ -21,8 +21,8 @@ use crate::flags::{MapFlags, Prot};
 use crate::lpt::{PageEntry, EXTERNAL, WIRED};
 use crate::mmu::{Attrs, MmuError};
 use crate::space::queue::Callback;
-use crate::space::Checked;
 use crate::space::Ctx;
+use crate::space::ResolvedRegion;
 use crate::stats::Counters;
 use crate::sync::Arc;
 use alloc::vec::Vec;
@@ -39,7 +39,7 @@ pub(crate) struct PageSpan {
 
 impl PageSpan {
     /// Every page of region `c`.
-    pub(crate) fn whole(c: &Checked) -> PageSpan {
+    pub(crate) fn whole(c: &ResolvedRegion) -> PageSpan {
         PageSpan {
             first: c.first,
             pages: c.pages,
@@ -52,7 +52,7 @@ impl SpaceState {
     /// region).
     pub(crate) fn piece_at(&self, vpn: Vpn) -> Piece {
         match self.region_at(vpn.addr().as_u64()) {
-            Some((_, r)) => self.segments.at(r.piece(), vpn),
+            Some((_, r)) => self.map.piece(r.piece(), vpn),
             None => Piece {
                 prot: Prot::READ,
                 attrs: Attrs::default(),
@@ -71,7 +71,7 @@ impl SpaceState {
         match self.region_at(vpn.addr().as_u64()) {
             Some((s, r)) => {
                 vpn.add(pages).addr().as_u64() <= s + r.len
-                    && self.segments.uniform(r.piece(), vpn, pages).is_some()
+                    && self.map.uniform(r.piece(), vpn, pages).is_some()
             }
             None => false,
         }
@@ -88,7 +88,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         first: Vpn,
         pages: u64,
         prot: Prot,
@@ -101,12 +101,13 @@ impl SpaceState {
         let mut v = first;
         let end = first.add(pages);
         while v < end {
-            let was = self.segments.at(c.rec.piece(), v).prot;
+            let was = self.map.piece(c.rec.piece(), v).prot;
             let mut n = 1;
-            while v.add(n) < end && self.segments.at(c.rec.piece(), v.add(n)).prot == was {
+            while v.add(n) < end && self.map.piece(c.rec.piece(), v.add(n)).prot == was {
                 n += 1;
             }
             let touched: Vec<(Vpn, u32)> = self
+                .store
                 .lpt
                 .entries_in(v, n)
                 .filter(|(_, e)| e.mapped != 0)
@@ -122,6 +123,7 @@ impl SpaceState {
             // No access: no table may map the pages (a format need not encode a
             // present leaf that allows nothing).
             let touched: Vec<(Vpn, u32)> = self
+                .store
                 .lpt
                 .entries_in(first, pages)
                 .filter(|(_, e)| e.mapped != 0)
@@ -131,8 +133,8 @@ impl SpaceState {
         } else {
             self.protect_runs(stats, &runs, prot, &old)?;
         }
-        self.segments
-            .update(c.rec.piece(), (c.first, c.pages), first, pages, |p| Piece {
+        self.map
+            .update_pieces(c.rec.piece(), (c.first, c.pages), first, pages, |p| Piece {
                 prot,
                 ..p
             });
@@ -157,7 +159,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         span: PageSpan,
         attrs: Attrs,
         whole: bool,
@@ -171,8 +173,8 @@ impl SpaceState {
         } else {
             c.rec.piece()
         };
-        self.segments
-            .update(region, (c.first, c.pages), first, pages, |p| Piece {
+        self.map
+            .update_pieces(region, (c.first, c.pages), first, pages, |p| Piece {
                 attrs,
                 ..p
             });
@@ -184,13 +186,14 @@ impl SpaceState {
     /// (replicas: every populated page; tables of devices that cannot fault: the wired
     /// ones) where it is missing.
     fn remirror(&mut self, stats: &Counters, first: Vpn, pages: u64) -> Result<(), MmuError> {
-        let replicas = self.replica_mask();
+        let replicas = self.xlat.replica_mask();
         self.mirror(stats, first, pages, replicas)?;
-        let wired_tables = self.wired_mask() & !replicas;
+        let wired_tables = self.xlat.wired_mask() & !replicas;
         if wired_tables == 0 {
             return Ok(());
         }
         let wired: Vec<Vpn> = self
+            .store
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.has(WIRED))
@@ -215,7 +218,7 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         span: PageSpan,
         flags: MapFlags,
         callback: Option<Callback>,
@@ -227,7 +230,7 @@ impl SpaceState {
             self.enqueue_unmap(cx.counters, &space.arena, d, None, callback);
         } else {
             self.discard_pages(cx.counters, first, pages);
-            self.queue.complete_now(callback, Ok(()));
+            self.xlat.queue.complete_now(callback, Ok(()));
         }
     }
 
@@ -237,20 +240,21 @@ impl SpaceState {
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        c: &Checked,
+        c: &ResolvedRegion,
         first: Vpn,
         pages: u64,
     ) {
         self.settle(cx, space, c);
         let broken = self.break_straddling_large(cx.counters, first, pages);
         let wired: Vec<(Vpn, PageEntry)> = self
+            .store
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.has(WIRED) && !e.has(EXTERNAL))
             .collect();
         // Every mapping but the replicas goes: the next fault places the page by the
         // region's policy again (a wired page may be mapped by several tables).
-        let mask = !self.replica_mask();
+        let mask = !self.xlat.replica_mask();
         let touched: Vec<(Vpn, u32)> = wired
             .iter()
             .filter(|(_, e)| e.mapped & mask != 0)
@@ -277,11 +281,12 @@ impl SpaceState {
         dev: &Arc<DeviceInner>,
         host: &Arc<DeviceInner>,
     ) -> Result<u64, MoveError> {
-        let Some(mem) = self.memories.position(dev.id) else {
+        let Some(mem) = self.store.memories.position(dev.id) else {
             return Ok(0);
         };
         self.drain(cx.counters, &space.arena);
         let pages: Vec<(Vpn, PageEntry)> = self
+            .store
             .lpt
             .iter()
             .filter(|(_, e)| e.is_populated() && e.mem == mem && !e.has(EXTERNAL))
@@ -306,7 +311,7 @@ impl SpaceState {
             i += n;
         }
         // Wired pages one by one: unpinned, moved, pinned and mirrored again.
-        let wired_tables = self.wired_mask();
+        let wired_tables = self.xlat.wired_mask();
         for v in pages.iter().filter(|(_, e)| e.has(WIRED)).map(|(v, _)| *v) {
             self.set_page_wired(v, false);
             let moving = self.migrate_range(cx, space, v, 1, host, false);
@@ -334,7 +339,7 @@ impl SpaceState {
         debug_assert_eq!(runs.len(), old.len());
         let split = self.large_protected(stats, runs);
         for (i, run) in runs.iter().enumerate() {
-            let Some(table) = self.tables[run.table].as_ref() else {
+            let Some(table) = self.xlat.tables[run.table].as_ref() else {
                 continue;
             };
             let Err(err) = table.mmu.protect(table.root, run.range, prot) else {
@@ -357,7 +362,7 @@ impl SpaceState {
             let changed = &runs[..=i];
             let mut lost = Vec::new();
             for (r, &was) in changed.iter().zip(old) {
-                if let Some(t) = self.tables[r.table].as_ref() {
+                if let Some(t) = self.xlat.tables[r.table].as_ref() {
                     if t.mmu.protect(t.root, r.range, was).is_err() {
                         lost.push(*r);
                     }
@@ -369,7 +374,7 @@ impl SpaceState {
                 let first = r.range.start.vpn();
                 let pages = r.range.len >> PAGE_SHIFT;
                 self.unmap_pages(stats, first, pages, 1 << r.table);
-                let eager = self.wired_mask() & (1 << r.table);
+                let eager = self.xlat.wired_mask() & (1 << r.table);
                 // Best effort: the error returned is the first one.
                 let _ = self.mirror(stats, first, pages, eager);
             }

@@ -1,5 +1,5 @@
 //! The space's regions by start address, the fault path's memo of the last region
-//! a fault found, and a region resolved for a call ([`Checked`]).
+//! a fault found, and a region resolved for a call ([`ResolvedRegion`]).
 //!
 //! A fault needs, of its region, the start, the length and five small fields
 //! ([`FaultRegion`]). Looking them up in the map is a tree search (about 30
@@ -12,11 +12,64 @@
 //! memo's range, the memo's region is the one that holds `va`. There is no generation
 //! counter to bump at call sites: the one place where the map can change is here.
 
+use super::options::Placement;
 use super::segments::Piece;
-use super::{Placement, Region, RegionRec};
 use crate::addr::{VaRange, Vpn, PAGE_SIZE};
 use crate::error::RegionError;
+use crate::flags::Prot;
+use crate::handle::{MappingSetId, Region};
+use crate::mmu::Attrs;
 use alloc::collections::BTreeMap;
+
+/// One region's record: a small copyable value (split-off pieces live in
+/// [`Segments`], not here).
+#[derive(Clone, Copy)]
+pub(crate) struct RegionRec {
+    pub id: u64,
+    pub len: u64,
+    pub reserve_start: u64,
+    pub reserve_len: u64,
+    pub prot: Prot,
+    pub placement: Placement,
+    pub zero_fill_block: u64,
+    /// `region_map` gave frames: an absent page is "nowhere", not "zero-fill".
+    pub explicit: bool,
+    pub mapped: bool,
+    pub set: Option<MappingSetId>,
+    /// An unlocked edit of its pages is in flight (`unlocked`): KPI calls on it wait.
+    pub busy: bool,
+    /// The driver's attributes of its pages (split-off pieces aside).
+    pub attrs: Attrs,
+}
+
+impl RegionRec {
+    /// A fresh region's record: read-write, default placement and attributes, no
+    /// frames given, not mapped, in no mapping set.
+    pub fn new(id: u64, len: u64, reserve_start: u64, reserve_len: u64) -> RegionRec {
+        RegionRec {
+            id,
+            len,
+            reserve_start,
+            reserve_len,
+            prot: Prot::RW,
+            placement: Placement::default(),
+            zero_fill_block: 0,
+            explicit: false,
+            mapped: false,
+            set: None,
+            busy: false,
+            attrs: Attrs::default(),
+        }
+    }
+
+    /// The region's own protection and attributes (what its unsplit pages have).
+    pub fn piece(&self) -> Piece {
+        Piece {
+            prot: self.prot,
+            attrs: self.attrs,
+        }
+    }
+}
 
 /// What a fault reads of its region (a copy; see the module header for why it stays
 /// exact).
@@ -183,7 +236,7 @@ mod tests {
 /// A region resolved under its space's lock: the handle, a copy of its record and the
 /// pages it spans.
 #[derive(Clone, Copy)]
-pub(crate) struct Checked {
+pub(crate) struct ResolvedRegion {
     pub region: Region,
     pub rec: RegionRec,
     /// First page number.
@@ -192,7 +245,7 @@ pub(crate) struct Checked {
     pub pages: u64,
 }
 
-impl Checked {
+impl ResolvedRegion {
     /// The pages of `range`, which must be non-empty, page-aligned and inside the
     /// region.
     ///

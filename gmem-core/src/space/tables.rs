@@ -9,23 +9,6 @@ use super::*;
 #[must_use = "cleared entries must be invalidated before anything they mapped is reused"]
 pub(super) struct OwedInvalidation(pub(super) Vec<TableRun>);
 
-/// One device's TLB invalidation of ranges of one page table.
-pub(crate) struct Shootdown {
-    /// The device whose TLB it is.
-    pub(crate) device: DeviceId,
-    mmu: Arc<dyn Mmu>,
-    root: PageTableRoot,
-    ranges: Vec<VaRange>,
-}
-
-impl Shootdown {
-    /// Invalidate and count it.
-    pub fn run(&self, stats: &Counters) {
-        self.mmu.invalidate(self.root, &self.ranges);
-        Counters::add(&stats.invalidations, 1);
-    }
-}
-
 /// Pages `[first, first + pages)` on the consecutive frames from `pfn` of the
 /// space's memory `mem`: what one install into a table maps.
 #[derive(Clone, Copy)]
@@ -54,13 +37,6 @@ impl BackedRun {
     }
 }
 
-/// One contiguous run of pages of one table, collected for unmapping.
-#[derive(Clone, Copy)]
-pub(crate) struct TableRun {
-    pub table: usize,
-    pub range: VaRange,
-}
-
 impl SpaceState {
     /// Install a contiguous run of pages on their frames into table `t` — with large
     /// leaves where the block, its frames and its region allow (`large`) — then
@@ -73,7 +49,8 @@ impl SpaceState {
         piece: segments::Piece,
     ) -> Result<(), MmuError> {
         self.install_run(stats, t, run, piece)?;
-        self.lpt
+        self.store
+            .lpt
             .update_run(run.first, run.pages, |_, e| e.mapped |= 1 << t);
         Ok(())
     }
@@ -104,12 +81,13 @@ impl SpaceState {
         mask: u32,
     ) -> Result<(), MmuError> {
         let entries: Vec<(Vpn, PageEntry)> = self
+            .store
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.is_populated())
             .collect();
-        for t in 0..self.tables.len() {
-            if mask & (1 << t) == 0 || self.tables[t].is_none() {
+        for t in 0..self.xlat.tables.len() {
+            if mask & (1 << t) == 0 || self.xlat.tables[t].is_none() {
                 continue;
             }
             let mut i = 0;
@@ -134,7 +112,7 @@ impl SpaceState {
                         },
                         v0.addr().as_u64() + (1 << PAGE_SHIFT),
                     ));
-                let piece = self.segments.at(region, v0);
+                let piece = self.map.piece(region, v0);
                 let mut n = 1;
                 while i + (n as usize) < entries.len() {
                     let (v, e) = entries[i + n as usize];
@@ -147,7 +125,7 @@ impl SpaceState {
                         || e.mapped & (1 << t) != 0
                         || self.private_in_table(t, v)
                         || self.edited_unlocked(t, v)
-                        || self.segments.at(region, v) != piece
+                        || self.map.piece(region, v) != piece
                     {
                         break;
                     }
@@ -168,6 +146,7 @@ impl SpaceState {
     /// table with all its runs.
     pub fn unmap_pages(&mut self, stats: &Counters, first: Vpn, pages: u64, mask: u32) {
         let touched: Vec<(Vpn, u32)> = self
+            .store
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.mapped & mask != 0)
@@ -192,10 +171,10 @@ impl SpaceState {
         let runs = table_runs(touched);
         self.large_unmapped(stats, &runs);
         for &(v, bits) in touched {
-            self.lpt.update(v, |e| e.mapped &= !bits);
+            self.store.lpt.update(v, |e| e.mapped &= !bits);
         }
         for run in &runs {
-            if let Some(table) = &self.tables[run.table] {
+            if let Some(table) = &self.xlat.tables[run.table] {
                 table.mmu.unmap(table.root, run.range);
                 Counters::add(&stats.mmu_unmaps, 1);
             }
@@ -215,7 +194,7 @@ impl SpaceState {
     /// using it, with the table's whole list of ranges.
     pub fn shootdowns(&self, runs: &[TableRun]) -> Vec<Shootdown> {
         let mut out = Vec::new();
-        for (t, table) in self.tables.iter().enumerate() {
+        for (t, table) in self.xlat.tables.iter().enumerate() {
             let Some(table) = table else { continue };
             let ranges: Vec<VaRange> = runs
                 .iter()
@@ -225,7 +204,7 @@ impl SpaceState {
             if ranges.is_empty() {
                 continue;
             }
-            for a in self.attached.iter().flatten().filter(|a| a.table == t) {
+            for a in self.xlat.attached.iter().flatten().filter(|a| a.table == t) {
                 out.push(Shootdown {
                     device: a.dev.id,
                     mmu: a.dev.mmu.clone(),

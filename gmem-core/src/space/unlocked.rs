@@ -27,6 +27,7 @@
 //! the undo with the region restored exactly as before).
 
 use super::segments::Piece;
+use super::translation::Doomed;
 use super::{RegionRec, SpaceState};
 use crate::addr::Vpn;
 use crate::addr::{VaRange, PAGE_SHIFT};
@@ -35,35 +36,10 @@ use crate::flags::Prot;
 use crate::handle::{DeviceId, MappingSetId};
 use crate::mmu::{MapRun, Mmu, MmuError, PageTableRoot};
 use crate::space::queue::Callback;
-use crate::space::Checked;
+use crate::space::ResolvedRegion;
 use crate::stats::Counters;
 use crate::sync::Arc;
 use alloc::vec::Vec;
-
-/// A table detached while unlocked edits were in flight, waiting for them to end.
-pub(crate) struct Doomed {
-    pub mmu: Arc<dyn Mmu>,
-    /// The device `mmu` belongs to.
-    pub owner: DeviceId,
-    pub root: PageTableRoot,
-    /// The MMU of the device that used it last (its TLB is invalidated for the root
-    /// before the table goes).
-    pub last_user: Arc<dyn Mmu>,
-    /// The device `last_user` belongs to.
-    pub last_user_id: DeviceId,
-}
-
-/// The pages of one unlocked `region_map` in flight and the tables it edits (slots,
-/// a bit each): no other edit of the core touches those pages in those tables until
-/// it has finished (`fill_table` leaves them to it; faults on the region answer
-/// [`crate::FaultError::Busy`]).
-pub(crate) struct InFlightMap {
-    /// The region's id (the key `finish` removes it by).
-    region: u64,
-    first: Vpn,
-    pages: u64,
-    tables: u32,
-}
 
 /// The runs of one table an unlocked edit maps or unmaps.
 pub(crate) struct TableEdit {
@@ -78,49 +54,31 @@ pub(crate) struct TableEdit {
 /// header. Made by [`SpaceState::begin_unlocked_map`].
 #[must_use = "an unlocked map must be edited and finished, or its region stays busy"]
 pub(crate) struct UnlockedMap {
-    checked: Checked,
+    checked: ResolvedRegion,
     set: Option<MappingSetId>,
     callback: Option<Callback>,
     edits: Vec<TableEdit>,
 }
 
 impl SpaceState {
-    /// Whether every table in `mask` takes unlocked edits (and there is at least one).
-    pub(crate) fn edits_unlocked(&self, mask: u32) -> bool {
-        mask != 0
-            && self
-                .tables
-                .iter()
-                .enumerate()
-                .filter(|(t, _)| mask & (1 << t) != 0)
-                .all(|(_, t)| t.as_ref().is_some_and(|t| t.mmu.concurrent_edits()))
-    }
-
     /// One more unlocked edit in flight (tables stay alive until it ends).
     pub(crate) fn begin_unlocked_edit(&mut self) {
-        self.unlocked_edits += 1;
+        self.xlat.unlocked.begin();
     }
 
     /// An unlocked edit ended: the last one destroys the tables doomed meanwhile.
     pub(crate) fn end_unlocked_edit(&mut self, stats: &Counters) {
-        self.unlocked_edits -= 1;
-        if self.unlocked_edits == 0 {
-            for d in core::mem::take(&mut self.doomed) {
-                d.last_user.invalidate_all(d.root);
-                Counters::add(&stats.invalidations, 1);
-                d.mmu.destroy_page_table(d.root);
-            }
+        for d in self.xlat.unlocked.end() {
+            d.last_user.invalidate_all(d.root);
+            Counters::add(&stats.invalidations, 1);
+            d.mmu.destroy_page_table(d.root);
         }
     }
 
     /// Whether device `id` is named by work still running outside the lock: a doomed
     /// table (its driver's or its last user's) or a strict unmap's completion.
     pub(crate) fn refers_to_device(&self, id: DeviceId) -> bool {
-        self.strict_refs.contains(&id)
-            || self
-                .doomed
-                .iter()
-                .any(|d| d.owner == id || d.last_user_id == id)
+        self.xlat.unlocked.refers_to(id) || self.dma_unmaps_in_flight()
     }
 
     /// Whether an unlocked `region_map` in flight edits page `v` of table `t` (the
@@ -132,34 +90,28 @@ impl SpaceState {
         if cfg!(gmem_loom_bug = "fill_mirrors_busy_pages") {
             return false;
         }
-        !self.in_flight_maps.is_empty()
-            && self
-                .in_flight_maps
-                .iter()
-                .any(|m| m.tables & (1 << t) != 0 && v >= m.first && v < m.first + m.pages)
+        self.xlat.unlocked.edits(t, v)
     }
 
     /// Destroy a table whose last user (device `last_id`, MMU `last_user`) detached —
     /// or doom it while unlocked edits may still be editing it.
     pub(crate) fn retire_table(&mut self, t: usize, last_id: DeviceId, last_user: Arc<dyn Mmu>) {
-        let table = self.tables[t].take().expect("live table");
-        self.tables_changed();
+        let table = self.xlat.tables[t].take().expect("live table");
+        self.xlat.tables_changed();
         // An unlocked map in flight no longer edits this slot's table (it finds the
         // generation changed and undoes its runs on the doomed table): a table
         // attached in the slot later is filled like any other.
-        for m in &mut self.in_flight_maps {
-            m.tables &= !(1 << t);
-        }
+        self.xlat.unlocked.forget_table(t);
         // Deliberately broken (loom model `unlocked` must catch it): the table is
         // destroyed at once, under an edit that is still running without the lock.
         #[cfg(gmem_loom_bug = "destroy_table_during_unlocked_edit")]
         let destroy = true;
         #[cfg(not(gmem_loom_bug = "destroy_table_during_unlocked_edit"))]
-        let destroy = self.unlocked_edits == 0;
+        let destroy = self.xlat.unlocked.idle();
         if destroy {
             table.mmu.destroy_page_table(table.root);
         } else {
-            self.doomed.push(Doomed {
+            self.xlat.unlocked.doom(Doomed {
                 mmu: table.mmu,
                 owner: table.owner,
                 root: table.root,
@@ -171,7 +123,8 @@ impl SpaceState {
 
     /// Whether table slot `t` still holds the table of generation `generation`.
     fn same_table(&self, t: usize, generation: u64) -> bool {
-        self.tables
+        self.xlat
+            .tables
             .get(t)
             .and_then(Option::as_ref)
             .is_some_and(|x| x.generation == generation)
@@ -182,7 +135,7 @@ impl SpaceState {
     /// collect, for every table in `mask`, the physically contiguous runs to map.
     pub(crate) fn begin_unlocked_map(
         &mut self,
-        c: &Checked,
+        c: &ResolvedRegion,
         prot: Prot,
         mask: u32,
         set: Option<MappingSetId>,
@@ -196,12 +149,12 @@ impl SpaceState {
         let mut i = 0;
         while i < c.pages {
             let v0 = c.first.add(i);
-            let e0 = self.lpt.get(v0);
-            let attrs = self.segments.at(region, v0).attrs;
+            let e0 = self.store.lpt.get(v0);
+            let attrs = self.map.piece(region, v0).attrs;
             let mut n = 1;
             while i + n < c.pages
-                && self.lpt.get(v0.add(n)).pfn == e0.pfn.add(n)
-                && self.segments.at(region, v0.add(n)).attrs == attrs
+                && self.store.lpt.get(v0.add(n)).pfn == e0.pfn.add(n)
+                && self.map.piece(region, v0.add(n)).attrs == attrs
             {
                 n += 1;
             }
@@ -211,12 +164,13 @@ impl SpaceState {
                 len: n << PAGE_SHIFT,
                 prot,
                 page_size: crate::addr::PageSize::Size4K,
-                memory: self.memories.get(e0.mem).id,
+                memory: self.store.memories.get(e0.mem).id,
                 attrs,
             });
             i += n;
         }
         let edits: Vec<TableEdit> = self
+            .xlat
             .tables
             .iter()
             .enumerate()
@@ -232,12 +186,12 @@ impl SpaceState {
                 })
             })
             .collect();
-        self.in_flight_maps.push(InFlightMap {
-            region: c.rec.id,
-            first: c.first,
-            pages: c.pages,
-            tables: edits.iter().fold(0, |m, e: &TableEdit| m | 1 << e.table),
-        });
+        self.xlat.unlocked.start_map(
+            c.rec.id,
+            c.first,
+            c.pages,
+            edits.iter().fold(0, |m, e: &TableEdit| m | 1 << e.table),
+        );
         self.put_region(
             c,
             RegionRec {
@@ -309,14 +263,14 @@ impl UnlockedMap {
             callback,
             edits,
         } = self;
-        st.in_flight_maps.retain(|m| m.region != c.rec.id);
+        st.xlat.unlocked.finish_map(c.rec.id);
         let alive = st.alive && st.region(c.region).is_some_and(|r| r.id == c.rec.id);
         let result = match edited {
             Ok(()) => {
                 for e in &edits {
                     if alive && st.same_table(e.table, e.generation) {
                         for v in c.first.span(c.pages) {
-                            st.lpt.update(v, |x| x.mapped |= 1 << e.table);
+                            st.store.lpt.update(v, |x| x.mapped |= 1 << e.table);
                         }
                     } else {
                         // Detached (or the space destroyed) meanwhile: the table is
@@ -327,8 +281,8 @@ impl UnlockedMap {
                     }
                 }
                 if alive {
-                    if let Some(s) = set.and_then(|s| st.sets.get_mut(s.index, s.generation)) {
-                        s.regions.push(c.region);
+                    if let Some(s) = set {
+                        st.map.join_set(s, c.region);
                     }
                     st.put_region(
                         &c,
@@ -337,7 +291,7 @@ impl UnlockedMap {
                             ..*st.region(c.region).expect("alive")
                         },
                     );
-                    st.queue.complete_now(callback, Ok(()));
+                    st.xlat.queue.complete_now(callback, Ok(()));
                     Ok(())
                 } else {
                     // The space was destroyed during the call (a region cannot go

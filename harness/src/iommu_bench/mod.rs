@@ -71,7 +71,7 @@ pub use edits::{edits_table, EditRow};
 pub use report::run;
 
 use gmem_core::{
-    AllocPolicy, Callback, DeviceId, Gmem, MapFlags, PhysAddr, Platform, Prot, Region, SpaceId,
+    AllocPolicy, Callback, DeviceId, DmaMapping, Gmem, MapFlags, PhysAddr, Platform, Prot, SpaceId,
     VirtAddr, PAGE_SIZE,
 };
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
@@ -263,15 +263,15 @@ struct GmemNic<'a> {
 }
 
 impl Driver for GmemNic<'_> {
-    type Handle = Region;
-    fn map(&self, frame: PhysAddr) -> Result<(Region, VirtAddr), String> {
+    type Handle = DmaMapping;
+    fn map(&self, frame: PhysAddr) -> Result<(DmaMapping, VirtAddr), String> {
         let r = self
             .nic
             .map_buffer(self.gm, self.space, &[frame], self.host, Prot::WRITE)
             .map_err(|e| e.to_string())?;
         Ok((r, r.start))
     }
-    fn unmap(&self, r: Region, reusable: &Arc<AtomicBool>) -> Result<(), String> {
+    fn unmap(&self, r: DmaMapping, reusable: &Arc<AtomicBool>) -> Result<(), String> {
         if self.asynchronous {
             let flag = reusable.clone();
             let cb: Callback = Box::new(move |res| {
@@ -598,7 +598,8 @@ fn run_gmem(v: Variant, threads: usize, p: &Params) -> Result<Measured, String> 
     h.gm.as_synchronize(space).map_err(|e| e.to_string())?;
     let packets = p.packets * threads as u64;
     let (wall, cpu, mut problems) = summarize(&runs, packets);
-    let left = h.gm.as_regions(space).map_err(|e| e.to_string())?.len();
+    let left = h.gm.as_regions(space).map_err(|e| e.to_string())?.len()
+        + h.gm.dma_mappings(space).map_err(|e| e.to_string())?;
     if left > 0 {
         problems.push(format!("{left} buffers still mapped after teardown"));
     }

@@ -11,7 +11,61 @@ use crate::sync::Arc;
 use crate::vmem::Arena;
 use alloc::vec::Vec;
 
-use super::{Callback, Discard, Op, PendingInvalidation, Request, StrictRelease};
+use super::{Callback, Discard, Op, Request, Shootdown};
+
+/// A strict unmap whose page-table entries are cleared and whose TLB invalidation is
+/// still to be done, by the caller, *outside* the space lock (so that one thread's
+/// invalidation wait — microseconds on an IOMMU — does not hold up the other users of
+/// the space).
+///
+/// Until [`PendingInvalidation::complete`] the unmap keeps everything it released out
+/// of reach, exactly as a queued asynchronous unmap does: its frames stay quarantined,
+/// its pages stay marked pending, its virtual range stays reserved in the arena. Only
+/// `region_dealloc` defers this way: the region is gone, so no fault, map or unmap can
+/// touch its pages meanwhile, and a concurrent detach or space destruction only makes
+/// the invalidation redundant: the detach of a table's last user invalidates the whole
+/// table (`invalidate_all`) before destroying it, so a driver may skip the late
+/// invalidation of a root it no longer knows (see `Mmu::invalidate`). The devices
+/// the completion will call are listed in the space until it ends, and
+/// `dev_destroy` refuses them meanwhile.
+#[must_use = "complete() the invalidation, or its frames and range stay quarantined"]
+pub(crate) struct PendingInvalidation {
+    pub(crate) space: Arc<SpaceInner>,
+    pub(crate) shootdowns: Vec<Shootdown>,
+    /// What the completion releases under the lock again.
+    pub(crate) release: StrictRelease,
+}
+
+/// What a strict unmap holds back until its unlocked invalidation has run
+/// ([`PendingInvalidation`]), handed back to the space under its lock.
+pub(crate) struct StrictRelease {
+    pub(crate) discard: Discard,
+    pub(crate) va: Option<(u64, u64)>,
+    pub(crate) callback: Option<Callback>,
+    /// The space's attach epoch when the shootdowns were listed.
+    pub(crate) epoch: u64,
+    /// Every device the unmaps and shootdowns name (listed in the space's
+    /// `strict_refs` until the completion: `dev_destroy` refuses meanwhile).
+    pub(crate) devices: Vec<DeviceId>,
+}
+
+impl PendingInvalidation {
+    /// Unmap what is still mapped (tables that take concurrent edits) and invalidate,
+    /// no lock held; then release what the unmap held back and make its callback ready.
+    pub fn complete(self, stats: &Counters) {
+        for u in &self.release.discard.unlocked {
+            u.mmu.unmap(u.root, u.range);
+            Counters::add(&stats.mmu_unmaps, 1);
+        }
+        for s in &self.shootdowns {
+            s.run(stats);
+        }
+        let space = self.space;
+        space
+            .lock()
+            .finish_strict(stats, &space.arena, self.release);
+    }
+}
 
 impl SpaceState {
     /// Queue an unmap whose entries are already cleared (`discard` came from
@@ -29,7 +83,7 @@ impl SpaceState {
         // callback is made ready at once, before the batch's TLB invalidation.
         #[cfg(gmem_loom_bug = "callback_before_invalidation")]
         let callback = {
-            self.queue.complete_now(callback, Ok(()));
+            self.xlat.queue.complete_now(callback, Ok(()));
             None
         };
         // Deliberately broken (loom model `faults` must catch it): the frames of the
@@ -38,18 +92,18 @@ impl SpaceState {
         #[cfg(gmem_loom_bug = "frames_before_invalidation")]
         let discard = {
             for &(mem, pfn) in &discard.frames {
-                self.memories.get(mem).phys.lock().free(pfn);
+                self.store.memories.get(mem).phys.lock().free(pfn);
             }
             Discard {
                 frames: Vec::new(),
                 ..discard
             }
         };
-        self.queue.requests.push(Request {
+        self.xlat.queue.requests.push(Request {
             op: Op::Unmap { discard, va },
             callback,
         });
-        if self.queue.requests.len() >= self.queue.batch_limit {
+        if self.xlat.queue.requests.len() >= self.xlat.queue.batch_limit {
             self.drain(stats, arena);
         }
     }
@@ -65,11 +119,11 @@ impl SpaceState {
         callback: Option<Callback>,
     ) {
         Counters::add(&stats.async_requests, 1);
-        self.queue.requests.push(Request {
+        self.xlat.queue.requests.push(Request {
             op: Op::Map { first, pages },
             callback,
         });
-        if self.queue.requests.len() >= self.queue.batch_limit {
+        if self.xlat.queue.requests.len() >= self.xlat.queue.batch_limit {
             self.drain(stats, arena);
         }
     }
@@ -78,13 +132,14 @@ impl SpaceState {
     /// page left with nothing but the mark (an unmapped one) is forgotten.
     pub(crate) fn clear_pending(&mut self, first: Vpn, pages: u64) {
         let pending: Vec<Vpn> = self
+            .store
             .lpt
             .entries_in(first, pages)
             .filter(|(_, e)| e.has(PENDING))
             .map(|(v, _)| v)
             .collect();
         for v in pending {
-            self.lpt.update(v, |e| {
+            self.store.lpt.update(v, |e| {
                 e.flags &= !PENDING;
                 if !e.is_populated() {
                     *e = PageEntry::EMPTY;
@@ -103,7 +158,7 @@ impl SpaceState {
         arena: &Arena,
     ) {
         for (mem, pfn) in discard.frames {
-            self.memories.get(mem).phys.lock().free(pfn);
+            self.store.memories.get(mem).phys.lock().free(pfn);
         }
         self.clear_pending(discard.first, discard.pages);
         if let Some((start, len)) = va {
@@ -148,10 +203,10 @@ impl SpaceState {
                 u.mmu.unmap(u.root, u.range);
             }
             self.release_discarded(discard, va, &space.arena);
-            self.queue.complete_now(callback, Ok(()));
+            self.xlat.queue.complete_now(callback, Ok(()));
             return None;
         }
-        self.queue.strict_in_flight += 1;
+        self.xlat.queue.strict_in_flight += 1;
         if !discard.unlocked.is_empty() {
             self.begin_unlocked_edit();
         }
@@ -160,7 +215,7 @@ impl SpaceState {
             .map(|s| s.device)
             .chain(discard.unlocked.iter().map(|u| u.owner))
             .collect();
-        self.strict_refs.extend_from_slice(&devices);
+        self.xlat.unlocked.hold_devices(&devices);
         Some(PendingInvalidation {
             space: space.clone(),
             shootdowns,
@@ -168,7 +223,7 @@ impl SpaceState {
                 discard,
                 va,
                 callback,
-                epoch: self.attach_epoch,
+                epoch: self.xlat.attach_epoch(),
                 devices,
             },
         })
@@ -186,28 +241,24 @@ impl SpaceState {
             epoch,
             devices,
         } = done;
-        for d in &devices {
-            if let Some(i) = self.strict_refs.iter().position(|x| x == d) {
-                self.strict_refs.swap_remove(i);
-            }
-        }
+        self.xlat.unlocked.release_devices(&devices);
         let unlocked = !discard.unlocked.is_empty();
-        if unlocked && epoch != self.attach_epoch {
+        if unlocked && epoch != self.xlat.attach_epoch() {
             self.invalidate(stats, &discard.runs);
         }
         self.release_discarded(discard, va, arena);
-        self.queue.strict_in_flight -= 1;
+        self.xlat.queue.strict_in_flight -= 1;
         if unlocked {
             self.end_unlocked_edit(stats);
         }
-        self.queue.complete_now(callback, Ok(()));
+        self.xlat.queue.complete_now(callback, Ok(()));
     }
 
     /// Complete every queued request: page-table updates of maps, one coalesced TLB
     /// invalidation per device for all unmaps, then release frames and ranges, then
     /// make the callbacks ready.
     pub fn drain(&mut self, stats: &Counters, arena: &Arena) {
-        let requests = core::mem::take(&mut self.queue.requests);
+        let requests = core::mem::take(&mut self.xlat.queue.requests);
         if requests.is_empty() {
             return;
         }
@@ -228,7 +279,7 @@ impl SpaceState {
                     // The tables that must hold wired pages now: one attached while
                     // the map was queued (its fill skipped the pending pages) is
                     // included, one detached since is not.
-                    let live = self.wired_mask();
+                    let live = self.xlat.wired_mask();
                     results.push(self.mirror(stats, first, pages, live));
                 }
             }
@@ -254,7 +305,7 @@ impl SpaceState {
                 self.release_discarded(discard, va, arena);
             }
             if let Some(cb) = req.callback {
-                self.queue.ready.push((cb, result));
+                self.xlat.queue.ready.push((cb, result));
             }
         }
     }

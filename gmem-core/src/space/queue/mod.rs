@@ -32,7 +32,6 @@ use crate::addr::VaRange;
 use crate::addr::{Pfn, Vpn};
 use crate::handle::DeviceId;
 use crate::mmu::{Mmu, MmuError, PageTableRoot};
-use crate::space::{Shootdown, SpaceInner, TableRun};
 use crate::stats::Counters;
 use crate::sync::{Arc, AtomicUsize, Ordering};
 use alloc::boxed::Box;
@@ -82,58 +81,28 @@ pub(crate) struct Request {
     pub callback: Option<Callback>,
 }
 
-/// A strict unmap whose page-table entries are cleared and whose TLB invalidation is
-/// still to be done, by the caller, *outside* the space lock (so that one thread's
-/// invalidation wait — microseconds on an IOMMU — does not hold up the other users of
-/// the space).
-///
-/// Until [`PendingInvalidation::complete`] the unmap keeps everything it released out
-/// of reach, exactly as a queued asynchronous unmap does: its frames stay quarantined,
-/// its pages stay marked pending, its virtual range stays reserved in the arena. Only
-/// `region_dealloc` defers this way: the region is gone, so no fault, map or unmap can
-/// touch its pages meanwhile, and a concurrent detach or space destruction only makes
-/// the invalidation redundant: the detach of a table's last user invalidates the whole
-/// table (`invalidate_all`) before destroying it, so a driver may skip the late
-/// invalidation of a root it no longer knows (see `Mmu::invalidate`). The devices
-/// the completion will call are listed in the space until it ends, and
-/// `dev_destroy` refuses them meanwhile.
-#[must_use = "complete() the invalidation, or its frames and range stay quarantined"]
-pub(crate) struct PendingInvalidation {
-    pub(crate) space: Arc<SpaceInner>,
-    pub(crate) shootdowns: Vec<Shootdown>,
-    /// What the completion releases under the lock again.
-    pub(crate) release: StrictRelease,
+/// One device's TLB invalidation of ranges of one page table.
+pub(crate) struct Shootdown {
+    /// The device whose TLB it is.
+    pub(crate) device: DeviceId,
+    pub(crate) mmu: Arc<dyn Mmu>,
+    pub(crate) root: PageTableRoot,
+    pub(crate) ranges: Vec<VaRange>,
 }
 
-/// What a strict unmap holds back until its unlocked invalidation has run
-/// ([`PendingInvalidation`]), handed back to the space under its lock.
-pub(crate) struct StrictRelease {
-    pub(crate) discard: Discard,
-    pub(crate) va: Option<(u64, u64)>,
-    pub(crate) callback: Option<Callback>,
-    /// The space's attach epoch when the shootdowns were listed.
-    pub(crate) epoch: u64,
-    /// Every device the unmaps and shootdowns name (listed in the space's
-    /// `strict_refs` until the completion: `dev_destroy` refuses meanwhile).
-    pub(crate) devices: Vec<DeviceId>,
-}
-
-impl PendingInvalidation {
-    /// Unmap what is still mapped (tables that take concurrent edits) and invalidate,
-    /// no lock held; then release what the unmap held back and make its callback ready.
-    pub fn complete(self, stats: &Counters) {
-        for u in &self.release.discard.unlocked {
-            u.mmu.unmap(u.root, u.range);
-            Counters::add(&stats.mmu_unmaps, 1);
-        }
-        for s in &self.shootdowns {
-            s.run(stats);
-        }
-        let space = self.space;
-        space
-            .lock()
-            .finish_strict(stats, &space.arena, self.release);
+impl Shootdown {
+    /// Invalidate and count it.
+    pub fn run(&self, stats: &Counters) {
+        self.mmu.invalidate(self.root, &self.ranges);
+        Counters::add(&stats.invalidations, 1);
     }
+}
+
+/// One contiguous run of pages of one table, collected for unmapping.
+#[derive(Clone, Copy)]
+pub(crate) struct TableRun {
+    pub table: usize,
+    pub range: VaRange,
 }
 
 /// The queue itself (lives inside the space state).
