@@ -198,6 +198,8 @@ pub(crate) struct SpaceState {
     tally: Arc<SpaceCounters>,
     /// Short-lived DMA mappings (`dma`).
     dma: dma::DmaRecords,
+    /// Per-page advice (`advice`, `region_advise`).
+    advice: crate::policy::advice::AdviceMap,
 }
 
 impl SpaceState {
@@ -209,6 +211,7 @@ impl SpaceState {
             xlat: Translation::default(),
             tally,
             dma: dma::DmaRecords::default(),
+            advice: advice::empty(),
         }
     }
 
@@ -426,6 +429,7 @@ impl SpaceState {
     }
 }
 
+mod advice;
 mod attach;
 mod batch;
 mod large;
