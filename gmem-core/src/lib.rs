@@ -234,6 +234,7 @@ pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
 pub use kpi::access::{AccessCounterState, AccessError, AccessOutcome};
+pub use kpi::advice::AdviseError;
 pub use kpi::batch::{BatchFault, BatchReport};
 pub use kpi::dma::{DmaMapError, DmaMapping, DmaUnmapError};
 pub use kpi::frames::{CompactReport, FrameError};

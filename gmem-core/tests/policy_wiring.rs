@@ -345,3 +345,75 @@ fn prefetch_zero_fills_fresh_pages_never_evicts_and_never_leaves_its_region() {
     }
     s.gm.check_invariants(space).unwrap();
 }
+
+#[test]
+fn advice_is_stored_per_page_across_regions_and_goes_with_its_region() {
+    use gmem_core::policy::advice::AdviceOp;
+    let (mut s, space, d) = system(64, 16);
+    let gpu = s.devices[d].id;
+    let ghost = s.add_device(9, DevCaps::FAULTABLE, 0xa000_0000, 4);
+    let ghost = s.devices[ghost].id;
+    s.gm.dev_destroy(ghost).unwrap();
+    let a =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    let b =
+        s.gm.as_alloc(space, AllocRequest::new(4 * PAGE_SIZE))
+            .unwrap();
+    assert_eq!(page(a, 4), b.start, "two adjacent regions");
+    // A range across both regions: the last two pages of a, the first of b.
+    let across = Pages::range(space, VaRange::new(page(a, 2), 3 * PAGE_SIZE).unwrap());
+    s.gm.region_advise(across, AdviceOp::SetAccessedBy(gpu))
+        .unwrap();
+    s.gm.region_advise(b, AdviceOp::SetPreferred(gpu)).unwrap();
+    s.gm.region_advise(a, AdviceOp::SetReadMostly).unwrap();
+    let at = |r: Region, k: u64| s.gm.region_advice(space, page(r, k)).unwrap();
+    assert!(!at(a, 1).accessed_by.contains(gpu) && at(a, 1).read_mostly);
+    assert!(at(a, 2).accessed_by.contains(gpu) && at(a, 3).accessed_by.contains(gpu));
+    assert!(at(b, 0).accessed_by.contains(gpu) && !at(b, 1).accessed_by.contains(gpu));
+    assert_eq!(
+        (at(b, 3).preferred, at(b, 3).read_mostly),
+        (Some(gpu), false)
+    );
+    assert_eq!(at(a, 0).preferred, None);
+    // Misuse: typed errors, nothing changes.
+    let before: Vec<_> = (0..4).flat_map(|k| [at(a, k), at(b, k)]).collect();
+    assert_eq!(
+        s.gm.region_advise(a, AdviceOp::SetPreferred(ghost)),
+        Err(AdviseError::UnknownDevice(ghost))
+    );
+    let unaligned = VaRange {
+        start: va(page(a, 0).as_u64() + 8),
+        len: PAGE_SIZE,
+    };
+    assert_eq!(
+        s.gm.region_advise(Pages::range(space, unaligned), AdviceOp::Clear),
+        Err(AdviseError::Region(RegionError::BadRange(unaligned)))
+    );
+    // Past b's end no region holds the pages: refused whole, a's and b's pages untouched.
+    let past = Pages::range(space, VaRange::new(page(b, 2), 4 * PAGE_SIZE).unwrap());
+    assert_eq!(
+        s.gm.region_advise(past, AdviceOp::Clear),
+        Err(AdviseError::Region(RegionError::Unallocated(page(b, 4))))
+    );
+    let after: Vec<_> = (0..4).flat_map(|k| [at(a, k), at(b, k)]).collect();
+    assert_eq!(before, after);
+    // Deallocating b forgets its advice: a region allocated there again has none.
+    s.gm.region_dealloc(b, MapFlags::empty(), None).unwrap();
+    assert!(matches!(
+        s.gm.region_advice(space, page(b, 0)),
+        Err(AdviseError::Region(RegionError::Unallocated(_)))
+    ));
+    let mut req = AllocRequest::new(4 * PAGE_SIZE);
+    req.hint = b.start;
+    let c = s.gm.as_alloc(space, req).unwrap();
+    assert_eq!(c.start, b.start);
+    for k in 0..4 {
+        assert!(
+            at(c, k).is_none(),
+            "page {k} of the new region has no advice"
+        );
+    }
+    assert!(at(a, 3).accessed_by.contains(gpu), "a keeps its advice");
+    s.gm.check_invariants(space).unwrap();
+}

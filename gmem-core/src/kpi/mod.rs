@@ -1,6 +1,6 @@
 //! The KPI entry points, one module per object they act on.
 //!
-//! Every public call of [`crate::Gmem`] (72 of them; 73 with `test-util`), by module:
+//! Every public call of [`crate::Gmem`] (74 of them; 75 with `test-util`), by module:
 //!
 //! | module | calls |
 //! |---|---|
@@ -11,6 +11,7 @@
 //! | `frames` | [`dev_free_extents`](crate::Gmem::dev_free_extents), [`dev_compact`](crate::Gmem::dev_compact), [`dev_set_page_groups`](crate::Gmem::dev_set_page_groups), [`dev_page_groups`](crate::Gmem::dev_page_groups), [`dev_group_class`](crate::Gmem::dev_group_class), [`dev_set_group_class`](crate::Gmem::dev_set_group_class), [`as_page_frame`](crate::Gmem::as_page_frame), [`as_private_frame`](crate::Gmem::as_private_frame) |
 //! | `large` | [`region_promote`](crate::Gmem::region_promote), [`as_large_leaves`](crate::Gmem::as_large_leaves), [`as_frames`](crate::Gmem::as_frames), [`dev_set_reservations`](crate::Gmem::dev_set_reservations), [`dev_reservations`](crate::Gmem::dev_reservations) |
 //! | `dma` | [`dma_map`](crate::Gmem::dma_map), [`dma_unmap`](crate::Gmem::dma_unmap), [`dma_mappings`](crate::Gmem::dma_mappings) |
+//! | `advice` | [`region_advise`](crate::Gmem::region_advise), [`region_advice`](crate::Gmem::region_advice) |
 //! | `batch` | [`dev_fault_batch`](crate::Gmem::dev_fault_batch), [`dev_set_prefetch`](crate::Gmem::dev_set_prefetch), [`dev_prefetch`](crate::Gmem::dev_prefetch) |
 //! | `access` | [`as_set_access_counters`](crate::Gmem::as_set_access_counters), [`as_access_counters`](crate::Gmem::as_access_counters), [`dev_report_accesses`](crate::Gmem::dev_report_accesses) |
 //! | `thrashing` | [`as_set_thrashing`](crate::Gmem::as_set_thrashing), [`as_expire_pins`](crate::Gmem::as_expire_pins), [`as_thrashing`](crate::Gmem::as_thrashing) |
@@ -49,6 +50,7 @@
 //! ```
 
 pub(crate) mod access;
+pub(crate) mod advice;
 pub(crate) mod batch;
 pub(crate) mod device;
 pub(crate) mod dma;

@@ -79,7 +79,7 @@ type Piece = (Region, Option<VaRange>);
 
 /// The pieces of a [`Pages`]: a region's one piece needs no heap allocation (a
 /// region handle is the common case, and a DMA unmap's hot path).
-enum Pieces {
+pub(crate) enum Pieces {
     One(core::iter::Once<Piece>),
     Many(alloc::vec::IntoIter<Piece>),
 }
@@ -106,7 +106,7 @@ impl Pieces {
 impl Gmem {
     /// The pieces of `pages`, checked: a region as it is (its handle is checked by the
     /// call on it), a range cut at region boundaries.
-    fn pieces(&self, pages: Pages) -> Result<Pieces, RegionError> {
+    pub(crate) fn pieces(&self, pages: Pages) -> Result<Pieces, RegionError> {
         let (space_id, range) = match pages.0 {
             Target::Region(r) => return Ok(Pieces::One(core::iter::once((r, None)))),
             Target::Range(s, r) => (s, r),

@@ -88,7 +88,7 @@ pub enum MigrateScope {
 
 impl Gmem {
     /// Resolve `region` under its space's lock and run `f` with the checked region.
-    fn with_region<R, E: From<RegionError>>(
+    pub(crate) fn with_region<R, E: From<RegionError>>(
         &self,
         region: Region,
         f: impl FnOnce(&Ctx<'_>, &Arc<SpaceInner>, &mut SpaceState, ResolvedRegion) -> Result<R, E>,

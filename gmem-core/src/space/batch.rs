@@ -1,22 +1,27 @@
 //! Servicing one block of a fault batch (issue 35, items 1 and 2) under one hold of
-//! the space lock: the block's faulted pages, then the pages the tree prefetcher adds.
+//! the space lock: the tree prefetcher's plan with the faulted pages that migrate, then the rest.
 //!
 //! ## Theory
 //! A device reporting its faults in batches ([`crate::Gmem::dev_fault_batch`]) has
 //! them deduplicated and grouped by 2 MiB block ([`crate::policy::batch`]); the KPI
 //! then takes the space lock once per block and calls [`SpaceState::serve_block`]:
-//! 1. **the faults**: each faulted page goes through the single-fault path
-//!    ([`SpaceState::fault`]), so a batched fault decides exactly as a lone one does
-//!    (placement, protection, wiring, zero-fill blocks, eviction). The only
-//!    difference: the stale-TLB invalidations of its spurious faults are collected
-//!    (`Translation::deferred_spurious`) and issued as one call at the end of the block;
-//! 2. **the prefetch** (when the device has a [`PrefetchConfig`]): per region of the
-//!    block's successfully faulted pages, [`crate::policy::prefetch::plan`] gets the
-//!    pages resident in the fault's target memory and the faulted pages, clipped to
-//!    the region, and answers the extra pages to bring. Each contiguous run of them
-//!    is moved (populated elsewhere) or zero-filled (never populated) through the one
-//!    frame entry ([`SpaceState::frames`]) with one copy per physically contiguous
-//!    piece, then mapped in the faulter's table, so the device does not fault on it.
+//! 0. with prefetch on, the faulted pages never populated go first through the
+//!    single-fault path (step 2), whose zero-fill may fill their whole aligned block;
+//! 1. **the plan** (when the device has a [`PrefetchConfig`]), made once per block as
+//!    UVM makes it: per region of the block's faulted pages,
+//!    [`crate::policy::prefetch::plan`] gets the pages resident in the fault's target
+//!    memory and the faulted pages, clipped to the region, and answers the extra pages
+//!    to bring. Those, together with the faulted pages that would simply migrate
+//!    (unique placement, populated elsewhere, not wired or pending, the access
+//!    permitted), are brought in contiguous runs — moved (populated elsewhere) or
+//!    zero-filled (never populated) through the one frame entry
+//!    ([`SpaceState::frames`]), one copy per physically contiguous piece — and mapped
+//!    in the faulter's table. A faulted page brought so is served (`Migrated`);
+//! 2. **the faults** the plan did not serve each go through the single-fault path
+//!    ([`SpaceState::fault`]), so they decide exactly as a lone fault does (placement,
+//!    protection, wiring, zero-fill blocks, eviction). The only difference: the
+//!    stale-TLB invalidations of the block's spurious faults are collected and issued
+//!    as one call at the end of the block.
 //!
 //! ## What prefetch never does
 //! - **evict**: its frames are asked with `Pressure::Fail`; once the target memory is
@@ -65,53 +70,65 @@ impl SpaceState {
         prefetch: Option<PrefetchConfig>,
     ) -> BlockServed {
         self.xlat.deferred_spurious = Some(Vec::new());
-        let mut outcomes = Vec::with_capacity(block.pages.len());
-        for &(page, access) in &block.pages {
-            let va = block.block.add(page as u64).addr();
-            outcomes.push(self.fault(cx, space, dev, faulter, va, access));
+        let mut outcomes: Vec<Option<Result<FaultResolution, FaultError>>> =
+            alloc::vec![None; block.pages.len()];
+        let mut prefetched = 0;
+        if let Some(config) = prefetch {
+            // Never-populated faulted pages first, through the single-fault path: its
+            // zero-fill may fill their whole aligned block at once, which a plan that
+            // zero-filled neighbours first would prevent.
+            for (o, &(page, access)) in outcomes.iter_mut().zip(&block.pages) {
+                let vpn = block.block.add(page as u64);
+                if !self.store.lpt.get(vpn).is_populated() {
+                    *o = Some(self.fault(cx, space, dev, faulter, vpn.addr(), access));
+                }
+            }
+            prefetched = self.plan_block(cx, space, dev, faulter.1, block, config, &mut outcomes);
+            Counters::add(&cx.counters.pages_prefetched, prefetched);
+        }
+        // Every faulted page the plan did not bring, as a lone fault would be served.
+        for (o, &(page, access)) in outcomes.iter_mut().zip(&block.pages) {
+            if o.is_none() {
+                let va = block.block.add(page as u64).addr();
+                *o = Some(self.fault(cx, space, dev, faulter, va, access));
+            }
         }
         if let Some(owed) = self.xlat.deferred_spurious.take() {
             if !owed.is_empty() {
                 self.invalidate(cx.counters, &owed);
             }
         }
-        let mut prefetched = 0;
-        if let Some(config) = prefetch {
-            let served: Vec<usize> = block
-                .pages
-                .iter()
-                .zip(&outcomes)
-                .filter(|(_, r)| r.is_ok())
-                .map(|(&(p, _), _)| p as usize)
-                .collect();
-            prefetched =
-                self.prefetch_block(cx, space, dev, faulter.1, block.block, &served, config);
-            Counters::add(&cx.counters.pages_prefetched, prefetched);
-        }
         BlockServed {
-            outcomes,
+            outcomes: outcomes.into_iter().flatten().collect(),
             prefetched,
         }
     }
 
-    /// The prefetch of one block: per region of the `served` faulted pages (indices
-    /// in the block at `base`, ascending), the plan's extra pages brought to the
-    /// fault's target memory and mapped in table `t`. Returns the pages brought.
+    /// The block's migration plan, as UVM makes one per block: per region of the
+    /// block's faulted pages, [`plan`] over the pages resident in the fault's target
+    /// memory and the faulted pages; then the plan's prefetch pages together with the
+    /// faulted pages that would simply migrate (unique placement, populated elsewhere,
+    /// not wired or pending, access permitted) are brought in contiguous runs
+    /// ([`SpaceState::prefetch_run`]: one copy per physically contiguous piece, no
+    /// eviction) and mapped in table `t`. A faulted page brought so is served
+    /// (`outcomes`, `Migrated`); every other is left to the single-fault path. Returns
+    /// the prefetched pages (faulted ones not counted).
     #[allow(clippy::too_many_arguments)]
-    fn prefetch_block<'c>(
+    fn plan_block<'c>(
         &mut self,
         cx: &Ctx<'c>,
         space: &SpaceInner,
         dev: &'c Arc<DeviceInner>,
         t: usize,
-        base: Vpn,
-        served: &[usize],
+        block: &BlockFaults,
         config: PrefetchConfig,
+        outcomes: &mut [Option<Result<FaultResolution, FaultError>>],
     ) -> u64 {
+        let base = block.block;
         let mut done = 0;
         let mut i = 0;
-        while i < served.len() {
-            let va = base.add(served[i] as u64).addr();
+        while i < block.pages.len() {
+            let va = base.add(block.pages[i].0 as u64).addr();
             let Some(fr) = self.map.for_fault(va.as_u64()) else {
                 i += 1;
                 continue;
@@ -121,11 +138,11 @@ impl SpaceState {
             let lo = rfirst.0.max(base.0) - base.0;
             let hi = (rfirst.0 + rpages).min(base.0 + BLOCK_PAGES as u64) - base.0;
             let (lo, hi) = (lo as usize, hi as usize);
-            let mut faulted = PageMask::new();
-            while i < served.len() && served[i] >= lo && served[i] < hi {
-                faulted.set(served[i]);
+            let group = i;
+            while i < block.pages.len() && (block.pages[i].0 as usize) < hi {
                 i += 1;
             }
+            let pages = &block.pages[group..i];
             if fr.busy || fr.placement.mode != PlacementMode::Unique {
                 continue;
             }
@@ -133,10 +150,28 @@ impl SpaceState {
             let Ok(tmem) = self.store.mem_index(&target) else {
                 continue;
             };
+            let entry = |st: &SpaceState, k: usize| st.store.lpt.get(base.add(k as u64));
             let resident = PageMask::from_fn(|k| {
-                let e = self.store.lpt.get(base.add(k as u64));
+                let e = entry(self, k);
                 e.is_populated() && e.mem == tmem
             });
+            let mut faulted = PageMask::new();
+            let mut joined = PageMask::new();
+            for &(p, access) in pages {
+                let p = p as usize;
+                faulted.set(p);
+                let e = entry(self, p);
+                let prot = self.map.piece(fr.piece, base.add(p as u64)).prot;
+                if !prot.is_empty()
+                    && prot.contains(access)
+                    && e.is_populated()
+                    && e.mem != tmem
+                    && !e.has(PENDING)
+                    && !SpaceState::is_wired(&e)
+                {
+                    joined.set(p);
+                }
+            }
             let input = PrefetchInput {
                 resident: &resident,
                 faulted: &faulted,
@@ -147,9 +182,10 @@ impl SpaceState {
             let Ok(p) = plan(&config, &input) else {
                 continue;
             };
-            for run in p.prefetch.runs() {
+            let mut full = false;
+            for run in p.prefetch.or(&joined).runs() {
                 let first = base.add(run.first as u64);
-                let (n, full) = self.prefetch_run(
+                let (n, out) = self.prefetch_run(
                     cx,
                     space,
                     &target,
@@ -159,9 +195,30 @@ impl SpaceState {
                     (fr.piece, fr.explicit),
                 );
                 done += n;
-                if full {
-                    return done;
+                if out {
+                    full = true;
+                    break;
                 }
+            }
+            // The joined faulted pages that arrived and are mapped for the faulter are
+            // served: a migration each, as the single-fault path counts it.
+            for (k, &(pg, _)) in pages.iter().enumerate() {
+                let e = entry(self, pg as usize);
+                if joined.test(pg as usize)
+                    && e.is_populated()
+                    && e.mem == tmem
+                    && e.mapped & (1 << t) != 0
+                {
+                    done = done.saturating_sub(1);
+                    SpaceCounters::add(&self.local().faults_migrate, 1);
+                    outcomes[group + k] = Some(Ok(FaultResolution {
+                        kind: crate::fault::FaultKind::Migrated,
+                        pages: 1,
+                    }));
+                }
+            }
+            if full {
+                break;
             }
         }
         done

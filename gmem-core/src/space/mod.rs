@@ -200,6 +200,8 @@ pub(crate) struct SpaceState {
     dma: dma::DmaRecords,
     /// The policy engines: access counters, thrashing detection (`policies`).
     policies: policies::Policies,
+    /// Per-page advice (`advice`, `region_advise`).
+    advice: crate::policy::advice::AdviceMap,
 }
 
 impl SpaceState {
@@ -212,6 +214,7 @@ impl SpaceState {
             tally,
             dma: dma::DmaRecords::default(),
             policies: policies::Policies::default(),
+            advice: advice::empty(),
         }
     }
 
@@ -431,6 +434,7 @@ impl SpaceState {
     }
 }
 
+mod advice;
 mod attach;
 mod batch;
 mod large;

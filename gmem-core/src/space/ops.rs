@@ -56,6 +56,7 @@ impl SpaceState {
     /// Remove a checked region's record, and the region from its mapping set.
     pub(crate) fn remove_region(&mut self, c: &ResolvedRegion) {
         self.map.remove(c);
+        self.forget_advice(c.first, c.pages);
     }
 
     /// Pin (or unpin) a populated page: its entry's wired mark and its frame's queue.

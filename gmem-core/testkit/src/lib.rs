@@ -162,6 +162,10 @@ pub struct Summary {
     pub dma_maps: u64,
     /// KPI runner: DMA mappings unmapped, their frames' bytes checked in memory.
     pub dma_unmaps: u64,
+    /// KPI runner: fault batches the core served (`Stats::fault_batches`).
+    pub fault_batches: u64,
+    /// KPI runner: pages the tree prefetcher brought (`Stats::pages_prefetched`).
+    pub pages_prefetched: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -176,5 +180,7 @@ impl core::ops::AddAssign for Summary {
         self.promotions += o.promotions;
         self.dma_maps += o.dma_maps;
         self.dma_unmaps += o.dma_unmaps;
+        self.fault_batches += o.fault_batches;
+        self.pages_prefetched += o.pages_prefetched;
     }
 }

@@ -134,3 +134,43 @@ fn a_device_that_cannot_fault_attached_during_a_queued_map_gets_the_page() {
         "the device reaches the page"
     );
 }
+
+/// Found by the seeded KPI runner (seed 179, once `Op::FaultBatch` changed how seeds
+/// decode): a device attached in `Shared` mode uses the host's table, whose page sizes
+/// (4 KiB and 64 KiB here) stayed the table's after the host detached; the shared
+/// device (4 KiB only) then filled a 64 KiB block page by page, and the fault of its
+/// last page asked the device's MMU for a 64 KiB leaf: `MmuError::Unsupported`, and
+/// the page was never mapped. Fixed in the core's detach (the heir's sizes become the
+/// table's, the maker's leaves the heir cannot map go first); the core's own test is
+/// `a_shared_table_handed_to_a_4k_only_heir_drops_the_makers_large_leaves`.
+#[test]
+fn a_shared_device_after_the_host_detaches_fills_a_large_block_without_error() {
+    let mut s = TestSystem::with_host_sizes(64, PageSizes::S4K | PageSizes::S64K);
+    let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);
+    let space =
+        s.gm.as_create(
+            VirtAddr::new(1 << 30),
+            VirtAddr::new((1 << 30) + 64 * PAGE_SIZE),
+            AllocPolicy::empty(),
+        )
+        .unwrap();
+    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
+        .unwrap();
+    s.gm.as_attach(
+        space,
+        s.devices[igpu].id,
+        MmuMode::Shared,
+        Activation::Switch,
+    )
+    .unwrap();
+    let mut req = AllocRequest::new(16 * PAGE_SIZE);
+    req.align = 16 * PAGE_SIZE;
+    let r = s.gm.as_alloc(space, req).unwrap();
+    s.gm.dev_detach(s.host().id, space).unwrap();
+    for k in 0..16 {
+        let va = VirtAddr::new(r.start.as_u64() + k * PAGE_SIZE);
+        if let Err(e) = s.read(igpu, va, 1) {
+            panic!("page {k}: {e:?}");
+        }
+    }
+}

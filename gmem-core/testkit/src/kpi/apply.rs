@@ -329,6 +329,33 @@ impl KpiRunner {
                 assert_eq!(r, Ok(()), "{ctx}");
                 self.summary.succeeded += 1;
             }
+            Op::FaultBatch {
+                dev,
+                region,
+                pages,
+                records,
+                writes,
+                prefetch,
+            } => {
+                let dev = usize::from(dev) % NDEV;
+                self.set_prefetch(ctx, dev, prefetch);
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                let r = self.region(slot, start);
+                let n = if records == 255 {
+                    0
+                } else {
+                    1 + usize::from(records) % 4
+                };
+                let recs: Vec<(u64, bool)> = (0..n)
+                    .map(|i| {
+                        let va = r.start() + u64::from(pages[i]) % r.pages() * PAGE_SIZE;
+                        (va + 8 * i as u64, writes & (1 << i) != 0)
+                    })
+                    .collect();
+                self.fault_batch(ctx, dev, &recs);
+            }
             Op::Migrate {
                 region,
                 dev,

@@ -48,6 +48,7 @@
 
 mod access;
 mod apply;
+mod batch;
 mod checks;
 mod dma;
 mod frames;
@@ -261,6 +262,8 @@ pub struct KpiRunner {
     devices: [DeviceId; NDEV],
     alive: [bool; NDEV],
     active: [Option<usize>; NDEV],
+    /// Devices with tree prefetch on (`dev_set_prefetch`).
+    prefetch: [bool; NDEV],
     spaces: Vec<Option<SpaceModel>>,
     dead_spaces: Vec<SpaceId>,
     dead_regions: Vec<Region>,
@@ -325,6 +328,7 @@ impl KpiRunner {
             devices,
             alive: [true; NDEV],
             active: [None; NDEV],
+            prefetch: [false; NDEV],
             spaces: Vec::new(),
             dead_spaces: Vec::new(),
             dead_regions: Vec::new(),
@@ -386,6 +390,8 @@ impl KpiRunner {
         self.summary.large_maps = st.large_maps;
         self.summary.large_splits = st.large_splits;
         self.summary.promotions = st.promotions;
+        self.summary.fault_batches = st.fault_batches;
+        self.summary.pages_prefetched = st.pages_prefetched;
         self.summary
     }
 

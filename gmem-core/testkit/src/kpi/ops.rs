@@ -538,6 +538,23 @@ pub enum Op {
         /// Content seed.
         seed: u8,
     },
+    /// `dev_fault_batch` of up to four records on one region (duplicates likely),
+    /// after `dev_set_prefetch`.
+    FaultBatch {
+        /// Which device.
+        dev: u8,
+        /// Which region.
+        region: u16,
+        /// Pages of the region (modulo its size), one record each.
+        pages: [u8; 4],
+        /// Records: `1 + n % 4`; 0 records when `n == 255` (an empty batch, misuse).
+        records: u8,
+        /// Bit `i`: record `i` is a store.
+        writes: u8,
+        /// 0: leave prefetch as it is; 1: off; else on at threshold `1 + p % 100`
+        /// with big pages of `1 << (p % 5)` pages.
+        prefetch: u8,
+    },
 }
 
 /// A wrong argument of `dma_map`.
