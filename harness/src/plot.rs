@@ -33,12 +33,13 @@ pub struct BarChart {
 }
 
 /// The palette the reproduce targets share.
-pub const PALETTE: [RGBColor; 5] = [
+pub const PALETTE: [RGBColor; 6] = [
     RGBColor(90, 140, 200),
     RGBColor(230, 150, 60),
     RGBColor(110, 170, 90),
     RGBColor(170, 170, 170),
     RGBColor(190, 90, 120),
+    RGBColor(120, 90, 170),
 ];
 
 fn draw<DB: DrawingBackend>(

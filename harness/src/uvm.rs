@@ -24,10 +24,16 @@
 //!   51%, `uvm_perf_prefetch_threshold`, and 64 KiB big pages, `uvm_perf_prefetch.c`).
 //!   The prefetcher never evicts (the core's rule, `space::batch`).
 //! - `all`: `batch` and `prefetch` together.
+//! - `thrashing`: the core's thrashing detection (`Gmem::as_set_thrashing`) with
+//!   UVM's parameters ([`thrashing_config`]): a page that migrates 3 times, each
+//!   within a lapse of the last, is pinned where it lives and mapped remotely by the
+//!   faulting GPU. The harness gives the core no clock, so the detector counts time in
+//!   its migration clock (one tick per fault that would migrate a page); UVM's 500 us
+//!   lapse becomes the migrations the bus model moves in 500 us (see there).
 //!
-//! Thrashing mitigation, read duplication, advice and access counters exist as
-//! engines in `gmem_core::policy` but are not wired into the fault path yet: their
-//! rows come with that wiring.
+//! Read duplication, advice (stored by `region_advise`, not yet read by the fault
+//! path) and access counters (wired: `Gmem::dev_report_accesses`, but the SIMT model
+//! keeps no per-page count of remote accesses to report) have no rows yet.
 //!
 //! **Time** is the SIMT cost model's kernel time (`gmem_simt::cost`, printed) plus a
 //! bus time: every byte the copy engines moved and every remote 128-byte transaction
@@ -41,6 +47,7 @@ use crate::plot::{write_svg, BarChart, BarSeries, PALETTE};
 use crate::report::{Output, Report};
 use crate::uvm_work::{run_workload, Machine, Sizes, WORKLOADS};
 use gmem_core::policy::prefetch::PrefetchConfig;
+use gmem_core::policy::thrashing::{Mitigation, ThrashingConfig};
 use gmem_core::{Stats, PAGE_SIZE};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -49,7 +56,7 @@ use std::path::Path;
 pub const PERCENTS: [u64; 3] = [50, 100, 150];
 
 /// The policies with rows today.
-pub const POLICIES: [&str; 5] = ["none", "remote", "batch", "prefetch", "all"];
+pub const POLICIES: [&str; 6] = ["none", "remote", "batch", "prefetch", "all", "thrashing"];
 
 /// Warp-instruction batches: the port's batch size for `batch` and `all`, the most
 /// records the core takes in one batch (`UVM_PERF_FAULT_BATCH_COUNT_DEFAULT`); one
@@ -141,6 +148,22 @@ fn snap(m: &Machine) -> Snap {
     }
 }
 
+/// The thrashing detector of the `thrashing` rows: UVM's defaults
+/// (`uvm_perf_thrashing.c`: threshold 3 events, `UVM_PERF_THRASHING_THRESHOLD_DEFAULT`;
+/// lapse 500 us, `UVM_PERF_THRASHING_LAPSE_USEC_DEFAULT`; nap 1 lapse; pin 300 lapses,
+/// `UVM_PERF_THRASHING_PIN_DEFAULT`), with its times converted to ticks of the core's
+/// migration clock: a lapse is the single-page migrations the bus moves in 500 us
+/// ([`BUS`]: 4 KiB at its bandwidth plus one transfer latency each; 48 ticks). The
+/// mitigation is the pin (assumption: UVM throttles a CPU thread by making it sleep;
+/// a warp of the SIMT model has no such wait, and UVM's GPU faults on a thrashing page
+/// end pinned too, after its throttling rounds).
+pub fn thrashing_config() -> ThrashingConfig {
+    let per_page = PAGE_SIZE as f64 / BUS.bytes_per_second + BUS.transfer_latency_s;
+    let lapse = (500e-6 / per_page).floor().max(1.0) as u64;
+    ThrashingConfig::new(3, lapse, lapse, 300 * lapse, Mitigation::Pin)
+        .expect("UVM's defaults are a valid configuration")
+}
+
 /// Runs one configuration.
 fn run_one(sizes: &Sizes, workload: &str, percent: u64, policy: &str) -> UvmRow {
     let ws = sizes.working_set(workload);
@@ -193,6 +216,12 @@ fn run_one(sizes: &Sizes, workload: &str, percent: u64, policy: &str) -> UvmRow 
         };
         if let Err(e) = set {
             row.error = Some(e);
+            return row;
+        }
+    }
+    if policy == "thrashing" {
+        if let Err(e) = m.gm().as_set_thrashing(m.space(), Some(thrashing_config())) {
+            row.error = Some(e.to_string());
             return row;
         }
     }
@@ -392,7 +421,7 @@ fn plot(path: &Path, rows: &[UvmRow]) -> Result<(), Box<dyn std::error::Error>> 
             .enumerate()
             .map(|(k, p)| BarSeries {
                 name: (*p).into(),
-                color: PALETTE[k],
+                color: PALETTE[k % PALETTE.len()],
                 values: value(p, f),
             })
             .collect(),
@@ -482,8 +511,35 @@ pub fn claims(rows: &[UvmRow]) -> Vec<Claim> {
             })
         })
         .collect();
+    // Thrashing mitigation cuts the stencil's bytes moved at 150% device memory
+    // (issue 35's target; the stencil's pages bounce GPU -> host -> GPU every sweep at
+    // any memory size, so 150% is thrashing between processors, not eviction).
+    let stencil = |policy: &str| {
+        rows.iter().find(|r| {
+            r.workload == "stencil"
+                && r.device_memory_percent == 150
+                && r.policy == policy
+                && r.error.is_none()
+                && r.verified
+        })
+    };
+    if let (Some(none), Some(th)) = (stencil("none"), stencil("thrashing")) {
+        let moved = |r: &UvmRow| r.bytes_h2d + r.bytes_d2h + r.bytes_d2d;
+        let cut = moved(none) as f64 / moved(th).max(1) as f64;
+        out.push(Claim {
+            claim: format!(
+                "thrashing mitigation cuts the stencil's bytes moved >= {THRASHING_BYTES_CUT}x at 150% device memory"
+            ),
+            detail: format!(
+                "{} bytes without policy, {} with thrashing detection: {cut:.2}x",
+                moved(none),
+                moved(th)
+            ),
+            pass: cut >= THRASHING_BYTES_CUT,
+        });
+    }
     // No policy slower than none by more than the issue's 10% (time_ms, same run).
-    for policy in ["batch", "prefetch", "all"] {
+    for policy in ["batch", "prefetch", "all", "thrashing"] {
         let mut compared = 0;
         let mut slower = Vec::new();
         for r in rows
@@ -524,6 +580,10 @@ pub fn claims(rows: &[UvmRow]) -> Vec<Claim> {
     }
     out
 }
+
+/// The issue's target for thrashing mitigation: the stencil's bytes moved at 150%
+/// device memory cut at least this many times (issue 35, "Must hold").
+pub const THRASHING_BYTES_CUT: f64 = 1.5;
 
 /// The slowdown a policy may cost against no policy (issue 35: 10%, "unless the
 /// closing note shows why").

@@ -123,6 +123,11 @@ impl Machine {
         &self.gm
     }
 
+    /// The address space every GPU and the host share.
+    pub fn space(&self) -> SpaceId {
+        self.space
+    }
+
     /// The GPUs.
     pub fn gpus(&self) -> &[Dgpu] {
         &self.gpus
