@@ -263,6 +263,10 @@ pub enum FaultError {
     /// `region_map` of its region, see [`crate::Mmu::concurrent_edits`]): nothing
     /// changed; retry the access (it succeeds once that call has returned).
     Busy(VirtAddr),
+    /// The page thrashes and the faulting device is throttled (thrashing detection,
+    /// [`crate::Gmem::as_set_thrashing`]): nothing changed; retry the access later
+    /// (another processor has the page for the current throttling period).
+    Throttled(VirtAddr),
     /// `dev_fault_batch`: the batch itself is malformed (empty, larger than the
     /// device's batch size, or a record with no access); nothing was serviced.
     Batch(crate::policy::batch::BatchError),
@@ -518,6 +522,12 @@ impl fmt::Display for FaultError {
                 "{access:?} access to {va:?} where the region allows {allowed:?}"
             ),
             FaultError::Move(e) => e.fmt(f),
+            FaultError::Throttled(va) => {
+                write!(
+                    f,
+                    "{va:?} thrashes and this device is throttled: retry later"
+                )
+            }
             FaultError::Busy(va) => {
                 write!(
                     f,

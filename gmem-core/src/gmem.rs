@@ -138,7 +138,13 @@ impl Gmem {
 
     /// The context handed to the fault path and the space operations.
     pub(crate) fn context(&self) -> Ctx<'_> {
-        Ctx::new(&self.counters, &self.host, &self.devices, &self.spaces)
+        Ctx::new(
+            &self.counters,
+            &*self.platform,
+            &self.host,
+            &self.devices,
+            &self.spaces,
+        )
     }
 }
 

@@ -233,12 +233,14 @@ pub use fault::{FaultKind, FaultResolution};
 pub use flags::{AllocPolicy, DevCaps, MapFlags, PageSizes, Prot};
 pub use gmem::Gmem;
 pub use handle::{DeviceId, MappingSetId, SpaceId};
+pub use kpi::access::{AccessCounterState, AccessError, AccessOutcome};
 pub use kpi::advice::AdviseError;
 pub use kpi::batch::{BatchFault, BatchReport};
 pub use kpi::dma::{DmaMapError, DmaMapping, DmaUnmapError};
 pub use kpi::frames::{CompactReport, FrameError};
 pub use kpi::pages::Pages;
 pub use kpi::region::{MapRequest, MigrateScope};
+pub use kpi::thrashing::ThrashingState;
 pub use physmem::{
     EvictionPolicy, FrameCounts, FreeExtents, GroupStats, ReservationStats, MAX_GROUP_ORDER,
     MAX_ORDER,

@@ -40,6 +40,15 @@ pub trait Platform: Send + Sync {
     fn exit_critical(&self, saved: usize) {
         let _ = saved;
     }
+    /// A monotonic clock in nanoseconds, if the platform has one (a kernel's TSC or
+    /// `mtime`, a simulator's simulated time). The policies that measure time use it:
+    /// thrashing detection's lapse, nap and pin time
+    /// ([`crate::Gmem::as_set_thrashing`]). Without one (the default) they count
+    /// events instead (see there). It must never go back.
+    #[inline]
+    fn now_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A source of 4 KiB frames for page-table pages, as a kernel hands them to its MMU

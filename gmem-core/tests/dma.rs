@@ -56,13 +56,7 @@ fn system(policy: AllocPolicy) -> (TestSystem, SpaceId, usize) {
             .unwrap();
     s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
         .unwrap();
-    s.gm.as_attach(
-        space,
-        s.devices[nic].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, nic);
     (s, space, nic)
 }
 

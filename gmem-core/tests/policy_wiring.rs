@@ -19,19 +19,9 @@ fn va(x: u64) -> VirtAddr {
 /// active in one space [1 GiB, 2 GiB).
 fn system(host_pages: u64, gpu_pages: u64) -> (TestSystem, SpaceId, usize) {
     let mut s = TestSystem::new(host_pages);
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     let d = s.add_device(GPU, DevCaps::FAULTABLE, GPU_BASE, gpu_pages);
-    s.gm.as_attach(
-        space,
-        s.devices[d].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, d);
     (s, space, d)
 }
 

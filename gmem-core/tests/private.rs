@@ -17,19 +17,9 @@ fn va(x: u64) -> VirtAddr {
 /// pages of memory, attached with its own table.
 fn system(pages: u64) -> (TestSystem, SpaceId, usize) {
     let mut s = TestSystem::new(256);
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     let d = s.add_device(FMT, DevCaps::empty(), DEV_BASE, pages);
-    s.gm.as_attach(
-        space,
-        s.devices[d].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, d);
     (s, space, d)
 }
 

@@ -15,23 +15,13 @@ fn va(x: u64) -> VirtAddr {
 /// A host with 256 pages and a space [1 GiB, 2 GiB) with the CPU attached.
 fn system() -> (TestSystem, SpaceId) {
     let s = TestSystem::new(256);
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     (s, space)
 }
 
 fn attach(s: &mut TestSystem, space: SpaceId, caps: DevCaps, mem_pages: u64) -> usize {
     let d = s.add_device(GPU, caps, GPU_BASE, mem_pages);
-    s.gm.as_attach(
-        space,
-        s.devices[d].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, d);
     d
 }
 

@@ -22,11 +22,7 @@ fn va(x: u64) -> VirtAddr {
 
 /// A space [1 GiB, 2 GiB) with the CPU attached and two 1-page regions.
 fn setup(s: &TestSystem) -> (SpaceId, Region, Region) {
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     let a = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     let b = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     (space, a, b)

@@ -19,22 +19,12 @@ fn va(x: u64) -> VirtAddr {
 /// devices (they cannot fault) whose tables take concurrent edits, attached too.
 fn system(n: usize) -> (TestSystem, SpaceId, Vec<usize>) {
     let mut s = TestSystem::new(256);
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     s.concurrent_edits = true;
     let io = (0..n)
         .map(|_| {
             let d = s.add_device(IO, DevCaps::empty(), 0, 0);
-            s.gm.as_attach(
-                space,
-                s.devices[d].id,
-                MmuMode::Coherent,
-                Activation::Switch,
-            )
-            .unwrap();
+            s.attach(space, d);
             d
         })
         .collect();

@@ -31,16 +31,6 @@ fn frame(k: u64) -> PhysAddr {
     PhysAddr::new(0x7000_0000 + k * PAGE_SIZE)
 }
 
-/// A space [1 GiB, 2 GiB) with the CPU attached.
-fn space(s: &TestSystem) -> SpaceId {
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
-    space
-}
-
 /// Add a device whose tables take unlocked edits (`concurrent`) and attach it.
 fn device(
     s: &mut TestSystem,
@@ -88,7 +78,7 @@ fn map_held_open(
 #[test]
 fn a_fault_on_a_region_being_mapped_unlocked_is_answered_busy_and_edits_nothing() {
     let mut s = TestSystem::new(64);
-    let space = space(&s);
+    let space = s.space();
     // A faultable device on a replicate-mode table: its table takes the region's
     // pages eagerly (unlocked), and it can also fault on them.
     let gpu = device(&mut s, space, DevCaps::FAULTABLE, MmuMode::Replicate, true);
@@ -132,13 +122,7 @@ fn an_attach_during_an_unlocked_map_leaves_its_pages_to_the_edit_in_a_shared_tab
     // Devices that cannot fault: their tables get every wired page eagerly.
     s.concurrent_edits = true;
     let a = s.add_device(HOST_FORMAT, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(
-        space,
-        s.devices[a].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, a);
     let shared = s.add_device(HOST_FORMAT, DevCaps::empty(), 0, 0);
     let own = s.add_device(HOST_FORMAT, DevCaps::empty(), 0, 0);
     let r =
@@ -181,7 +165,7 @@ fn an_attach_during_an_unlocked_map_leaves_its_pages_to_the_edit_in_a_shared_tab
 #[test]
 fn dev_destroy_is_refused_while_a_doomed_table_names_the_device() {
     let mut s = TestSystem::new(64);
-    let space = space(&s);
+    let space = s.space();
     let io = device(&mut s, space, DevCaps::empty(), MmuMode::Coherent, true);
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     let s = Arc::new(s);
@@ -214,7 +198,7 @@ fn dev_destroy_is_refused_while_a_doomed_table_names_the_device() {
 #[test]
 fn the_last_detach_invalidates_the_whole_table_before_a_strict_deallocs_late_shootdown() {
     let mut s = TestSystem::new(64);
-    let space = space(&s);
+    let space = s.space();
     // Tables edited under the lock: a strict dealloc unmaps under it and invalidates
     // outside it.
     let io = device(&mut s, space, DevCaps::empty(), MmuMode::Coherent, false);
@@ -255,7 +239,7 @@ fn the_last_detach_invalidates_the_whole_table_before_a_strict_deallocs_late_sho
 #[test]
 fn region_map_reports_a_space_destroyed_during_the_call() {
     let mut s = TestSystem::new(64);
-    let space = space(&s);
+    let space = s.space();
     let io = device(&mut s, space, DevCaps::empty(), MmuMode::Coherent, true);
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     let s = Arc::new(s);

@@ -4,7 +4,9 @@
 //! `dma_unmap`, through `DmaDevice::map_buffer` / `unmap_buffer`; variants `GM-V`,
 //! `GM-V-CAS`) and the region path it replaced (`as_alloc` + `region_map` and a strict
 //! `region_dealloc`, through `map_buffer_region` / `unmap_buffer_region`; variants
-//! `GM-V-reg`, `GM-V-CAS-reg`: the *before* of issue 36's item 2).
+//! `GM-V-reg`, `GM-V-CAS-reg`: the *before* of issue 36's item 2). And `core-only`: the DMA path
+//! over a driver whose calls do nothing (`NullMmu`), so that its time is the core's
+//! own share of a pair (registry look-ups, locks, IOVA, record), without table edits.
 //!
 //! No invalidation is waited for (`InvalidationLatency::accounted(0)`: the IOTLB is
 //! still invalidated, with no latency) and the time inside the invalidation calls (the
@@ -23,7 +25,11 @@
 //! `cargo bench -p gmem-iommu --bench map_unmap`
 
 use criterion::{criterion_group, Criterion};
-use gmem_core::{AllocPolicy, Gmem, MapFlags, PhysAddr, Prot, SingleCpu, VirtAddr, PAGE_SIZE};
+use gmem_core::{
+    Activation, AllocPolicy, DevCaps, DeviceDesc, Gmem, MapFlags, MapRun, Mmu, MmuError, MmuMode,
+    PageSizes, PageTableFormat, PageTableRoot, PhysAddr, Prot, SingleCpu, VaRange, VirtAddr,
+    PAGE_SIZE,
+};
 use gmem_host_cpu::{HostCpu, HostCpuConfig};
 use gmem_iommu::{
     invalidating_nanos_on_this_thread, BusDmaMap, Discipline, GiantLockDomain, InvalidationLatency,
@@ -113,6 +119,67 @@ fn gmem_pair(discipline: Discipline, pages: usize, region: bool) -> Pair {
     })
 }
 
+/// A driver that does nothing: what a pair costs over it is the core's alone.
+struct NullMmu;
+
+impl Mmu for NullMmu {
+    fn format(&self) -> PageTableFormat {
+        PageTableFormat(0x4e55)
+    }
+    fn page_sizes(&self) -> PageSizes {
+        PageSizes::S4K
+    }
+    fn create_page_table(&self) -> Result<PageTableRoot, MmuError> {
+        Ok(PageTableRoot(1))
+    }
+    fn destroy_page_table(&self, _: PageTableRoot) {}
+    fn map(&self, _: PageTableRoot, run: &MapRun) -> Result<(), MmuError> {
+        black_box(run);
+        Ok(())
+    }
+    fn unmap(&self, _: PageTableRoot, range: VaRange) {
+        black_box(range);
+    }
+    fn protect(&self, _: PageTableRoot, _: VaRange, _: Prot) -> Result<(), MmuError> {
+        Ok(())
+    }
+    fn invalidate(&self, _: PageTableRoot, ranges: &[VaRange]) {
+        black_box(ranges);
+    }
+    fn invalidate_all(&self, _: PageTableRoot) {}
+    fn activate(&self, _: Option<PageTableRoot>) {}
+}
+
+fn core_only_pair(pages: usize) -> Pair {
+    let h = host();
+    let nic =
+        h.gm.dev_create(DeviceDesc {
+            name: "null".into(),
+            mmu: Arc::new(NullMmu),
+            memory: None,
+            caps: DevCaps::empty(),
+            data: None,
+        })
+        .expect("device");
+    let space =
+        h.gm.as_create(
+            VirtAddr::new(1 << 20),
+            VirtAddr::new(1 << 32),
+            AllocPolicy::CACHED,
+        )
+        .expect("space");
+    h.gm.as_attach(space, nic, MmuMode::Coherent, Activation::Switch)
+        .expect("attach");
+    let host_dev = h.gm.host();
+    Box::new(move || {
+        let m =
+            h.gm.dma_map(space, &h.frames[..pages], host_dev, Prot::WRITE)
+                .expect("map");
+        h.gm.dma_unmap(black_box(m), MapFlags::empty(), None)
+            .expect("unmap");
+    })
+}
+
 fn baseline_pair(pages: usize) -> Pair {
     let h = host();
     let iommu = Iommu::new(config(Discipline::Locked), h.cpu.memory_map().clone()).expect("iommu");
@@ -141,6 +208,7 @@ fn variants(pages: usize) -> Vec<(&'static str, Pair)> {
         ("GM-V-CAS", gmem_pair(Discipline::Cas, pages, false)),
         ("GM-V-reg", gmem_pair(Discipline::Locked, pages, true)),
         ("GM-V-CAS-reg", gmem_pair(Discipline::Cas, pages, true)),
+        ("core-only", core_only_pair(pages)),
     ]
 }
 
@@ -196,7 +264,8 @@ fn same_run_ratios() {
             .collect();
         for (k, (name, _)) in vs.iter().enumerate() {
             let ratio = median[k] / median[0];
-            let verdict = if k == 0 || pages != 1 || name.ends_with("-reg") {
+            let verdict = if k == 0 || pages != 1 || name.ends_with("-reg") || *name == "core-only"
+            {
                 String::new()
             } else {
                 format!(

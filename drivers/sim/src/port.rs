@@ -355,9 +355,10 @@ impl Port {
                 self.count_served(r);
                 Ok(())
             }
-            // Another thread maps the region without the lock right now: nothing
-            // changed, the access retries (counted with the spurious faults).
-            Err(FaultError::Busy(_)) => {
+            // Another thread maps the region without the lock right now, or the page
+            // thrashes and this device is throttled: nothing changed, the access
+            // retries (counted with the spurious faults).
+            Err(FaultError::Busy(_) | FaultError::Throttled(_)) => {
                 add(&c.spurious, 1);
                 core::hint::spin_loop();
                 Ok(())
@@ -438,7 +439,7 @@ impl Port {
         for (&(va, access, _), outcome) in missed.iter().zip(report.outcomes) {
             match outcome {
                 Ok(r) => self.count_served(r),
-                Err(FaultError::Busy(_)) => add(&c.spurious, 1),
+                Err(FaultError::Busy(_) | FaultError::Throttled(_)) => add(&c.spurious, 1),
                 Err(error) => {
                     add(&c.failed_faults, 1);
                     first_error.get_or_insert(AccessError::Fault { va, access, error });

@@ -64,6 +64,10 @@ pub enum DmaMapError {
     },
     /// A driver refused a table edit (nothing of the map remains).
     Mmu(MmuError),
+    /// IOVA allocation failure injected for testing (`as_fail_every`, feature
+    /// `test-util`).
+    #[cfg(feature = "test-util")]
+    Injected,
 }
 
 /// Errors of [`Gmem::dma_unmap`]. Nothing changes after one and the callback is
@@ -89,6 +93,8 @@ impl fmt::Display for DmaMapError {
             }
             DmaMapError::NoSpace { size } => write!(f, "no free IOVA range of {size:#x} bytes"),
             DmaMapError::Mmu(e) => write!(f, "page-table edit refused: {e:?}"),
+            #[cfg(feature = "test-util")]
+            DmaMapError::Injected => f.write_str("IOVA allocation failure injected for testing"),
         }
     }
 }
@@ -189,10 +195,11 @@ impl Gmem {
             0
         };
         let reserve_len = size + 2 * guard;
-        let reserve_start = space
-            .arena
-            .alloc(reserve_len)
-            .map_err(|_| DmaMapError::NoSpace { size })?;
+        let reserve_start = space.arena.alloc(reserve_len).map_err(|e| match e {
+            #[cfg(feature = "test-util")]
+            crate::vmem::AllocError::Injected => DmaMapError::Injected,
+            _ => DmaMapError::NoSpace { size },
+        })?;
         let start = reserve_start + guard;
         let mapped = space.lock().dma_map(
             &self.counters,

@@ -1,6 +1,6 @@
 //! The KPI entry points, one module per object they act on.
 //!
-//! Every public call of [`crate::Gmem`] (65 of them; 66 with `test-util`), by module:
+//! Every public call of [`crate::Gmem`] (74 of them; 75 with `test-util`), by module:
 //!
 //! | module | calls |
 //! |---|---|
@@ -13,6 +13,8 @@
 //! | `dma` | [`dma_map`](crate::Gmem::dma_map), [`dma_unmap`](crate::Gmem::dma_unmap), [`dma_mappings`](crate::Gmem::dma_mappings) |
 //! | `advice` | [`region_advise`](crate::Gmem::region_advise), [`region_advice`](crate::Gmem::region_advice) |
 //! | `batch` | [`dev_fault_batch`](crate::Gmem::dev_fault_batch), [`dev_set_prefetch`](crate::Gmem::dev_set_prefetch), [`dev_prefetch`](crate::Gmem::dev_prefetch) |
+//! | `access` | [`as_set_access_counters`](crate::Gmem::as_set_access_counters), [`as_access_counters`](crate::Gmem::as_access_counters), [`dev_report_accesses`](crate::Gmem::dev_report_accesses) |
+//! | `thrashing` | [`as_set_thrashing`](crate::Gmem::as_set_thrashing), [`as_expire_pins`](crate::Gmem::as_expire_pins), [`as_thrashing`](crate::Gmem::as_thrashing) |
 //! | `mapping_set` | [`mapping_set_create`](crate::Gmem::mapping_set_create), [`mapping_set_unmap`](crate::Gmem::mapping_set_unmap), [`mapping_set_destroy`](crate::Gmem::mapping_set_destroy) |
 //!
 //! The main calls carry a runnable example; the embedding guide ([`crate::guide`])
@@ -47,6 +49,7 @@
 //! gm.check_invariants(space).unwrap();
 //! ```
 
+pub(crate) mod access;
 pub(crate) mod advice;
 pub(crate) mod batch;
 pub(crate) mod device;
@@ -57,3 +60,4 @@ pub(crate) mod mapping_set;
 pub(crate) mod pages;
 pub(crate) mod region;
 pub(crate) mod space;
+pub(crate) mod thrashing;

@@ -71,7 +71,9 @@
 //! mappings of the pages it unpins), and a driver's access-counter reports through
 //! [`counters::AccessCounters::record`], whose hot regions migrate like a fault (UVM's
 //! access-counter servicing skips a page the thrashing hint throttles, and pins one it
-//! pins).
+//! pins). The access counters are wired: `space::access` keeps a space's engine and
+//! [`crate::Gmem::dev_report_accesses`] migrates the hot regions it reports (no
+//! thrashing hint is asked there yet: thrashing is not wired).
 
 use alloc::collections::BTreeMap;
 

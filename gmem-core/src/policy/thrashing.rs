@@ -471,6 +471,14 @@ impl Thrashing {
         pinned
     }
 
+    /// Every pinned page, in address order.
+    pub fn pinned_pages(&self) -> impl Iterator<Item = Vpn> + '_ {
+        self.pages
+            .iter()
+            .filter(|(_, s)| s.pinned.is_some())
+            .map(|(&v, _)| Vpn(v))
+    }
+
     /// Pages with history.
     pub fn tracked(&self) -> usize {
         self.pages.len()

@@ -177,6 +177,7 @@ impl SpaceState {
         };
         let t = att.table;
         let dev = att.dev.clone();
+        self.forget_accesses_of(dev.id);
         // Its private frames go first (unmapped, invalidated, freed).
         let private = self.private_of_slot(slot);
         self.free_private(stats, &private);
@@ -222,13 +223,38 @@ impl SpaceState {
                 .iter()
                 .enumerate()
                 .filter(|(s, a)| *s != slot && a.as_ref().is_some_and(|a| a.table == t))
-                .find_map(|(_, a)| a.as_ref().map(|a| (a.dev.id, a.dev.mmu.clone())));
+                .find_map(|(_, a)| {
+                    a.as_ref()
+                        .map(|a| (a.dev.id, a.dev.mmu.clone(), a.dev.page_sizes))
+                });
+            let owner = self.xlat.tables[t].as_ref().map(|tb| tb.owner);
+            if let (Some((_, _, sizes)), true) = (&heir, owner == Some(dev.id)) {
+                // The heir's MMU edits the table from now on: the leaves of sizes it
+                // cannot map go first (through the leaving MMU, which made them), and
+                // the table's sizes become the heir's, so that no later fault asks it
+                // for a leaf it does not map.
+                let foreign: Vec<(u64, u64)> = self
+                    .xlat
+                    .large
+                    .iter()
+                    .filter(|&(_, lt, n)| {
+                        lt == t
+                            && crate::addr::PageSize::from_bytes(n << crate::addr::PAGE_SHIFT)
+                                .map_or(true, |size| !sizes.supports(size))
+                    })
+                    .map(|(first, _, n)| (first, n))
+                    .collect();
+                for (first, n) in foreign {
+                    self.unmap_pages(stats, Vpn(first), n, 1 << t);
+                }
+            }
             let table = self.xlat.tables[t].as_mut().expect("live table");
             table.users = users;
             if table.owner == dev.id {
-                if let Some((owner, mmu)) = heir {
+                if let Some((owner, mmu, sizes)) = heir {
                     table.owner = owner;
                     table.mmu = mmu;
+                    table.sizes = sizes;
                 }
             }
             dev.mmu.invalidate_all(table.root);

@@ -66,6 +66,7 @@ impl SpaceState {
             if let Some((_, r)) = region {
                 if r.placement.mode == PlacementMode::Unique
                     && !e.has(WIRED)
+                    && !st.is_pinned(Vpn(vpn))
                     && (e.mapped & !replicas).count_ones() > 1
                 {
                     return fail("unique page mapped by more than one page table", Some(vpn));

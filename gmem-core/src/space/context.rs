@@ -4,6 +4,7 @@
 
 use crate::device::DeviceInner;
 use crate::handle::{DeviceId, Slots, SpaceId};
+use crate::platform::Platform;
 use crate::space::SpaceInner;
 use crate::stats::Counters;
 use crate::sync::{Arc, RwLock};
@@ -13,6 +14,8 @@ use crate::sync::{Arc, RwLock};
 /// [`crate::sync`]).
 pub(crate) struct Ctx<'a> {
     pub counters: &'a Counters,
+    /// The platform (its clock, for the policies that measure time).
+    pub platform: &'a dyn Platform,
     pub host: &'a Arc<DeviceInner>,
     devices: &'a RwLock<Slots<Arc<DeviceInner>>>,
     spaces: &'a RwLock<Slots<Arc<SpaceInner>>>,
@@ -22,12 +25,14 @@ impl<'a> Ctx<'a> {
     /// The context over an instance's counters, host device and registries.
     pub fn new(
         counters: &'a Counters,
+        platform: &'a dyn Platform,
         host: &'a Arc<DeviceInner>,
         devices: &'a RwLock<Slots<Arc<DeviceInner>>>,
         spaces: &'a RwLock<Slots<Arc<SpaceInner>>>,
     ) -> Ctx<'a> {
         Ctx {
             counters,
+            platform,
             host,
             devices,
             spaces,

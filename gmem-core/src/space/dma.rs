@@ -163,6 +163,19 @@ impl DmaStrictUnmap {
     }
 }
 
+/// The table indexes whose bits `mask` has, lowest first (a bit per set bit, not a
+/// look at all 32: that loop was ~38% of `dma_map`'s own samples in a profile).
+fn bits(mut mask: u32) -> impl Iterator<Item = usize> {
+    core::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let t = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        Some(t)
+    })
+}
+
 /// The physically contiguous runs of a frame list: `(first page index, pages)`.
 fn runs(frames: &[Pfn]) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut i = 0;
@@ -321,10 +334,7 @@ impl SpaceState {
         };
         let mut done = 0u32;
         let mut result = Ok(());
-        for t in 0..crate::space::MAX_TABLES {
-            if tables & (1 << t) == 0 {
-                continue;
-            }
+        for t in bits(tables) {
             let (mmu, root) = self.dma_table(t).expect("a live table's bit");
             if let Err(e) = rec.map_into(stats, &**mmu, root) {
                 result = Err(e);
@@ -334,12 +344,10 @@ impl SpaceState {
         }
         if let Err(e) = result {
             let range = rec.range();
-            for t in 0..crate::space::MAX_TABLES {
-                if done & (1 << t) != 0 {
-                    let (mmu, root) = self.dma_table(t).expect("a live table's bit");
-                    mmu.unmap(root, range);
-                    Counters::add(&stats.mmu_unmaps, 1);
-                }
+            for t in bits(done) {
+                let (mmu, root) = self.dma_table(t).expect("a live table's bit");
+                mmu.unmap(root, range);
+                Counters::add(&stats.mmu_unmaps, 1);
             }
             for (mmu, root) in self.dma_users(done | tables) {
                 mmu.invalidate(root, &[range]);
@@ -390,17 +398,14 @@ impl SpaceState {
             let r = &self.dma.slots[index as usize].rec;
             (r.range(), r.tables, (r.reserve_start, r.reserve_len))
         };
-        for t in 0..crate::space::MAX_TABLES {
-            if tables & (1 << t) != 0 {
-                if let Some((mmu, root)) = self.dma_table(t) {
-                    mmu.unmap(root, range);
-                    Counters::add(&stats.mmu_unmaps, 1);
-                }
+        for t in bits(tables) {
+            if let Some((mmu, root)) = self.dma_table(t) {
+                mmu.unmap(root, range);
+                Counters::add(&stats.mmu_unmaps, 1);
             }
         }
         if queued {
-            let runs = (0..crate::space::MAX_TABLES)
-                .filter(|t| tables & (1 << t) != 0)
+            let runs = bits(tables)
                 .map(|table| TableRun { table, range })
                 .collect();
             let discard = Discard {

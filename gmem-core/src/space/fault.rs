@@ -15,6 +15,7 @@ use crate::flags::Prot;
 use crate::handle::DeviceId;
 use crate::lpt::{PageEntry, PENDING};
 use crate::mmu::MemError;
+use crate::policy::thrashing::ThrashingHint;
 use crate::space::Ctx;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
@@ -176,10 +177,28 @@ impl SpaceState {
                 if mine && others == 0 {
                     self.spurious(&mut fs)
                 } else if here.id == fs.target.id {
-                    self.unmap_pages(stats, vpn, 1, others);
+                    // A page pinned here keeps its remote mappings (`policies`).
+                    if !self.is_pinned(vpn) {
+                        self.unmap_pages(stats, vpn, 1, others);
+                    }
                     self.map_in_place(&mut fs, mine, remote)
                 } else {
-                    self.migrate_and_map(&mut fs)
+                    match self.thrashing_hint(vpn, dev.id, here.id, cx.platform) {
+                        ThrashingHint::None => {
+                            let r = self.migrate_and_map(&mut fs)?;
+                            self.thrashing_migrated(vpn, fs.target.id);
+                            Ok(r)
+                        }
+                        // Thrashing, pinned where it lives: the faulter maps it
+                        // there, remotely; the other mappings stay.
+                        ThrashingHint::Pin { residency } if residency == here.id => {
+                            self.map_in_place(&mut fs, mine, remote)
+                        }
+                        // Pinned elsewhere (to the do-not-throttle faulter): it
+                        // moves once more, and the pin holds it there.
+                        ThrashingHint::Pin { .. } => self.migrate_and_map(&mut fs),
+                        ThrashingHint::Throttle { .. } => Err(FaultError::Throttled(va)),
+                    }
                 }
             }
             PlacementMode::RemoteAccess => {

@@ -200,6 +200,8 @@ pub(crate) struct SpaceState {
     dma: dma::DmaRecords,
     /// Per-page advice (`advice`, `region_advise`).
     advice: crate::policy::advice::AdviceMap,
+    /// The policy engines: access counters, thrashing detection (`policies`).
+    policies: policies::Policies,
 }
 
 impl SpaceState {
@@ -212,6 +214,7 @@ impl SpaceState {
             tally,
             dma: dma::DmaRecords::default(),
             advice: advice::empty(),
+            policies: policies::Policies::default(),
         }
     }
 
@@ -334,6 +337,7 @@ impl SpaceState {
     /// Remove every page of `[first, first+pages)` now: unmap everywhere, invalidate,
     /// release frames (the caller releases the range).
     pub fn discard_pages(&mut self, stats: &Counters, first: Vpn, pages: u64) {
+        self.thrashing_forget(first, pages);
         let private = self.private_in(first, pages);
         self.free_private(stats, &private);
         self.unmap_pages(stats, first, pages, u32::MAX);
@@ -359,6 +363,7 @@ impl SpaceState {
         pages: u64,
         edits: TableEdits,
     ) -> Discard {
+        self.thrashing_forget(first, pages);
         let private = self.private_in(first, pages);
         self.free_private(stats, &private);
         let touched: Vec<(Vpn, u32)> = self
@@ -473,6 +478,7 @@ use tables::OwedInvalidation;
 mod private;
 pub(crate) use private::PrivateRefusal;
 pub(crate) mod dma;
+mod policies;
 pub(crate) mod queue;
 pub(crate) mod segments;
 mod unlocked;

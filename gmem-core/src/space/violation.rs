@@ -24,3 +24,5 @@ impl fmt::Display for Violation {
 pub(crate) fn fail<T>(what: &'static str, at: Option<u64>) -> Result<T, Violation> {
     Err(Violation { what, at })
 }
+
+impl core::error::Error for Violation {}

@@ -28,11 +28,13 @@ pub use mmu::{EventLog, Gate, GateCall, MmuEvent, Pte, TableStore, TestMmu};
 use crate::addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::device::DeviceDesc;
 use crate::error::FaultError;
+use crate::flags::AllocPolicy;
 use crate::flags::{DevCaps, PageSizes, Prot};
 use crate::gmem::Gmem;
-use crate::handle::DeviceId;
+use crate::handle::{DeviceId, SpaceId};
 use crate::mmu::DeviceMemory;
-use crate::platform::SingleCpu;
+use crate::platform::{Platform, SingleCpu};
+use crate::space::{Activation, MmuMode};
 use crate::sync::{Arc, Mutex};
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -94,7 +96,22 @@ impl TestSystem {
         TestSystem::build(host_pages, true, sizes)
     }
 
+    /// [`TestSystem::new`] on `platform` instead of [`SingleCpu`] (its clock, its
+    /// critical sections).
+    pub fn with_platform(host_pages: u64, platform: Arc<dyn Platform>) -> TestSystem {
+        TestSystem::build_on(platform, host_pages, true, PageSizes::S4K)
+    }
+
     fn build(host_pages: u64, record: bool, sizes: PageSizes) -> TestSystem {
+        TestSystem::build_on(Arc::new(SingleCpu), host_pages, record, sizes)
+    }
+
+    fn build_on(
+        platform: Arc<dyn Platform>,
+        host_pages: u64,
+        record: bool,
+        sizes: PageSizes,
+    ) -> TestSystem {
         let log: EventLog = Arc::new(Mutex::new(Vec::new()));
         let host_store = TableStore::new();
         let mut mmu = TestMmu::new(0, 1, host_store.clone(), log.clone()).with_page_sizes(sizes);
@@ -109,7 +126,7 @@ impl TestSystem {
         };
         let memory = Arc::new(memory);
         let gm = Gmem::new(
-            Arc::new(SingleCpu),
+            platform,
             DeviceDesc {
                 name: String::from("cpu"),
                 mmu: mmu.clone(),
@@ -137,6 +154,36 @@ impl TestSystem {
             host_store,
             concurrent_edits: false,
         }
+    }
+
+    /// An address space over [1 GiB, 2 GiB) with no policy flags, the host attached
+    /// to it (coherent) and active in it: where most tests start.
+    pub fn space(&self) -> SpaceId {
+        let space = self
+            .gm
+            .as_create(
+                VirtAddr::new(1 << 30),
+                VirtAddr::new(2 << 30),
+                AllocPolicy::empty(),
+            )
+            .expect("a fresh test space");
+        self.gm
+            .as_attach(space, self.host().id, MmuMode::Coherent, Activation::Switch)
+            .expect("the host attaches to a fresh space");
+        space
+    }
+
+    /// Attach device `d` (an index of [`TestSystem::devices`]) to `space` with a
+    /// coherent table of its own, and make the space its active one.
+    pub fn attach(&self, space: SpaceId, d: usize) {
+        self.gm
+            .as_attach(
+                space,
+                self.devices[d].id,
+                MmuMode::Coherent,
+                Activation::Switch,
+            )
+            .expect("the device attaches");
     }
 
     /// The host device.
@@ -259,7 +306,7 @@ impl TestSystem {
             d.mmu.forget(va);
             match self.gm.dev_fault(d.id, va, access) {
                 Ok(_) => served += 1,
-                Err(FaultError::Busy(_)) if waited < BUSY_WAITS => {
+                Err(FaultError::Busy(_) | FaultError::Throttled(_)) if waited < BUSY_WAITS => {
                     waited += 1;
                     crate::sync::spin_wait();
                 }

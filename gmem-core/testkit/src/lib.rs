@@ -158,6 +158,10 @@ pub struct Summary {
     pub large_splits: u64,
     /// KPI runner: blocks promoted.
     pub promotions: u64,
+    /// KPI runner: DMA mappings made (`dma_map`) and unmapped (`dma_unmap`).
+    pub dma_maps: u64,
+    /// KPI runner: DMA mappings unmapped, their frames' bytes checked in memory.
+    pub dma_unmaps: u64,
     /// KPI runner: fault batches the core served (`Stats::fault_batches`).
     pub fault_batches: u64,
     /// KPI runner: pages the tree prefetcher brought (`Stats::pages_prefetched`).
@@ -174,6 +178,8 @@ impl core::ops::AddAssign for Summary {
         self.large_maps += o.large_maps;
         self.large_splits += o.large_splits;
         self.promotions += o.promotions;
+        self.dma_maps += o.dma_maps;
+        self.dma_unmaps += o.dma_unmaps;
         self.fault_batches += o.fault_batches;
         self.pages_prefetched += o.pages_prefetched;
     }

@@ -136,18 +136,13 @@ fn a_device_that_cannot_fault_attached_during_a_queued_map_gets_the_page() {
 }
 
 /// Found by the seeded KPI runner (seed 179, once `Op::FaultBatch` changed how seeds
-/// decode), not fixed (outside the batch work that found it): a device attached in
-/// `Shared` mode uses the host's table, whose page sizes (4 KiB and 64 KiB here) stay
-/// the table's after the host detaches. The shared device (4 KiB only) then fills a
-/// 64 KiB block page by page, and the fault of its last page asks the device's MMU
-/// for a 64 KiB leaf (`map_for_fault` -> `fault_block` judge by the table's sizes):
-/// `MmuError::Unsupported`, and the page is never mapped. The fix belongs in the
-/// translation side: a table's usable sizes are those every user's MMU maps. The
-/// runner avoids detaching the host from a space a shared device uses unless
-/// `GMEM_TESTKIT_KNOWN_BUGS` is set; when the core is fixed this test fails: drop
-/// `should_panic`, and the avoidance in `src/kpi/spaces.rs` goes.
+/// decode), fixed in the core (a shared table handed to an heir keeps only the leaves
+/// the heir's MMU maps, and takes the heir's sizes): a device attached in `Shared` mode
+/// used the host's table, whose page sizes (4 KiB and 64 KiB here) stayed the table's
+/// after the host detached; the shared device (4 KiB only) filling a 64 KiB block page
+/// by page was then asked for a 64 KiB leaf (`MmuError::Unsupported`) and the last
+/// page was never mapped.
 #[test]
-#[should_panic(expected = "Unsupported")]
 fn a_shared_device_after_the_host_detaches_fills_a_large_block_without_error() {
     let mut s = TestSystem::with_host_sizes(64, PageSizes::S4K | PageSizes::S64K);
     let igpu = s.add_device(1, DevCaps::FAULTABLE, 0, 0);

@@ -39,6 +39,8 @@ fn kpi_runner_agrees_with_the_region_model_on_seeded_sequences() {
         s.large_maps > 0 && s.large_splits > 0 && s.promotions > 0,
         "{s:?}"
     );
+    // DMA mappings are made and unmapped, their frames' bytes checked.
+    assert!(s.dma_maps > 0 && s.dma_unmaps > 0, "{s:?}");
     // Batched faults, with prefetch on some of the time (`Op::FaultBatch`).
     assert!(s.fault_batches > 50 && s.pages_prefetched > 0, "{s:?}");
 }

@@ -275,13 +275,7 @@ fn wiring_pins_pages_replicates_them_and_unwiring_releases_them() {
     let (mut s, space) = system();
     let host = s.host().id;
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(
-        space,
-        s.devices[io].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, io);
     let g = gpu(&mut s, space, 2);
     let gid = s.devices[g].id;
     let r =

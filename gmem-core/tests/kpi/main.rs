@@ -29,23 +29,13 @@ fn va(x: u64) -> VirtAddr {
 /// A host with 1024 pages, a space [1 GiB, 2 GiB) with the CPU attached and active.
 fn system() -> (TestSystem, SpaceId) {
     let s = TestSystem::new(1024);
-    let space =
-        s.gm.as_create(va(1 << 30), va(2 << 30), AllocPolicy::empty())
-            .unwrap();
-    s.gm.as_attach(space, s.host().id, MmuMode::Coherent, Activation::Switch)
-        .unwrap();
+    let space = s.space();
     (s, space)
 }
 
 fn gpu(s: &mut TestSystem, space: SpaceId, pages: u64) -> usize {
     let g = s.add_device(GPU, DevCaps::FAULTABLE, GPU_BASE, pages);
-    s.gm.as_attach(
-        space,
-        s.devices[g].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, g);
     g
 }
 

@@ -14,13 +14,7 @@ fn wired_map_replicates_to_devices_that_cannot_fault_and_unmap_removes_everywher
     let (mut s, space) = system();
     let host = s.host().id;
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(
-        space,
-        s.devices[io].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, io);
     let r =
         s.gm.as_alloc(space, AllocRequest::new(2 * PAGE_SIZE))
             .unwrap();
@@ -209,13 +203,7 @@ fn queue_drains_itself_at_its_batch_limit_and_before_touching_a_pending_page() {
 fn async_map_reaches_non_faultable_devices_when_the_queue_drains() {
     let (mut s, space) = system();
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(
-        space,
-        s.devices[io].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, io);
     let r = s.gm.as_alloc(space, AllocRequest::new(PAGE_SIZE)).unwrap();
     let done = Arc::new(AtomicUsize::new(0));
     let d = done.clone();
@@ -245,13 +233,7 @@ fn mapping_set_unmap_unmaps_every_member_with_one_callback() {
     let (mut s, space) = system();
     let host = s.host().id;
     let io = s.add_device(GPU, DevCaps::empty(), 0, 0);
-    s.gm.as_attach(
-        space,
-        s.devices[io].id,
-        MmuMode::Coherent,
-        Activation::Switch,
-    )
-    .unwrap();
+    s.attach(space, io);
     let set = s.gm.mapping_set_create(space).unwrap();
     let mut regions = Vec::new();
     for i in 0..3u64 {

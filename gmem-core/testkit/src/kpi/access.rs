@@ -32,6 +32,17 @@ impl KpiRunner {
         if !direct && sp.unmap_pending(va) {
             return Expect::Unknown;
         }
+        if let Some(d) = sp.dma_at(va) {
+            // Every table of the space holds it: a translation, or a refusal by
+            // protection (a fault finds no region).
+            return if !direct && d.prot.contains(prot_access(write)) {
+                Expect::Ok
+            } else if faultable {
+                Expect::Err(fault(FaultError::NotAllocated(v)))
+            } else {
+                Expect::Err(unmapped)
+            };
+        }
         let Some(r) = sp.region_at(va) else {
             return Expect::Err(if faultable {
                 fault(FaultError::NotAllocated(v))
@@ -120,6 +131,9 @@ impl KpiRunner {
 
     pub(super) fn model_bytes(&self, dev: usize, va: u64, len: usize) -> Vec<u8> {
         let slot = self.active[dev].expect("checked active");
+        if let Some(d) = self.space(slot).dma_at(va) {
+            return d.bytes_at(va, len);
+        }
         let r = self.space(slot).region_at(va).expect("checked region");
         let page = (va - r.start()) / PAGE_SIZE;
         let off = (va % PAGE_SIZE) as usize;
@@ -171,15 +185,19 @@ impl KpiRunner {
         }
         self.populated(dev, va);
         let slot = self.active[dev].expect("succeeded: active");
-        let start = self.space(slot).region_at(va).expect("region").start();
-        let page = (va - start) / PAGE_SIZE;
-        let off = (va % PAGE_SIZE) as usize;
-        let m = self.region_mut(slot, start);
-        let buf = m
-            .bytes
-            .entry(page)
-            .or_insert_with(|| vec![0; PAGE_SIZE as usize]);
-        buf[off..off + len].copy_from_slice(&data);
+        if let Some(d) = self.space_mut(slot).dmas.values_mut().find(|d| d.holds(va)) {
+            d.store(va, &data);
+        } else {
+            let start = self.space(slot).region_at(va).expect("region").start();
+            let page = (va - start) / PAGE_SIZE;
+            let off = (va % PAGE_SIZE) as usize;
+            let m = self.region_mut(slot, start);
+            let buf = m
+                .bytes
+                .entry(page)
+                .or_insert_with(|| vec![0; PAGE_SIZE as usize]);
+            buf[off..off + len].copy_from_slice(&data);
+        }
         // Read back what was written, through the same device.
         let back = self.sys.read(dev, VirtAddr::new(va), len);
         assert_eq!(

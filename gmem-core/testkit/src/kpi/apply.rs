@@ -277,6 +277,48 @@ impl KpiRunner {
                     Err(e) => panic!("{ctx}: {e:?}"),
                 }
             }
+            Op::DmaMap {
+                space,
+                pages,
+                prot,
+                scattered,
+                misuse,
+            } => {
+                let Some(slot) = self.pick_space(space) else {
+                    return;
+                };
+                self.dma_map(
+                    ctx,
+                    slot,
+                    1 + u64::from(pages % 8),
+                    prot.prot(),
+                    scattered,
+                    misuse,
+                );
+            }
+            Op::DmaUnmap {
+                which,
+                asynchronous,
+                callback,
+                stale,
+            } => self.dma_unmap(ctx, which, asynchronous, callback, stale),
+            Op::DmaWrite {
+                dev,
+                which,
+                page,
+                offset,
+                len,
+                seed,
+            } => {
+                let Some((slot, start)) = self.pick_dma(which) else {
+                    return;
+                };
+                let d = &self.space(slot).dmas[&start];
+                let va = start + (u64::from(page) % d.pages()) * PAGE_SIZE;
+                let off = u64::from(offset) % PAGE_SIZE;
+                let len = 1 + u64::from(len) % (PAGE_SIZE - off);
+                self.write(ctx, usize::from(dev) % NDEV, va + off, len as usize, seed);
+            }
             Op::SetReservations { dev, on } => {
                 let dev = usize::from(dev) % NDEV;
                 let id = self.devices[dev];

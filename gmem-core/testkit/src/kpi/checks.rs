@@ -24,8 +24,9 @@ impl KpiRunner {
             // bytes become free bytes), which no caller can observe.
             let a = self.sys.gm.as_arena_stats(id).expect("live space");
             out += &format!(
-                "{id:?} {:?} total {} allocated {} allocs {} frees {}\n",
+                "{id:?} {:?} dma {:?} total {} allocated {} allocs {} frees {}\n",
                 self.sys.gm.as_regions(id),
+                self.sys.gm.dma_mappings(id),
                 a.total,
                 a.allocated,
                 a.allocs,

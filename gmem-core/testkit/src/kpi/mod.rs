@@ -50,6 +50,7 @@ mod access;
 mod apply;
 mod batch;
 mod checks;
+mod dma;
 mod frames;
 mod ops;
 mod regions;
@@ -189,6 +190,8 @@ struct SpaceModel {
     regions: BTreeMap<u64, RegionModel>,
     /// Attached devices and their effective modes.
     attached: BTreeMap<usize, MmuMode>,
+    /// Live DMA mappings by first IOVA.
+    dmas: BTreeMap<u64, dma::DmaModel>,
     /// Queued requests, oldest first.
     queue: Vec<Request>,
     fail_every: u64,
@@ -218,6 +221,7 @@ impl SpaceModel {
     /// Reservations a new region must not overlap: live regions' and queued ones'.
     fn busy(&self) -> Vec<(u64, u64)> {
         let mut v: Vec<(u64, u64)> = self.regions.values().map(|r| r.reserve).collect();
+        v.extend(self.dmas.values().map(|d| d.reserve));
         for q in &self.queue {
             if let Request::Unmap {
                 reserve: Some(r), ..
@@ -263,6 +267,8 @@ pub struct KpiRunner {
     spaces: Vec<Option<SpaceModel>>,
     dead_spaces: Vec<SpaceId>,
     dead_regions: Vec<Region>,
+    /// DMA mappings unmapped or destroyed with their space (stale handles).
+    dead_dmas: Vec<gmem_core::DmaMapping>,
     /// Page-table roots learnt from the event log: (space slot, device) → root.
     roots: HashMap<(usize, usize), PageTableRoot>,
     batch_limit: usize,
@@ -326,6 +332,7 @@ impl KpiRunner {
             spaces: Vec::new(),
             dead_spaces: Vec::new(),
             dead_regions: Vec::new(),
+            dead_dmas: Vec::new(),
             roots: HashMap::new(),
             batch_limit: 1 + usize::from(setup.batch_limit % 8),
             setup,

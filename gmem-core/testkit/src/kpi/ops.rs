@@ -499,6 +499,45 @@ pub enum Op {
         /// On (else off).
         on: bool,
     },
+    /// `dma_map` of fresh caller frames in host memory (contiguous or every other one).
+    DmaMap {
+        /// Into which space.
+        space: u8,
+        /// Pages: 1 + this modulo 8.
+        pages: u8,
+        /// Its protection.
+        prot: ProtSel,
+        /// Frames every other page (else contiguous: one run).
+        scattered: bool,
+        /// A wrong argument, if any.
+        misuse: DmaMisuse,
+    },
+    /// `dma_unmap` of a live mapping, or of one already unmapped (a stale handle).
+    DmaUnmap {
+        /// Which.
+        which: u16,
+        /// With [`MapFlags::ASYNC`].
+        asynchronous: bool,
+        /// With a completion callback.
+        callback: bool,
+        /// A dead handle instead of a live one (if any is known).
+        stale: bool,
+    },
+    /// A store through a device into a DMA mapping of its active space.
+    DmaWrite {
+        /// Through which device.
+        dev: u8,
+        /// Which mapping.
+        which: u16,
+        /// Page of the mapping.
+        page: u8,
+        /// Offset in the page.
+        offset: u16,
+        /// Bytes (up to the end of the page).
+        len: u16,
+        /// Content seed.
+        seed: u8,
+    },
     /// `dev_fault_batch` of up to four records on one region (duplicates likely),
     /// after `dev_set_prefetch`.
     FaultBatch {
@@ -516,4 +555,17 @@ pub enum Op {
         /// with big pages of `1 << (p % 5)` pages.
         prefetch: u8,
     },
+}
+
+/// A wrong argument of `dma_map`.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaMisuse {
+    /// None: a valid call.
+    None,
+    /// No frames.
+    NoFrames,
+    /// A frame one byte off its page.
+    UnalignedFrame,
+    /// A frame the core manages (host memory).
+    ManagedFrame,
 }

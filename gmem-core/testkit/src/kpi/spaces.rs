@@ -43,6 +43,7 @@ impl KpiRunner {
             pages,
             guard: if p.guarded { PAGE_SIZE } else { 0 },
             regions: BTreeMap::new(),
+            dmas: BTreeMap::new(),
             attached: BTreeMap::new(),
             queue: Vec::new(),
             fail_every: 0,
@@ -105,6 +106,7 @@ impl KpiRunner {
         for r in sp.regions.values() {
             self.dead_regions.push(r.handle);
         }
+        self.dead_dmas.extend(sp.dmas.values().map(|d| d.handle));
         self.dead_spaces.push(sp.id);
         for d in 0..NDEV {
             if self.active[d] == Some(slot) {
@@ -179,16 +181,6 @@ impl KpiRunner {
             return;
         };
         let id = self.space(slot).id;
-        // A known core bug (tests/regressions.rs,
-        // `a_shared_device_after_the_host_detaches_fills_a_large_block_without_error`):
-        // a shared device left alone in the host's table may be refused a large leaf.
-        if dev == HOST
-            && self.alive[dev]
-            && self.space(slot).attached.get(&IGPU) == Some(&MmuMode::Shared)
-            && std::env::var_os("GMEM_TESTKIT_KNOWN_BUGS").is_none()
-        {
-            return;
-        }
         let r = self.sys.gm.dev_detach(self.devices[dev], id);
         if !self.alive[dev] {
             return self.misuse(ctx, r, AttachError::UnknownDevice(self.devices[dev]));
