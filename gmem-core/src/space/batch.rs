@@ -44,6 +44,7 @@ use crate::policy::batch::BlockFaults;
 use crate::policy::prefetch::{plan, PrefetchConfig, PrefetchInput};
 use crate::policy::{PageMask, BLOCK_PAGES};
 use crate::space::Ctx;
+use crate::space::PageSpan;
 use crate::stats::{Counters, SpaceCounters};
 use crate::sync::Arc;
 use alloc::vec::Vec;
@@ -83,7 +84,7 @@ impl SpaceState {
                     *o = Some(self.fault(cx, space, dev, faulter, vpn.addr(), access));
                 }
             }
-            prefetched = self.plan_block(cx, space, dev, faulter.1, block, config, &mut outcomes);
+            prefetched = self.plan_block(cx, space, (dev, faulter.1), block, config, &mut outcomes);
             Counters::add(&cx.counters.pages_prefetched, prefetched);
         }
         // Every faulted page the plan did not bring, as a lone fault would be served.
@@ -113,13 +114,11 @@ impl SpaceState {
     /// eviction) and mapped in table `t`. A faulted page brought so is served
     /// (`outcomes`, `Migrated`); every other is left to the single-fault path. Returns
     /// the prefetched pages (faulted ones not counted).
-    #[allow(clippy::too_many_arguments)]
     fn plan_block<'c>(
         &mut self,
         cx: &Ctx<'c>,
         space: &SpaceInner,
-        dev: &'c Arc<DeviceInner>,
-        t: usize,
+        (dev, t): (&'c Arc<DeviceInner>, usize),
         block: &BlockFaults,
         config: PrefetchConfig,
         outcomes: &mut [Option<Result<FaultResolution, FaultError>>],
@@ -188,10 +187,11 @@ impl SpaceState {
                 let (n, out) = self.prefetch_run(
                     cx,
                     space,
-                    &target,
-                    t,
-                    first,
-                    run.len as u64,
+                    (&target, t),
+                    PageSpan {
+                        first,
+                        pages: run.len as u64,
+                    },
                     (fr.piece, fr.explicit),
                 );
                 done += n;
@@ -228,15 +228,12 @@ impl SpaceState {
     /// it is explicitly mapped in `region`) to `target` without evicting anything, and
     /// map those that got there in table `t`. Returns the pages brought and whether
     /// the target memory ran out of frames.
-    #[allow(clippy::too_many_arguments)]
     fn prefetch_run(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        target: &Arc<DeviceInner>,
-        t: usize,
-        first: Vpn,
-        pages: u64,
+        (target, t): (&Arc<DeviceInner>, usize),
+        PageSpan { first, pages }: PageSpan,
         region: (super::segments::Piece, bool),
     ) -> (u64, bool) {
         let stats = cx.counters;
@@ -270,7 +267,7 @@ impl SpaceState {
             } else if region.1 {
                 Ok(0) // explicitly mapped: never zero-fill
             } else {
-                self.prefetch_zero(cx, space, target, tmem, v, end, asker)
+                self.prefetch_zero(cx, space, (target, tmem), v..end, asker)
             };
             let n = match n {
                 Ok(0) => {
@@ -335,15 +332,12 @@ impl SpaceState {
     /// Zero-fill the never-populated pages from `v` (before `end`) in `target`
     /// (memory index `tmem`) with one frame run and one zeroing; `Err` when no frame
     /// is free.
-    #[allow(clippy::too_many_arguments)]
     fn prefetch_zero(
         &mut self,
         cx: &Ctx<'_>,
         space: &SpaceInner,
-        target: &Arc<DeviceInner>,
-        tmem: u8,
-        v: Vpn,
-        end: Vpn,
+        (target, tmem): (&Arc<DeviceInner>, u8),
+        core::ops::Range { start: v, end }: core::ops::Range<Vpn>,
         asker: Requester,
     ) -> Result<u64, ()> {
         let stats = cx.counters;
