@@ -31,9 +31,9 @@
 //!   its migration clock (one tick per fault that would migrate a page); UVM's 500 us
 //!   lapse becomes the migrations the bus model moves in 500 us (see there).
 //!
-//! Read duplication, advice (stored by `region_advise`, not yet read by the fault
-//! path) and access counters (wired: `Gmem::dev_report_accesses`, but the SIMT model
-//! keeps no per-page count of remote accesses to report) have no rows yet.
+//! Read duplication (not built), advice (followed by the fault path; no workload here
+//! gives any yet) and access counters (wired: `Gmem::dev_report_accesses`, but the
+//! SIMT model keeps no per-page count of remote accesses to report) have no rows yet.
 //!
 //! **Time** is the SIMT cost model's kernel time (`gmem_simt::cost`, printed) plus a
 //! bus time: every byte the copy engines moved and every remote 128-byte transaction

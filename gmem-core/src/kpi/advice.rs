@@ -3,9 +3,12 @@
 //! The anchors are CUDA's `cudaMemAdvise` (preferred location, accessed-by,
 //! read-mostly, and their unset twins) and the GMEM RFC's `hmadvise`: a hint over a
 //! range of pages, kept per page as [`crate::policy::advice::AdviceMap`] runs in the
-//! space's state and forgotten with the pages' region. The advice is **stored
-//! only**: no fault-path decision reads it yet (read duplication and accessed-by
-//! mapping are still to be wired).
+//! space's state and forgotten with the pages' region. The fault path follows it
+//! (`space::advice`): a page is populated at its preferred location and migrates
+//! there, a page living there is mapped by other processors where it is, and a
+//! device in the accessed-by set maps a page where it lives instead of migrating it.
+//! An edit that takes such sharing back removes the extra mappings. Read-mostly is
+//! stored only (read duplication is not built).
 
 use crate::addr::{VaRange, VirtAddr, PAGE_SIZE};
 use crate::error::RegionError;
@@ -46,7 +49,8 @@ impl Gmem {
     /// Record advice `op` over `pages` (`cudaMemAdvise`, the RFC's `hmadvise`): set or
     /// unset the preferred location, add or remove an accessed-by device, set or unset
     /// read-mostly, or clear all of it. Advice is per page and goes with its region.
-    /// Stored only, for now: no placement decision reads it yet.
+    /// Faults follow it from the next one on (module header); read-mostly is stored
+    /// only.
     ///
     /// # Errors
     /// [`AdviseError::UnknownDevice`] for a device handle that names no live device;
@@ -79,12 +83,13 @@ impl Gmem {
             }
         }
         for (region, piece) in self.pieces(pages.into())? {
-            self.with_region(region, |_, _, st, c| {
+            self.with_region(region, |cx, _, st, c| {
                 let (first, n) = match piece {
                     None => (c.first, c.pages),
                     Some(range) => c.range(range)?,
                 };
                 st.advise(first, n, op);
+                st.unshare_unadvised(cx.counters, &c, first, n);
                 Ok::<(), AdviseError>(())
             })?;
         }

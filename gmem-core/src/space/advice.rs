@@ -1,11 +1,16 @@
 //! The space's advice record (issue 35, item 5): per-page advice as
 //! [`crate::policy::advice::AdviceMap`] keeps it — preferred location, accessed-by
 //! set, read-mostly — edited by `region_advise` and forgotten with the pages' region.
-//! Stored only: no fault-path decision reads it yet.
+//! The fault path follows it (`fault`): a preferred location is where a page is
+//! populated and where it migrates to, and a page living there is mapped by other
+//! processors where it is (no migration); a device in the accessed-by set maps a
+//! page where it lives. Read-mostly is stored only (read duplication is not built).
 
-use super::SpaceState;
+use super::{PlacementMode, ResolvedRegion, SpaceState};
 use crate::addr::{VaRange, Vpn, PAGE_SHIFT};
+use crate::handle::DeviceId;
 use crate::policy::advice::{Advice, AdviceMap, AdviceOp};
+use crate::stats::Counters;
 
 /// A map over every page number an address can name, with no advice.
 pub(super) fn empty() -> AdviceMap {
@@ -20,6 +25,7 @@ impl SpaceState {
             start: first.addr(),
             len: pages << PAGE_SHIFT,
         };
+        self.policies.advised = true;
         // Inside the map's bounds by construction: nothing to refuse.
         let applied = self.advice.apply(range, op);
         debug_assert!(applied.is_ok(), "advice over a region's pages: {applied:?}");
@@ -28,6 +34,56 @@ impl SpaceState {
     /// The advice of page `vpn`.
     pub(crate) fn advice_at(&self, vpn: Vpn) -> Advice {
         self.advice.get(vpn).clone()
+    }
+
+    /// The advice a fault on page `vpn` follows, if it has any (one flag test in a
+    /// space that never had advice).
+    #[inline]
+    pub(crate) fn fault_advice(&self, vpn: Vpn) -> Option<Advice> {
+        if !self.policies.advised {
+            return None;
+        }
+        let a = self.advice.get(vpn);
+        (!a.is_none()).then(|| a.clone())
+    }
+
+    /// Whether advice lets a unique page be mapped by several tables: it lives at its
+    /// preferred location (other processors map it there), or devices are advised
+    /// to access it where it lives.
+    pub(crate) fn advice_shares(&self, vpn: Vpn, lives_in: DeviceId) -> bool {
+        self.fault_advice(vpn)
+            .is_some_and(|a| a.preferred == Some(lives_in) || !a.accessed_by.is_empty())
+    }
+
+    /// After an advice edit of `[first, first + pages)` of region `c`: a page of a
+    /// unique-policy region that several tables map although its advice no longer
+    /// lets them (its preferred location or accessed-by set changed) loses those
+    /// mappings (replicate tables' aside): its next accesses fault and are served as
+    /// the advice now says.
+    pub(crate) fn unshare_unadvised(
+        &mut self,
+        stats: &Counters,
+        c: &ResolvedRegion,
+        first: Vpn,
+        pages: u64,
+    ) {
+        if c.rec.placement.mode != PlacementMode::Unique {
+            return;
+        }
+        let keep = self.xlat.replica_mask();
+        for k in 0..pages {
+            let v = first.add(k);
+            let e = self.store.lpt.get(v);
+            let several = (e.mapped & !keep).count_ones() > 1;
+            if several
+                && e.is_populated()
+                && !SpaceState::is_wired(&e)
+                && !self.is_pinned(v)
+                && !self.advice_shares(v, self.memory_id(e.mem))
+            {
+                self.unmap_pages(stats, v, 1, !keep);
+            }
+        }
     }
 
     /// Forget the advice of `[first, first + pages)` (their region goes).

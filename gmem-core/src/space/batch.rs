@@ -142,7 +142,10 @@ impl SpaceState {
                 i += 1;
             }
             let pages = &block.pages[group..i];
-            if fr.busy || fr.placement.mode != PlacementMode::Unique {
+            // Advice and thrashing detection steer single faults; a plan would
+            // migrate past them, so their pages take the single-fault path.
+            if fr.busy || fr.placement.mode != PlacementMode::Unique || self.policies_steer_faults()
+            {
                 continue;
             }
             let target = self.target_of(cx, dev, fr.placement.target);

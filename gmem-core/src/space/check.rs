@@ -67,6 +67,7 @@ impl SpaceState {
                 if r.placement.mode == PlacementMode::Unique
                     && !e.has(WIRED)
                     && !st.is_pinned(Vpn(vpn))
+                    && !st.advice_shares(Vpn(vpn), st.memory_id(e.mem))
                     && (e.mapped & !replicas).count_ones() > 1
                 {
                     return fail("unique page mapped by more than one page table", Some(vpn));

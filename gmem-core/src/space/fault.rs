@@ -124,7 +124,13 @@ impl SpaceState {
         );
         let dev_sizes = dev.page_sizes;
         let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
-        let target = self.target_of(cx, dev, placement.target);
+        // Advice (`region_advise`) overrides the region's placement target with the
+        // page's preferred location.
+        let advice = self.fault_advice(vpn);
+        let target = match advice.as_ref().and_then(|a| a.preferred) {
+            Some(p) => self.target_of(cx, dev, PlacementTarget::Device(p)),
+            None => self.target_of(cx, dev, placement.target),
+        };
         let mut fs = FaultState {
             cx,
             space,
@@ -177,10 +183,21 @@ impl SpaceState {
                 if mine && others == 0 {
                     self.spurious(&mut fs)
                 } else if here.id == fs.target.id {
-                    // A page pinned here keeps its remote mappings (`policies`).
-                    if !self.is_pinned(vpn) {
+                    // A page pinned here (`policies`), or at its preferred location
+                    // (advice), keeps its other mappings.
+                    let shared = advice
+                        .as_ref()
+                        .is_some_and(|a| a.preferred == Some(here.id));
+                    if !shared && !self.is_pinned(vpn) {
                         self.unmap_pages(stats, vpn, 1, others);
                     }
+                    self.map_in_place(&mut fs, mine, remote)
+                } else if advice
+                    .as_ref()
+                    .is_some_and(|a| a.accessed_by.contains(dev.id))
+                {
+                    // Advised to access it where it lives (accessed-by): map it there,
+                    // no migration.
                     self.map_in_place(&mut fs, mine, remote)
                 } else {
                     match self.thrashing_hint(vpn, dev.id, here.id, cx.platform) {

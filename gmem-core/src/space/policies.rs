@@ -41,9 +41,19 @@ pub(crate) struct Policies {
     thrashing: Option<Thrashing>,
     /// The migration clock (ticks of the thrashing detector).
     clock: u64,
+    /// Whether any advice was ever given in the space (`region_advise`): until then
+    /// the fault path does not look advice up.
+    pub(super) advised: bool,
 }
 
 impl SpaceState {
+    /// Whether the batch path's block plan must leave pages to the single-fault path,
+    /// which asks the policies a plan does not (advice, thrashing).
+    #[inline]
+    pub(crate) fn policies_steer_faults(&self) -> bool {
+        self.policies.advised || self.policies.thrashing.is_some()
+    }
+
     /// Turn the space's access counters on with `config` (counts start from zero) or
     /// off (`None`: counts dropped).
     pub(crate) fn set_access_counters(&mut self, config: Option<AccessCounterConfig>) {
