@@ -136,6 +136,26 @@ impl Gmem {
         }
     }
 
+    /// Run `f` on the locked state of live space `id` inside the platform's critical
+    /// section; `stale(id)` when the handle is stale or the space destroyed (the
+    /// preamble of the KPI calls that edit one space's policies).
+    pub(crate) fn with_live_space<R, E>(
+        &self,
+        id: SpaceId,
+        stale: impl FnOnce(SpaceId) -> E,
+        f: impl FnOnce(&mut crate::space::SpaceState) -> R,
+    ) -> Result<R, E> {
+        let _critical = self.critical();
+        let Some(space) = self.space(id) else {
+            return Err(stale(id));
+        };
+        let mut st = space.lock();
+        if !st.is_alive() {
+            return Err(stale(id));
+        }
+        Ok(f(&mut st))
+    }
+
     /// The context handed to the fault path and the space operations.
     pub(crate) fn context(&self) -> Ctx<'_> {
         Ctx::new(

@@ -105,16 +105,9 @@ impl Gmem {
         space_id: SpaceId,
         config: Option<AccessCounterConfig>,
     ) -> Result<(), AccessError> {
-        let _critical = self.critical();
-        let space = self
-            .space(space_id)
-            .ok_or(AccessError::UnknownSpace(space_id))?;
-        let mut st = space.lock();
-        if !st.is_alive() {
-            return Err(AccessError::UnknownSpace(space_id));
-        }
-        st.set_access_counters(config);
-        Ok(())
+        self.with_live_space(space_id, AccessError::UnknownSpace, |st| {
+            st.set_access_counters(config)
+        })
     }
 
     /// The access counters of space `space_id` (`None`: counting is off).

@@ -67,16 +67,9 @@ impl Gmem {
         space_id: SpaceId,
         config: Option<ThrashingConfig>,
     ) -> Result<(), SpaceError> {
-        let _critical = self.critical();
-        let space = self
-            .space(space_id)
-            .ok_or(SpaceError::UnknownSpace(space_id))?;
-        let mut st = space.lock();
-        if !st.is_alive() {
-            return Err(SpaceError::UnknownSpace(space_id));
-        }
-        st.set_thrashing(&self.counters, config);
-        Ok(())
+        self.with_live_space(space_id, SpaceError::UnknownSpace, |st| {
+            st.set_thrashing(&self.counters, config)
+        })
     }
 
     /// End the pins of space `space_id` whose pin time is up, as UVM's unpin worker
@@ -88,15 +81,10 @@ impl Gmem {
     /// # Errors
     /// [`SpaceError::UnknownSpace`] for a stale handle.
     pub fn as_expire_pins(&self, space_id: SpaceId) -> Result<u64, SpaceError> {
-        let _critical = self.critical();
-        let space = self
-            .space(space_id)
-            .ok_or(SpaceError::UnknownSpace(space_id))?;
-        let mut st = space.lock();
-        if !st.is_alive() {
-            return Err(SpaceError::UnknownSpace(space_id));
-        }
-        Ok(st.expire_pins(&self.counters, self.platform().now_ns()))
+        let now = self.platform().now_ns();
+        self.with_live_space(space_id, SpaceError::UnknownSpace, |st| {
+            st.expire_pins(&self.counters, now)
+        })
     }
 
     /// The thrashing detector of space `space_id` (`None`: detection is off).

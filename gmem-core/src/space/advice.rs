@@ -17,6 +17,15 @@ pub(super) fn empty() -> AdviceMap {
     AdviceMap::new(Vpn(0), Vpn(u64::MAX >> PAGE_SHIFT))
 }
 
+/// What a fault takes from a page's advice ([`SpaceState::fault_advice`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct FaultAdvice {
+    /// The preferred location, if any.
+    pub preferred: Option<DeviceId>,
+    /// Whether the faulting device is in the accessed-by set.
+    pub accessed_by_faulter: bool,
+}
+
 impl SpaceState {
     /// Apply `op` to the pages `[first, first + pages)` (checked by the caller: inside
     /// one region of this space).
@@ -36,23 +45,30 @@ impl SpaceState {
         self.advice.get(vpn).clone()
     }
 
-    /// The advice a fault on page `vpn` follows, if it has any (one flag test in a
-    /// space that never had advice).
+    /// What a fault of device `dev` on page `vpn` takes from the page's advice: its
+    /// preferred location and whether `dev` is advised to access it where it lives
+    /// (a copy, no allocation; one flag test in a space that never had advice).
     #[inline]
-    pub(crate) fn fault_advice(&self, vpn: Vpn) -> Option<Advice> {
+    pub(crate) fn fault_advice(&self, vpn: Vpn, dev: DeviceId) -> FaultAdvice {
         if !self.policies.advised {
-            return None;
+            return FaultAdvice::default();
         }
         let a = self.advice.get(vpn);
-        (!a.is_none()).then(|| a.clone())
+        FaultAdvice {
+            preferred: a.preferred,
+            accessed_by_faulter: a.accessed_by.contains(dev),
+        }
     }
 
     /// Whether advice lets a unique page be mapped by several tables: it lives at its
     /// preferred location (other processors map it there), or devices are advised
     /// to access it where it lives.
     pub(crate) fn advice_shares(&self, vpn: Vpn, lives_in: DeviceId) -> bool {
-        self.fault_advice(vpn)
-            .is_some_and(|a| a.preferred == Some(lives_in) || !a.accessed_by.is_empty())
+        if !self.policies.advised {
+            return false;
+        }
+        let a = self.advice.get(vpn);
+        a.preferred == Some(lives_in) || !a.accessed_by.is_empty()
     }
 
     /// After an advice edit of `[first, first + pages)` of region `c`: a page of a

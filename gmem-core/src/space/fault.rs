@@ -126,8 +126,8 @@ impl SpaceState {
         let (rfirst, rpages) = SpaceState::pages_of(rstart, rlen);
         // Advice (`region_advise`) overrides the region's placement target with the
         // page's preferred location.
-        let advice = self.fault_advice(vpn);
-        let target = match advice.as_ref().and_then(|a| a.preferred) {
+        let advice = self.fault_advice(vpn, dev.id);
+        let target = match advice.preferred {
             Some(p) => self.target_of(cx, dev, PlacementTarget::Device(p)),
             None => self.target_of(cx, dev, placement.target),
         };
@@ -185,17 +185,12 @@ impl SpaceState {
                 } else if here.id == fs.target.id {
                     // A page pinned here (`policies`), or at its preferred location
                     // (advice), keeps its other mappings.
-                    let shared = advice
-                        .as_ref()
-                        .is_some_and(|a| a.preferred == Some(here.id));
+                    let shared = advice.preferred == Some(here.id);
                     if !shared && !self.is_pinned(vpn) {
                         self.unmap_pages(stats, vpn, 1, others);
                     }
                     self.map_in_place(&mut fs, mine, remote)
-                } else if advice
-                    .as_ref()
-                    .is_some_and(|a| a.accessed_by.contains(dev.id))
-                {
+                } else if advice.accessed_by_faulter {
                     // Advised to access it where it lives (accessed-by): map it there,
                     // no migration.
                     self.map_in_place(&mut fs, mine, remote)
