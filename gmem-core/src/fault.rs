@@ -50,6 +50,9 @@ pub enum FaultKind {
     MappedExisting,
     /// The faulter's table already mapped the page (stale TLB entry, invalidated).
     Spurious,
+    /// A read-only copy of a read-mostly page was made in the faulter's own memory
+    /// and mapped read-only (read duplication, [`crate::policy::advice::AdviceOp::SetReadMostly`]).
+    Duplicated,
 }
 
 /// The answer to a successful fault: retry the access.

@@ -125,6 +125,12 @@ counters! {
     fault_batch_duplicates,
     /// Pages the tree prefetcher brought to a faulting device with a batch's faults.
     pages_prefetched,
+    /// Read-only copies of read-mostly pages made for reading devices (read
+    /// duplication, issue 35 item 4; their bytes count in the `bytes_*` counters).
+    read_duplications,
+    /// Read-only copies dropped: by a write's collapse, an operation on their pages,
+    /// or memory pressure in the memory holding them.
+    read_copies_dropped,
 }
 
 impl Counters {

@@ -161,6 +161,7 @@ fn delta(a: PortStats, b: PortStats) -> PortStats {
         remote: b.remote - a.remote,
         mapped_existing: b.mapped_existing - a.mapped_existing,
         spurious: b.spurious - a.spurious,
+        duplicated: b.duplicated - a.duplicated,
         batches: b.batches - a.batches,
     }
 }

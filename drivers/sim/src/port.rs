@@ -115,6 +115,8 @@ pub struct PortStats {
     pub mapped_existing: u64,
     /// Faults the core found spurious (a stale cached entry).
     pub spurious: u64,
+    /// Faults the core served with a read-only copy (read duplication).
+    pub duplicated: u64,
     /// Fault reports made: one per fault, or one per batch with batched faults on.
     pub batches: u64,
 }
@@ -143,6 +145,7 @@ port_counters!(
     remote,
     mapped_existing,
     spurious,
+    duplicated,
     batches
 );
 
@@ -408,6 +411,7 @@ impl Port {
                 FaultKind::Remote => &c.remote,
                 FaultKind::MappedExisting => &c.mapped_existing,
                 FaultKind::Spurious => &c.spurious,
+                FaultKind::Duplicated => &c.duplicated,
             },
             1,
         );

@@ -4,7 +4,7 @@
 //! The fault path follows it (`fault`): a preferred location is where a page is
 //! populated and where it migrates to, and a page living there is mapped by other
 //! processors where it is (no migration); a device in the accessed-by set maps a
-//! page where it lives. Read-mostly is stored only (read duplication is not built).
+//! page where it lives. A read-mostly page is read-duplicated (`duplicate`).
 
 use super::{PlacementMode, ResolvedRegion, SpaceState};
 use crate::addr::{VaRange, Vpn, PAGE_SHIFT};
@@ -24,6 +24,8 @@ pub(crate) struct FaultAdvice {
     pub preferred: Option<DeviceId>,
     /// Whether the faulting device is in the accessed-by set.
     pub accessed_by_faulter: bool,
+    /// Whether the page is advised read-mostly (read duplication, `duplicate`).
+    pub read_mostly: bool,
 }
 
 impl SpaceState {
@@ -57,6 +59,7 @@ impl SpaceState {
         FaultAdvice {
             preferred: a.preferred,
             accessed_by_faulter: a.accessed_by.contains(dev),
+            read_mostly: a.read_mostly,
         }
     }
 
@@ -71,7 +74,8 @@ impl SpaceState {
         a.preferred == Some(lives_in) || !a.accessed_by.is_empty()
     }
 
-    /// After an advice edit of `[first, first + pages)` of region `c`: a page of a
+    /// After an advice edit of `[first, first + pages)` of region `c`: the pages' read
+    /// copies go, and a page of a
     /// unique-policy region that several tables map although its advice no longer
     /// lets them (its preferred location or accessed-by set changed) loses those
     /// mappings (replicate tables' aside): its next accesses fault and are served as
@@ -83,6 +87,8 @@ impl SpaceState {
         first: Vpn,
         pages: u64,
     ) {
+        // Copies were made under the old advice (`duplicate`): they go.
+        self.drop_copies(stats, first, pages);
         if c.rec.placement.mode != PlacementMode::Unique {
             return;
         }

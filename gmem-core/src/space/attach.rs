@@ -42,6 +42,11 @@ impl SpaceState {
             }
             None => return Err(AttachError::TooManyAttachments),
         };
+        // A replicate table, or the table of a device that cannot fault, maps pages
+        // writable without a fault: no page may keep read copies (`duplicate`).
+        if mode == MmuMode::Replicate || !dev.faultable() {
+            self.drop_all_copies(stats);
+        }
         let format = dev.mmu.format();
         let shared = (mode == MmuMode::Shared)
             .then(|| {
@@ -178,6 +183,8 @@ impl SpaceState {
         let t = att.table;
         let dev = att.dev.clone();
         self.forget_accesses_of(dev.id);
+        // Read copies go: some may be in its memory or its table (`duplicate`).
+        self.drop_all_copies(stats);
         // Its private frames go first (unmapped, invalidated, freed).
         let private = self.private_of_slot(slot);
         self.free_private(stats, &private);

@@ -16,13 +16,17 @@
 //! 4. replicate tables map every populated page, and tables of devices that cannot fault
 //!    map every wired page (once no request is pending);
 //! 5. regions lie inside the space, do not overlap, and are allocated in its arena; a page
-//!    outside every region holds nothing but a pending marker.
+//!    outside every region holds nothing but a pending marker;
+//! 6. read copies (`duplicate`) belong to populated, unwired, read-mostly pages of
+//!    unique-policy regions in a space without replicate tables, one per live table,
+//!    in tables that do not map the shared frame, and every mapping of the shared frame
+//!    is one the duplication path made read-only.
 
 use super::violation::{fail, Violation};
 use super::{PlacementMode, SpaceInner, SpaceState};
 use crate::addr::Vpn;
 use crate::handle::SpaceId;
-use crate::lpt::{PENDING, WIRED};
+use crate::lpt::{EXTERNAL, PENDING, WIRED};
 
 impl SpaceState {
     /// Check the invariants of this space (`space`, whose state this is): each part's
@@ -68,6 +72,7 @@ impl SpaceState {
                     && !e.has(WIRED)
                     && !st.is_pinned(Vpn(vpn))
                     && !st.advice_shares(Vpn(vpn), st.memory_id(e.mem))
+                    && st.store.copies.get(Vpn(vpn)).is_none()
                     && (e.mapped & !replicas).count_ones() > 1
                 {
                     return fail("unique page mapped by more than one page table", Some(vpn));
@@ -111,10 +116,70 @@ impl SpaceState {
                 );
             }
         }
+        st.check_copies()?;
         // Large leaves agree with the logical page table.
         st.check_large()?;
         // DMA records: inside the space and its arena, apart from regions and each
         // other, held by exactly the live tables.
         st.check_dma(space, live_tables)
+    }
+}
+
+impl SpaceState {
+    /// Invariant 6: the read copies (see the module header and `duplicate`).
+    fn check_copies(&self) -> Result<(), Violation> {
+        if self.store.copies.is_empty() {
+            return Ok(());
+        }
+        let live = self.xlat.live_mask();
+        if self.xlat.replica_mask() != 0 {
+            return fail("read copies in a space with a replicate table", None);
+        }
+        for (vpn, d) in self.store.copies.iter() {
+            let e = self.store.lpt.get(vpn);
+            let unique = self
+                .map
+                .at(vpn.addr().as_u64())
+                .is_some_and(|(_, r)| r.placement.mode == PlacementMode::Unique);
+            if !unique {
+                return fail("read copy outside a unique-policy region", Some(vpn.0));
+            }
+            if !e.is_populated() || e.has(WIRED) || e.has(EXTERNAL) {
+                return fail(
+                    "read copy of an absent, wired or caller-given page",
+                    Some(vpn.0),
+                );
+            }
+            if !self.advice_at(vpn).read_mostly {
+                return fail("read copy of a page not advised read-mostly", Some(vpn.0));
+            }
+            if d.copies.is_empty() {
+                return fail("duplicated page without copies", Some(vpn.0));
+            }
+            if e.mapped & !d.read_only != 0 {
+                return fail(
+                    "duplicated page's shared frame mapped writable",
+                    Some(vpn.0),
+                );
+            }
+            let mut tables = 0u32;
+            for c in &d.copies {
+                let bit = 1u32 << c.table;
+                if live & bit == 0 {
+                    return fail("read copy in a dead table", Some(vpn.0));
+                }
+                if tables & bit != 0 {
+                    return fail("two read copies in one table", Some(vpn.0));
+                }
+                if e.mapped & bit != 0 {
+                    return fail(
+                        "table maps both a read copy and the shared frame",
+                        Some(vpn.0),
+                    );
+                }
+                tables |= bit;
+            }
+        }
+        Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! fault, zero-fill, migration, prefetch (eviction, which a fault may need, is in
 //! `evict`).
 
+use super::duplicate::{DupFault, DupStep};
 use super::frames::{FrameAsk, Requester};
 use super::segments::Piece;
 use super::tables::BackedRun;
@@ -162,6 +163,30 @@ impl SpaceState {
             return Ok(self.zero_fill(&mut fs, g)?);
         }
 
+        // Read duplication (`duplicate`): a read-mostly page read from elsewhere gets
+        // a read-only copy; a page with copies loses them before anything else.
+        if advice.read_mostly
+            || (!self.store.copies.is_empty() && self.store.copies.get(vpn).is_some())
+        {
+            let f = DupFault {
+                space: space.id,
+                own: own_memory(cx, dev),
+                t,
+                vpn,
+                piece,
+                access,
+                mode: placement.mode,
+                read_mostly: advice.read_mostly,
+            };
+            match self.read_duplicate(cx, f)? {
+                DupStep::Served(r) => return Ok(r),
+                DupStep::Spurious => return self.spurious(&mut fs),
+                DupStep::Continue => {
+                    e = self.store.lpt.get(vpn);
+                    fs.entry = e;
+                }
+            }
+        }
         let here = self.store.memories.get(e.mem).clone();
         // A mapping is remote when the frame is not in the faulter's own memory (its
         // local memory, or host memory for a device without one).

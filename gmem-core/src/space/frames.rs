@@ -188,6 +188,10 @@ impl SpaceState {
                 Counters::add(&cx.counters.reservations_broken, 1);
                 continue;
             }
+            // Then the read copies the memory holds (`duplicate`): no write-back.
+            if self.drop_copies_in_memory(cx.counters, dev.id) > 0 {
+                continue;
+            }
             let Some(space) = evict_in else {
                 return Err(MoveError::OutOfMemory(dev.id));
             };

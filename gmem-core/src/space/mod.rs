@@ -338,6 +338,7 @@ impl SpaceState {
     /// release frames (the caller releases the range).
     pub fn discard_pages(&mut self, stats: &Counters, first: Vpn, pages: u64) {
         self.thrashing_forget(first, pages);
+        self.drop_copies(stats, first, pages);
         let private = self.private_in(first, pages);
         self.free_private(stats, &private);
         self.unmap_pages(stats, first, pages, u32::MAX);
@@ -364,6 +365,7 @@ impl SpaceState {
         edits: TableEdits,
     ) -> Discard {
         self.thrashing_forget(first, pages);
+        self.drop_copies(stats, first, pages);
         let private = self.private_in(first, pages);
         self.free_private(stats, &private);
         let touched: Vec<(Vpn, u32)> = self
@@ -475,6 +477,7 @@ mod tables;
 pub(crate) use queue::{Shootdown, TableRun};
 pub(crate) use tables::table_runs;
 use tables::OwedInvalidation;
+mod duplicate;
 mod private;
 pub(crate) use private::PrivateRefusal;
 pub(crate) mod dma;

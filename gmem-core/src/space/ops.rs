@@ -90,6 +90,8 @@ impl SpaceState {
             self.drain(cx.counters, &space.arena);
         }
         let dest = self.target_of(cx, cx.host, target);
+        // Wired pages are never duplicated (`duplicate`).
+        self.drop_copies(cx.counters, first, pages);
         // A large leaf over the range's edge would cover wired and unwired pages.
         let broken = self.break_straddling_large(cx.counters, first, pages);
         let mut wired = Vec::new();

@@ -1,11 +1,12 @@
 //! The page store (FreeBSD's `vm_object` and its pages): one owned part of a space's
 //! state. It owns what each page of the space *holds* — the logical page table (where
 //! each page lives, in which memory, with which flags, and which tables map it), the
-//! list of memories page entries name, and the device-private frames some tables map
-//! instead of a page's shared frame — and the frame accounting that goes with them.
+//! list of memories page entries name, the device-private frames some tables map
+//! instead of a page's shared frame, and the read-only copies of read-mostly pages
+//! (`duplicate`) — and the frame accounting that goes with them.
 //!
 //! Its own invariant (DESIGN.md's 2), checked by [`PageStore::check_frames`]: every
-//! frame a page entry or a private frame names is an in-use frame of its memory whose
+//! frame a page entry, a private frame or a read copy names is an in-use frame of its memory whose
 //! reverse mapping points back at that page of this space (a caller-given frame lies
 //! outside managed memory instead), every memory's queues partition its frames, and
 //! the space owns no frame it does not name.
@@ -88,6 +89,95 @@ impl PrivateFrames {
     }
 }
 
+/// One read-only copy of a read-mostly page (read duplication, `duplicate`): table
+/// `table` maps frame `pfn` of memory `mem` instead of the page's shared frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReadCopy {
+    /// The table that maps the copy.
+    pub table: u8,
+    /// The memory (an index of the space's memory list) holding it.
+    pub mem: u8,
+    /// Its frame.
+    pub pfn: Pfn,
+}
+
+/// The copies of one duplicated page, and the tables that map its shared frame
+/// read-only while they exist.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Duplicated {
+    /// Tables whose mapping of the shared frame the duplication path made read-only
+    /// (the page's mapping bits must lie inside this mask).
+    pub read_only: u32,
+    /// The copies, at most one per table.
+    pub copies: Vec<ReadCopy>,
+}
+
+/// The read-only copies of a space's duplicated pages, by page.
+#[derive(Default)]
+pub(crate) struct ReadCopies {
+    pages: BTreeMap<u64, Duplicated>,
+}
+
+impl ReadCopies {
+    /// Whether no page has copies.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// The copies of page `vpn`, if it has any.
+    pub fn get(&self, vpn: Vpn) -> Option<&Duplicated> {
+        self.pages.get(&vpn.0)
+    }
+
+    /// The copies of page `vpn`, created empty if absent.
+    pub fn entry(&mut self, vpn: Vpn) -> &mut Duplicated {
+        self.pages.entry(vpn.0).or_default()
+    }
+
+    /// Forget the copies of page `vpn`, returning them.
+    pub fn remove(&mut self, vpn: Vpn) -> Option<Duplicated> {
+        self.pages.remove(&vpn.0)
+    }
+
+    /// The table `t`'s copy of page `vpn`, if any.
+    pub fn in_table(&self, t: usize, vpn: Vpn) -> Option<ReadCopy> {
+        self.pages
+            .get(&vpn.0)
+            .and_then(|d| d.copies.iter().find(|c| usize::from(c.table) == t).copied())
+    }
+
+    /// The duplicated pages of `[first, first + pages)`.
+    pub fn in_range(&self, first: Vpn, pages: u64) -> Vec<Vpn> {
+        if self.pages.is_empty() {
+            return Vec::new();
+        }
+        self.pages
+            .range(first.0..first.0.saturating_add(pages))
+            .map(|(&v, _)| Vpn(v))
+            .collect()
+    }
+
+    /// The duplicated pages with a copy in memory `mem`.
+    pub fn in_memory(&self, mem: u8) -> Vec<Vpn> {
+        self.pages
+            .iter()
+            .filter(|(_, d)| d.copies.iter().any(|c| c.mem == mem))
+            .map(|(&v, _)| Vpn(v))
+            .collect()
+    }
+
+    /// Every duplicated page.
+    pub fn all(&self) -> Vec<Vpn> {
+        self.pages.keys().map(|&v| Vpn(v)).collect()
+    }
+
+    /// Every duplicated page with its copies.
+    pub fn iter(&self) -> impl Iterator<Item = (Vpn, &Duplicated)> + '_ {
+        self.pages.iter().map(|(&v, d)| (Vpn(v), d))
+    }
+}
+
 /// The page store of one space (see the module header).
 pub(crate) struct PageStore {
     /// The logical page table: where each page lives and which tables map it.
@@ -96,6 +186,8 @@ pub(crate) struct PageStore {
     pub(super) memories: Memories,
     /// Device-private frames (`private`).
     pub(super) private: PrivateFrames,
+    /// Read-only copies of read-mostly pages (`duplicate`).
+    pub(super) copies: ReadCopies,
 }
 
 impl PageStore {
@@ -104,6 +196,7 @@ impl PageStore {
             lpt: LogicalPageTable::default(),
             memories: Memories::new(host),
             private: PrivateFrames::default(),
+            copies: ReadCopies::default(),
         }
     }
 
@@ -195,6 +288,27 @@ impl PageStore {
                 }
             }
             owned.push((mem, pfn));
+        }
+        for (vpn, d) in self.copies.iter() {
+            for c in &d.copies {
+                let Some(memory) = self.memories.try_get(c.mem) else {
+                    return fail("read copy names an unknown memory", Some(vpn.0));
+                };
+                let phys = memory.phys.lock();
+                if phys.state(c.pfn) != Some(FrameState::Wired) {
+                    return fail("read copy's frame is not wired", Some(vpn.0));
+                }
+                match phys.owner(c.pfn) {
+                    Some(o) if o.space == id && o.vpn == vpn => {}
+                    _ => {
+                        return fail(
+                            "read copy's reverse mapping does not point back",
+                            Some(vpn.0),
+                        )
+                    }
+                }
+                owned.push((c.mem, c.pfn));
+            }
         }
         // The space owns exactly the frames it names; every memory's queues are sound.
         for (m, dev) in self.memories.iter() {

@@ -95,6 +95,8 @@ impl SpaceState {
     ) -> Result<(), MmuError> {
         self.settle(cx, space, c);
         let stats = cx.counters;
+        // Copies are read-only mappings of the old protection (`duplicate`).
+        self.drop_copies(stats, first, pages);
         // The mapped runs, cut where the old protection changes.
         let mut runs: Vec<TableRun> = Vec::new();
         let mut old: Vec<Prot> = Vec::new();
@@ -166,6 +168,7 @@ impl SpaceState {
     ) -> Result<(), MmuError> {
         let PageSpan { first, pages } = span;
         self.settle(cx, space, c);
+        self.drop_copies(cx.counters, first, pages);
         let region = if whole {
             let rec = super::RegionRec { attrs, ..c.rec };
             self.put_region(c, rec);

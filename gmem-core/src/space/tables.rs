@@ -48,6 +48,11 @@ impl SpaceState {
         run: BackedRun,
         piece: segments::Piece,
     ) -> Result<(), MmuError> {
+        // A mapping of a duplicated page's shared frame made by anything but the
+        // duplication path collapses its copies first (`duplicate`).
+        if self.any_copies(run.first, run.pages) {
+            self.drop_copies(stats, run.first, run.pages);
+        }
         self.install_run(stats, t, run, piece)?;
         self.store
             .lpt
