@@ -166,6 +166,10 @@ pub struct Summary {
     pub fault_batches: u64,
     /// KPI runner: pages the tree prefetcher brought (`Stats::pages_prefetched`).
     pub pages_prefetched: u64,
+    /// KPI runner: read-only copies made (`Stats::read_duplications`).
+    pub read_duplications: u64,
+    /// KPI runner: read-only copies dropped (`Stats::read_copies_dropped`).
+    pub read_copies_dropped: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -182,5 +186,7 @@ impl core::ops::AddAssign for Summary {
         self.dma_unmaps += o.dma_unmaps;
         self.fault_batches += o.fault_batches;
         self.pages_prefetched += o.pages_prefetched;
+        self.read_duplications += o.read_duplications;
+        self.read_copies_dropped += o.read_copies_dropped;
     }
 }

@@ -140,6 +140,19 @@ impl KpiRunner {
                     + u64::from(offset) % PAGE_SIZE;
                 self.fault(ctx, usize::from(dev) % NDEV, va, write);
             }
+            Op::Advise {
+                region,
+                page,
+                pages,
+                kind,
+                dev,
+                bad,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                self.advise(ctx, (slot, start), (page, pages), kind, dev, bad);
+            }
             Op::SetPolicy {
                 region,
                 target,

@@ -44,9 +44,10 @@
 //! ## Where things are
 //! This module holds the model and the runner's loop; `ops` the input, `apply` the
 //! dispatch of one operation, `spaces`, `regions`, `access` and `frames` the calls by
-//! subject, `checks` what is checked after each operation.
+//! subject (`advice`: `region_advise`), `checks` what is checked after each operation.
 
 mod access;
+mod advice;
 mod apply;
 mod batch;
 mod checks;
@@ -392,6 +393,8 @@ impl KpiRunner {
         self.summary.promotions = st.promotions;
         self.summary.fault_batches = st.fault_batches;
         self.summary.pages_prefetched = st.pages_prefetched;
+        self.summary.read_duplications = st.read_duplications;
+        self.summary.read_copies_dropped = st.read_copies_dropped;
         self.summary
     }
 

@@ -555,6 +555,21 @@ pub enum Op {
         /// with big pages of `1 << (p % 5)` pages.
         prefetch: u8,
     },
+    /// `region_advise` over pages of a region (read-mostly pages are read-duplicated).
+    Advise {
+        /// Which region.
+        region: u16,
+        /// First page (modulo the region's size).
+        page: u8,
+        /// Pages: `1 + n % left`.
+        pages: u8,
+        /// Which advice (modulo 7, see `advice`).
+        kind: u8,
+        /// The device the advice names (modulo 4).
+        dev: u8,
+        /// A range one page past the region (misuse).
+        bad: bool,
+    },
 }
 
 /// A wrong argument of `dma_map`.
