@@ -160,14 +160,17 @@ impl SpaceState {
         let Some(run) = own.alloc_frames(RunRequest::page(f.space, vpn, None, 0)) else {
             return fallback(self);
         };
+        if !has {
+            // The first copy: every mapping of the shared frame goes, and the TLBs
+            // forget them, *before* the bytes are copied — a writer holding a writable
+            // translation could otherwise store after the copy (the loom model
+            // `readdup` found that order). Readers map it again read-only; a writer
+            // collapses the copies first.
+            self.unmap_pages(stats, vpn, 1, u32::MAX);
+        }
         if super::fault::copy_run(&here, e.pfn, own, run.pfn(), 1).is_err() {
             drop(run);
             return fallback(self);
-        }
-        if !has {
-            // The first copy: every mapping of the shared frame goes (readers map it
-            // again read-only; a writer collapses the copies first).
-            self.unmap_pages(stats, vpn, 1, u32::MAX);
         }
         self.install_small(t, vpn, 1, run.pfn(), own.id, ro)?;
         let pfn = run.commit();
@@ -245,6 +248,10 @@ impl SpaceState {
                 if let Some(table) = self.xlat.tables[usize::from(c.table)].as_ref() {
                     table.mmu.unmap(table.root, range);
                     Counters::add(&stats.mmu_unmaps, 1);
+                    // (Deliberately broken under `gmem_loom_bug =
+                    // "collapse_skips_copy_invalidation"`: the loom model `readdup`
+                    // must catch the stale copy a reader's TLB keeps.)
+                    #[cfg(not(gmem_loom_bug = "collapse_skips_copy_invalidation"))]
                     runs.push(TableRun {
                         table: usize::from(c.table),
                         range,
