@@ -166,6 +166,14 @@ pub struct Summary {
     pub fault_batches: u64,
     /// KPI runner: pages the tree prefetcher brought (`Stats::pages_prefetched`).
     pub pages_prefetched: u64,
+    /// KPI runner: pages the thrashing detectors pinned (`ThrashingStats::pins`).
+    pub thrashing_pins: u64,
+    /// KPI runner: throttle hints the thrashing detectors gave.
+    pub thrashing_throttles: u64,
+    /// KPI runner: faults answered `Throttled` (each checked to change nothing).
+    pub throttled: u64,
+    /// KPI runner: pins `as_expire_pins` ended.
+    pub pins_expired: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -182,5 +190,9 @@ impl core::ops::AddAssign for Summary {
         self.dma_unmaps += o.dma_unmaps;
         self.fault_batches += o.fault_batches;
         self.pages_prefetched += o.pages_prefetched;
+        self.thrashing_pins += o.thrashing_pins;
+        self.thrashing_throttles += o.thrashing_throttles;
+        self.throttled += o.throttled;
+        self.pins_expired += o.pins_expired;
     }
 }
