@@ -32,6 +32,7 @@ pub const BUGS: &[(&str, &str)] = &[
     ("try_fault_waits_for_the_space", "reentry"),
     ("stats_fold_after_unregister", "stats"),
     ("dma_release_before_invalidation", "dma"),
+    ("expire_pins_keeps_mappings", "pin"),
 ];
 
 /// Run the loom tests under `rustflags`: every model (`models` empty) or only the
