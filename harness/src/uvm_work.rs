@@ -16,6 +16,7 @@
 //! | `shared-table` | two GPUs, in turn, gather from one read-only table | a table both GPUs read |
 //! | `graph` | pull gather over a random fixed-degree graph, two sweeps | random access |
 
+use gmem_core::policy::advice::AdviceOp;
 use gmem_core::{
     Activation, AllocPolicy, AllocRequest, Gmem, MmuMode, Placement, PlacementMode,
     PlacementTarget, Region, SpaceId, VirtAddr, PAGE_SIZE,
@@ -188,6 +189,14 @@ impl Machine {
                     mode: PlacementMode::RemoteAccess,
                 },
             )
+            .map_err(|e| e.to_string())
+    }
+
+    /// Advise `r` read-mostly (`cudaMemAdviseSetReadMostly`): a GPU reading it may
+    /// get a read-only copy in its own memory, and a write collapses the copies.
+    fn read_mostly(&self, r: Region) -> Result<(), String> {
+        self.gm
+            .region_advise(r, AdviceOp::SetReadMostly)
             .map_err(|e| e.to_string())
     }
 
@@ -438,27 +447,52 @@ impl Spec for Pull {
     }
 }
 
-/// Runs `workload` at `sizes` on `m` (placing its data remotely when `remote`);
-/// returns whether every output matched the CPU reference bit for bit.
+/// What a run does to a workload's data before the launches (the data-placement
+/// part of a policy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataPolicy {
+    /// Every data region in host memory, mapped remotely by the GPUs
+    /// ([`PlacementMode::RemoteAccess`]).
+    pub remote: bool,
+    /// The arrays the GPUs only read (the workload's read-only inputs) advised
+    /// read-mostly (`Gmem::region_advise` with [`AdviceOp::SetReadMostly`],
+    /// `cudaMemAdviseSetReadMostly`): each reading GPU may get a read-only copy.
+    pub read_mostly: bool,
+}
+
+/// Runs `workload` at `sizes` on `m`, its data prepared as `data` says; returns
+/// whether every output matched the CPU reference bit for bit. The read-only inputs
+/// (advised read-mostly under `data.read_mostly`): `stream`'s `a` and `b`,
+/// `shared-table`'s table, `graph`'s edge array; the stencil's two arrays are each
+/// written every other sweep, so it has none.
 ///
 /// # Errors
-/// A refused allocation, host access or launch, described.
+/// A refused allocation, advice, host access or launch, described.
 pub fn run_workload(
     m: &mut Machine,
     workload: &str,
     sizes: &Sizes,
-    remote: bool,
+    data: DataPolicy,
     before_kernels: &mut dyn FnMut(&Machine),
 ) -> Result<bool, String> {
-    let place = |m: &Machine, r: Region| if remote { m.remote(r) } else { Ok(()) };
+    // `read_only`: the GPUs only read the region.
+    let place = |m: &Machine, r: Region, read_only: bool| {
+        if data.remote {
+            m.remote(r)?;
+        }
+        if data.read_mostly && read_only {
+            m.read_mostly(r)?;
+        }
+        Ok::<(), String>(())
+    };
     match workload {
         "stream" => {
             let n = sizes.stream_n;
             let (a, b) = (values(1, n, small), values(2, n, small));
             let (ra, rb) = (m.upload_f32(&a)?, m.upload_f32(&b)?);
             let rc = m.upload_f32(&vec![0.0; n as usize])?;
-            for r in [ra, rb, rc] {
-                place(m, r)?;
+            for (r, read_only) in [(ra, true), (rb, true), (rc, false)] {
+                place(m, r, read_only)?;
             }
             before_kernels(m);
             let (va, vb, vc) = (ra.start.as_u64(), rb.start.as_u64(), rc.start.as_u64());
@@ -481,7 +515,7 @@ pub fn run_workload(
             let r0 = m.upload_f32(&cur)?;
             let r1 = m.upload_f32(&vec![0.0; n as usize])?;
             for r in [r0, r1] {
-                place(m, r)?;
+                place(m, r, false)?;
             }
             before_kernels(m);
             let regions = [r0, r1];
@@ -526,8 +560,8 @@ pub fn run_workload(
                 m.upload_f32(&vec![0.0; q as usize])?,
                 m.upload_f32(&vec![0.0; q as usize])?,
             ];
-            for r in [rt, outs[0], outs[1]] {
-                place(m, r)?;
+            for (r, read_only) in [(rt, true), (outs[0], false), (outs[1], false)] {
+                place(m, r, read_only)?;
             }
             before_kernels(m);
             for _ in 0..rounds {
@@ -567,8 +601,8 @@ pub fn run_workload(
             let mut x = values(6, v, small);
             let rx = m.upload_f32(&x)?;
             let ry = m.upload_f32(&vec![0.0; v as usize])?;
-            for r in [ri, rx, ry] {
-                place(m, r)?;
+            for (r, read_only) in [(ri, true), (rx, false), (ry, false)] {
+                place(m, r, read_only)?;
             }
             before_kernels(m);
             let regions = [rx, ry];

@@ -33,6 +33,7 @@ pub const BUGS: &[(&str, &str)] = &[
     ("stats_fold_after_unregister", "stats"),
     ("dma_release_before_invalidation", "dma"),
     ("collapse_skips_copy_invalidation", "readdup"),
+    ("expire_pins_keeps_mappings", "pin"),
 ];
 
 /// Run the loom tests under `rustflags`: every model (`models` empty) or only the

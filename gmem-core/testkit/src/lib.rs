@@ -170,6 +170,14 @@ pub struct Summary {
     pub read_duplications: u64,
     /// KPI runner: read-only copies dropped (`Stats::read_copies_dropped`).
     pub read_copies_dropped: u64,
+    /// KPI runner: pages the thrashing detectors pinned (`ThrashingStats::pins`).
+    pub thrashing_pins: u64,
+    /// KPI runner: throttle hints the thrashing detectors gave.
+    pub thrashing_throttles: u64,
+    /// KPI runner: faults answered `Throttled` (each checked to change nothing).
+    pub throttled: u64,
+    /// KPI runner: pins `as_expire_pins` ended.
+    pub pins_expired: u64,
 }
 
 impl core::ops::AddAssign for Summary {
@@ -188,5 +196,9 @@ impl core::ops::AddAssign for Summary {
         self.pages_prefetched += o.pages_prefetched;
         self.read_duplications += o.read_duplications;
         self.read_copies_dropped += o.read_copies_dropped;
+        self.thrashing_pins += o.thrashing_pins;
+        self.thrashing_throttles += o.thrashing_throttles;
+        self.throttled += o.throttled;
+        self.pins_expired += o.pins_expired;
     }
 }

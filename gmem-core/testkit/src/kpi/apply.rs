@@ -369,6 +369,30 @@ impl KpiRunner {
                     .collect();
                 self.fault_batch(ctx, dev, &recs);
             }
+            Op::Thrashing {
+                space,
+                config,
+                stale,
+            } => self.set_thrashing(ctx, space, config, stale),
+            Op::ExpirePins { space, stale } => self.expire_pins(ctx, space, stale),
+            Op::PingPong {
+                a,
+                b,
+                region,
+                page,
+                rounds,
+                loads,
+                faults,
+                seed,
+            } => {
+                let Some((slot, start)) = self.pick_region(region) else {
+                    return;
+                };
+                let r = self.region(slot, start);
+                let va = r.start() + u64::from(page) % r.pages() * PAGE_SIZE;
+                let devs = [usize::from(a) % NDEV, usize::from(b) % NDEV];
+                self.ping_pong(ctx, devs, va, 2 + rounds % 15, (loads, faults), seed);
+            }
             Op::Migrate {
                 region,
                 dev,

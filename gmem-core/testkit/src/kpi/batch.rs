@@ -1,7 +1,8 @@
 //! Batched faults in the KPI runner (`dev_fault_batch`, `dev_set_prefetch`): the
 //! model's answer for each record is what a lone `dev_fault` of its page (with the
-//! accesses of the page's records merged) would get; a batch refused whole (an
-//! unknown, unfaultable or inactive device, an empty batch) changes nothing.
+//! accesses of the page's records merged) would get (or `Throttled`, while a
+//! thrashing detector throttles); a batch refused whole (an unknown, unfaultable or
+//! inactive device, an empty batch) changes nothing.
 
 use super::*;
 use gmem_core::policy::batch::BatchError;
@@ -98,6 +99,14 @@ impl KpiRunner {
             let page = va / PAGE_SIZE;
             let ok = match (&expect[&page], outcome) {
                 (Expect::Ok | Expect::Either(_), Ok(_)) => true,
+                // Thrashing, and another device has the page for this period.
+                (e, Err(FaultError::Throttled(at)))
+                    if self.throttle_allowed(dev, page * PAGE_SIZE, e) =>
+                {
+                    assert_eq!(at.vpn().0, page, "{ctx}: throttled at another page");
+                    self.summary.throttled += 1;
+                    false
+                }
                 (Expect::Err(AccessError::Fault(e)), Err(got)) if e == got => false,
                 (Expect::Either(set), Err(got)) if set.contains(&AccessError::Fault(*got)) => false,
                 (e, got) => panic!("{ctx}: batched fault at {va:#x}: expected {e:?}, got {got:?}"),

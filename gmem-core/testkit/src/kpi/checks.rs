@@ -23,8 +23,11 @@ impl KpiRunner {
             // What callers hold: a failed allocation may reap the quantum caches (cached
             // bytes become free bytes), which no caller can observe.
             let a = self.sys.gm.as_arena_stats(id).expect("live space");
+            // The detector's configuration (its counters move on a throttled fault,
+            // which changes nothing else).
+            let thrashing = self.sys.gm.as_thrashing(id).map(|t| t.map(|t| t.config));
             out += &format!(
-                "{id:?} {:?} dma {:?} total {} allocated {} allocs {} frees {}\n",
+                "{id:?} {:?} dma {:?} thrashing {thrashing:?} total {} allocated {} allocs {} frees {}\n",
                 self.sys.gm.as_regions(id),
                 self.sys.gm.dma_mappings(id),
                 a.total,
@@ -133,6 +136,7 @@ impl KpiRunner {
                 self.check_tlbs(ctx, slot);
             }
             self.check_large(ctx, slot);
+            self.check_thrashing(ctx, slot);
         }
         self.sys.take_events();
     }

@@ -39,12 +39,19 @@
 //!   read back by later operations), page groups are set up only on a free memory, a
 //!   group changes class only while free (`check_invariants` checks every group is
 //!   uniform), and every misuse of these calls is a typed error that changes nothing;
+//! - thrashing detection (`as_set_thrashing`, `as_expire_pins`): a fault may be
+//!   answered `Throttled` only while a throttling mitigation is on, and then nothing
+//!   changed; a pinned page is mapped by several devices, and every read through
+//!   any of them still equals the model's bytes; the detector's counters only grow
+//!   and balance (no more unpins than pins, each expiry counted);
 //! - at the end every space is destroyed and every frame of every memory is free.
 //!
 //! ## Where things are
 //! This module holds the model and the runner's loop; `ops` the input, `apply` the
 //! dispatch of one operation, `spaces`, `regions`, `access` and `frames` the calls by
 //! subject (`advice`: `region_advise`), `checks` what is checked after each operation.
+//! subject (`thrashing` the detector's calls), `checks` what is checked after each
+//! operation.
 
 mod access;
 mod advice;
@@ -56,6 +63,7 @@ mod frames;
 mod ops;
 mod regions;
 mod spaces;
+mod thrashing;
 
 pub use checks::constraint_problem;
 pub use ops::*;
@@ -64,6 +72,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use arbitrary::Arbitrary;
+use gmem_core::policy::thrashing::{Mitigation, ThrashingConfig, ThrashingStats};
 use gmem_core::testing::{AccessError, MmuEvent, TestMmu, TestSystem, HOST_BASE};
 use gmem_core::vmem::{Constraint, ConstraintProblem};
 use gmem_core::{
@@ -197,6 +206,10 @@ struct SpaceModel {
     queue: Vec<Request>,
     fail_every: u64,
     attempts: u64,
+    /// Thrashing detection (`as_set_thrashing`), when on.
+    thrashing: Option<ThrashingConfig>,
+    /// The detector's counters as last read (they only grow until reconfigured).
+    thrash_seen: ThrashingStats,
 }
 
 impl SpaceModel {
@@ -218,6 +231,12 @@ impl SpaceModel {
         self.queue
             .iter()
             .any(|q| matches!(q, Request::Map { start: s, .. } if *s == start))
+    }
+    /// Whether a fault may be answered [`FaultError::Throttled`]: thrashing detection
+    /// is on with a mitigation that throttles.
+    fn throttles(&self) -> bool {
+        self.thrashing
+            .is_some_and(|c| c.mitigation() != Mitigation::Pin)
     }
     /// Reservations a new region must not overlap: live regions' and queued ones'.
     fn busy(&self) -> Vec<(u64, u64)> {

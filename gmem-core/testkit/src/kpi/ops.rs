@@ -570,6 +570,100 @@ pub enum Op {
         /// A range one page past the region (misuse).
         bad: bool,
     },
+    /// `as_set_thrashing`: thrashing detection on with a small configuration (times
+    /// in ticks of the space's migration clock: the test system has no platform
+    /// clock) or off; with `stale`, a dead space handle (misuse).
+    Thrashing {
+        /// Which space.
+        space: u8,
+        /// On with this configuration, or off.
+        config: Option<ThrashSel>,
+        /// A dead space handle instead (if any is known).
+        stale: bool,
+    },
+    /// Two devices take turns accessing one page: what makes a page thrash under
+    /// the unique policy (each turn migrates it, until thrashing detection pins it or
+    /// throttles a device). Turn `k` (by `a` when even, else `b`) loads the page's
+    /// first 64 bytes when bit `k % 8` of `loads` is set, else stores 8 bytes at `8
+    /// * (k % 8)`; it goes through `dev_fault` (which may be answered `Throttled`)
+    /// instead of an access when bit `k % 8` of `faults` is set. Each turn is checked
+    /// as a lone `Read`, `Write` or `Fault`.
+    PingPong {
+        /// One device.
+        a: u8,
+        /// The other.
+        b: u8,
+        /// Which region.
+        region: u16,
+        /// Page of the region.
+        page: u8,
+        /// Turns: `2 + rounds % 15`.
+        rounds: u8,
+        /// Turns that load (else store).
+        loads: u8,
+        /// Turns that call `dev_fault` (else access).
+        faults: u8,
+        /// Content seed.
+        seed: u8,
+    },
+    /// `as_expire_pins`: the pins whose time is up end; with `stale`, a dead space
+    /// handle (misuse).
+    ExpirePins {
+        /// Which space.
+        space: u8,
+        /// A dead space handle instead (if any is known).
+        stale: bool,
+    },
+}
+
+/// A thrashing configuration, small so that sequences of a few hundred operations
+/// reach it: threshold `1 + threshold % 3` events, lapse `1 + lapse % 8` ticks, nap
+/// `1 + nap % 4` ticks, pin time `pin_time % 16` ticks (0: pinned until detection
+/// goes off).
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub struct ThrashSel {
+    /// Thrashing events that make a page thrashing.
+    pub threshold: u8,
+    /// The longest gap between two events of a streak.
+    pub lapse: u8,
+    /// The throttling period.
+    pub nap: u8,
+    /// How long a page stays pinned.
+    pub pin_time: u8,
+    /// The mitigation.
+    pub mitigation: MitigationSel,
+}
+
+/// A thrashing mitigation.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub enum MitigationSel {
+    /// [`Mitigation::Pin`].
+    Pin,
+    /// [`Mitigation::Throttle`].
+    Throttle,
+    /// [`Mitigation::ThrottleThenPin`] after `1 + n % 4` throttlings.
+    ThrottleThenPin(u8),
+}
+
+impl ThrashSel {
+    /// The configuration this selects (always a valid one).
+    pub fn config(self) -> ThrashingConfig {
+        let mitigation = match self.mitigation {
+            MitigationSel::Pin => Mitigation::Pin,
+            MitigationSel::Throttle => Mitigation::Throttle,
+            MitigationSel::ThrottleThenPin(n) => Mitigation::ThrottleThenPin {
+                pin_threshold: 1 + n % 4,
+            },
+        };
+        ThrashingConfig::new(
+            1 + self.threshold % 3,
+            1 + u64::from(self.lapse % 8),
+            1 + u64::from(self.nap % 4),
+            u64::from(self.pin_time % 16),
+            mitigation,
+        )
+        .expect("a valid thrashing configuration")
+    }
 }
 
 /// A wrong argument of `dma_map`.

@@ -48,6 +48,8 @@ impl KpiRunner {
             queue: Vec::new(),
             fail_every: 0,
             attempts: 0,
+            thrashing: None,
+            thrash_seen: ThrashingStats::default(),
         };
         match self.spaces.iter().position(Option::is_none) {
             Some(s) => self.spaces[s] = Some(model),
