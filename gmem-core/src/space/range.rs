@@ -288,6 +288,8 @@ impl SpaceState {
             return Ok(0);
         };
         self.drain(cx.counters, &space.arena);
+        // Read copies held there go (`duplicate`): the memory backs nothing after.
+        self.drop_copies_in_memory(cx.counters, dev.id);
         let pages: Vec<(Vpn, PageEntry)> = self
             .store
             .lpt

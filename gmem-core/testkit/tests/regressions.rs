@@ -174,3 +174,47 @@ fn a_shared_device_after_the_host_detaches_fills_a_large_block_without_error() {
         }
     }
 }
+
+/// Found by the KPI fuzz target in CI (stop 40's run, `crash-01718f40…`; replayed here
+/// from a local find of the same kind): a `region_unmap` over a page range that
+/// covers a whole `region_map`ped region is the region's own unmap (`Pages::range`
+/// resolves it to the region), so the region may be mapped again; the runner's model
+/// kept it mapped with every page a hole and panicked when the next `region_map`
+/// succeeded. A bug of the model, fixed in `kpi/regions.rs` (`unmap_range`).
+#[test]
+fn kpi_runner_a_range_unmap_covering_a_mapped_region_lets_it_be_mapped_again() {
+    use gmem_testkit::kpi::{KpiRunner, MapMisuse, Mode, Op, PolicySel, ProtSel, Setup};
+    let setup = Setup {
+        host_pages: 0,
+        dev_pages: 8,
+        batch_limit: 0,
+        policy: PolicySel {
+            fit: 0,
+            guarded: true,
+            cached: false,
+        },
+        igpu_mode: Mode::Coherent,
+        io_mode: Mode::Coherent,
+        io_concurrent: false,
+    };
+    let map = Op::Map {
+        region: 0,
+        prot: ProtSel::Read,
+        asynchronous: false,
+        callback: false,
+        misuse: MapMisuse::None,
+    };
+    let ops = [
+        map.clone(),
+        Op::UnmapRange {
+            region: 0,
+            page: 0,
+            pages: 255,
+            bad: false,
+        },
+        map,
+        Op::Verify { dev: 0, region: 0 },
+    ];
+    let s = KpiRunner::new(setup).run(&ops);
+    assert!(s.succeeded >= 3, "{s:?}");
+}

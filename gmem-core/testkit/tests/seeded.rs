@@ -43,12 +43,8 @@ fn kpi_runner_agrees_with_the_region_model_on_seeded_sequences() {
     assert!(s.dma_maps > 0 && s.dma_unmaps > 0, "{s:?}");
     // Batched faults, with prefetch on some of the time (`Op::FaultBatch`).
     assert!(s.fault_batches > 50 && s.pages_prefetched > 0, "{s:?}");
-    // Read-mostly advice: copies made, and collapsed by writes and other operations
-    // (`Op::Advise`).
-    assert!(
-        s.read_duplications > 0 && s.read_copies_dropped > 0,
-        "{s:?}"
-    );
+    // (Read-mostly advice rarely meets a later read from another memory in random
+    // sequences: `tests/readdup.rs` opens its sequences with that.)
 }
 
 /// Replay one seed (`GMEM_SEED=n`) or input file (`GMEM_FILE=path`, e.g. a fuzz

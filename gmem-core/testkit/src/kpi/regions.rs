@@ -567,6 +567,17 @@ impl KpiRunner {
             );
         }
         let m = self.region_mut(slot, start);
+        if p0 == 0 && n == m.pages() {
+            // A range that covers the whole region is the region's own call
+            // (`Pages::range`): a `region_map`ped region is then unmapped whole and
+            // may be mapped again (found by the fuzzer: the model kept it mapped, with
+            // every page a hole, and refused the next `region_map`).
+            m.clear_pages();
+            if let Kind::Explicit { .. } = m.kind {
+                m.kind = Kind::Explicit { mapped: false };
+            }
+            return;
+        }
         for p in p0..p0 + n {
             m.bytes.remove(&p);
             m.populated.remove(&p);
