@@ -205,7 +205,7 @@ fn kpi_runner_a_range_unmap_covering_a_mapped_region_lets_it_be_mapped_again() {
         misuse: MapMisuse::None,
     };
     let ops = [
-        map.clone(),
+        map,
         Op::UnmapRange {
             region: 0,
             page: 0,
