@@ -133,11 +133,10 @@ fn a_full_memory_drops_its_copies_before_it_evicts() {
         s.gm.check_invariants(space).unwrap();
     }
     let st = s.gm.stats();
-    // Pages 0-3 get copies; page 4 finds no free frame, migrates as without advice,
-    // and its migration takes the copies' frames back (no eviction); pages 5-7 get
-    // copies in the frames left.
-    assert_eq!(st.read_duplications, 7);
-    assert_eq!(st.faults_migrate, 1);
+    // Pages 0-3 get copies; each of pages 4-7 finds no free frame, migrates as
+    // without advice, and its migration takes the oldest copy's frame (no eviction).
+    assert_eq!(st.read_duplications, 4);
+    assert_eq!(st.faults_migrate, 4);
     assert_eq!(st.read_copies_dropped, 4);
     assert_eq!(st.evictions, 0, "no page was evicted while copies could go");
     // Every byte still reads back, on every device.
@@ -206,4 +205,32 @@ fn wiring_and_protection_changes_collapse_first() {
         assert_eq!(s.read(dev, page(r, 1), 5).unwrap(), b"wired");
     }
     s.gm.check_invariants(space).unwrap();
+}
+
+#[test]
+fn pressure_drops_one_copy_and_the_pages_other_copies_stay_coherent() {
+    let (s, space, [g0, g1], r) = system(4);
+    for k in 0..4 {
+        for dev in [g0, g1] {
+            assert_eq!(s.read(dev, page(r, k), 64).unwrap(), fill(k as u8));
+        }
+    }
+    assert_eq!(s.gm.stats().read_duplications, 8);
+    // GPU 0 needs frames: its oldest copies go one by one; GPU 1's stay.
+    for k in 4..6 {
+        assert_eq!(s.read(g0, page(r, k), 64).unwrap(), fill(k as u8));
+        s.gm.check_invariants(space).unwrap();
+    }
+    assert_eq!(s.gm.stats().read_copies_dropped, 2);
+    let pte = s.translate(g1, page(r, 0), Prot::READ).unwrap();
+    assert_eq!(
+        pte.memory, s.devices[g1].id,
+        "GPU 1 keeps its copy of page 0"
+    );
+    // A write still collapses what is left, and everyone reads it.
+    s.write(0, page(r, 0), b"after pressure").unwrap();
+    for dev in [g1, g0, 0] {
+        assert_eq!(s.read(dev, page(r, 0), 14).unwrap(), b"after pressure");
+        s.gm.check_invariants(space).unwrap();
+    }
 }

@@ -30,7 +30,9 @@
 //!   frame (migration, eviction, compaction) keeps the copies: their bytes are the
 //!   page's bytes, and the move leaves the shared frame unmapped.
 //! - **Memory pressure.** A memory that has no frame for an allocation drops the copies
-//!   it holds before anything is evicted (`frames`): a copy costs no write-back.
+//!   it holds, oldest first and one at a time, before anything is evicted (`frames`):
+//!   a copy costs no write-back. (Dropping all of them at once livelocked a warp
+//!   whose gather needed them together: found by the harness's `readdup` rows.)
 
 use super::page_store::ReadCopy;
 use super::segments::Piece;
@@ -175,11 +177,14 @@ impl SpaceState {
         self.install_small(t, vpn, 1, run.pfn(), own.id, ro)?;
         let pfn = run.commit();
         own.phys.lock().set_wired(pfn, true);
-        self.store.copies.entry(vpn).copies.push(ReadCopy {
-            table: t as u8,
-            mem,
-            pfn,
-        });
+        self.store.copies.push(
+            vpn,
+            ReadCopy {
+                table: t as u8,
+                mem,
+                pfn,
+            },
+        );
         let counter = match (
             here.caps.contains(DevCaps::HOST),
             own.caps.contains(DevCaps::HOST),
@@ -204,7 +209,46 @@ impl SpaceState {
         self.drop_copies_of(stats, &which)
     }
 
-    /// Collapse every copy held in the memory of device `dev` (memory pressure there).
+    /// Drop the oldest copy held in the memory of device `dev` (memory pressure
+    /// there): that copy alone, or — when it is its page's last — the page's whole
+    /// duplication (the read-only mappings of the shared frame go with it, so that a
+    /// writer faults and maps the page writable again). Returns whether one was there.
+    pub(crate) fn drop_oldest_copy_in(&mut self, stats: &Counters, dev: DeviceId) -> bool {
+        let Some(mem) = self.store.memories.position(dev) else {
+            return false;
+        };
+        let Some((vpn, t, copies)) = self.store.copies.oldest_in(mem) else {
+            return false;
+        };
+        if copies <= 1 {
+            return self.drop_copies_of(stats, &[vpn]) > 0;
+        }
+        let Some(c) = self.store.copies.remove_one(vpn, t) else {
+            return false;
+        };
+        let range = VaRange {
+            start: vpn.addr(),
+            len: PAGE_SIZE,
+        };
+        let mut runs = Vec::new();
+        if let Some(table) = self.xlat.tables[usize::from(c.table)].as_ref() {
+            table.mmu.unmap(table.root, range);
+            Counters::add(&stats.mmu_unmaps, 1);
+            runs.push(TableRun {
+                table: usize::from(c.table),
+                range,
+            });
+        }
+        self.invalidate(stats, &runs);
+        let mut phys = self.store.memories.get(c.mem).phys.lock();
+        phys.set_wired(c.pfn, false);
+        phys.free(c.pfn);
+        drop(phys);
+        Counters::add(&stats.read_copies_dropped, 1);
+        true
+    }
+
+    /// Collapse every copy held in the memory of device `dev` (it is evacuated).
     pub(crate) fn drop_copies_in_memory(&mut self, stats: &Counters, dev: DeviceId) -> u64 {
         let Some(mem) = self.store.memories.position(dev) else {
             return 0;

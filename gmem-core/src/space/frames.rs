@@ -189,7 +189,7 @@ impl SpaceState {
                 continue;
             }
             // Then the read copies the memory holds (`duplicate`): no write-back.
-            if self.drop_copies_in_memory(cx.counters, dev.id) > 0 {
+            if self.drop_oldest_copy_in(cx.counters, dev.id) {
                 continue;
             }
             let Some(space) = evict_in else {

@@ -25,7 +25,7 @@ use crate::lpt::{LogicalPageTable, PageEntry, EXTERNAL, NO_MEM, PENDING};
 use crate::physmem::FrameState;
 use crate::space::violation::{fail, Violation};
 use crate::sync::Arc;
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 
 /// The private frames of one space: (slot, page) → (memory index, frame).
@@ -112,10 +112,14 @@ pub(crate) struct Duplicated {
     pub copies: Vec<ReadCopy>,
 }
 
-/// The read-only copies of a space's duplicated pages, by page.
+/// The read-only copies of a space's duplicated pages, by page, and the order they
+/// were made in (memory pressure drops the oldest first).
 #[derive(Default)]
 pub(crate) struct ReadCopies {
     pages: BTreeMap<u64, Duplicated>,
+    /// `(page, table, memory)` of each copy made, oldest first; entries of copies
+    /// already dropped are skipped (and pruned) by [`ReadCopies::oldest_in`].
+    order: VecDeque<(u64, u8, u8)>,
 }
 
 impl ReadCopies {
@@ -137,7 +141,53 @@ impl ReadCopies {
 
     /// Forget the copies of page `vpn`, returning them.
     pub fn remove(&mut self, vpn: Vpn) -> Option<Duplicated> {
-        self.pages.remove(&vpn.0)
+        let d = self.pages.remove(&vpn.0);
+        if self.pages.is_empty() {
+            self.order.clear();
+        }
+        d
+    }
+
+    /// Record copy `c` of page `vpn`.
+    pub fn push(&mut self, vpn: Vpn, c: ReadCopy) {
+        self.pages.entry(vpn.0).or_default().copies.push(c);
+        self.order.push_back((vpn.0, c.table, c.mem));
+    }
+
+    /// Forget table `t`'s copy of page `vpn` (the page keeps its other copies),
+    /// returning it.
+    pub fn remove_one(&mut self, vpn: Vpn, t: u8) -> Option<ReadCopy> {
+        let d = self.pages.get_mut(&vpn.0)?;
+        let i = d.copies.iter().position(|c| c.table == t)?;
+        Some(d.copies.swap_remove(i))
+    }
+
+    /// The oldest live copy held in memory `mem`: `(page, table, copies the page
+    /// has)`. Entries of dropped copies met on the way are pruned.
+    pub fn oldest_in(&mut self, mem: u8) -> Option<(Vpn, u8, usize)> {
+        let mut i = 0;
+        while i < self.order.len() {
+            let (v, t, m) = self.order[i];
+            let live = self.pages.get(&v).and_then(|d| {
+                d.copies
+                    .iter()
+                    .find(|c| c.table == t)
+                    .map(|c| (c.mem, d.copies.len()))
+            });
+            match live {
+                Some((cm, n)) if cm == m => {
+                    if m == mem {
+                        self.order.remove(i);
+                        return Some((Vpn(v), t, n));
+                    }
+                    i += 1;
+                }
+                _ => {
+                    self.order.remove(i);
+                }
+            }
+        }
+        None
     }
 
     /// The table `t`'s copy of page `vpn`, if any.
