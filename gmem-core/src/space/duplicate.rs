@@ -226,26 +226,39 @@ impl SpaceState {
         let Some(c) = self.store.copies.remove_one(vpn, t) else {
             return false;
         };
+        let runs: Vec<TableRun> = self.unmap_copy(stats, vpn, &c).into_iter().collect();
+        self.invalidate(stats, &runs);
+        self.free_copy(&c);
+        Counters::add(&stats.read_copies_dropped, 1);
+        true
+    }
+
+    /// Unmap copy `c` of page `vpn` from its table; the run whose TLB invalidation is
+    /// owed (none if the table is gone).
+    fn unmap_copy(&self, stats: &Counters, vpn: Vpn, c: &ReadCopy) -> Option<TableRun> {
         let range = VaRange {
             start: vpn.addr(),
             len: PAGE_SIZE,
         };
-        let mut runs = Vec::new();
-        if let Some(table) = self.xlat.tables[usize::from(c.table)].as_ref() {
-            table.mmu.unmap(table.root, range);
-            Counters::add(&stats.mmu_unmaps, 1);
-            runs.push(TableRun {
-                table: usize::from(c.table),
-                range,
-            });
+        let table = self.xlat.tables[usize::from(c.table)].as_ref()?;
+        table.mmu.unmap(table.root, range);
+        Counters::add(&stats.mmu_unmaps, 1);
+        // (Deliberately broken under `gmem_loom_bug = "collapse_skips_copy_invalidation"`:
+        // the loom model `readdup` must catch the stale copy a reader's TLB keeps.)
+        if cfg!(gmem_loom_bug = "collapse_skips_copy_invalidation") {
+            return None;
         }
-        self.invalidate(stats, &runs);
+        Some(TableRun {
+            table: usize::from(c.table),
+            range,
+        })
+    }
+
+    /// Give copy `c`'s frame back (its mapping gone and invalidated).
+    fn free_copy(&self, c: &ReadCopy) {
         let mut phys = self.store.memories.get(c.mem).phys.lock();
         phys.set_wired(c.pfn, false);
         phys.free(c.pfn);
-        drop(phys);
-        Counters::add(&stats.read_copies_dropped, 1);
-        true
     }
 
     /// Collapse every copy held in the memory of device `dev` (it is evacuated).
@@ -284,23 +297,8 @@ impl SpaceState {
             let Some(d) = self.store.copies.remove(v) else {
                 continue;
             };
-            let range = VaRange {
-                start: v.addr(),
-                len: PAGE_SIZE,
-            };
             for c in d.copies {
-                if let Some(table) = self.xlat.tables[usize::from(c.table)].as_ref() {
-                    table.mmu.unmap(table.root, range);
-                    Counters::add(&stats.mmu_unmaps, 1);
-                    // (Deliberately broken under `gmem_loom_bug =
-                    // "collapse_skips_copy_invalidation"`: the loom model `readdup`
-                    // must catch the stale copy a reader's TLB keeps.)
-                    #[cfg(not(gmem_loom_bug = "collapse_skips_copy_invalidation"))]
-                    runs.push(TableRun {
-                        table: usize::from(c.table),
-                        range,
-                    });
-                }
+                runs.extend(self.unmap_copy(stats, v, &c));
                 freed.push(c);
             }
             let bits = self.store.lpt.get(v).mapped & d.read_only;
@@ -313,9 +311,7 @@ impl SpaceState {
         // Nothing goes back before the TLBs forgot it.
         self.invalidate(stats, &runs);
         for c in &freed {
-            let mut phys = self.store.memories.get(c.mem).phys.lock();
-            phys.set_wired(c.pfn, false);
-            phys.free(c.pfn);
+            self.free_copy(c);
         }
         Counters::add(&stats.read_copies_dropped, freed.len() as u64);
         freed.len() as u64
