@@ -8,7 +8,8 @@
 //! leaves its input in `fuzz/artifacts/<target>/`; libFuzzer's final statistics
 //! (executions, executions per second) are printed per target. Each run starts from
 //! seeded long inputs in `fuzz/corpus/<target>/` and may grow inputs to `MAX_LEN`
-//! bytes.
+//! bytes. CI fuzzes with a fixed libFuzzer seed (a red run is made again by a rerun);
+//! `cargo xtask fuzz` by hand draws a new one each run.
 
 use std::process::{Command, Stdio};
 
@@ -95,7 +96,10 @@ fn seed_corpus(target: &str) -> Result<std::path::PathBuf, String> {
 }
 
 /// Run every target for `secs` seconds.
-pub fn fuzz(secs: u64) -> Result<(), String> {
+///
+/// `seed`: libFuzzer's `-seed` (CI passes a fixed one, so that the mutations a red run
+/// made are made again on a rerun; by hand, none: a new random seed each run).
+pub fn fuzz(secs: u64, seed: Option<u32>) -> Result<(), String> {
     ensure_cargo_fuzz()?;
     let nightly = have_nightly();
     for target in TARGETS {
@@ -121,6 +125,7 @@ pub fn fuzz(secs: u64) -> Result<(), String> {
             .arg("--")
             .arg(format!("-max_total_time={secs}"))
             .arg(format!("-max_len={MAX_LEN}"))
+            .args(seed.map(|s| format!("-seed={s}")))
             .arg("-print_final_stats=1")
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz"))
             .env_remove("CARGO")
@@ -129,12 +134,13 @@ pub fn fuzz(secs: u64) -> Result<(), String> {
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_TARGET_DIR");
         eprintln!(
-            "\n== {step}: {}cargo fuzz run {target} fuzz/corpus/{target} -- -max_total_time={secs} -max_len={MAX_LEN}",
+            "\n== {step}: {}cargo fuzz run {target} fuzz/corpus/{target} -- -max_total_time={secs} -max_len={MAX_LEN}{}",
             if nightly {
                 "rustup run nightly "
             } else {
                 "RUSTC_BOOTSTRAP=1 "
-            }
+            },
+            seed.map(|s| format!(" -seed={s}")).unwrap_or_default()
         );
         let out = cmd
             .stdout(Stdio::inherit())

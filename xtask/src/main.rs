@@ -79,6 +79,10 @@ fn bare_metal() -> Result<(), String> {
     Ok(())
 }
 
+/// The libFuzzer seed of CI's fuzz step (any fixed value: what matters is that it is
+/// fixed).
+const CI_FUZZ_SEED: u32 = 4242;
+
 /// The `reproduce` experiments CI runs at their `--quick` size.
 const QUICK_REPRODUCTIONS: &[&str] = &["regdem", "adsm", "coda", "mesc", "uvm"];
 
@@ -153,7 +157,9 @@ fn ci() -> Result<(), String> {
     qemu::qemu()?;
     qemu_x86::qemu_x86()?;
     loom::loom()?;
-    fuzz::fuzz(20)?;
+    // A fixed libFuzzer seed: a red run's mutations are made again on a rerun (stop 40's
+    // CI found a model bug with a random seed that no local run met again).
+    fuzz::fuzz(20, Some(CI_FUZZ_SEED))?;
     Ok(())
 }
 
@@ -165,7 +171,7 @@ fn main() -> ExitCode {
         Task::Qemu => qemu::qemu(),
         Task::QemuX86 => qemu_x86::qemu_x86(),
         Task::Loom => loom::loom(),
-        Task::Fuzz { secs } => fuzz::fuzz(secs),
+        Task::Fuzz { secs } => fuzz::fuzz(secs, None),
     };
     match r {
         Ok(()) => {
