@@ -17,6 +17,7 @@
 //! | `graph` | pull gather over a random fixed-degree graph, two sweeps | random access |
 
 use gmem_core::policy::advice::AdviceOp;
+use gmem_core::policy::counters::AccessReport;
 use gmem_core::{
     Activation, AllocPolicy, AllocRequest, Gmem, MmuMode, Placement, PlacementMode,
     PlacementTarget, Region, SpaceId, VirtAddr, PAGE_SIZE,
@@ -30,6 +31,7 @@ use gmem_simt::engine::{run, AccessObserver, Device, Launch, SpareWakes};
 use gmem_simt::machine::{mesc_tlbs, MESC_UNITS};
 use gmem_simt::occupancy::SmConfig;
 use gmem_simt::workloads::spec::{Affine, Spec, SpecKernel, MAX_OPS};
+use std::collections::HashMap;
 
 /// The stencil's host check reads one word of every this many pages of each sweep's
 /// output (assumption: a sampled convergence check, the host-side step of an
@@ -40,11 +42,14 @@ pub const CHECK_STRIDE: usize = 8;
 pub const WORKLOADS: [&str; 4] = ["stream", "stencil", "shared-table", "graph"];
 
 /// Counts the transactions of a launch whose frame lies outside the launching GPU's
-/// video memory: remote accesses over the bus.
+/// video memory: remote accesses over the bus; with `per_page`, also each virtual
+/// page's count (the GPU's access counters, see [`Machine::count_accesses`]).
 struct RemoteCounter {
     lo: u64,
     hi: u64,
     remote: u64,
+    /// Remote transactions per virtual page number, if counted.
+    per_page: Option<HashMap<u64, u64>>,
 }
 
 impl AccessObserver for RemoteCounter {
@@ -53,6 +58,30 @@ impl AccessObserver for RemoteCounter {
             self.remote += 1;
         }
     }
+
+    fn transaction_at(&mut self, _unit: usize, va: u64, pa: u64, _store: bool, _served: Served) {
+        if pa < self.lo || pa >= self.hi {
+            self.remote += 1;
+            if let Some(pages) = self.per_page.as_mut() {
+                *pages.entry(va / PAGE_SIZE).or_default() += 1;
+            }
+        }
+    }
+}
+
+/// What the access counters of a run reported and what the core did with it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessTally {
+    /// `Gmem::dev_report_accesses` calls (one per launch that made remote accesses).
+    pub calls: u64,
+    /// Remote accesses reported (128-byte transactions).
+    pub accesses: u64,
+    /// Regions the core found hot.
+    pub hot_regions: u64,
+    /// Pages the core migrated for them.
+    pub pages_migrated: u64,
+    /// Hot regions whose migration failed part-way (the core's `AccessOutcome::failed`).
+    pub failed: u64,
 }
 
 /// A host CPU and `n` discrete GPUs in one address space.
@@ -67,6 +96,12 @@ pub struct Machine {
     pub cycles: u64,
     /// Transactions to memory outside the launching GPU's.
     pub remote: u64,
+    /// Whether each launch's remote accesses are counted per page and reported to
+    /// the core when the launch ends (`Gmem::dev_report_accesses`; the space's
+    /// access counters must be on). Off by default.
+    pub count_accesses: bool,
+    /// What those reports did.
+    pub access: AccessTally,
 }
 
 impl Machine {
@@ -116,6 +151,8 @@ impl Machine {
             occupancy: SmConfig::maxwell(),
             cycles: 0,
             remote: 0,
+            count_accesses: false,
+            access: AccessTally::default(),
         })
     }
 
@@ -207,6 +244,7 @@ impl Machine {
             lo: g.vram().base().as_u64(),
             hi: g.vram().end().as_u64(),
             remote: 0,
+            per_page: self.count_accesses.then(HashMap::new),
         };
         let mut spare = Vec::new();
         let mut wakes = SpareWakes::default();
@@ -231,6 +269,50 @@ impl Machine {
         .map_err(|e| format!("launch on dgpu{gpu}: {e}"))?;
         self.cycles += st.cycles;
         self.remote += counter.remote;
+        if let Some(pages) = counter.per_page {
+            self.report_accesses(gpu, pages)?;
+        }
+        Ok(())
+    }
+
+    /// Reports GPU `gpu`'s remote accesses of one launch, per page, to the core, which
+    /// sums them per region and migrates the regions that reach its threshold.
+    ///
+    /// When: at the end of the launch. A GPU raises an access-counter notification
+    /// while the kernel runs and UVM services it concurrently
+    /// (`uvm_gpu_access_counters.c`); the SIMT engine runs a launch to its end in one
+    /// call, inside the port's translation gate for every transaction, so no
+    /// migration can happen within it. Ours are therefore later than the hardware's:
+    /// a hot region benefits from the next launch on, never within the launch that
+    /// made it hot (an assumption that favours no policy over `access`).
+    fn report_accesses(&mut self, gpu: usize, pages: HashMap<u64, u64>) -> Result<(), String> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let device = self.gpus[gpu]
+            .port()
+            .id()
+            .ok_or_else(|| format!("dgpu{gpu} not created in the core"))?;
+        // Sorted: the same reports, in the same order, every run.
+        let mut pages: Vec<(u64, u64)> = pages.into_iter().collect();
+        pages.sort_unstable();
+        let reports: Vec<AccessReport> = pages
+            .iter()
+            .map(|&(vpn, n)| AccessReport {
+                device,
+                va: VirtAddr::new(vpn * PAGE_SIZE),
+                count: u32::try_from(n).unwrap_or(u32::MAX),
+            })
+            .collect();
+        let done = self
+            .gm
+            .dev_report_accesses(self.space, &reports)
+            .map_err(|e| format!("access report of dgpu{gpu}: {e}"))?;
+        self.access.calls += 1;
+        self.access.accesses += reports.iter().map(|r| u64::from(r.count)).sum::<u64>();
+        self.access.hot_regions += done.hot_regions;
+        self.access.pages_migrated += done.pages_migrated;
+        self.access.failed += done.failed;
         Ok(())
     }
 }

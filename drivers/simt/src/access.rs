@@ -149,7 +149,7 @@ pub(crate) fn memory(
                 let pa = PhysAddr::new(r.pa.as_u64() + (co.transactions[0] & in_page));
                 line_pa[0] = pa.as_u64();
                 if let Some(o) = observer.as_mut() {
-                    o.transaction(u, pa.as_u64(), store, r.served);
+                    o.transaction_at(u, co.transactions[0], pa.as_u64(), store, r.served);
                 }
                 if store {
                     return r
@@ -175,7 +175,7 @@ pub(crate) fn memory(
                 let pa = PhysAddr::new(r.pa.as_u64() + (t & in_page));
                 line_pa[ti] = pa.as_u64();
                 if let Some(o) = observer.as_mut() {
-                    o.transaction(u, pa.as_u64(), store, r.served);
+                    o.transaction_at(u, t, pa.as_u64(), store, r.served);
                 }
                 // Checked before any line moves: a store that fails writes nothing, and
                 // a load fails at the same transaction as a read per line would.

@@ -179,6 +179,16 @@ pub trait AccessObserver {
     /// Unit `unit` moved the 128 bytes at physical `pa` (a store if `store`), through a
     /// translation served as `served`.
     fn transaction(&mut self, unit: usize, pa: u64, store: bool, served: Served);
+
+    /// The same transaction with the virtual address `va` of its 128-byte line: the
+    /// engine calls this one, and the default forwards to
+    /// [`transaction`](Self::transaction). An observer that counts by page (the
+    /// access counters of a GPU, which count remote accesses per virtual region)
+    /// overrides it.
+    fn transaction_at(&mut self, unit: usize, va: u64, pa: u64, store: bool, served: Served) {
+        let _ = va;
+        self.transaction(unit, pa, store, served);
+    }
 }
 
 /// `ready_at` of a warp whose instruction waits in the walk queue.

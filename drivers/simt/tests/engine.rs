@@ -216,6 +216,59 @@ fn an_observer_sees_every_transaction_with_its_unit() {
 }
 
 #[test]
+fn an_observer_sees_each_transaction_at_its_virtual_line() {
+    // Counts per virtual page, as a GPU's access counters count per region.
+    struct Lines {
+        seen: std::collections::BTreeMap<u64, u64>,
+        plain: u64,
+    }
+    impl AccessObserver for Lines {
+        fn transaction(&mut self, _unit: usize, _pa: u64, _store: bool, _s: Served) {
+            self.plain += 1;
+        }
+        fn transaction_at(&mut self, _u: usize, va: u64, _pa: u64, _store: bool, _s: Served) {
+            assert_eq!(va % 128, 0, "a line address");
+            *self.seen.entry(va >> 12).or_default() += 1;
+        }
+    }
+    let m = machine();
+    let n = 4096u64;
+    let r = m.upload(&vec![0; n as usize]).unwrap();
+    let k = Evens {
+        n,
+        base: r.start.as_u64(),
+        tpb: 256,
+        regs: 32,
+    };
+    let mut c = Lines {
+        seen: Default::default(),
+        plain: 0,
+    };
+    let s = m
+        .launch_observed(
+            &k,
+            &mut Affinity::new(|b| Some(b as usize % 2)),
+            &lrr,
+            Some(&mut c),
+        )
+        .unwrap();
+    assert_eq!(c.plain, 0, "the engine calls transaction_at, not both");
+    assert_eq!(c.seen.values().sum::<u64>(), s.transactions);
+    let first = r.start.as_u64() >> 12;
+    let pages = (n * 4).div_ceil(4096);
+    assert!(
+        c.seen.keys().all(|p| (first..first + pages).contains(p)),
+        "{:?}",
+        c.seen.keys()
+    );
+    assert_eq!(
+        c.seen.len() as u64,
+        pages,
+        "every page of the array is touched"
+    );
+}
+
+#[test]
 fn requests_for_a_page_being_walked_merge_and_walkers_are_shared() {
     let run = |walkers: u64, timed: bool| {
         let mut m = machine();
