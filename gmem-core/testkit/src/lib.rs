@@ -111,6 +111,26 @@ pub fn replay_kpi(data: &[u8]) -> Summary {
     kpi::KpiRunner::new(setup).run(&ops)
 }
 
+/// Run the KPI runner on the configuration seed `seed` decodes into (4096
+/// [`SeedBytes`], changed by `tweak`) and the operations `opening`, then those the seed
+/// decodes into (up to [`kpi::MAX_OPS`] in all): a seeded sequence that starts where a
+/// test wants it to. A runner failure panics naming the seed.
+pub fn replay_kpi_after(
+    seed: u64,
+    tweak: impl FnOnce(&mut kpi::Setup),
+    opening: Vec<kpi::Op>,
+) -> Summary {
+    let data = SeedBytes::new(seed).bytes(4096);
+    let mut u = Unstructured::new(&data);
+    let mut setup = kpi::Setup::arbitrary(&mut u).expect("4096 bytes hold a setup");
+    tweak(&mut setup);
+    let mut ops = opening;
+    let rest: Vec<kpi::Op> = decode_ops(&mut u, kpi::MAX_OPS.saturating_sub(ops.len()));
+    ops.extend(rest);
+    let r = std::panic::catch_unwind(move || kpi::KpiRunner::new(setup).run(&ops));
+    r.unwrap_or_else(|_| panic!("seed {seed} failed"))
+}
+
 /// Decode a page-table configuration and operation list from raw bytes and run them
 /// against the map model.
 pub fn replay_page_table(data: &[u8]) -> Summary {

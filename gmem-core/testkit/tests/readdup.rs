@@ -8,9 +8,8 @@
 //! `check_invariants`, a misuse changes nothing); the test checks copies were made and
 //! collapsed. A runner whose advice did nothing fails it.
 
-use arbitrary::{Arbitrary, Unstructured};
-use gmem_testkit::kpi::{KpiRunner, Mode, Op, Setup, MAX_OPS};
-use gmem_testkit::{SeedBytes, Summary};
+use gmem_testkit::kpi::{Mode, Op, Setup};
+use gmem_testkit::{replay_kpi_after, Summary};
 
 const HOST: u8 = 0;
 const DGPU: u8 = 1;
@@ -93,29 +92,20 @@ fn kpi_runner_follows_read_copies_and_their_collapse_then_seeded_operations() {
     let mut total = Summary::default();
     let mut with_copies = 0;
     for seed in 0..32u64 {
-        let data = SeedBytes::new(seed).bytes(4096);
-        let mut u = Unstructured::new(&data);
-        let mut setup = Setup::arbitrary(&mut u).expect("enough bytes");
-        // The discrete GPU holds the copies of the first pages.
-        setup.dev_pages = setup.dev_pages.max(16);
-        // A replicate table maps pages writable without faults: a space with one
-        // never duplicates. Three seeds in four take it away.
-        if seed % 4 != 3 {
-            for mode in [&mut setup.igpu_mode, &mut setup.io_mode] {
-                if *mode == Mode::Replicate {
-                    *mode = Mode::Coherent;
+        let tweak = |setup: &mut Setup| {
+            // The discrete GPU holds the copies of the first pages.
+            setup.dev_pages = setup.dev_pages.max(16);
+            // A replicate table maps pages writable without faults: a space with one
+            // never duplicates. Three seeds in four take it away.
+            if seed % 4 != 3 {
+                for mode in [&mut setup.igpu_mode, &mut setup.io_mode] {
+                    if *mode == Mode::Replicate {
+                        *mode = Mode::Coherent;
+                    }
                 }
             }
-        }
-        let mut ops = opening(seed);
-        while ops.len() < MAX_OPS && !u.is_empty() {
-            match Op::arbitrary(&mut u) {
-                Ok(op) => ops.push(op),
-                Err(_) => break,
-            }
-        }
-        let r = std::panic::catch_unwind(|| KpiRunner::new(setup).run(&ops));
-        let s = r.unwrap_or_else(|_| panic!("seed {seed} failed"));
+        };
+        let s = replay_kpi_after(seed, tweak, opening(seed));
         if s.read_duplications > 0 {
             with_copies += 1;
         }

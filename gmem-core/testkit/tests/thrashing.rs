@@ -8,9 +8,8 @@
 //! nothing); the test checks the detector acted: pins (or throttles) happened, and
 //! pins expired. A runner whose thrashing op did nothing fails it.
 
-use arbitrary::{Arbitrary, Unstructured};
-use gmem_testkit::kpi::{KpiRunner, MitigationSel, Op, Setup, ThrashSel, MAX_OPS};
-use gmem_testkit::{SeedBytes, Summary};
+use gmem_testkit::kpi::{MitigationSel, Op, Setup, ThrashSel};
+use gmem_testkit::{replay_kpi_after, Summary};
 
 const HOST: u8 = 0;
 const DGPU: u8 = 1;
@@ -86,11 +85,6 @@ fn ping_pong(mitigation: MitigationSel, pin_time: u8, loads: u8, faults: u8) -> 
 fn kpi_runner_follows_pins_and_throttles_of_a_ping_pong_then_seeded_operations() {
     let mut total = Summary::default();
     for seed in 0..48u64 {
-        let data = SeedBytes::new(seed).bytes(4096);
-        let mut u = Unstructured::new(&data);
-        let mut setup = Setup::arbitrary(&mut u).expect("enough bytes");
-        // The discrete GPU holds the six pages and a few more.
-        setup.dev_pages = setup.dev_pages.max(8);
         let mitigation = match seed % 3 {
             0 => MitigationSel::Pin,
             1 => MitigationSel::Throttle,
@@ -105,15 +99,9 @@ fn kpi_runner_follows_pins_and_throttles_of_a_ping_pong_then_seeded_operations()
             1 + seed as u8 % 15
         };
         let (loads, faults) = ((seed * 37) as u8, ((seed * 101) >> 2) as u8);
-        let mut ops = ping_pong(mitigation, pin_time, loads, faults);
-        while ops.len() < MAX_OPS && !u.is_empty() {
-            match Op::arbitrary(&mut u) {
-                Ok(op) => ops.push(op),
-                Err(_) => break,
-            }
-        }
-        let r = std::panic::catch_unwind(|| KpiRunner::new(setup).run(&ops));
-        let s = r.unwrap_or_else(|_| panic!("seed {seed} failed"));
+        // The discrete GPU holds the six pages and a few more.
+        let tweak = |setup: &mut Setup| setup.dev_pages = setup.dev_pages.max(8);
+        let s = replay_kpi_after(seed, tweak, ping_pong(mitigation, pin_time, loads, faults));
         // The detector acted on the ping-pong: the mitigation chosen happened.
         if pins {
             assert!(s.thrashing_pins > 0, "seed {seed}: no pin: {s:?}");
