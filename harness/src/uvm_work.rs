@@ -31,7 +31,7 @@ use gmem_simt::engine::{run, AccessObserver, Device, Launch, SpareWakes};
 use gmem_simt::machine::{mesc_tlbs, MESC_UNITS};
 use gmem_simt::occupancy::SmConfig;
 use gmem_simt::workloads::spec::{Affine, Spec, SpecKernel, MAX_OPS};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 /// The stencil's host check reads one word of every this many pages of each sweep's
 /// output (assumption: a sampled convergence check, the host-side step of an
@@ -48,8 +48,8 @@ struct RemoteCounter {
     lo: u64,
     hi: u64,
     remote: u64,
-    /// Remote transactions per virtual page number, if counted.
-    per_page: Option<HashMap<u64, u64>>,
+    /// Remote transactions per virtual page number (in page order), if counted.
+    per_page: Option<BTreeMap<u64, u64>>,
 }
 
 impl AccessObserver for RemoteCounter {
@@ -59,9 +59,10 @@ impl AccessObserver for RemoteCounter {
         }
     }
 
-    fn transaction_at(&mut self, _unit: usize, va: u64, pa: u64, _store: bool, _served: Served) {
-        if pa < self.lo || pa >= self.hi {
-            self.remote += 1;
+    fn transaction_at(&mut self, unit: usize, va: u64, pa: u64, store: bool, served: Served) {
+        let before = self.remote;
+        self.transaction(unit, pa, store, served);
+        if self.remote != before {
             if let Some(pages) = self.per_page.as_mut() {
                 *pages.entry(va / PAGE_SIZE).or_default() += 1;
             }
@@ -244,7 +245,7 @@ impl Machine {
             lo: g.vram().base().as_u64(),
             hi: g.vram().end().as_u64(),
             remote: 0,
-            per_page: self.count_accesses.then(HashMap::new),
+            per_page: self.count_accesses.then(BTreeMap::new),
         };
         let mut spare = Vec::new();
         let mut wakes = SpareWakes::default();
@@ -285,7 +286,7 @@ impl Machine {
     /// migration can happen within it. Ours are therefore later than the hardware's:
     /// a hot region benefits from the next launch on, never within the launch that
     /// made it hot (an assumption that favours no policy over `access`).
-    fn report_accesses(&mut self, gpu: usize, pages: HashMap<u64, u64>) -> Result<(), String> {
+    fn report_accesses(&mut self, gpu: usize, pages: BTreeMap<u64, u64>) -> Result<(), String> {
         if pages.is_empty() {
             return Ok(());
         }
@@ -293,12 +294,10 @@ impl Machine {
             .port()
             .id()
             .ok_or_else(|| format!("dgpu{gpu} not created in the core"))?;
-        // Sorted: the same reports, in the same order, every run.
-        let mut pages: Vec<(u64, u64)> = pages.into_iter().collect();
-        pages.sort_unstable();
+        // In page order: the same reports, in the same order, every run.
         let reports: Vec<AccessReport> = pages
             .iter()
-            .map(|&(vpn, n)| AccessReport {
+            .map(|(&vpn, &n)| AccessReport {
                 device,
                 va: VirtAddr::new(vpn * PAGE_SIZE),
                 count: u32::try_from(n).unwrap_or(u32::MAX),

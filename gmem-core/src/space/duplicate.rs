@@ -282,7 +282,7 @@ impl SpaceState {
     /// Whether any page of `[first, first + pages)` has copies.
     #[inline]
     pub(crate) fn any_copies(&self, first: Vpn, pages: u64) -> bool {
-        !self.store.copies.is_empty() && !self.store.copies.in_range(first, pages).is_empty()
+        self.store.copies.any_in(first, pages)
     }
 
     /// Collapse the copies of the pages `which`.

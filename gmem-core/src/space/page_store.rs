@@ -208,6 +208,18 @@ impl ReadCopies {
             .collect()
     }
 
+    /// Whether any page of `[first, first + pages)` has copies (no allocation: the
+    /// question `map_run` asks on every install once any copy exists).
+    #[inline]
+    pub fn any_in(&self, first: Vpn, pages: u64) -> bool {
+        !self.pages.is_empty()
+            && self
+                .pages
+                .range(first.0..first.0.saturating_add(pages))
+                .next()
+                .is_some()
+    }
+
     /// The duplicated pages with a copy in memory `mem`.
     pub fn in_memory(&self, mem: u8) -> Vec<Vpn> {
         self.pages
